@@ -1,0 +1,206 @@
+"""The backend protocol: one op set, implemented once per backend.
+
+Model files (``inference/models``) call only the methods named in :data:`OPS`; they never
+import numpy, mlx or cupy for compute. A backend is chosen once, at load
+(:func:`inference.backends.select_backend`), and a model is refused or falls back *before*
+any weight moves if the backend lacks an op or quant type the architecture declares.
+
+Array conventions (every backend):
+- activations are float32 native arrays; ``x`` is ``(batch, seq, hidden)``;
+  attention tensors are ``(batch, heads, seq, head_dim)``;
+- linear weights are ``(out_features, in_features)``: ``linear(x, w) = x @ w.T + b``;
+- ``rope`` uses the Hugging Face (NeoX, half-split) pairing unless ``traditional=True``
+  (adjacent pairs, GGML's "normal" mode);
+- ``attention(..., causal_offset=o)`` lets query ``i`` see keys ``0 .. o + i``; the mask is
+  computed from positions by the backend, never shipped from the host;
+  ``key_mask`` is a ``(batch, seq_k)`` native array, 1 for tokens and 0 for padding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from inference.formats.tensor import TensorData
+
+# Every op a model may call. An architecture lists the subset it needs (REQUIRED_OPS).
+OPS: tuple[str, ...] = (
+    "embedding",
+    "linear",
+    "rms_norm",
+    "layer_norm",
+    "rope",
+    "attention",
+    "silu_mul",
+    "gelu",
+    "add",
+    "mul",
+    "reshape",
+    "transpose",
+    "zeros",
+    "set_slice",
+    "narrow",
+    "sample",
+)
+
+# Quant types a backend may accept in weight(); F32/F16/BF16 are always accepted.
+QUANT_TYPES: tuple[str, ...] = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MLX",
+)
+
+
+@dataclass
+class MemorySample:
+    """Same shape on every backend; bytes, ``None`` where the backend cannot know."""
+
+    device_used: int | None
+    device_total: int | None
+    device_peak: int | None
+    host_rss: int
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.7
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    repetition_window: int = 64
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def host_rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+class Backend:
+    """Base class. Subclasses implement the ops they support; ``ops()`` reports them."""
+
+    name: str = "base"
+    device: str = "cpu"  # human-readable device, e.g. "NVIDIA RTX 4090", "Apple M2 (Metal)"
+
+    # --- what this backend offers -------------------------------------------------
+    def ops(self) -> set[str]:
+        return {op for op in OPS if getattr(type(self), op, None) is not getattr(Backend, op)}
+
+    def quant_types(self) -> set[str]:
+        return set()
+
+    def memory(self) -> MemorySample:
+        return MemorySample(None, None, None, host_rss())
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (used by timing)."""
+
+    # --- moving data ----------------------------------------------------------------
+    def array(self, a: np.ndarray) -> Any:
+        """Host array -> native array."""
+        raise NotImplementedError
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def weight(self, t: TensorData) -> Any:
+        """A linear/embedding weight in this backend's own layout (quantized if it can)."""
+        raise NotImplementedError
+
+    def dense(self, t: TensorData) -> Any:
+        """A small weight (norm, bias) as a float32 native array."""
+        raise NotImplementedError
+
+    # --- ops (see module docstring for conventions) ----------------------------------
+    def embedding(self, table: Any, ids: Any) -> Any:
+        raise NotImplementedError
+
+    def linear(self, x: Any, w: Any, bias: Any | None = None) -> Any:
+        raise NotImplementedError
+
+    def rms_norm(self, x: Any, w: Any, eps: float) -> Any:
+        raise NotImplementedError
+
+    def layer_norm(self, x: Any, w: Any, b: Any, eps: float) -> Any:
+        raise NotImplementedError
+
+    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False) -> Any:
+        raise NotImplementedError
+
+    def attention(
+        self, q: Any, k: Any, v: Any, scale: float, *, causal_offset: int | None = None,
+        key_mask: Any | None = None,
+    ) -> Any:
+        raise NotImplementedError
+
+    def silu_mul(self, gate: Any, up: Any) -> Any:
+        raise NotImplementedError
+
+    def gelu(self, x: Any) -> Any:
+        raise NotImplementedError
+
+    def add(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def mul(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+    def transpose(self, x: Any, axes: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+    def zeros(self, shape: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+    def set_slice(self, dst: Any, src: Any, axis: int, start: int) -> Any:
+        """Write ``src`` into ``dst`` at ``start`` along ``axis``; returns the result."""
+        raise NotImplementedError
+
+    def narrow(self, x: Any, axis: int, start: int, length: int) -> Any:
+        raise NotImplementedError
+
+    def sample(self, logits: Any, params: SamplingParams, history: list[int],
+               rng: np.random.Generator) -> int:
+        """Pick the next token from a ``(vocab,)`` logits row; only the id leaves the device."""
+        raise NotImplementedError
+
+
+class ProfiledBackend:
+    """Wraps a backend and records wall time per op kind (synchronising around each op).
+
+    Off by default: an unprofiled model calls the backend directly, so the cost when
+    profiling is off is zero.
+    """
+
+    def __init__(self, inner: Backend):
+        self._inner = inner
+        self.totals: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def reset(self) -> None:
+        self.totals.clear()
+        self.counts.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in OPS:
+            return attr
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = attr(*args, **kwargs)
+            self._inner.synchronize()
+            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
+            self.counts[name] = self.counts.get(name, 0) + 1
+            return out
+
+        return timed

@@ -1,0 +1,55 @@
+"""The contract between file readers and backends.
+
+A reader turns a file into a :class:`Checkpoint`: a Hugging Face style config and a dict of
+:class:`TensorData` keyed by Hugging Face tensor names. Backends turn ``TensorData`` into
+their own layout (dense or quantized); nothing else reads raw blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class TensorData:
+    """One weight as stored on disk.
+
+    ``shape`` is the logical shape in NumPy order (outermost first): a linear weight is
+    ``(out_features, in_features)`` whatever the file's own order.
+    ``qtype`` is a GGML type name ("F32", "F16", "BF16", "Q4_0", ..., "Q6_K") or "MLX"
+    for MLX affine-quantized safetensors.
+    ``data`` holds float values for float types, and for block types the raw bytes as
+    uint8 with shape ``(*shape[:-1], bytes_per_row)`` (usually a read-only memory map).
+    For "MLX", ``data`` is the packed uint32 weight and ``extra`` holds
+    ``scales``, ``biases``, ``group_size`` and ``bits``.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    qtype: str
+    data: np.ndarray
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.qtype not in ("F32", "F16", "BF16")
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + sum(getattr(v, "nbytes", 0) for v in self.extra.values()))
+
+
+@dataclass
+class Checkpoint:
+    """A model read from disk, before any backend sees it."""
+
+    path: Path
+    format: str  # "gguf" | "safetensors" | "mlx"
+    config: dict[str, Any]  # Hugging Face config.json field names, incl. "model_type"
+    tensors: dict[str, TensorData]
+    metadata: dict[str, Any] = field(default_factory=dict)  # raw GGUF key/values, if any
+    chat_template: str | None = None
