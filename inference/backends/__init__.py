@@ -1,0 +1,91 @@
+"""Backend registry: probe what can run here, pick one at load, and say why."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from inference.backends.base import Backend
+from inference.errors import BackendUnavailableError, MissingOpError
+
+# name -> module exposing probe() -> (available, reason) and create() -> Backend.
+_MODULES = {
+    "cuda": "inference.backends.cuda",
+    "mlx": "inference.backends.mlx_backend",
+    "numpy": "inference.backends.numpy_backend",
+}
+
+# auto order: an NVIDIA GPU, then Metal, then the CPU paths (fastest first).
+AUTO_ORDER = ("cuda", "mlx", "numpy")
+ALWAYS_FLOAT = {"F32", "F16", "BF16"}
+
+
+@dataclass
+class BackendProbe:
+    name: str
+    available: bool
+    reason: str
+
+
+def probe(name: str) -> BackendProbe:
+    if name not in _MODULES:
+        known = ", ".join(_MODULES)
+        raise BackendUnavailableError(f"Unknown backend '{name}'; choose one of: auto, {known}.")
+    try:
+        mod = importlib.import_module(_MODULES[name])
+    except ImportError as e:
+        return BackendProbe(name, False, f"not installed ({e.name or e})")
+    probe_fn = getattr(mod, "probe", None)
+    if probe_fn is None:
+        return BackendProbe(name, True, "always available")
+    ok, reason = probe_fn()
+    return BackendProbe(name, ok, reason)
+
+
+def probe_all() -> list[BackendProbe]:
+    return [probe(n) for n in _MODULES]
+
+
+def create(name: str) -> Backend:
+    mod = importlib.import_module(_MODULES[name])
+    return mod.create() if hasattr(mod, "create") else mod.NumpyBackend()
+
+
+def missing_for(backend: Backend, ops: Iterable[str], qtypes: Iterable[str]) -> list[str]:
+    """What the backend lacks for a model: op names and quant types, sorted."""
+    lacks = sorted(set(ops) - backend.ops())
+    lacks += sorted(set(qtypes) - ALWAYS_FLOAT - backend.quant_types())
+    return lacks
+
+
+def select_backend(requested: str, ops: Iterable[str], qtypes: Iterable[str],
+                   arch: str = "model") -> tuple[Backend, str]:
+    """Pick a backend that has every op and quant type the model needs, before any
+    weight moves. Returns the backend and a sentence saying why it was chosen."""
+    ops, qtypes = set(ops), set(qtypes)
+    if requested != "auto":
+        p = probe(requested)
+        if not p.available:
+            raise BackendUnavailableError(f"Backend '{requested}' is unavailable: {p.reason}.")
+        b = create(requested)
+        lacks = missing_for(b, ops, qtypes)
+        if lacks:
+            raise MissingOpError(
+                f"Backend '{requested}' cannot run this {arch} model: it lacks {', '.join(lacks)}."
+            )
+        return b, f"{requested}: requested ({p.reason})"
+    skipped: list[str] = []
+    for name in AUTO_ORDER:
+        p = probe(name)
+        if not p.available:
+            skipped.append(f"{name}: {p.reason}")
+            continue
+        b = create(name)
+        lacks = missing_for(b, ops, qtypes)
+        if lacks:
+            skipped.append(f"{name}: lacks {', '.join(lacks)}")
+            continue
+        why = f"{name}: {p.reason}"
+        return b, why + (f" (skipped {'; '.join(skipped)})" if skipped else "")
+    raise BackendUnavailableError("No backend can run this model: " + "; ".join(skipped) + ".")

@@ -174,33 +174,41 @@ class Backend:
         raise NotImplementedError
 
 
-class ProfiledBackend:
-    """Wraps a backend and records wall time per op kind (synchronising around each op).
+class OpProfiler:
+    """Times every op of one backend instance while active (synchronising around each op).
 
-    Off by default: an unprofiled model calls the backend directly, so the cost when
-    profiling is off is zero.
+    Off by default. Activating shadows the op methods on the instance; deactivating removes
+    the shadows, so with profiling off the model calls the class methods directly and the
+    cost is zero.
     """
 
-    def __init__(self, inner: Backend):
-        self._inner = inner
+    def __init__(self, backend: Backend):
+        self.backend = backend
         self.totals: dict[str, float] = {}
         self.counts: dict[str, int] = {}
 
-    def reset(self) -> None:
-        self.totals.clear()
-        self.counts.clear()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if name not in OPS:
-            return attr
-
+    def _timed(self, name: str, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
-            out = attr(*args, **kwargs)
-            self._inner.synchronize()
+            out = fn(*args, **kwargs)
+            self.backend.synchronize()
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
             self.counts[name] = self.counts.get(name, 0) + 1
             return out
 
         return timed
+
+    def start(self) -> None:
+        for name in self.backend.ops():
+            setattr(self.backend, name, self._timed(name, getattr(self.backend, name)))
+
+    def stop(self) -> None:
+        for name in OPS:
+            self.backend.__dict__.pop(name, None)
+
+    def __enter__(self) -> OpProfiler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

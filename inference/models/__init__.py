@@ -1,0 +1,27 @@
+"""Architectures by Hugging Face model_type. Each module has ModelArgs, Model, REQUIRED_OPS."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from inference.errors import UnsupportedModelError
+from inference.models import bert, llama
+
+ARCHITECTURES: dict[str, ModuleType] = {
+    "llama": llama,
+    "mistral": llama,
+    "qwen2": llama,
+    "bert": bert,
+}
+CAUSAL = {"llama", "mistral", "qwen2"}
+
+
+def architecture(model_type: str, where: str = "this model") -> ModuleType:
+    try:
+        return ARCHITECTURES[model_type]
+    except KeyError:
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise UnsupportedModelError(
+            f"{where} uses architecture '{model_type}', which Inferdesk does not support "
+            f"(supported: {known})."
+        ) from None

@@ -1,0 +1,62 @@
+"""Next-token sampling over one logits row, written against an array namespace.
+
+``xp`` is numpy or cupy (same API), so the CPU and CUDA backends share this code and only
+the chosen id leaves the device. Order of filters follows llama.cpp / transformers:
+repetition penalty, temperature, top-k, top-p, min-p.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from inference.backends.base import SamplingParams
+
+
+def apply_repetition_penalty(xp: Any, logits: Any, history: list[int], penalty: float,
+                             window: int) -> Any:
+    """CTRL-style penalty: divide positive logits, multiply negative ones, of recent tokens."""
+    if penalty == 1.0 or not history:
+        return logits
+    recent = xp.asarray(sorted(set(history[-window:])), dtype=xp.int64)
+    vals = logits[recent]
+    logits = logits.copy()
+    logits[recent] = xp.where(vals > 0, vals / penalty, vals * penalty)
+    return logits
+
+
+def filtered_probs(xp: Any, logits: Any, p: SamplingParams) -> Any:
+    """Probabilities after temperature, top-k, top-p and min-p (float64 for stable sums)."""
+    z = logits.astype(xp.float64) / p.temperature
+    z = z - z.max()
+    probs = xp.exp(z)
+    probs /= probs.sum()
+    order = xp.argsort(-probs)
+    sorted_p = probs[order]
+    keep = xp.ones(sorted_p.shape[0], dtype=bool)
+    if p.top_k > 0:
+        keep[p.top_k:] = False
+    if p.top_p < 1.0:
+        # Keep the smallest prefix whose mass reaches top_p (the token crossing it included).
+        before = xp.cumsum(sorted_p) - sorted_p
+        keep &= before < p.top_p
+    if p.min_p > 0.0:
+        keep &= sorted_p >= p.min_p * sorted_p[0]
+    keep[0] = True
+    out = xp.zeros_like(probs)
+    out[order[keep]] = sorted_p[keep]
+    return out / out.sum()
+
+
+def sample_row(xp: Any, logits: Any, p: SamplingParams, history: list[int],
+               rng: np.random.Generator) -> int:
+    logits = apply_repetition_penalty(xp, logits, history, p.repetition_penalty,
+                                      p.repetition_window)
+    if p.greedy:
+        return int(xp.argmax(logits))
+    probs = filtered_probs(xp, logits, p)
+    # Inverse-CDF draw with one host random number: the uniform goes in, the id comes out.
+    u = rng.random()
+    idx = int(xp.searchsorted(xp.cumsum(probs), u * float(probs.sum()), side="right"))
+    return min(idx, probs.shape[0] - 1)
