@@ -1,0 +1,109 @@
+"""Readers for the reference goldens in tests/goldens/ (written by scripts/make_goldens.py).
+
+Plain numpy and dicts; no torch. Formats: tests/goldens/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+GOLDENS_DIR = Path(__file__).resolve().parent / "goldens"
+
+# Tolerance bars from issue 2.
+MINILM_MIN_COSINE = 0.9999
+SMOLLM2_MIN_TOP1_AGREEMENT = 0.99
+SMOLLM2_MAX_MEAN_ABS_DLOGP_TOP1 = 0.01
+
+
+def _npz(name: str) -> tuple[dict[str, np.ndarray], dict]:
+    with np.load(GOLDENS_DIR / name, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return arrays, json.loads(str(arrays.pop("meta")))
+
+
+def load_minilm_sentences() -> list[str]:
+    """The fixed sentence set, in golden order (includes "" and a >256-token line)."""
+    return json.loads((GOLDENS_DIR / "minilm_sentences.json").read_text(encoding="utf-8"))
+
+
+def load_minilm() -> dict:
+    """MiniLM goldens.
+
+    Keys: sentences (list[str]); embeddings (n, 384) float32, the bundled pipeline's default
+    output (L2-normalised, see meta["normalized"]); embeddings_unnormalized (n, 384) float32,
+    mean-pooled before Normalize; n_tokens (n,) int32 tokens the encoder saw incl. [CLS]/[SEP]
+    (<= max_seq_length); n_tokens_untruncated (n,) int32; input_ids list of n int32 arrays;
+    meta (dict: versions, modules, max_seq_length, model sha256).
+    """
+    a, meta = _npz("minilm_embeddings.npz")
+    splits = np.cumsum(a["n_tokens"])[:-1]
+    return {
+        "sentences": load_minilm_sentences(),
+        "embeddings": a["embeddings"],
+        "embeddings_unnormalized": a["embeddings_unnormalized"],
+        "n_tokens": a["n_tokens"],
+        "n_tokens_untruncated": a["n_tokens_untruncated"],
+        "input_ids": np.split(a["input_ids"], splits),
+        "meta": meta,
+    }
+
+
+def load_smollm2() -> dict:
+    """SmolLM2 Q4_1 teacher-forced goldens.
+
+    Returns {"texts": {name: {...}}, "greedy": {...}, "meta": dict}. Each text (names: chat,
+    code, prose) has: text (str); ids (n,) int32, fed whole as one sequence; top_ids (n, 10)
+    int32 and top_logp (n, 10) float32, the reference's 10 most likely next tokens after
+    ids[:i+1], best first (top-1 = column 0); next_logp (n-1,) float32, log p(ids[i+1]).
+    greedy: prompt_ids, ids (the reference's 48-token greedy reply; informative only), text.
+    """
+    a, meta = _npz("smollm2_logprobs.npz")
+    texts = {}
+    for name, text in meta["texts"].items():
+        texts[name] = {"text": text} | {
+            field: a[f"{name}.{field}"] for field in ("ids", "top_ids", "top_logp", "next_logp")
+        }
+    greedy = {
+        "prompt": meta["greedy_prompt"],
+        "prompt_ids": a["greedy.prompt_ids"],
+        "ids": a["greedy.ids"],
+        "text": meta["greedy_text"],
+    }
+    return {"texts": texts, "greedy": greedy, "meta": meta}
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64 (idempotent: log-probs pass through unchanged)."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def smollm2_agreement(golden: dict, logits: np.ndarray) -> tuple[float, float]:
+    """Score engine logits (or log-probs), shape (n, vocab), for one golden text.
+
+    Returns (top-1 agreement, mean |engine log p(ref top-1) - ref log p(ref top-1)|) over
+    all n positions.
+    """
+    ref_top1 = golden["top_ids"][:, 0]
+    if logits.shape[0] != ref_top1.shape[0]:
+        raise ValueError(f"expected {ref_top1.shape[0]} rows of logits, got {logits.shape[0]}")
+    logp = log_softmax(logits)
+    rows = np.arange(len(ref_top1))
+    agreement = float((logp.argmax(axis=-1) == ref_top1).mean())
+    dlogp = np.abs(logp[rows, ref_top1] - golden["top_logp"][:, 0])
+    return agreement, float(dlogp.mean())
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity in float64 (two zero rows count as identical)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    dot = (a * b).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = dot / (na * nb)
+    return np.where((na == 0) & (nb == 0), 1.0, cos)
