@@ -1,0 +1,85 @@
+// Shared by every kernel: integer and half types, warp/block reductions.
+// Compiles three ways: nvcc, NVRTC (CuPy RawModule) and g++ with the host emulator.
+#pragma once
+
+#if defined(INFERDESK_EMULATOR)
+// kernels/emulator/cuda_emu.h is force-included before this file.
+#elif defined(__CUDACC_RTC__)
+// NVRTC has no libc headers.
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#include <cuda_fp16.h>
+#else
+#include <stdint.h>
+#include <cuda_fp16.h>
+#endif
+
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)  // NVRTC has no INFINITY macro
+
+static __device__ __forceinline__ float warp_reduce_sum(float v) {
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(FULL_MASK, v, offset, WARP_SIZE);
+    }
+    return v;
+}
+
+static __device__ __forceinline__ float warp_reduce_max(float v) {
+#pragma unroll
+    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset, WARP_SIZE));
+    }
+    return v;
+}
+
+// Sum over the blockDim.x threads of one row (threadIdx.y picks the row).
+// `s` is a __shared__ float[32] owned by the caller: blockDim.x*blockDim.y <= 1024 means at
+// most 32 warps. The leading barrier lets a kernel call this twice with the same `s`.
+// blockDim.x is a multiple of 32 (planners guarantee it), so every row owns whole warps.
+static __device__ __forceinline__ float block_reduce_sum(float v, float * s) {
+    v = warp_reduce_sum(v);
+    if (blockDim.x > WARP_SIZE) {
+        const int warps_per_row = blockDim.x / WARP_SIZE;
+        const int warp = threadIdx.x / WARP_SIZE;
+        const int lane = threadIdx.x % WARP_SIZE;
+        const int base = threadIdx.y * warps_per_row;
+        __syncthreads();
+        if (lane == 0) {
+            s[base + warp] = v;
+        }
+        __syncthreads();
+        v = lane < warps_per_row ? s[base + lane] : 0.0f;
+        v = warp_reduce_sum(v);
+    }
+    return v;
+}
+
+static __device__ __forceinline__ float block_reduce_max(float v, float * s) {
+    v = warp_reduce_max(v);
+    if (blockDim.x > WARP_SIZE) {
+        const int warps_per_row = blockDim.x / WARP_SIZE;
+        const int warp = threadIdx.x / WARP_SIZE;
+        const int lane = threadIdx.x % WARP_SIZE;
+        const int base = threadIdx.y * warps_per_row;
+        __syncthreads();
+        if (lane == 0) {
+            s[base + warp] = v;
+        }
+        __syncthreads();
+        v = lane < warps_per_row ? s[base + lane] : NEG_INF;
+        v = warp_reduce_max(v);
+    }
+    return v;
+}
+
+static __device__ __forceinline__ float load_f16(const uint8_t * p) {
+    return __half2float(__ushort_as_half(*(const uint16_t *) p));  // callers keep p 2-aligned
+}

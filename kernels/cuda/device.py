@@ -1,0 +1,274 @@
+"""The thin device interface the CUDA backend runs on, with two implementations.
+
+- :class:`CupyDevice`: a real NVIDIA GPU; kernels through cupy.RawModule (NVRTC), arrays are
+  CuPy arrays, ``xp`` is cupy (its elementwise ops and cuBLAS matmul run on the device).
+- :class:`EmulatedDevice`: the host; the same .cu sources built by kernels/emulator, arrays
+  are NumPy buffers standing in for device memory, ``xp`` is numpy.
+
+Both count every host<->device copy in :attr:`Device.transfers`, so tests can assert what a
+token loop moves. Launch configurations come from kernels/cuda/plan.py only.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.cuda.plan import DEFAULT_LIMITS, DeviceLimits, Launch
+
+CUDA_DIR = Path(__file__).resolve().parent
+MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "unary", "argmax")
+
+
+def source_path(module: str) -> Path:
+    return CUDA_DIR / f"{module}.cu"
+
+
+@dataclass
+class TransferLog:
+    """Every host<->device copy: (direction, bytes, label)."""
+
+    events: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def record(self, direction: str, nbytes: int, label: str) -> None:
+        self.events.append((direction, int(nbytes), label))
+
+    def count(self, direction: str | None = None) -> int:
+        return sum(1 for d, _, _ in self.events if direction in (None, d))
+
+    def nbytes(self, direction: str | None = None) -> int:
+        return sum(n for d, n, _ in self.events if direction in (None, d))
+
+    def clear(self) -> None:
+        self.events.clear()
+
+
+class Device:
+    name = "device"
+    xp: Any = np
+    limits: DeviceLimits = DEFAULT_LIMITS
+
+    def __init__(self) -> None:
+        self.transfers = TransferLog()
+        self._functions: dict[tuple[str, str], Any] = {}
+        self._module_cache: dict[str, Any] = {}
+        self.launches = 0
+
+    # --- kernels -------------------------------------------------------------------
+    def _load(self, module: str) -> Any:
+        raise NotImplementedError
+
+    def function(self, module: str, name: str) -> Any:
+        key = (module, name)
+        if key not in self._functions:
+            if module not in self._module_cache:
+                self._module_cache[module] = self._load(module)
+            self._functions[key] = self._module_cache[module].get_function(name)
+        return self._functions[key]
+
+    def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
+        launch.check(self.limits)
+        self.launches += 1
+        self.function(module, name)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+
+    # --- memory ----------------------------------------------------------------------
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return self.xp.empty(shape, dtype)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return self.xp.zeros(shape, dtype)
+
+    def to_device(self, a: np.ndarray, label: str = "") -> Any:
+        raise NotImplementedError
+
+    def to_host(self, a: Any, label: str = "") -> np.ndarray:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        pass
+
+    def memory(self) -> tuple[int | None, int | None, int | None]:
+        """(used, total, peak) bytes of device memory, None where unknown."""
+        return None, None, None
+
+
+class CupyDevice(Device):
+    """A real GPU through CuPy. Construct only after :func:`cuda_unavailable_reason` is None."""
+
+    name = "cuda"
+
+    def __init__(self, device_id: int = 0) -> None:
+        super().__init__()
+        import cupy
+
+        self.xp = cupy
+        self._cupy = cupy
+        cupy.cuda.Device(device_id).use()
+        props = cupy.cuda.runtime.getDeviceProperties(device_id)
+        name = props["name"]
+        self.device_name = name.decode() if isinstance(name, bytes) else str(name)
+        self.limits = DeviceLimits(
+            max_threads_per_block=int(props["maxThreadsPerBlock"]),
+            max_shared_per_block=int(props["sharedMemPerBlock"]),
+            max_grid_x=int(props["maxGridSize"][0]),
+            max_grid_yz=int(min(props["maxGridSize"][1], props["maxGridSize"][2])),
+        )
+        self.properties = props
+        self._peak = 0
+
+    def _load(self, module: str) -> Any:
+        code = source_path(module).read_text()
+        return self._cupy.RawModule(code=code, options=("-std=c++17", f"-I{CUDA_DIR}"))
+
+    def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
+        # CuPy has no None for pointer parameters; an 8-byte zero is the null pointer.
+        super().launch(module, name, launch, tuple(np.uint64(0) if a is None else a for a in args))
+
+    def to_device(self, a: np.ndarray, label: str = "") -> Any:
+        self.transfers.record("h2d", a.nbytes, label)
+        return self._cupy.asarray(a)
+
+    def to_host(self, a: Any, label: str = "") -> np.ndarray:
+        self.transfers.record("d2h", a.nbytes, label)
+        return self._cupy.asnumpy(a)
+
+    def synchronize(self) -> None:
+        self._cupy.cuda.get_current_stream().synchronize()
+
+    def memory(self) -> tuple[int | None, int | None, int | None]:
+        free, total = self._cupy.cuda.runtime.memGetInfo()
+        used = total - free
+        self._peak = max(self._peak, used)
+        return used, total, self._peak
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None if CuPy sees an NVIDIA GPU, else one sentence why not. Never raises."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken CUDA install raising at import
+        return f"cuda: CuPy is not installed ({type(e).__name__})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        text = str(e)
+        if "InsufficientDriver" in text or "NoDevice" in text or "driver" in text.lower():
+            return "cuda: no NVIDIA driver"
+        return f"cuda: CUDA runtime unusable ({text.splitlines()[0][:120]})"
+    if n < 1:
+        return "cuda: no NVIDIA GPU found"
+    return None
+
+
+# --- the host emulator ---------------------------------------------------------------
+
+_GUARD = 64  # canary bytes before and after every emulated allocation
+_CANARY = 0xA5
+
+
+class EmulatedDevice(Device):
+    """The host emulator as a device: NumPy buffers are device memory.
+
+    - New buffers are poisoned (NaN bytes), so an element no thread writes shows up.
+    - Every buffer has canaries around it, checked after each launch: a kernel that writes
+      past its output (a wrong block size or grid) is an error, not silent corruption.
+    - ``check_races=True`` runs each launch twice, threads first-to-last and last-to-first
+      between barriers, on copies of its buffers, and fails if the results differ: what a
+      missing __syncthreads or __syncwarp does.
+    """
+
+    name = "cuda-emulator"
+    device_name = "CUDA emulator (host)"
+    xp = np
+
+    def __init__(self, check_races: bool = False) -> None:
+        super().__init__()
+        self.check_races = check_races
+        self._guarded: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+
+    def _load(self, module: str) -> Any:
+        from kernels.emulator.module import EmulatedModule
+
+        return EmulatedModule(source_path(module))
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        raw = np.full(n + 2 * _GUARD, 0xFF, np.uint8)  # 0xFF.. is NaN as float and half
+        raw[:_GUARD] = _CANARY
+        raw[_GUARD + n:] = _CANARY
+        self._guarded[id(raw)] = raw
+        return raw[_GUARD:_GUARD + n].view(dtype).reshape(shape)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        a = self.empty(shape, dtype)
+        a[...] = 0
+        return a
+
+    def to_device(self, a: np.ndarray, label: str = "") -> np.ndarray:
+        a = np.asarray(a)
+        self.transfers.record("h2d", a.nbytes, label)
+        out = self.empty(a.shape, a.dtype)
+        out[...] = a
+        return out
+
+    def to_host(self, a: np.ndarray, label: str = "") -> np.ndarray:
+        self.transfers.record("d2h", a.nbytes, label)
+        return np.array(a, copy=True)
+
+    def memory(self) -> tuple[int | None, int | None, int | None]:
+        return None, None, None
+
+    @staticmethod
+    def _root(a: np.ndarray) -> np.ndarray:
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a
+
+    def _check_guards(self, name: str, args: tuple[Any, ...]) -> None:
+        for a in args:
+            if not isinstance(a, np.ndarray):
+                continue
+            root = self._root(a)
+            if self._guarded.get(id(root)) is not root:
+                continue
+            if (root[:_GUARD] != _CANARY).any() or (root[-_GUARD:] != _CANARY).any():
+                raise _emulator_error()(f"{name}: a thread wrote outside a {a.dtype} buffer "
+                                        f"of shape {a.shape} (grid or block too large?)")
+
+    def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
+        from kernels.emulator import module as emu
+
+        if not self.check_races:
+            super().launch(module, name, launch, args)
+            self._check_guards(name, args)
+            return
+        roots = {id(r): r for r in (self._root(a) for a in args if isinstance(a, np.ndarray))}
+        before = {k: r.copy() for k, r in roots.items()}
+        saved = emu.schedule
+        try:
+            emu.schedule = "forward"
+            super().launch(module, name, launch, args)
+            forward = {k: r.copy() for k, r in roots.items()}
+            for k, r in roots.items():
+                r[...] = before[k]
+            emu.schedule = "reverse"
+            super().launch(module, name, launch, args)
+        finally:
+            emu.schedule = saved
+        self._check_guards(name, args)
+        for k, r in roots.items():
+            if not np.array_equal(r.view(np.uint8), forward[k].view(np.uint8)):
+                raise _emulator_error()(
+                    f"{name}: results depend on the order threads run between barriers "
+                    "(a missing __syncthreads/__syncwarp, or a race on shared or global memory)")
+
+
+def _emulator_error() -> type[Exception]:
+    from kernels.emulator.module import EmulatorError
+
+    return EmulatorError

@@ -1,0 +1,222 @@
+"""Checked entry points: validate dtype and layout, plan the launch, launch, return output.
+
+Each function takes a :class:`~kernels.cuda.device.Device` and device arrays (CuPy arrays,
+or NumPy buffers under the emulator) and allocates its output on that device. Nothing
+here copies between host and device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from inference.errors import InvalidInputError
+from kernels.cuda import plan
+from kernels.cuda.device import Device
+from kernels.cuda.table import TYPES, KernelType
+
+i32, i64, f32 = np.int32, np.int64, np.float32
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise InvalidInputError(msg)
+
+
+def _f32_contig(x: Any, what: str) -> None:
+    _need(x.dtype == np.float32, f"{what} must be float32, got {x.dtype}")
+    _need(x.flags.c_contiguous, f"{what} must be C-contiguous")
+
+
+@dataclass
+class QuantMatrix:
+    """A 2-D weight on the device in its GGML layout: (rows, row_bytes) uint8 blocks, or a
+    plain (rows, cols) float32/float16 array for F32/F16."""
+
+    data: Any
+    qtype: str
+    rows: int
+    cols: int
+
+    @property
+    def kt(self) -> KernelType:
+        return TYPES[self.qtype]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.kt.row_bytes(self.cols)
+
+
+def upload_matrix(dev: Device, data: np.ndarray, qtype: str, shape: tuple[int, int],
+                  label: str = "weight") -> QuantMatrix:
+    """Host weight (TensorData layout) -> device QuantMatrix; the load-time copy."""
+    _need(qtype in TYPES, f"the CUDA kernels have no {qtype} type")
+    rows, cols = shape
+    kt = TYPES[qtype]
+    _need(cols % kt.qk == 0, f"{qtype} rows need whole blocks of {kt.qk}, got {cols} columns")
+    dtype = {"F32": np.float32, "F16": np.float16}.get(qtype, np.uint8)
+    host = np.ascontiguousarray(np.asarray(data).view(dtype).reshape(rows, -1))
+    _need(host.nbytes == rows * kt.row_bytes(cols), f"{label}: {host.nbytes} bytes, expected "
+          f"{rows * kt.row_bytes(cols)} for {qtype} {shape}")
+    return QuantMatrix(dev.to_device(host, label), qtype, rows, cols)
+
+
+def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any) -> Any:
+    """(batch, cols) float32 -> (batch, rows) float32."""
+    _f32_contig(x, "x")
+    _need(x.ndim == 2 and x.shape[1] == w.cols,
+          f"x {x.shape} does not match weight {w.cols} columns")
+    y = dev.empty((x.shape[0], w.rows), np.float32)
+    launch = plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits)
+    dev.launch("mmv", f"mul_mat_vec_{w.kt.suffix}", launch,
+               (w.data, x, y, i32(w.cols), i32(w.rows), i64(w.row_bytes)))
+    return y
+
+
+def dequantize(dev: Device, w: QuantMatrix, dtype: Any = np.float32, ids: Any = None,
+               out: Any = None) -> Any:
+    """Rows of w (all, or ids[i] for each i) as float32/float16 (n, cols).
+    `out` may be a preallocated buffer (prefill reuses one scratch for every weight)."""
+    suffix = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}.get(np.dtype(dtype))
+    _need(suffix is not None, f"dequantize to {dtype} is not supported")
+    if ids is not None:
+        _need(ids.dtype == np.int32 and ids.ndim == 1 and ids.flags.c_contiguous,
+              "ids must be a contiguous int32 vector")
+    n = w.rows if ids is None else ids.shape[0]
+    if out is None:
+        out = dev.empty((n, w.cols), dtype)
+    _need(out.shape == (n, w.cols) and out.dtype == np.dtype(dtype) and out.flags.c_contiguous,
+          "dequantize output buffer has the wrong shape or dtype")
+    launch = plan.plan_dequantize(w.kt, w.cols, n, dev.limits)
+    dev.launch("dequant", f"dequantize_{w.kt.suffix}_{suffix}", launch,
+               (w.data, ids, out, i32(w.cols), i32(n), i32(w.rows), i64(w.row_bytes)))
+    return out
+
+
+def get_rows(dev: Device, table: QuantMatrix, ids: Any) -> Any:
+    """Embedding gather: (n,) int32 ids -> (n, cols) float32, from any table type."""
+    return dequantize(dev, table, np.float32, ids=ids)
+
+
+def rms_norm(dev: Device, x: Any, w: Any, eps: float) -> Any:
+    _f32_contig(x, "x")
+    _f32_contig(w, "weight")
+    n = x.shape[-1]
+    _need(w.shape == (n,), f"weight {w.shape} does not match rows of {n}")
+    rows = x.size // n
+    y = dev.empty(x.shape, np.float32)
+    dev.launch("norm", "rms_norm_f32", plan.plan_rows(n, rows, dev.limits),
+               (x, w, y, i32(n), i32(rows), f32(eps)))
+    return y
+
+
+def layer_norm(dev: Device, x: Any, w: Any, b: Any | None, eps: float) -> Any:
+    _f32_contig(x, "x")
+    _f32_contig(w, "weight")
+    n = x.shape[-1]
+    _need(w.shape == (n,), f"weight {w.shape} does not match rows of {n}")
+    if b is not None:
+        _f32_contig(b, "bias")
+        _need(b.shape == (n,), f"bias {b.shape} does not match rows of {n}")
+    rows = x.size // n
+    y = dev.empty(x.shape, np.float32)
+    dev.launch("norm", "layer_norm_f32", plan.plan_rows(n, rows, dev.limits),
+               (x, w, b, y, i32(n), i32(rows), f32(eps)))
+    return y
+
+
+def softmax(dev: Device, scores: Any, scale: float = 1.0, *, nq: int | None = None,
+            causal_offset: int | None = None, key_mask: Any | None = None) -> Any:
+    """Softmax over the last axis of (batch, ..., q, keys) scores.
+
+    Query i (= row index mod nq; nq defaults to scores.shape[-2]) sees keys j <=
+    causal_offset + i; key_mask is (batch, keys), 0 hides a key. Both are applied on the
+    device from these integers; no mask tensor is built.
+    """
+    _f32_contig(scores, "scores")
+    keys = scores.shape[-1]
+    rows = scores.size // keys
+    nq = scores.shape[-2] if nq is None else nq
+    batch = scores.shape[0]
+    if key_mask is not None:
+        _f32_contig(key_mask, "key_mask")
+        _need(key_mask.shape == (batch, keys), f"key_mask {key_mask.shape} != ({batch}, {keys})")
+    y = dev.empty(scores.shape, np.float32)
+    dev.launch("softmax", "softmax_f32", plan.plan_rows(keys, rows, dev.limits),
+               (scores, y, i32(keys), i32(rows), i32(rows // batch), i32(nq), f32(scale),
+                i32(-1 if causal_offset is None else causal_offset), key_mask))
+    return y
+
+
+def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
+         seq_axis: int = -2) -> Any:
+    """Rotate head vectors of a contiguous (..., seq, ..., head_dim) array; positions are
+    offset + index along seq_axis."""
+    _f32_contig(x, "x")
+    d = x.shape[-1]
+    _need(d % 2 == 0, f"rope needs an even head_dim, got {d}")
+    axis = seq_axis % x.ndim
+    _need(axis < x.ndim - 1, "seq_axis must not be the head_dim axis")
+    seq = x.shape[axis]
+    seq_div = int(np.prod(x.shape[axis + 1:-1], dtype=np.int64))
+    pairs = x.size // 2
+    y = dev.empty(x.shape, np.float32)
+    dev.launch("rope", "rope_f32", plan.plan_elementwise(pairs, dev.limits),
+               (x, y, i32(d), i64(pairs), i32(seq), i32(seq_div), i32(offset), f32(theta),
+                i32(1 if neox else 0)))
+    return y
+
+
+def attn_decode(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
+                causal_limit: int | None = None, key_mask: Any | None = None) -> Any:
+    """q (batch, heads, 1, D) against k, v (batch, kv_heads, n_kv, D) views of the cache
+    (any strides over batch/head/position, contiguous head_dim) -> (batch, heads, 1, D)."""
+    _f32_contig(q, "q")
+    b, h, one, d = q.shape
+    _need(one == 1, "decode attention takes one query per head")
+    _need(k.shape == v.shape and k.strides == v.strides, "k and v must share shape and layout")
+    _need(k.dtype == np.float32 and k.strides[-1] == 4,
+          "k/v must be float32 with contiguous head_dim")
+    kb, kvh, n_kv, kd = k.shape
+    _need(kb == b and kd == d and h % kvh == 0, f"q {q.shape} does not fit k {k.shape}")
+    if key_mask is not None:
+        _need(key_mask.dtype == np.float32 and key_mask.shape == (b, n_kv)
+              and key_mask.strides[-1] == 4, "key_mask must be float32 (batch, n_kv)")
+    sb, sh, ss = (s // 4 for s in k.strides[:3])
+    out = dev.empty(q.shape, np.float32)
+    limit = n_kv - 1 if causal_limit is None else min(causal_limit, n_kv - 1)
+    dev.launch("attention", "attn_decode_f32", plan.plan_attn_decode(d, n_kv, h, b, dev.limits),
+               (q, k, v, out, i32(d), i32(n_kv), i32(h), i32(h // kvh), i64(sb), i64(sh),
+                i64(ss), f32(scale), i32(limit), key_mask,
+                i64(0 if key_mask is None else key_mask.strides[0] // 4)))
+    return out
+
+
+def silu_mul(dev: Device, gate: Any, up: Any) -> Any:
+    _f32_contig(gate, "gate")
+    _f32_contig(up, "up")
+    _need(gate.shape == up.shape, f"gate {gate.shape} != up {up.shape}")
+    y = dev.empty(gate.shape, np.float32)
+    dev.launch("unary", "silu_mul_f32", plan.plan_elementwise(gate.size, dev.limits),
+               (gate, up, y, i64(gate.size)))
+    return y
+
+
+def gelu(dev: Device, x: Any) -> Any:
+    _f32_contig(x, "x")
+    y = dev.empty(x.shape, np.float32)
+    dev.launch("unary", "gelu_f32", plan.plan_elementwise(x.size, dev.limits), (x, y, i64(x.size)))
+    return y
+
+
+def argmax(dev: Device, x: Any) -> Any:
+    """(rows, cols) float32 -> (rows,) int32 on the device."""
+    _f32_contig(x, "x")
+    cols = x.shape[-1]
+    rows = x.size // cols
+    out = dev.empty((rows,), np.int32)
+    dev.launch("argmax", "argmax_f32", plan.plan_argmax(cols, rows, dev.limits),
+               (x, out, i32(cols)))
+    return out

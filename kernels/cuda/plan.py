@@ -1,0 +1,135 @@
+"""Launch planners: pure functions (shape, type, device limits) -> Launch.
+
+Nothing here touches a device, so tests sweep them over thousands of shapes. Every planner
+returns blocks whose thread count is a multiple of 32 (the emulator rejects partial warps in
+warp intrinsics) and within the device's limits, and raises InvalidInputError for a shape it
+cannot launch rather than launching a wrong one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference.errors import InvalidInputError
+from kernels.cuda import table
+from kernels.cuda.table import KernelType
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    max_threads_per_block: int = table.MAX_THREADS_PER_BLOCK
+    max_shared_per_block: int = table.MAX_SHARED_PER_BLOCK
+    max_grid_x: int = table.MAX_GRID_X
+    max_grid_yz: int = table.MAX_GRID_YZ
+
+
+DEFAULT_LIMITS = DeviceLimits()
+
+
+@dataclass(frozen=True)
+class Launch:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0  # dynamic shared memory; static __shared__ is in table.BUDGETS
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    def check(self, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+        if not (0 < self.threads <= limits.max_threads_per_block and self.threads % 32 == 0):
+            raise InvalidInputError(f"block {self.block} is not 32..1024 whole warps")
+        gx, gy, gz = self.grid
+        if not (0 < gx <= limits.max_grid_x and 0 < gy <= limits.max_grid_yz
+                and 0 < gz <= limits.max_grid_yz):
+            raise InvalidInputError(f"grid {self.grid} exceeds the device's limits")
+        if self.shared_bytes > limits.max_shared_per_block:
+            raise InvalidInputError(f"{self.shared_bytes} bytes of shared memory exceed the limit")
+        return self
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+# Elements each thread of a row kernel handles, at most. 8 gives every thread a few
+# independent loads to overlap, and still gives a 4096-wide row (Llama hidden size) 512
+# threads, so a single decode row is not left to one warp. (The seed bug: 1024 threads for
+# every row, which for a 384-wide row leaves 640 threads idle and costs 3-6x.)
+ROW_ELEMS_PER_THREAD = 8
+# Rows of up to 256 columns get one warp each; 4 such rows share a block so that blocks are
+# 128 threads: an SM runs at most 16-32 blocks at once, and 1-warp blocks would cap it at
+# 16-32 resident warps.
+ROWS_PER_WARP_BLOCK = 4
+
+
+def threads_per_row(ncols: int, limits: DeviceLimits = DEFAULT_LIMITS) -> int:
+    want = _pow2_at_least(_cdiv(max(ncols, 1), ROW_ELEMS_PER_THREAD))
+    return max(32, min(want, limits.max_threads_per_block, 1024))
+
+
+def plan_rows(ncols: int, nrows: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    """rms_norm, layer_norm, softmax: blockDim.x threads per row, blockDim.y rows per block."""
+    if ncols < 1 or nrows < 1:
+        raise InvalidInputError(f"row kernel on an empty ({nrows}, {ncols}) array")
+    tpr = threads_per_row(ncols, limits)
+    rows = min(ROWS_PER_WARP_BLOCK, nrows) if tpr == 32 else 1
+    return Launch((_cdiv(nrows, rows), 1, 1), (tpr, rows, 1)).check(limits)
+
+
+def plan_mul_mat_vec(t: KernelType, ncols: int, nrows: int, batch: int = 1,
+                     limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    """One warp per output row (see mmv.cu); batch rows of x on grid.y."""
+    if ncols % t.qk or ncols < 1 or nrows < 1 or batch < 1:
+        raise InvalidInputError(f"{t.name} mat-vec needs columns in whole blocks of {t.qk}, "
+                                f"got ({nrows}, {ncols}) x batch {batch}")
+    rows = min(t.mmv_rows_per_block, nrows)  # tiny matrices: no idle warps
+    return Launch((_cdiv(nrows, rows), batch, 1), (32, rows, 1)).check(limits)
+
+
+def plan_dequantize(t: KernelType, ncols: int, nrows: int,
+                    limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    """One thread per t.ept elements (see dequant.cu); 1-D grid."""
+    if ncols % t.qk or ncols < 1 or nrows < 1:
+        raise InvalidInputError(f"{t.name} rows need whole blocks of {t.qk}, got {ncols} columns")
+    slices = nrows * (ncols // t.ept)
+    return Launch((_cdiv(slices, t.dequant_threads), 1, 1), (t.dequant_threads, 1, 1)).check(limits)
+
+
+# Streaming elementwise kernels: 256 threads per block, one element (or pair) per thread.
+ELEMENTWISE_THREADS = 256
+
+
+def plan_elementwise(n: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    if n < 1:
+        raise InvalidInputError("elementwise kernel on an empty array")
+    return Launch((_cdiv(n, ELEMENTWISE_THREADS), 1, 1), (ELEMENTWISE_THREADS, 1, 1)).check(limits)
+
+
+def plan_argmax(ncols: int, nrows: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    """One block per row; threads follow the row length like the norms (a vocab row of 32K+
+    gets 1024 threads, a 100-wide test row one warp)."""
+    if ncols < 1 or nrows < 1:
+        raise InvalidInputError("argmax of an empty array")
+    return Launch((nrows, 1, 1), (threads_per_row(ncols, limits), 1, 1)).check(limits)
+
+
+# Decode attention: each warp takes every nwarps-th key. A warp per 16 keys until 4 warps:
+# a short cache (the first decode steps) launches no idle warps, a long one keeps 4 keys in
+# flight per (head, batch) block. At most table.ATTN_MAX_WARPS (the combine buffer's size).
+ATTN_KEYS_PER_WARP = 16
+ATTN_WARPS = 4
+
+
+def plan_attn_decode(head_dim: int, n_kv: int, n_heads: int, batch: int,
+                     limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    if not 0 < head_dim <= table.ATTN_MAX_HEAD_DIM:
+        raise InvalidInputError(f"head_dim {head_dim} outside 1..{table.ATTN_MAX_HEAD_DIM}")
+    if n_kv < 1 or n_heads < 1 or batch < 1:
+        raise InvalidInputError("decode attention over an empty cache")
+    warps = max(1, min(ATTN_WARPS, table.ATTN_MAX_WARPS, _cdiv(n_kv, ATTN_KEYS_PER_WARP)))
+    return Launch((n_heads, batch, 1), (32, warps, 1)).check(limits)

@@ -1,0 +1,28 @@
+// Rotary position embedding. x is contiguous (..., seq, ..., head_dim); row r (one head
+// vector) has position offset + (r / seq_div) % seq, so (B, H, S, D) uses seq_div = 1 and
+// (B, S, H, D) uses seq_div = H. Pair i rotates by pos * theta^(-2i/D):
+//   neox (Hugging Face): elements (i, i + D/2);  normal (GGML): elements (2i, 2i + 1).
+#include "common.cuh"
+
+// One thread per rotated pair; 1-D grid (see plan.plan_elementwise).
+extern "C" __global__ void __launch_bounds__(256) rope_f32(
+        const float * __restrict__ x, float * __restrict__ y, const int head_dim,
+        const long long npairs, const int seq, const int seq_div, const int offset,
+        const float theta, const int neox) {
+    const long long p = (long long) blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= npairs) {
+        return;
+    }
+    const int half = head_dim / 2;
+    const long long row = p / half;
+    const int i = (int) (p % half);
+    const int pos = offset + (int) ((row / seq_div) % seq);
+    const float freq = powf(theta, -2.0f * i / head_dim);
+    float s, c;
+    sincosf(pos * freq, &s, &c);
+    const long long i0 = row * head_dim + (neox ? i : 2 * i);
+    const long long i1 = i0 + (neox ? half : 1);
+    const float a = x[i0], b = x[i1];
+    y[i0] = a * c - b * s;
+    y[i1] = a * s + b * c;
+}

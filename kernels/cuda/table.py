@@ -1,0 +1,98 @@
+"""Every per-type launch constant of the CUDA kernels, in one table.
+
+The C++ side (quants.cuh) mirrors ``qk``, ``block_bytes`` and ``ept``; a test reads them
+back from the ``type_info`` kernel and compares, and another compares ``qk``/``block_bytes``
+with gguf-py's GGML_QUANT_SIZES. Planners take launch parameters only from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelType:
+    name: str  # GGML type name, as in TensorData.qtype
+    suffix: str  # kernel name suffix: mul_mat_vec_<suffix>, dequantize_<suffix>_f32
+    ggml_id: int  # GGMLQuantizationType value
+    qk: int  # elements per block
+    block_bytes: int  # bytes per block
+    ept: int  # elements one thread dequantizes (a block, a 16-element sub-block, or 1)
+    mmv_rows_per_block: int  # warps (= output rows) per block of mul_mat_vec
+    dequant_threads: int  # threads per block of dequantize_* (one thread per ept elements)
+
+    @property
+    def threads_per_qblock(self) -> int:
+        """Threads that share one quant block (16 for K-quants: the seed bug's constant)."""
+        return self.qk // self.ept
+
+    def row_bytes(self, ncols: int) -> int:
+        return ncols // self.qk * self.block_bytes
+
+
+# Mat-vec: 4 warps (128 threads) per block gives each SM enough resident blocks to hide
+# memory latency at 32-48 registers per thread without starving small matrices of blocks.
+# Dequantize: 256 threads, a common occupancy sweet spot for streaming kernels.
+_T = KernelType
+TYPES: dict[str, KernelType] = {
+    t.name: t
+    for t in (
+        _T("F32", "f32", 0, 1, 4, 1, 4, 256),
+        _T("F16", "f16", 1, 1, 2, 1, 4, 256),
+        _T("Q4_0", "q4_0", 2, 32, 18, 32, 4, 256),
+        _T("Q4_1", "q4_1", 3, 32, 20, 32, 4, 256),
+        _T("Q5_0", "q5_0", 6, 32, 22, 32, 4, 256),
+        _T("Q5_1", "q5_1", 7, 32, 24, 32, 4, 256),
+        _T("Q8_0", "q8_0", 8, 32, 34, 32, 4, 256),
+        _T("Q2_K", "q2_k", 10, 256, 84, 16, 4, 256),
+        _T("Q3_K", "q3_k", 11, 256, 110, 16, 4, 256),
+        _T("Q4_K", "q4_k", 12, 256, 144, 16, 4, 256),
+        _T("Q5_K", "q5_k", 13, 256, 176, 16, 4, 256),
+        _T("Q6_K", "q6_k", 14, 256, 210, 16, 4, 256),
+    )
+}
+
+# Order of FOR_EACH_TYPE in quants.cuh (the type_info kernel writes in this order).
+CUDA_ORDER: tuple[str, ...] = tuple(TYPES)
+
+
+@dataclass(frozen=True)
+class KernelBudget:
+    """What a planner assumes of a compiled kernel; ptxas -v output is checked against it."""
+
+    max_threads: int  # the largest block the planner launches (== __launch_bounds__)
+    max_registers: int  # per thread; max_threads * max_registers <= 64K registers per SM
+    static_smem: int  # bytes of __shared__ the kernel may declare
+
+
+# Keyed by kernel name prefix (longest match wins).
+BUDGETS: dict[str, KernelBudget] = {
+    "mul_mat_vec_": KernelBudget(256, 64, 0),
+    "dequantize_": KernelBudget(256, 64, 0),
+    "rms_norm_f32": KernelBudget(1024, 32, 128),
+    "layer_norm_f32": KernelBudget(1024, 32, 128),
+    "softmax_f32": KernelBudget(1024, 32, 128),
+    "argmax_f32": KernelBudget(1024, 32, 256),
+    "rope_f32": KernelBudget(256, 64, 0),
+    "silu_mul_f32": KernelBudget(256, 64, 0),
+    "gelu_f32": KernelBudget(256, 64, 0),
+    "attn_decode_f32": KernelBudget(256, 96, 8 * 256 * 4 + 64),
+    "type_info": KernelBudget(32, 64, 0),
+}
+
+
+def budget(kernel: str) -> KernelBudget:
+    best = max((p for p in BUDGETS if kernel.startswith(p)), key=len, default=None)
+    if best is None:
+        raise KeyError(f"no launch budget for kernel {kernel!r}")
+    return BUDGETS[best]
+
+
+# Device limits the planners assume when the device does not say otherwise.
+MAX_THREADS_PER_BLOCK = 1024
+MAX_SHARED_PER_BLOCK = 48 * 1024  # without cudaFuncAttributeMaxDynamicSharedMemorySize
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+WARP = 32
+ATTN_MAX_HEAD_DIM = 256  # ATTN_MAX_D in attention.cu
+ATTN_MAX_WARPS = 8  # ATTN_MAX_WARPS in attention.cu
