@@ -1,0 +1,355 @@
+"""Read a GGUF file into a :class:`Checkpoint` with Hugging Face names and config.
+
+Parsing is ``gguf.GGUFReader``'s; this module only guards it against corrupt input, maps
+names and metadata, and undoes one converter transformation:
+
+llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (and their biases) for
+llama-arch models so that GGML's adjacent-pair RoPE rotates the right pairs. We undo that
+permutation here, on whole (raw, still quantized) rows, so every checkpoint reaches the
+model code in Hugging Face order and the model can use the NeoX half-split RoPE always.
+Qwen2 files are not permuted (llama.cpp runs Qwen2 with NeoX RoPE).
+
+Tensor names without a Hugging Face equivalent (e.g. ``rope_freqs.weight``) keep their
+GGUF name. BERT names are the bare ``embeddings.*``/``encoder.*`` form (no ``bert.``
+prefix), as in :mod:`inference.formats.safetensors_dir`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+
+from inference.errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
+from inference.formats.quants import BLOCK_TYPES
+from inference.formats.tensor import Checkpoint, TensorData
+
+# GGUF architecture -> (HF model_type, HF architectures entry).
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "mistral": ("mistral", "MistralForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "bert": ("bert", "BertModel"),
+}
+
+# Architectures whose q/k rows llama.cpp's converter permuted (see module docstring).
+_PERMUTED_ARCHS = {"llama", "mistral"}
+
+_DECODER_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_DECODER_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BERT_NAMES = {
+    "token_embd.weight": "embeddings.word_embeddings.weight",
+    "position_embd.weight": "embeddings.position_embeddings.weight",
+    "token_types.weight": "embeddings.token_type_embeddings.weight",
+    "token_embd_norm.weight": "embeddings.LayerNorm.weight",
+    "token_embd_norm.bias": "embeddings.LayerNorm.bias",
+}
+_BERT_BLOCK = {
+    "attn_q": "attention.self.query",
+    "attn_k": "attention.self.key",
+    "attn_v": "attention.self.value",
+    "attn_output": "attention.output.dense",
+    "attn_output_norm": "attention.output.LayerNorm",
+    "ffn_up": "intermediate.dense",
+    "ffn_down": "output.dense",
+    "layer_output_norm": "output.LayerNorm",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+# Smallest encodings, used to reject counts that cannot fit in the file (a corrupt count
+# would otherwise make the reader loop for a very long time before running off the end).
+_MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
+_ARRAY = int(GGUFValueType.ARRAY)
+
+
+class _UnknownType(Exception):
+    def __init__(self, tensor: str, type_id: int):
+        super().__init__(tensor, type_id)
+        self.tensor, self.type_id = tensor, type_id
+
+
+class _Reader(GGUFReader):
+    """GGUFReader with plain-ndarray views of its memory map and sanity guards.
+
+    ``np.memmap`` slices cost a Python-level ``__array_finalize__`` each; the reader
+    slices once per string of the vocabulary, so viewing the map as a plain ndarray
+    (still memory-mapped, no copy) makes opening ~5x faster.
+    """
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._data
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+    def _build_fields(self, offs: int, count: int) -> int:
+        if int(count) > (len(self._data) - offs) // _MIN_KV_BYTES:
+            raise ValueError(f"metadata count {int(count)} does not fit in the file")
+        return super()._build_fields(offs, count)
+
+    def _build_tensor_info(self, offs: int, count: int) -> Any:
+        if int(count) > (len(self._data) - offs) // _MIN_TENSOR_INFO_BYTES:
+            raise ValueError(f"tensor count {int(count)} does not fit in the file")
+        return super()._build_tensor_info(offs, count)
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
+        if raw_type == _ARRAY:  # a plain int: this runs once per vocabulary entry
+            length = int(self._get(orig_offs + 4, np.uint64)[0])
+            if length > len(self._data) - orig_offs:
+                raise ValueError(f"array length {length} does not fit in the file")
+        return super()._get_field_parts(orig_offs, raw_type)
+
+    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+        for f in fields:
+            raw_type = int(f.parts[4][0])
+            if raw_type not in _GGML_IDS:
+                raise _UnknownType(bytes(f.parts[1]).decode("utf-8", "replace"), raw_type)
+        super()._build_tensors(start_offs, fields)
+
+
+_GGML_IDS = frozenset(int(t) for t in GGMLQuantizationType)
+
+
+def open_gguf(path: str | Path) -> GGUFReader:
+    """Open ``path`` with the guarded reader; typed errors for every way it can fail."""
+    path = Path(path)
+    if not path.is_file():
+        if path.exists():
+            raise CorruptModelError(f"{path} is not a file, so it cannot be read as GGUF.")
+        raise ModelNotFoundError(f"Model file {path} does not exist.")
+    try:
+        return _Reader(path)
+    except _UnknownType as e:
+        raise UnsupportedModelError(
+            f"{path}: tensor {e.tensor} has GGML type id {e.type_id}, which is unknown."
+        ) from None
+    except OSError as e:
+        raise CorruptModelError(f"Cannot read {path}: {e.strerror or e}.") from None
+    except (ValueError, IndexError, KeyError, OverflowError, TypeError, UnicodeDecodeError,
+            MemoryError) as e:
+        raise CorruptModelError(f"{path} is not a valid GGUF file ({_describe(e)}).") from None
+
+
+def _describe(e: Exception) -> str:
+    """The reader's exception as a short reason; NumPy's own messages mean "ran off the end"."""
+    msg = str(e).strip().rstrip(".")
+    if "magic" in msg:
+        return "bad magic; it is not a GGUF file"
+    version = re.search(r"version (\d+)", msg)
+    if version:
+        return f"GGUF version {version.group(1)} is not supported"
+    if "does not fit" in msg:
+        return f"it is truncated or corrupt: {msg}"
+    if (isinstance(e, IndexError) or "reshape" in msg or "dtype" in msg
+            or "empty file" in msg):
+        return "it is truncated"
+    return msg or type(e).__name__
+
+
+def read_gguf(path: str | Path) -> Checkpoint:
+    """A GGUF file -> :class:`Checkpoint` (format "gguf"), memory-mapped, nothing dequantized.
+
+    ``metadata`` holds every key/value of the file under its own name: strings as
+    ``str``, numbers as Python scalars, string arrays as ``list[str]`` (invalid UTF-8 kept
+    with ``surrogateescape``), numeric arrays as ``np.ndarray``.
+    """
+    path = Path(path)
+    reader = open_gguf(path)
+    try:
+        metadata = {name: _field_value(f) for name, f in reader.fields.items()
+                    if not name.startswith("GGUF.")}
+    except (ValueError, IndexError, TypeError) as e:
+        raise CorruptModelError(f"{path} has unreadable metadata ({_describe(e)}).") from None
+
+    arch = metadata.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{path} has architecture {arch!r}, which is not supported "
+            f"(supported: {', '.join(ARCHITECTURES)})."
+        )
+
+    raw: dict[str, TensorData] = {}
+    for t in reader.tensors:
+        qtype = t.tensor_type.name
+        if qtype not in BLOCK_TYPES:
+            raise UnsupportedModelError(
+                f"{path}: tensor {t.name} has type {qtype}, which this engine cannot run."
+            )
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        raw[t.name] = TensorData(t.name, shape, qtype, t.data)
+
+    config = _config(arch, metadata, raw)
+    tensors = _rename(arch, raw, config)
+    template = metadata.get("tokenizer.chat_template")
+    return Checkpoint(path=path, format="gguf", config=config, tensors=tensors,
+                      metadata=metadata, chat_template=template if template else None)
+
+
+# --- metadata ------------------------------------------------------------------------------
+
+def _field_value(f: Any) -> Any:
+    types = f.types
+    if not types:
+        return None
+    if types[0] == GGUFValueType.ARRAY:
+        if len(types) == 1:  # empty array: no element type recorded
+            return []
+        if types[-1] == GGUFValueType.STRING:
+            return [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data]
+        if types[-1] == GGUFValueType.ARRAY:  # nested arrays: rare, keep the reader's view
+            return f.contents()
+        if not f.data:
+            return np.empty(0, dtype=f.parts[-1].dtype)
+        return np.concatenate([f.parts[i] for i in f.data]).astype(
+            f.parts[f.data[0]].dtype.newbyteorder("="))
+    if types[0] == GGUFValueType.STRING:
+        return bytes(f.parts[-1]).decode("utf-8", "surrogateescape")
+    return f.parts[-1].tolist()[0]
+
+
+def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> dict[str, Any]:
+    """GGUF ``{arch}.*`` keys -> Hugging Face config.json fields."""
+    model_type, hf_arch = ARCHITECTURES[arch]
+
+    def get(key: str, default: Any = None) -> Any:
+        return md.get(f"{arch}.{key}", default)
+
+    hidden = get("embedding_length")
+    heads = get("attention.head_count")
+    layers = get("block_count")
+    if hidden is None or heads is None or layers is None:
+        raise CorruptModelError(f"GGUF metadata for {arch} lacks embedding_length, "
+                                f"block_count or attention.head_count.")
+    heads = _scalar(heads)
+    kv_heads = _scalar(get("attention.head_count_kv", heads))
+    vocab = get("vocab_size")
+    if vocab is None:
+        tokens = md.get("tokenizer.ggml.tokens")
+        embd = tensors.get("token_embd.weight")
+        vocab = len(tokens) if tokens else (embd.shape[0] if embd else None)
+    cfg: dict[str, Any] = {
+        "model_type": model_type,
+        "architectures": [hf_arch],
+        "hidden_size": int(hidden),
+        "intermediate_size": int(_scalar(get("feed_forward_length", 0))),
+        "num_hidden_layers": int(layers),
+        "num_attention_heads": int(heads),
+        "vocab_size": int(vocab) if vocab is not None else None,
+        "max_position_embeddings": int(get("context_length", 2048)),
+    }
+    for hf_key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                             ("pad_token_id", "padding_token_id")):
+        if f"tokenizer.ggml.{gguf_key}" in md:
+            cfg[hf_key] = int(md[f"tokenizer.ggml.{gguf_key}"])
+
+    if arch == "bert":
+        cfg.update(
+            hidden_act="gelu",
+            layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-12)),
+            type_vocab_size=int(tensors["token_types.weight"].shape[0])
+            if "token_types.weight" in tensors else 2,
+            position_embedding_type="absolute",
+        )
+        if get("pooling_type") is not None:
+            cfg["pooling_type"] = int(get("pooling_type"))  # llama.cpp enum: 1 mean, 2 cls
+        return cfg
+
+    head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // heads
+    cfg.update(
+        hidden_act="silu",
+        num_key_value_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+    )
+    if arch == "qwen2":
+        cfg["attention_bias"] = True  # Qwen2 always has q/k/v biases
+    scaling = get("rope.scaling.type")
+    if scaling and scaling != "none":
+        cfg["rope_scaling"] = {"rope_type": scaling, "type": scaling,
+                               "factor": float(get("rope.scaling.factor", 1.0))}
+        if get("rope.scaling.original_context_length"):
+            cfg["rope_scaling"]["original_max_position_embeddings"] = int(
+                get("rope.scaling.original_context_length"))
+    if get("attention.sliding_window"):
+        cfg["sliding_window"] = int(get("attention.sliding_window"))
+    return cfg
+
+
+def _scalar(v: Any) -> Any:
+    """Per-layer arrays (allowed for head counts) collapse to their single value."""
+    if isinstance(v, np.ndarray | list):
+        values = set(np.asarray(v).tolist())
+        if len(values) != 1:
+            raise UnsupportedModelError(f"Per-layer head counts {sorted(values)} are not "
+                                        f"supported.")
+        return values.pop()
+    return v
+
+
+# --- tensor names and the q/k un-permutation -------------------------------------------------
+
+def hf_name(arch: str, name: str) -> str:
+    """The Hugging Face name of GGUF tensor ``name`` (unchanged if it has none)."""
+    top = _BERT_NAMES if arch == "bert" else _DECODER_NAMES
+    if name in top:
+        return top[name]
+    m = _BLOCK_RE.match(name)
+    if m:
+        layer, part, kind = m.groups()
+        if arch == "bert" and part in _BERT_BLOCK:
+            return f"encoder.layer.{layer}.{_BERT_BLOCK[part]}.{kind}"
+        if arch != "bert" and part in _DECODER_BLOCK:
+            return f"model.layers.{layer}.{_DECODER_BLOCK[part]}.{kind}"
+    return name
+
+
+def unpermute_rows(a: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's ``permute`` of q/k rows (works on raw quantized rows too).
+
+    The converter maps HF row ``h*D + j*D/2 + i`` to ``h*D + 2*i + j`` (adjacent pairs);
+    this is ``transformers``' ``reverse_permute_weights``: reshape (heads, D/2, 2, ...),
+    swap the middle axes, reshape back.
+    """
+    rows = a.shape[0]
+    if rows % (2 * n_head):
+        raise CorruptModelError(f"{rows} q/k rows cannot be split into {n_head} heads.")
+    w = a.reshape(n_head, rows // n_head // 2, 2, *a.shape[1:])
+    return np.ascontiguousarray(w.swapaxes(1, 2)).reshape(a.shape)
+
+
+def _rename(arch: str, raw: dict[str, TensorData], cfg: dict[str, Any]) -> dict[str, TensorData]:
+    out: dict[str, TensorData] = {}
+    for name, t in raw.items():
+        data = t.data
+        if arch in _PERMUTED_ARCHS:
+            m = _BLOCK_RE.match(name)
+            if m and m.group(2) in ("attn_q", "attn_k"):
+                heads = cfg["num_attention_heads"] if m.group(2) == "attn_q" \
+                    else cfg["num_key_value_heads"]
+                data = unpermute_rows(data, heads)
+        new = hf_name(arch, name)
+        out[new] = TensorData(new, t.shape, t.qtype, data)
+    return out
