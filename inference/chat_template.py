@@ -1,0 +1,184 @@
+"""Chat templates: turn a list of messages into the prompt text a chat model was trained on.
+
+Templates are Jinja2 programs shipped inside model files, so they are untrusted code: they run
+in Jinja's immutable sandbox, with the environment transformers gives them (trim_blocks,
+lstrip_blocks, loop controls, ``raise_exception``, ``strftime_now``, a non-escaping ``tojson``),
+so a template renders here exactly as ``apply_chat_template`` renders it.
+
+Where the template comes from, first found wins:
+1. the GGUF key ``tokenizer.chat_template``;
+2. ``chat_template`` in tokenizer_config.json (or a chat_template.jinja beside it);
+3. ChatML, resources/chat_templates/chatml.jinja.
+
+Fallback: a model template that does not compile makes :meth:`ChatTemplate.for_checkpoint`
+use ChatML instead and say why in ``fallback_reason`` (the GUI shows it); ``strict=True``
+raises UnsupportedModelError instead. A template that fails while rendering raises
+InvalidInputError when the template itself rejects the conversation (``raise_exception``,
+e.g. roles that do not alternate) and UnsupportedModelError for any other failure.
+
+The rendered text already holds every special token the model wants (BOS included, if the
+template writes it), so encode it with ``add_special_tokens=False``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from inference.errors import InvalidInputError, UnsupportedModelError
+
+CHATML_PATH = Path(__file__).resolve().parents[1] / "resources" / "chat_templates" / "chatml.jinja"
+
+
+class TemplateRejected(jinja2.TemplateError):
+    """Raised by a template's own ``raise_exception``: the conversation is not acceptable."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRejected(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    # Jinja's own tojson HTML-escapes, which would change the prompt text.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+class ChatTemplate:
+    """A compiled chat template and the special-token strings it may refer to."""
+
+    def __init__(self, source: str, *, origin: str = "custom", bos_token: str | None = None,
+                 eos_token: str | None = None, special_tokens: Mapping[str, str] | None = None,
+                 fallback_reason: str | None = None) -> None:
+        try:
+            self._template = _compile(source)
+        except jinja2.TemplateError as e:
+            raise UnsupportedModelError(
+                f"The chat template from {origin} does not compile: {_one_line(e)}.") from e
+        self.source = source
+        self.origin = origin  # "gguf" | "tokenizer_config.json" | "chatml" | "custom"
+        self.fallback_reason = fallback_reason
+        self.variables = {k: v for k, v in (special_tokens or {}).items() if v is not None}
+        self.variables["bos_token"] = bos_token or ""
+        self.variables["eos_token"] = eos_token or ""
+
+    @classmethod
+    def chatml(cls, tokenizer: Any = None, fallback_reason: str | None = None) -> ChatTemplate:
+        """The ChatML fallback template."""
+        return cls(CHATML_PATH.read_text(encoding="utf-8"), origin="chatml",
+                   fallback_reason=fallback_reason, **_token_strings(tokenizer))
+
+    @classmethod
+    def resolve(cls, *, gguf_metadata: Mapping[str, Any] | None = None,
+                model_dir: str | Path | None = None, tokenizer: Any = None,
+                strict: bool = False) -> ChatTemplate:
+        """The model's template by the source order above, else ChatML."""
+        found = _find_source(gguf_metadata, model_dir, tokenizer)
+        if found is None:
+            return cls.chatml(tokenizer)
+        source, origin = found
+        try:
+            return cls(source, origin=origin, **_token_strings(tokenizer))
+        except UnsupportedModelError as e:
+            if strict:
+                raise
+            return cls.chatml(tokenizer, fallback_reason=f"{e} Using ChatML instead.")
+
+    @classmethod
+    def for_checkpoint(cls, ckpt: Any, tokenizer: Any = None, strict: bool = False
+                       ) -> ChatTemplate:
+        """The template of a loaded :class:`~inference.formats.tensor.Checkpoint`."""
+        meta = dict(getattr(ckpt, "metadata", None) or {})
+        if getattr(ckpt, "chat_template", None) and "tokenizer.chat_template" not in meta:
+            meta["tokenizer.chat_template"] = ckpt.chat_template
+        path = Path(ckpt.path)
+        return cls.resolve(gguf_metadata=meta, tokenizer=tokenizer, strict=strict,
+                           model_dir=path if path.is_dir() else None)
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+               **kwargs: Any) -> str:
+        """The prompt text for ``messages`` (dicts with "role" and "content")."""
+        chat = _check_messages(messages)
+        try:
+            return self._template.render(messages=chat, add_generation_prompt=add_generation_prompt,
+                                         **{**self.variables, **kwargs})
+        except TemplateRejected as e:
+            raise InvalidInputError(f"The chat template rejected this conversation: {e}.") from e
+        except Exception as e:  # a template is a program: any error of its own ends up here
+            raise UnsupportedModelError(
+                f"The chat template from {self.origin} failed to render: {_one_line(e)}.") from e
+
+
+def _find_source(meta: Mapping[str, Any] | None, model_dir: str | Path | None,
+                 tokenizer: Any) -> tuple[str, str] | None:
+    if meta and isinstance(meta.get("tokenizer.chat_template"), str):
+        return meta["tokenizer.chat_template"], "gguf"
+    if model_dir is not None:
+        d = Path(model_dir)
+        jinja_file = d / "chat_template.jinja"
+        if jinja_file.is_file():
+            return jinja_file.read_text(encoding="utf-8"), "chat_template.jinja"
+        cfg = d / "tokenizer_config.json"
+        if cfg.is_file():
+            try:
+                value = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
+            except ValueError:
+                value = None
+            if isinstance(value, list):  # named templates: take "default"
+                named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+                value = named.get("default")
+            if isinstance(value, str):
+                return value, "tokenizer_config.json"
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, str):
+        return own, "tokenizer"
+    return None
+
+
+def _token_strings(tokenizer: Any) -> dict[str, Any]:
+    if tokenizer is None:
+        return {}
+    return {
+        "bos_token": getattr(tokenizer, "bos_token", None),
+        "eos_token": getattr(tokenizer, "eos_token", None),
+        "special_tokens": {"unk_token": getattr(tokenizer, "unk_token", None),
+                           "pad_token": getattr(tokenizer, "pad_token", None)},
+    }
+
+
+def _check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise InvalidInputError("A conversation must be a list of messages.")
+    chat = []
+    for m in messages:
+        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+            raise InvalidInputError('Every message needs a "role" and a "content".')
+        chat.append(dict(m))
+    return chat
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text.rstrip(".")

@@ -1,0 +1,252 @@
+"""The engine's tokenizer: a ``tokenizers.Tokenizer`` plus the facts generation needs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from inference.errors import CorruptModelError, ModelNotFoundError
+from inference.tokenizer import gguf_vocab
+from inference.tokenizer.stream import StreamDecoder
+
+# Control tokens that end a turn in the chat formats we know; a model that emits one is done,
+# whatever its GGUF names as EOS (SmolLM2 ends turns with <|im_end|> and documents with
+# <|endoftext|>). llama.cpp keeps a similar list.
+END_OF_TURN = frozenset({
+    "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
+    "<end_of_turn>", "<|end|>", "</s>",
+})
+
+
+class Tokenizer:
+    """Text <-> ids for one model. Build with :meth:`from_dir`, :meth:`from_file`,
+    :meth:`from_gguf_metadata` or :meth:`from_gguf`."""
+
+    def __init__(self, backend: HFTokenizer, *, kind: str = "generic", strip_space: bool = False,
+                 prefix_space: bool = False,
+                 bos_token: str | None = None, eos_token: str | None = None,
+                 pad_token: str | None = None, unk_token: str | None = None,
+                 extra_eos_ids: Iterable[int] = (), chat_template: str | None = None) -> None:
+        backend.no_padding()
+        backend.no_truncation()  # tokenizer.json files may carry a max_length; callers truncate
+        self.backend = backend
+        self.kind = kind  # "byte_level" | "sentencepiece" | "generic": how to stream-decode
+        self.strip_space = strip_space  # decode drops the space SentencePiece put in front
+        self.prefix_space = prefix_space  # encode puts SentencePiece's dummy space in front
+        self.chat_template = chat_template
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.pad_token, self.unk_token = pad_token, unk_token
+        self.bos_id = self._id(bos_token)
+        self.eos_id = self._id(eos_token)
+        self.pad_id = self._id(pad_token)
+        self.eos_ids = self._end_ids(extra_eos_ids)
+        self._added = {i: (t.content, t.special)
+                       for i, t in backend.get_added_tokens_decoder().items()}
+        self._added_text = tuple(c for c, _ in self._added.values())
+        self._plain_added_text = tuple(c for c, sp in self._added.values() if not sp)
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_file(cls, tokenizer_json: str | Path,
+                  config_json: str | Path | None = None) -> Tokenizer:
+        """From a tokenizer.json, with tokenizer_config.json for special tokens and template."""
+        path = Path(tokenizer_json)
+        if not path.is_file():
+            raise ModelNotFoundError(f"{path}: no such tokenizer file.")
+        try:
+            backend = HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises plain Exception on bad JSON
+            raise CorruptModelError(f"{path}: not a readable tokenizer.json ({e}).") from e
+        config = _read_json(Path(config_json)) if config_json else {}
+        special_map = _read_json(path.with_name("special_tokens_map.json"))
+        gen = _read_json(path.with_name("generation_config.json"))
+        tok = {k: _token_text(config.get(k, special_map.get(k)))
+               for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        if tok["pad_token"] is None and backend.padding:
+            tok["pad_token"] = backend.padding.get("pad_token")
+        if "add_bos_token" in config or "add_eos_token" in config:
+            # transformers rebuilds the post-processor from these flags; so do we.
+            bos = _pair(backend, tok["bos_token"]) if config.get("add_bos_token") else None
+            eos = _pair(backend, tok["eos_token"]) if config.get("add_eos_token") else None
+            gguf_vocab.set_template_processor(backend, bos, eos)
+        extra = gen.get("eos_token_id", [])
+        extra = [extra] if isinstance(extra, int) else list(extra)
+        kind, strip = _stream_kind(json.loads(backend.to_str()).get("decoder"))
+        return cls(backend, kind=kind, strip_space=strip, extra_eos_ids=extra,
+                   chat_template=_template_text(config.get("chat_template")), **tok)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        """From a model directory holding tokenizer.json (and tokenizer_config.json)."""
+        path = Path(path)
+        if path.is_file():
+            path = path.parent
+        cfg = path / "tokenizer_config.json"
+        return cls.from_file(path / "tokenizer.json", cfg if cfg.is_file() else None)
+
+    @classmethod
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+        """From a GGUF file's raw key/values (``tokenizer.ggml.*``, original key names)."""
+        md = {k: _plain(v) for k, v in metadata.items()
+              if k.startswith("tokenizer.") or k.startswith("general.")}
+        backend, info = gguf_vocab.build_from_gguf(md)
+        tokens = md["tokenizer.ggml.tokens"]
+
+        def text(key: str) -> str | None:
+            i = md.get(f"tokenizer.ggml.{key}")
+            return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+        extra = [int(md[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+                 if md.get(k) is not None]
+        return cls(backend, kind=info["kind"], strip_space=info["strip_space"],
+                   prefix_space=info.get("prefix_space", False),
+                   bos_token=text("bos_token_id"), eos_token=text("eos_token_id"),
+                   pad_token=text("padding_token_id"), unk_token=text("unknown_token_id"),
+                   extra_eos_ids=extra, chat_template=md.get("tokenizer.chat_template"))
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> Tokenizer:
+        """From a .gguf file, reading only its metadata."""
+        from inference.tokenizer.gguf_meta import read_metadata
+
+        return cls.from_gguf_metadata(read_metadata(path))
+
+    # -- use ------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True,
+               parse_special: bool = True) -> list[int]:
+        """Ids of ``text``. Special tokens written in the text ("<|im_start|>") become their
+        single id unless ``parse_special`` is False (then they are ordinary text, which is
+        what untrusted user content should get). ``add_special_tokens`` adds the model's
+        BOS/EOS (or [CLS]/[SEP])."""
+        text = self._prefixed(text, parse_special)
+        if parse_special:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        self.backend.encode_special_tokens = True
+        try:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        finally:
+            self.backend.encode_special_tokens = False
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True
+                     ) -> list[list[int]]:
+        """:meth:`encode` of many texts at once (tokenizers spreads them over threads)."""
+        texts = [self._prefixed(t, True) for t in texts]
+        encs = self.backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [e.ids for e in encs]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``; bytes split across tokens come out whole or as U+FFFD."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
+        """A decoder that takes generated ids one at a time and returns text deltas."""
+        return StreamDecoder(self, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(int(token_id))
+
+    def added_token(self, token_id: int) -> tuple[str, bool] | None:
+        """(content, is_special) of an added token (control or user-defined), else None."""
+        return self._added.get(int(token_id))
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _prefixed(self, text: str, parse_special: bool) -> str:
+        """SentencePiece's dummy prefix: one space before any non-empty text, even text that
+        starts with a space. Text that opens with an added token ("<|im_start|>") gets none,
+        as in transformers; SentencePiece would put a lone "▁" token there."""
+        if not self.prefix_space or not text:
+            return text
+        opening = self._added_text if parse_special else self._plain_added_text
+        return text if opening and text.startswith(opening) else " " + text
+
+    def _id(self, token: str | None) -> int | None:
+        return None if token is None else self.backend.token_to_id(token)
+
+    def _end_ids(self, extra: Iterable[int]) -> set[int]:
+        ids = {int(i) for i in extra}
+        if self.eos_id is not None:
+            ids.add(self.eos_id)
+        for i, tok in self.backend.get_added_tokens_decoder().items():
+            if tok.special and tok.content in END_OF_TURN:
+                ids.add(int(i))
+        return ids
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CorruptModelError(f"{path}: not valid JSON ({e}).") from e
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json writes a special token as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _template_text(value: Any) -> str | None:
+    """A chat_template entry is a string or a list of {"name", "template"}; take "default"."""
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default", next(iter(named.values()), None))
+    return value if isinstance(value, str) else None
+
+
+def _pair(backend: HFTokenizer, token: str | None) -> tuple[str, int] | None:
+    tid = backend.token_to_id(token) if token else None
+    return (token, tid) if tid is not None else None
+
+
+def _stream_kind(decoder: dict | None) -> tuple[str, bool]:
+    """Which incremental decoding a tokenizer.json's decoder allows, and whether it strips
+    the SentencePiece leading space."""
+    if not decoder:
+        return "generic", False
+    steps = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    names = [s.get("type") for s in steps]
+    if "ByteLevel" in names:
+        return "byte_level", False
+    if "Metaspace" in names:
+        meta = steps[names.index("Metaspace")]
+        scheme = meta.get("prepend_scheme", "always" if meta.get("add_prefix_space") else "never")
+        return "sentencepiece", scheme != "never"
+    replaces_space = any(s.get("type") == "Replace" and s.get("content") == " " for s in steps)
+    if "ByteFallback" in names and replaces_space:
+        strip = any(s.get("type") == "Strip" and s.get("start", s.get("left", 0)) for s in steps)
+        return "sentencepiece", strip
+    return "generic", False
+
+
+def _plain(value: Any) -> Any:
+    """Metadata values as plain Python: readers may hand numpy arrays, scalars or bytes."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", errors="replace")
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # invalid UTF-8 kept by the reader as surrogate escapes
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return value

@@ -1,0 +1,224 @@
+"""Turn the vocabulary a GGUF file embeds into a ``tokenizers.Tokenizer``.
+
+A GGUF carries no tokenizer.json, only llama.cpp's description of one: ``tokenizer.ggml.*``
+keys. Two families cover Llama, SmolLM2, Mistral, TinyLlama and Qwen2:
+
+* ``gpt2``: byte-level BPE. Tokens are already spelled in GPT-2's byte alphabet and the merges
+  are listed; only the pre-tokenizer split regex is implicit, named by ``tokenizer.ggml.pre``.
+* ``llama``: SentencePiece BPE. Tokens carry scores (higher merges first), ``<0xNN>`` byte
+  tokens stand in for characters outside the vocabulary, and a space is prepended to the text.
+
+Token types follow llama.cpp: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import BPE
+
+from inference.errors import CorruptModelError, UnsupportedModelError
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# The split regexes of llama.cpp's pre-tokenizer types, applied one after the other (each
+# splits the pieces the previous one made). Written in the tokenizers (Oniguruma) dialect.
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
+    # llama.cpp's own "default" is a heuristic of four regexes for files that predate the
+    # key; the vocabularies that say "default" are in practice GPT-2's, so we split as GPT-2.
+    "default": (_GPT2,),
+    "gpt2": (_GPT2,),
+    "gpt-2": (_GPT2,),
+    "mpt": (_GPT2,),
+    "olmo": (_GPT2,),
+    # Code-trained vocabularies split every digit on its own first.
+    "smollm": (r"\p{N}", _GPT2),
+    "starcoder": (r"\p{N}", _GPT2),
+    "refact": (r"\p{N}", _GPT2),
+    "command-r": (r"\p{N}", _GPT2),
+    "llama3": (_LLAMA3,),
+    "llama-v3": (_LLAMA3,),
+    "llama-bpe": (_LLAMA3,),
+    "dbrx": (_LLAMA3,),
+    "smaug-bpe": (_LLAMA3,),
+    "qwen2": (_QWEN2,),
+    "stablelm2": (_QWEN2,),
+    "deepseek-r1-qwen": (_QWEN2,),
+}
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@lru_cache(maxsize=1)
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's map from each byte to a printable character (spaces and controls shifted)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    table, shift = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + shift)
+            shift += 1
+    return table
+
+
+def byte_token_value(token: str) -> int | None:
+    """The byte a SentencePiece ``<0xNN>`` fallback token stands for, else None."""
+    m = _BYTE_TOKEN.match(token)
+    return int(m.group(1), 16) if m else None
+
+
+def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]:
+    """A tokenizers.Tokenizer and facts about it (kind, add_bos, ...) from GGUF metadata."""
+    model = md.get("tokenizer.ggml.model")
+    if model is None:
+        raise UnsupportedModelError("This GGUF file embeds no tokenizer (no tokenizer.ggml.model).")
+    tokens = list(md.get("tokenizer.ggml.tokens") or [])
+    if not tokens:
+        raise CorruptModelError("This GGUF file's tokenizer has no tokens.")
+    types = list(md.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
+    if len(types) != len(tokens):
+        raise CorruptModelError(
+            f"This GGUF file lists {len(tokens)} tokens but {len(types)} token types.")
+    if model == "gpt2":
+        tk, info = _byte_level_bpe(md, tokens, types), {"kind": "byte_level", "strip_space": False}
+        default_bos = False
+    elif model == "llama":
+        add_space = bool(md.get("tokenizer.ggml.add_space_prefix", True))
+        tk, info = _sentencepiece_bpe(md, tokens, types, add_space), {
+            "kind": "sentencepiece", "strip_space": add_space, "prefix_space": add_space}
+        default_bos = True  # llama.cpp and transformers add BOS unless the file says not to
+    else:
+        raise UnsupportedModelError(
+            f"GGUF tokenizer type {model!r} is not supported (only 'gpt2' BPE and 'llama' "
+            "SentencePiece are).")
+    info["add_bos"] = bool(md.get("tokenizer.ggml.add_bos_token", default_bos))
+    info["add_eos"] = bool(md.get("tokenizer.ggml.add_eos_token", False))
+    _set_post_processor(tk, tokens, md, info["add_bos"], info["add_eos"])
+    return tk, info
+
+
+def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) -> HFTokenizer:
+    pre = str(md.get("tokenizer.ggml.pre") or "default")
+    splits = PRE_TOKENIZER_SPLITS.get(pre)
+    if splits is None:
+        raise UnsupportedModelError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; known: "
+            f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}.")
+    merges = md.get("tokenizer.ggml.merges")
+    if not merges:
+        raise CorruptModelError("This GGUF file's BPE tokenizer lists no merges.")
+    alphabet = set(byte_alphabet().values())
+    spell = byte_alphabet()
+    vocab: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        # Real BPE tokens are spelled in the byte alphabet; anything else (a raw added token
+        # such as "<think>" with a space) is respelled so the vocabulary stays consistent.
+        key = tok if set(tok) <= alphabet else "".join(spell[b] for b in tok.encode("utf-8"))
+        vocab.setdefault(key, i)
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tk = HFTokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    # A control token spelled outside the byte alphabet is a converter's mislabel, as
+    # transformers also judges; user-defined ones are matched whole, as llama.cpp does.
+    _add_tokens(tk, tokens, types, special_types={CONTROL}, plain_types={USER_DEFINED},
+                keep=lambda t: set(t) <= alphabet)
+    return tk
+
+
+def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int],
+                       add_space: bool) -> HFTokenizer:
+    scores = list(md.get("tokenizer.ggml.scores") or [])
+    if len(scores) != len(tokens):
+        raise CorruptModelError(
+            f"This GGUF file lists {len(tokens)} tokens but {len(scores)} scores.")
+    vocab: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        vocab.setdefault(tok, i)
+    unk_id = md.get("tokenizer.ggml.unknown_token_id")
+    if unk_id is None:
+        unk_id = next((i for i, t in enumerate(types) if t == UNKNOWN), None)
+    unk = tokens[int(unk_id)] if unk_id is not None else None
+    merges = _merges_from_scores(tokens, scores, types, vocab)
+    tk = HFTokenizer(BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True,
+                         byte_fallback=True))
+    # SentencePiece writes spaces as U+2581 and does not split on them. Its dummy prefix is
+    # added by Tokenizer.encode, not by Metaspace: Metaspace skips it when the text already
+    # starts with a space, where SentencePiece (and llama.cpp) add it all the same.
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="\u2581", prepend_scheme="never", split=False)
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    tk.decoder = decoders.Sequence(steps)
+    _add_tokens(tk, tokens, types, special_types={CONTROL, UNKNOWN}, plain_types={USER_DEFINED},
+                keep=lambda t: True)
+    return tk
+
+
+def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int],
+                        vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+    """SentencePiece BPE merges the pair whose joined piece scores highest; as ranked merges
+    that is every split of every normal piece into two vocabulary pieces, best score first."""
+    mergeable = {t for t, ty in zip(tokens, types, strict=True) if ty == NORMAL}
+    found: list[tuple[float, int, int, str, str]] = []
+    for tok, score, ty in zip(tokens, scores, types, strict=True):
+        if ty != NORMAL or len(tok) < 2:
+            continue
+        for k in range(1, len(tok)):
+            left, right = tok[:k], tok[k:]
+            if left in mergeable and right in mergeable:
+                found.append((-float(score), vocab[left], vocab[right], left, right))
+    found.sort()
+    return [(left, right) for _, _, _, left, right in found]
+
+
+def _add_tokens(tk: HFTokenizer, tokens: list[str], types: list[int], *, special_types: set[int],
+                plain_types: set[int], keep) -> None:
+    special = [AddedToken(t, normalized=False, special=True)
+               for t, ty in zip(tokens, types, strict=True) if ty in special_types and keep(t)]
+    plain = [AddedToken(t, normalized=False, special=False)
+             for t, ty in zip(tokens, types, strict=True) if ty in plain_types and keep(t)]
+    if special:
+        tk.add_special_tokens(special)
+    if plain:
+        tk.add_tokens(plain)
+
+
+def _set_post_processor(tk: HFTokenizer, tokens: list[str], md: Mapping[str, Any],
+                        add_bos: bool, add_eos: bool) -> None:
+    bos_id, eos_id = md.get("tokenizer.ggml.bos_token_id"), md.get("tokenizer.ggml.eos_token_id")
+    set_template_processor(
+        tk,
+        bos=(tokens[int(bos_id)], int(bos_id)) if add_bos and bos_id is not None else None,
+        eos=(tokens[int(eos_id)], int(eos_id)) if add_eos and eos_id is not None else None)
+
+
+def set_template_processor(tk: HFTokenizer, bos: tuple[str, int] | None,
+                           eos: tuple[str, int] | None) -> None:
+    """Make ``encode(add_special_tokens=True)`` add BOS and/or EOS around the text."""
+    head = f"{bos[0]}:0 " if bos else ""
+    tail = f" {eos[0]}:0" if eos else ""
+    specials = [x for x in (bos, eos) if x is not None]
+    tk.post_processor = processors.TemplateProcessing(
+        single=f"{head}$A:0{tail}", pair=f"{head}$A:0{tail} {head}$B:1{tail}".strip(),
+        special_tokens=list(dict.fromkeys(specials)))
