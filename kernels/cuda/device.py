@@ -11,6 +11,8 @@ token loop moves. Launch configurations come from kernels/cuda/plan.py only.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,8 +168,26 @@ def cuda_unavailable_reason() -> str | None:
 
 # --- the host emulator ---------------------------------------------------------------
 
-_GUARD = 64  # canary bytes before and after every emulated allocation
+_GUARD = 64  # canary bytes before every emulated allocation (and in the slack after it)
 _CANARY = 0xA5
+_PAGE = mmap.PAGESIZE  # guard page: PROT_NONE (0)
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def _guarded(nbytes: int) -> tuple[np.ndarray, int]:
+    """(pages, data offset): the data ends at most 15 bytes before a PROT_NONE page, so a
+    kernel running past it faults at once (the emulator reports the fault); canaries fill
+    the 64 bytes before the data and the alignment slack after it."""
+    body = -(-(nbytes + _GUARD + 16) // _PAGE) * _PAGE
+    mm = mmap.mmap(-1, body + _PAGE)
+    pages = np.frombuffer(mm, np.uint8, count=body)  # the guard page is in no array
+    if _libc.mprotect(pages.ctypes.data + body, _PAGE, 0) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect failed")
+    start = (body - nbytes) & ~15
+    pages[start - _GUARD:start] = _CANARY
+    pages[start + nbytes:body] = _CANARY
+    return pages, start
 
 
 class EmulatedDevice(Device):
@@ -189,6 +209,7 @@ class EmulatedDevice(Device):
         super().__init__()
         self.check_races = check_races
         self._guarded: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+        self._spans: dict[int, tuple[int, int]] = {}
 
     def _load(self, module: str) -> Any:
         from kernels.emulator.module import EmulatedModule
@@ -198,11 +219,11 @@ class EmulatedDevice(Device):
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        raw = np.full(n + 2 * _GUARD, 0xFF, np.uint8)  # 0xFF.. is NaN as float and half
-        raw[:_GUARD] = _CANARY
-        raw[_GUARD + n:] = _CANARY
+        raw, start = _guarded(n)
+        raw[start:start + n] = 0xFF  # NaN as float and half: unwritten outputs show
         self._guarded[id(raw)] = raw
-        return raw[_GUARD:_GUARD + n].view(dtype).reshape(shape)
+        self._spans[id(raw)] = (start, n)
+        return raw[start:start + n].view(dtype).reshape(shape)
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         a = self.empty(shape, dtype)
@@ -236,7 +257,8 @@ class EmulatedDevice(Device):
             root = self._root(a)
             if self._guarded.get(id(root)) is not root:
                 continue
-            if (root[:_GUARD] != _CANARY).any() or (root[-_GUARD:] != _CANARY).any():
+            start, n = self._spans[id(root)]
+            if (root[start - _GUARD:start] != _CANARY).any() or (root[start + n:] != _CANARY).any():
                 raise _emulator_error()(f"{name}: a thread wrote outside a {a.dtype} buffer "
                                         f"of shape {a.shape} (grid or block too large?)")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 EMU_DIR = Path(__file__).resolve().parent
 HEADER = EMU_DIR / "cuda_emu.h"
+CUDA_DIR = EMU_DIR.parent / "cuda"  # common.cuh and quants.cuh, for sources anywhere
 # -O1 compiles ~2x faster than -O2 and the kernels still run natively; warnings are the
 # nvcc check's business.
 CXXFLAGS = ("-O1", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-w")
@@ -54,7 +55,8 @@ def _digest(source: Path) -> str:
     h = hashlib.sha256()
     h.update(compiler()[1].encode())
     h.update(" ".join(CXXFLAGS).encode())
-    files = [source, *sorted(source.parent.glob("*.cuh")), *sorted(EMU_DIR.glob("*.h"))]
+    headers = {*source.parent.glob("*.cuh"), *CUDA_DIR.glob("*.cuh"), *EMU_DIR.glob("*.h")}
+    files = [source, *sorted(headers)]
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
@@ -75,8 +77,8 @@ def scan_kernels(source: Path) -> dict[str, int]:
     """Kernel names -> __launch_bounds__ (0 if none), from the preprocessed source."""
     cxx, _ = compiler()
     out = subprocess.run(
-        [cxx, "-E", "-P", "-x", "c++", "-std=c++17", "-DEMU_SCAN", "-include", str(HEADER),
-         str(source)],
+        [cxx, "-E", "-P", "-x", "c++", "-std=c++17", "-DEMU_SCAN", "-I", str(CUDA_DIR),
+         "-include", str(HEADER), str(source)],
         capture_output=True, text=True,
     )
     if out.returncode:
@@ -109,10 +111,12 @@ def build(source: Path) -> tuple[Path, dict[str, int]]:
         shim = Path(tmp) / "shim.cpp"
         shim.write_text(_shim(source, list(kernels)))
         out = Path(tmp) / so.name
-        r = subprocess.run([cxx, *CXXFLAGS, "-o", str(out), str(shim)],
+        r = subprocess.run([cxx, *CXXFLAGS, "-I", str(CUDA_DIR), "-o", str(out), str(shim)],
                            capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"emulator build of {source.name} failed:\n{r.stderr[-4000:]}")
         os.replace(out, so)  # atomic: concurrent builders agree on the result
-    meta.write_text(json.dumps(kernels))
+    tmp_meta = meta.with_suffix(f".{os.getpid()}.tmp")
+    tmp_meta.write_text(json.dumps(kernels))
+    os.replace(tmp_meta, meta)
     return so, kernels

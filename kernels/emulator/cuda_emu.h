@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -398,8 +399,43 @@ static int config_error(const char* fmt, ...) {
     return 1;
 }
 
+// A fault inside a kernel thread (a read or write past a buffer, which the Python side
+// backs with a PROT_NONE page) ends the launch with an error, like CUDA's "illegal memory
+// access", instead of killing the process. The handler leaves by switching to the scheduler.
+static void on_segv(int sig, siginfo_t* si, void*) {
+    if (g.cur == nullptr) {  // not in kernel code: fall back to the default action
+        signal(sig, SIG_DFL);
+        return;
+    }
+    fail("illegal memory access at %p (past the end of a buffer?)", si->si_addr);
+}
+
+struct SignalGuard {  // installed for the duration of one launch, then restored
+    struct sigaction old_segv, old_bus;
+    stack_t old_stack;
+    static char* alt() { static char s[64 * 1024]; return s; }
+    SignalGuard() {
+        stack_t st{};
+        st.ss_sp = alt();
+        st.ss_size = 64 * 1024;
+        sigaltstack(&st, &old_stack);
+        struct sigaction sa {};
+        sa.sa_sigaction = on_segv;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSEGV, &sa, &old_segv);
+        sigaction(SIGBUS, &sa, &old_bus);
+    }
+    ~SignalGuard() {
+        sigaction(SIGSEGV, &old_segv, nullptr);
+        sigaction(SIGBUS, &old_bus, nullptr);
+        sigaltstack(&old_stack, nullptr);
+    }
+};
+
 // Run every block of the grid; returns 0, or 1 with the reason in g.err.
 static int launch_grid(const Cfg* c) {
+    SignalGuard guard;
     g.failed = false;
     g.err[0] = 0;
     g.cur = nullptr;
@@ -433,6 +469,7 @@ static int launch_grid(const Cfg* c) {
                 if (static_smem) memset(__start_emu_shared, 0xff, static_smem);
                 memset(g.dyn_smem, 0xff, c->dyn_smem);
                 run_block(c->reverse != 0);
+                g.cur = nullptr;
                 if (g.failed) return 1;
             }
     return 0;

@@ -1,0 +1,31 @@
+"""Fixtures of the kernel tests: the emulated device, and a real GPU when there is one."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.cuda.device import CupyDevice, Device, EmulatedDevice, cuda_unavailable_reason
+
+_gpu: Device | None = None
+
+
+@pytest.fixture(scope="session")
+def emu() -> EmulatedDevice:
+    return EmulatedDevice()
+
+
+@pytest.fixture(scope="session")
+def gpu() -> Device:
+    global _gpu
+    reason = cuda_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    if _gpu is None:
+        _gpu = CupyDevice()
+    return _gpu
+
+
+@pytest.fixture(params=["emulator", pytest.param("gpu", marks=pytest.mark.gpu)])
+def dev(request: pytest.FixtureRequest) -> Device:
+    """Every kernel case runs on the emulator, and on the GPU when one is present."""
+    return request.getfixturevalue("emu" if request.param == "emulator" else "gpu")

@@ -1,0 +1,264 @@
+"""Every kernel against a NumPy / gguf-py reference on awkward shapes.
+
+Runs on the emulated device always and on a real GPU when present (``-m gpu``). Tolerances
+are stated per test; references are computed in float64 unless the kernel's contract is
+exactness (dequantization).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kernels.cuda import ops
+from kernels.cuda.device import Device, EmulatedDevice
+from kernels.cuda.table import TYPES
+from tests.kernels.quantdata import make_weight, reference
+
+COLS = [1, 31, 32, 33, 255, 1023, 1024, 1025, 4096]
+ROWS = [1, 3, 37]
+
+
+def host(dev: Device, a: object) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else dev.to_host(a)
+
+
+def _cols_for(qtype: str) -> list[int]:
+    qk = TYPES[qtype].qk
+    if qk == 1:
+        return COLS
+    return [qk, 3 * qk, 1056, 4096] if qk == 32 else [256, 768, 4096]
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+# --- quantized matrices --------------------------------------------------------------------
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_mul_mat_vec(dev: Device, qtype: str, rng: np.random.Generator) -> None:
+    # |y - ref| <= 2e-5 * sum_c |w_rc x_c| + 1e-6: float32 accumulation in another order.
+    for cols in _cols_for(qtype):
+        for rows, batch in [(1, 1), (37, 1), (5, 3)] + ([(300, 1)] if cols <= 1024 else []):
+            raw = make_weight(qtype, rows, cols, rng)
+            w_ref = reference(qtype, raw, cols).astype(np.float64)
+            w = ops.upload_matrix(dev, raw, qtype, (rows, cols))
+            x = rng.standard_normal((batch, cols), dtype=np.float32)
+            y = host(dev, ops.mul_mat_vec(dev, w, dev.to_device(x)))
+            ref = x.astype(np.float64) @ w_ref.T
+            bound = 2e-5 * (np.abs(x) @ np.abs(w_ref).T) + 1e-6
+            assert y.shape == (batch, rows)
+            assert (np.abs(y - ref) <= bound).all(), (qtype, rows, cols, batch)
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_dequantize(dev: Device, qtype: str, rng: np.random.Generator) -> None:
+    # f32: equal to gguf-py's dequantization up to one float32 rounding (rtol 2e-7);
+    # f16: that value rounded to half (within one half ulp of gguf's value cast to half).
+    for cols in _cols_for(qtype)[:3]:
+        rows = 7
+        raw = make_weight(qtype, rows, cols, rng)
+        ref = reference(qtype, raw, cols)
+        w = ops.upload_matrix(dev, raw, qtype, (rows, cols))
+        got = host(dev, ops.dequantize(dev, w))
+        np.testing.assert_allclose(got, ref, rtol=2e-7, atol=1e-30)
+        got16 = host(dev, ops.dequantize(dev, w, np.float16)).astype(np.float32)
+        np.testing.assert_allclose(got16, ref.astype(np.float16).astype(np.float32),
+                                   rtol=1e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0", "Q6_K"])
+def test_embedding_gather(dev: Device, qtype: str, rng: np.random.Generator) -> None:
+    cols = 256 if TYPES[qtype].qk == 256 else 96
+    vocab = 50
+    raw = make_weight(qtype, vocab, cols, rng)
+    ref = reference(qtype, raw, cols)
+    table = ops.upload_matrix(dev, raw, qtype, (vocab, cols))
+    ids = np.array([3, 0, 49, 3, 17, 17, 1], np.int32)
+    got = host(dev, ops.get_rows(dev, table, dev.to_device(ids)))
+    np.testing.assert_allclose(got, ref[ids], rtol=2e-7, atol=1e-30)
+    # an id outside the table gives a NaN row, never a read out of bounds
+    bad = host(dev, ops.get_rows(dev, table, dev.to_device(np.array([2, 50, -1], np.int32))))
+    assert np.isfinite(bad[0]).all() and np.isnan(bad[1:]).all()
+
+
+# --- norms ---------------------------------------------------------------------------------
+
+def _rms_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _ln_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) -> np.ndarray:
+    x = x.astype(np.float64)
+    mu = x.mean(-1, keepdims=True)
+    y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w
+    return y if b is None else y + b
+
+
+def test_rms_norm(dev: Device, rng: np.random.Generator) -> None:
+    # rtol 1e-5, atol 1e-5 against float64
+    for cols in COLS:
+        for rows in ROWS:
+            x = rng.standard_normal((rows, cols), dtype=np.float32) * 3
+            w = rng.standard_normal(cols, dtype=np.float32)
+            y = host(dev, ops.rms_norm(dev, dev.to_device(x), dev.to_device(w), 1e-6))
+            np.testing.assert_allclose(y, _rms_ref(x, w, 1e-6), rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{rows}x{cols}")
+
+
+def test_layer_norm(dev: Device, rng: np.random.Generator) -> None:
+    # rtol 1e-5, atol 2e-5 against float64, rows offset by a large mean (two-pass variance)
+    for cols in COLS:
+        for rows in ROWS:
+            x = rng.standard_normal((rows, cols), dtype=np.float32) + 50
+            w = rng.standard_normal(cols, dtype=np.float32)
+            b = rng.standard_normal(cols, dtype=np.float32) if cols % 2 else None
+            y = host(dev, ops.layer_norm(dev, dev.to_device(x), dev.to_device(w),
+                                         None if b is None else dev.to_device(b), 1e-12))
+            np.testing.assert_allclose(y, _ln_ref(x, w, b, 1e-12), rtol=1e-5, atol=2e-5,
+                                       err_msg=f"{rows}x{cols}")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 17, 64, 131, 200])
+def test_layer_norm_seed_shapes(dev: Device, rows: int, rng: np.random.Generator) -> None:
+    # The seed's LayerNorm cases, rows 1..200 x hidden 128..1024 (a sample of the grid).
+    for hidden in (128, 384, 768, 1024) if rows in (1, 200) else (128 * (rows % 8 + 1),):
+        x = rng.standard_normal((1, rows, hidden), dtype=np.float32)
+        w = rng.standard_normal(hidden, dtype=np.float32)
+        b = rng.standard_normal(hidden, dtype=np.float32)
+        y = host(dev, ops.layer_norm(dev, dev.to_device(x), dev.to_device(w), dev.to_device(b),
+                                     1e-12))
+        np.testing.assert_allclose(y, _ln_ref(x, w, b, 1e-12), rtol=1e-5, atol=2e-5)
+
+
+# --- attention pieces --------------------------------------------------------------------
+
+def _softmax_ref(s: np.ndarray, visible: np.ndarray) -> np.ndarray:
+    s = np.where(visible, s.astype(np.float64), -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.where(visible, np.exp(s - np.where(np.isfinite(m), m, 0)), 0)
+    tot = e.sum(-1, keepdims=True)
+    return np.divide(e, tot, out=np.zeros_like(e), where=tot > 0)
+
+
+def test_softmax_causal_and_padding(dev: Device, rng: np.random.Generator) -> None:
+    # rtol 1e-5, atol 1e-7 against float64; masks built only in the reference
+    for keys in COLS:
+        for nq, offset in [(1, keys - 1), (min(keys, 5), max(0, keys - 5)), (3, None)]:
+            b, h = 2, 3
+            s = rng.standard_normal((b, h, nq, keys), dtype=np.float32) * 4
+            mask = (rng.random((b, keys)) > 0.3).astype(np.float32)
+            mask[1] = 0  # batch 1: every key padded -> rows of zeros
+            scale = 0.125
+            got = host(dev, ops.softmax(dev, dev.to_device(s), scale, causal_offset=offset,
+                                        key_mask=dev.to_device(mask)))
+            j = np.arange(keys)
+            causal = (np.ones((nq, keys), bool) if offset is None
+                      else j[None, :] <= offset + np.arange(nq)[:, None])
+            visible = causal[None, None] & (mask[:, None, None, :] != 0)
+            np.testing.assert_allclose(got, _softmax_ref(s * scale, visible), rtol=1e-5,
+                                       atol=1e-7, err_msg=f"keys={keys} nq={nq}")
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope(dev: Device, neox: bool, rng: np.random.Generator) -> None:
+    # atol 1e-5 + 2e-7 * position * |x|max: float32 angles drift with the position.
+    for d, s, offset in [(2, 1, 0), (32, 5, 7), (64, 3, 1000), (128, 33, 0), (80, 2, 4096)]:
+        for layout in ("bhsd", "bshd"):
+            shape = (2, 3, s, d) if layout == "bhsd" else (2, s, 3, d)
+            x = rng.standard_normal(shape, dtype=np.float32)
+            theta = 10000.0
+            got = host(dev, ops.rope(dev, dev.to_device(x), offset, theta, neox=neox,
+                                     seq_axis=2 if layout == "bhsd" else 1))
+            pos = offset + np.arange(s, dtype=np.float64)
+            ang = pos[:, None] * theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+            c, sn = np.cos(ang), np.sin(ang)
+            if layout == "bshd":
+                c, sn = c[:, None, :], sn[:, None, :]
+            xd = x.astype(np.float64)
+            a, b = (xd[..., : d // 2], xd[..., d // 2:]) if neox else (xd[..., 0::2], xd[..., 1::2])
+            ra, rb = a * c - b * sn, a * sn + b * c
+            ref = np.concatenate([ra, rb], -1) if neox else np.stack([ra, rb], -1).reshape(shape)
+            tol = 1e-5 + 2e-7 * (offset + s) * np.abs(x).max()
+            np.testing.assert_allclose(got, ref, rtol=0, atol=tol, err_msg=f"{d} {s} {layout}")
+
+
+def test_decode_attention(dev: Device, rng: np.random.Generator) -> None:
+    # rtol 1e-5, atol 1e-6 against float64. K/V are narrowed views of a larger cache.
+    for d, n_kv, hq, hkv in [(32, 1, 2, 2), (64, 17, 9, 3), (80, 100, 4, 1), (128, 2, 8, 8),
+                             (256, 40, 2, 1), (64, 300, 6, 2)]:
+        b, cap = 2, n_kv + 7
+        q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
+        kc = dev.to_device(rng.standard_normal((b, hkv, cap, d), dtype=np.float32))
+        vc = dev.to_device(rng.standard_normal((b, hkv, cap, d), dtype=np.float32))
+        k, v = kc[:, :, :n_kv], vc[:, :, :n_kv]
+        mask = np.ones((b, n_kv), np.float32)
+        mask[0, : n_kv // 3] = 0
+        limit = n_kv - 1 if n_kv < 10 else n_kv - 5
+        scale = 1 / math.sqrt(d)
+        got = host(dev, ops.attn_decode(dev, dev.to_device(q), k, v, scale, causal_limit=limit,
+                                        key_mask=dev.to_device(mask)))
+        kh, vh = host(dev, k).astype(np.float64), host(dev, v).astype(np.float64)
+        kh, vh = np.repeat(kh, hq // hkv, axis=1), np.repeat(vh, hq // hkv, axis=1)
+        s = (q.astype(np.float64) @ kh.transpose(0, 1, 3, 2)) * scale
+        visible = (np.arange(n_kv) <= limit)[None, None, None, :] & (mask[:, None, None, :] != 0)
+        ref = _softmax_ref(s, visible) @ vh
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, err_msg=f"{d} {n_kv} {hq}/{hkv}")
+
+
+# --- elementwise and sampling ------------------------------------------------------------
+
+def test_silu_mul_and_gelu(dev: Device, rng: np.random.Generator) -> None:
+    # rtol 1e-6, atol 1e-6 against float64 (erf from math.erf)
+    erf = np.vectorize(math.erf)
+    for n in [1, 31, 32, 33, 255, 1025, 3 * 4096 + 1]:
+        g, u = (rng.standard_normal(n, dtype=np.float32) * 4 for _ in range(2))
+        got = host(dev, ops.silu_mul(dev, dev.to_device(g), dev.to_device(u)))
+        gd = g.astype(np.float64)
+        np.testing.assert_allclose(got, gd / (1 + np.exp(-gd)) * u, rtol=1e-6, atol=1e-6)
+        got = host(dev, ops.gelu(dev, dev.to_device(g)))
+        np.testing.assert_allclose(got, 0.5 * gd * (1 + erf(gd / math.sqrt(2))), rtol=1e-6,
+                                   atol=1e-6)
+
+
+def test_argmax(dev: Device, rng: np.random.Generator) -> None:
+    # exact, first index on ties (NumPy's rule), NaN ignored
+    for cols in COLS + [49152]:
+        x = rng.standard_normal((3, cols), dtype=np.float32)
+        x[1] = 1.0  # all tied -> 0
+        if cols > 5:
+            x[2, [cols // 2, cols - 1]] = 100.0  # tie between two maxima -> the first
+            x[0, 0] = np.nan
+        got = host(dev, ops.argmax(dev, dev.to_device(x)))
+        ref = np.nanargmax(x, axis=-1)
+        assert got.tolist() == ref.tolist(), cols
+
+
+# --- every kernel is free of order-dependent results -------------------------------------
+
+def test_no_kernel_depends_on_thread_order(rng: np.random.Generator) -> None:
+    """Each kernel once on a race-checking emulator (both schedules must agree bitwise)."""
+    dev = EmulatedDevice(check_races=True)
+    x = dev.to_device(rng.standard_normal((3, 1025), dtype=np.float32))
+    w = dev.to_device(rng.standard_normal(1025, dtype=np.float32))
+    ops.rms_norm(dev, x, w, 1e-6)
+    ops.layer_norm(dev, x, w, w, 1e-6)
+    ops.softmax(dev, dev.to_device(rng.standard_normal((1, 2, 3, 300), dtype=np.float32)),
+                causal_offset=297)
+    ops.argmax(dev, x)
+    for qtype in ("Q4_0", "Q6_K", "F16"):
+        cols = 512
+        m = ops.upload_matrix(dev, make_weight(qtype, 9, cols, rng), qtype, (9, cols))
+        ops.mul_mat_vec(dev, m, dev.to_device(rng.standard_normal((2, cols), dtype=np.float32)))
+        ops.dequantize(dev, m, np.float16)
+    q = dev.to_device(rng.standard_normal((1, 4, 1, 64), dtype=np.float32))
+    kv = dev.to_device(rng.standard_normal((1, 2, 70, 64), dtype=np.float32))
+    ops.attn_decode(dev, q, kv, kv, 0.125)
+    ops.rope(dev, q, 3, 10000.0)
+    ops.silu_mul(dev, x, x)
+    ops.gelu(dev, x)

@@ -1,0 +1,108 @@
+"""Planners swept over many shapes: limits hold and every output element is covered once.
+
+Coverage is checked by replaying each kernel's index arithmetic (the comments in the .cu
+files) over the planned grid and block, counting how often each output element is written.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from inference.errors import InvalidInputError
+from kernels.cuda import plan, table
+from kernels.cuda.plan import Launch
+from kernels.cuda.table import TYPES
+
+COLS = [1, 2, 31, 32, 33, 64, 100, 127, 128, 255, 256, 257, 384, 511, 768, 1023, 1024, 1025,
+        2048, 4096, 4097, 8192, 14336, 32000, 49152, 128256]
+ROWS = [1, 2, 3, 5, 7, 31, 33, 100, 200, 1000, 4097]
+
+
+def _limits_ok(launch: Launch) -> None:
+    assert launch.threads <= 1024 and launch.threads % 32 == 0
+    assert launch.shared_bytes <= 48 * 1024
+    assert launch.grid[0] <= 2**31 - 1 and max(launch.grid[1:]) <= 65535
+
+
+def test_row_planner_limits_and_coverage() -> None:
+    for ncols, nrows in itertools.product(COLS, ROWS):
+        lp = plan.plan_rows(ncols, nrows)
+        _limits_ok(lp)
+        tx, ty, _ = lp.block
+        # rows: row = blockIdx.x * blockDim.y + threadIdx.y, guarded by row < nrows
+        rows = (np.arange(lp.grid[0])[:, None] * ty + np.arange(ty)[None, :]).ravel()
+        assert np.array_equal(np.bincount(rows[rows < nrows], minlength=nrows), np.ones(nrows))
+        # columns: col = threadIdx.x + k * blockDim.x for k >= 0
+        cols = np.concatenate([np.arange(t, ncols, tx) for t in range(tx)])
+        assert np.array_equal(np.bincount(cols, minlength=ncols), np.ones(ncols))
+        # at most 8 elements per thread unless the row is longer than 8192 (then 1024 threads)
+        assert -(-ncols // tx) <= plan.ROW_ELEMS_PER_THREAD or tx == 1024
+        if ncols <= 256:
+            assert tx == 32  # short rows: a warp each, the seed bug's fix
+
+
+def test_layer_norm_seed_shapes_are_not_1024_threads_per_row() -> None:
+    for hidden in (128, 256, 384, 512, 768, 1024):
+        lp = plan.plan_rows(hidden, 200)
+        assert lp.block[0] <= hidden // 4, (hidden, lp.block)
+
+
+def test_mat_vec_planner() -> None:
+    for t in TYPES.values():
+        for mult, nrows, batch in itertools.product([1, 2, 3, 16, 33, 128], ROWS, [1, 2, 5]):
+            ncols = mult * t.qk
+            lp = plan.plan_mul_mat_vec(t, ncols, nrows, batch)
+            _limits_ok(lp)
+            assert lp.block[0] == 32 and lp.threads <= table.budget("mul_mat_vec_").max_threads
+            assert lp.grid[1] == batch
+            rows = (np.arange(lp.grid[0])[:, None] * lp.block[1] + np.arange(lp.block[1])).ravel()
+            assert np.array_equal(np.bincount(rows[rows < nrows], minlength=nrows), np.ones(nrows))
+        with pytest.raises(InvalidInputError):
+            plan.plan_mul_mat_vec(t, t.qk + 1, 4) if t.qk > 1 else plan.plan_mul_mat_vec(t, 0, 4)
+
+
+def test_dequantize_planner() -> None:
+    for t in TYPES.values():
+        for mult, nrows in itertools.product([1, 3, 16, 128], ROWS):
+            ncols = mult * t.qk
+            lp = plan.plan_dequantize(t, ncols, nrows)
+            _limits_ok(lp)
+            slices = nrows * ncols // t.ept
+            # thread i < slices writes elements [i*ept, (i+1)*ept) of the flat output
+            assert lp.grid[0] * lp.block[0] >= slices > (lp.grid[0] - 1) * lp.block[0]
+            assert lp.threads == t.dequant_threads
+        # the seed bug: K-quants need 16 threads per super-block, 32-element types 1
+        assert t.threads_per_qblock == {256: 16, 32: 1, 1: 1}[t.qk]
+
+
+def test_elementwise_and_argmax_planners() -> None:
+    for n in [1, 31, 32, 33, 255, 256, 257, 10**6, 2**31]:
+        lp = plan.plan_elementwise(n)
+        _limits_ok(lp)
+        assert lp.grid[0] * lp.block[0] >= n > (lp.grid[0] - 1) * lp.block[0]
+    for ncols, nrows in itertools.product(COLS, [1, 2, 64]):
+        lp = plan.plan_argmax(ncols, nrows)
+        _limits_ok(lp)
+        assert lp.grid == (nrows, 1, 1) and lp.block[1:] == (1, 1)
+
+
+def test_attention_planner() -> None:
+    for d, n_kv, heads, batch in itertools.product([32, 64, 80, 128, 256], [1, 2, 15, 16, 17,
+                                                   100, 4096], [1, 9, 32], [1, 4]):
+        lp = plan.plan_attn_decode(d, n_kv, heads, batch)
+        _limits_ok(lp)
+        assert lp.grid == (heads, batch, 1) and lp.block[0] == 32
+        assert 1 <= lp.block[1] <= table.ATTN_MAX_WARPS
+        assert lp.block[1] <= -(-n_kv // plan.ATTN_KEYS_PER_WARP)  # no idle warps
+    with pytest.raises(InvalidInputError):
+        plan.plan_attn_decode(512, 10, 1, 1)
+
+
+def test_planners_respect_smaller_device_limits() -> None:
+    small = plan.DeviceLimits(max_threads_per_block=256)
+    for ncols in COLS:
+        assert plan.plan_rows(ncols, 3, small).threads <= 256
+        assert plan.plan_argmax(ncols, 3, small).threads <= 256

@@ -1,0 +1,29 @@
+"""The per-type table agrees with gguf-py and with the constants compiled into the kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from kernels.cuda.device import Device
+from kernels.cuda.plan import Launch
+from kernels.cuda.table import CUDA_ORDER, TYPES
+
+
+def test_block_geometry_matches_gguf() -> None:
+    for name, t in TYPES.items():
+        qt = GGMLQuantizationType[name]
+        assert qt.value == t.ggml_id
+        assert GGML_QUANT_SIZES[qt] == (t.qk, t.block_bytes), name
+        assert t.qk % t.ept == 0 and t.ept in (1, 16, 32)
+        # K-quant scales cover 16 or 32 elements: a thread's slice must not straddle two.
+        assert t.qk != 256 or t.ept == 16
+
+
+def test_kernels_see_the_same_constants(dev: Device) -> None:
+    out = dev.zeros((3 * len(CUDA_ORDER),), np.int32)
+    dev.launch("dequant", "type_info", Launch((1, 1, 1), (32, 1, 1)), (out,))
+    got = np.asarray(out if isinstance(out, np.ndarray) else out.get()).reshape(-1, 3)
+    for (qk, nbytes, ept), name in zip(got.tolist(), CUDA_ORDER, strict=True):
+        t = TYPES[name]
+        assert (qk, nbytes, ept) == (t.qk, t.block_bytes, t.ept), name
