@@ -417,3 +417,17 @@ def test_truncated_smollm2_is_corrupt(keep: int, tmp_path: Path) -> None:
     with pytest.raises(CorruptModelError, match="smol-cut.gguf") as e:
         read_gguf(cut)
     assert "\n" not in str(e.value)
+
+
+def test_split_gguf_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "m-00001-of-00002.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint16("split.count", 2)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.ones((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError, match="00001-of-00002.gguf.*split"):
+        read_gguf(path)

@@ -181,6 +181,10 @@ def read_gguf(path: str | Path) -> Checkpoint:
     except (ValueError, IndexError, TypeError) as e:
         raise CorruptModelError(f"{path} has unreadable metadata ({_describe(e)}).") from None
 
+    if int(metadata.get("split.count") or 1) > 1:
+        raise UnsupportedModelError(
+            f"{path} is one of {metadata['split.count']} parts of a split GGUF; merge the "
+            f"parts with llama-gguf-split --merge first.")
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(

