@@ -1,0 +1,51 @@
+"""Every .cu compiles with nvcc for sm_75..sm_90, and ptxas's resource use fits the budgets
+the planners assume (kernels/cuda/table.py BUDGETS): no spills, registers, shared memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.cuda import table
+from kernels.cuda.device import MODULES, source_path
+from kernels.cuda.nvcc_check import ARCHS, compile_all, nvcc
+from kernels.emulator.build import scan_kernels
+
+pytestmark = pytest.mark.skipif(nvcc() is None, reason="nvcc not found: CUDA compile check skipped")
+
+REGISTERS_PER_SM = 65536
+
+
+@pytest.fixture(scope="module")
+def ptxas() -> dict:
+    res, diag = compile_all()
+    assert "warning" not in diag.lower() and "error" not in diag.lower(), diag
+    return res
+
+
+def test_every_kernel_compiles_for_every_arch(ptxas: dict) -> None:
+    names = {n for m in MODULES for n in scan_kernels(source_path(m))}
+    assert names, "no kernels found"
+    for arch in ARCHS:
+        missing = sorted(n for n in names if (n, arch) not in ptxas)
+        assert not missing, f"{arch}: ptxas reported nothing for {missing}"
+
+
+def test_resources_fit_the_planner_budget(ptxas: dict) -> None:
+    problems = []
+    for (kernel, arch), r in sorted(ptxas.items()):
+        b = table.budget(kernel)
+        if r.spill_stores or r.spill_loads:
+            problems.append(f"{kernel}@{arch}: spills {r.spill_stores}/{r.spill_loads} bytes")
+        if r.registers > b.max_registers or r.registers * b.max_threads > REGISTERS_PER_SM:
+            problems.append(f"{kernel}@{arch}: {r.registers} registers > budget {b.max_registers}")
+        if r.smem > b.static_smem or r.smem > table.MAX_SHARED_PER_BLOCK:
+            problems.append(f"{kernel}@{arch}: {r.smem} B shared > budget {b.static_smem}")
+    assert not problems, "\n".join(problems)
+
+
+def test_launch_bounds_match_the_budget() -> None:
+    # __launch_bounds__ in the source is the largest block a planner may choose.
+    for m in MODULES:
+        for kernel, bound in scan_kernels(source_path(m)).items():
+            if kernel != "type_info":
+                assert bound == table.budget(kernel).max_threads, kernel
