@@ -1,0 +1,277 @@
+"""Embeddings: paste sentences, embed with progress and Cancel, then explore the vectors.
+
+Heavy numbers (similarities, projection, nearest neighbours, export) are computed by the
+worker; this pane only draws: a heatmap of at most 400x400 pixels and one scatter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from gui.theme import icon
+from gui.worker import EmbedResult, WorkerHandle
+
+SNIPPET = 60
+
+
+def split_sentences(text: str) -> list[str]:
+    """One sentence per line; blank lines skipped."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _snip(s: str, n: int = SNIPPET) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+class EmbedPane(QWidget):
+    def __init__(self, handle: WorkerHandle, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("Pane")
+        self.handle = handle
+        self.result: EmbedResult | None = None
+        self.embedding = False
+        self._build()
+        handle.embed_progress.connect(self._on_progress)
+        handle.embedded.connect(self._on_embedded)
+        handle.neighbours.connect(self._on_neighbours)
+        handle.failed.connect(self._on_failed)
+        handle.cancelled.connect(self._on_cancelled)
+        handle.exported.connect(lambda p: self.status.setText(f"Saved {p}"))
+
+    # --- layout ----------------------------------------------------------------------
+    def _build(self) -> None:
+        outer = QHBoxLayout(self)
+        outer.setContentsMargins(6, 6, 6, 6)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        outer.addWidget(split)
+
+        left = QWidget()
+        lv = QVBoxLayout(left)
+        lv.setContentsMargins(0, 0, 0, 0)
+        self.input = QPlainTextEdit()
+        self.input.setPlaceholderText("Paste sentences here, one per line.")
+        self.count_label = QLabel("0 sentences")
+        self.count_label.setObjectName("Hint")
+        self._count_timer = QTimer(self, singleShot=True, interval=200)  # debounce big pastes
+        self._count_timer.timeout.connect(self._count)
+        self.input.textChanged.connect(self._count_timer.start)
+        self.embed_button = QPushButton(icon("embeddings"), "Embed")
+        self.embed_button.setObjectName("Primary")
+        self.embed_button.clicked.connect(lambda: self.embed())
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.clicked.connect(self.cancel)
+        self.progress = QProgressBar()
+        self.progress.setFormat("%v / %m")
+        self.status = QLabel("")
+        self.status.setObjectName("Hint")
+        self.status.setWordWrap(True)
+        self.npy_button = QPushButton(icon("export"), "Export .npy…")
+        self.npy_button.clicked.connect(lambda: self._export_dialog("npy"))
+        self.csv_button = QPushButton(icon("export"), "Export .csv…")
+        self.csv_button.clicked.connect(lambda: self._export_dialog("csv"))
+        row = QHBoxLayout()
+        row.addWidget(self.embed_button)
+        row.addWidget(self.cancel_button)
+        row.addWidget(self.count_label, 1)
+        export_row = QHBoxLayout()
+        export_row.addWidget(self.npy_button)
+        export_row.addWidget(self.csv_button)
+        lv.addWidget(self.input, 1)
+        lv.addLayout(row)
+        lv.addWidget(self.progress)
+        lv.addWidget(self.status)
+        lv.addLayout(export_row)
+
+        right = QSplitter(Qt.Orientation.Vertical)
+        plots = QSplitter(Qt.Orientation.Horizontal)
+        self.heat_plot = pg.PlotWidget(title="Cosine similarity")
+        self.heat_plot.setAspectLocked(True)
+        self.heat_plot.invertY(True)
+        self.heat_plot.setLabel("bottom", "sentence")
+        self.heat_plot.setLabel("left", "sentence")
+        self.heat_item = pg.ImageItem(axisOrder="row-major")
+        self.heat_plot.addItem(self.heat_item)
+        self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("viridis"),
+                                        interactive=False, width=12)
+        self.colorbar.setImageItem(self.heat_item, insert_in=self.heat_plot.getPlotItem())
+        self.heat_label = pg.TextItem("", anchor=(0, 1), color="#111827", fill="#ffffffd0")
+        self.heat_label.setZValue(10)
+        self.heat_plot.addItem(self.heat_label)
+        self.heat_plot.scene().sigMouseMoved.connect(self._hover_heatmap)
+
+        self.scatter_plot = pg.PlotWidget(title="2-D projection (PCA)")
+        self.scatter = pg.ScatterPlotItem(size=7, pen=pg.mkPen("#1e3a8a", width=0.5),
+                                          brush=pg.mkBrush("#3b82f680"), hoverable=True,
+                                          hoverSize=11, hoverBrush=pg.mkBrush("#f59e0b"),
+                                          tip=None)
+        self.scatter.sigHovered.connect(self._hover_scatter)
+        self.hits = pg.ScatterPlotItem(size=11, pen=pg.mkPen("#b91c1c", width=2),
+                                       brush=pg.mkBrush(None))
+        self.scatter_label = pg.TextItem("", anchor=(0, 1), color="#111827", fill="#ffffffd0")
+        self.scatter_label.setZValue(10)
+        for item in (self.scatter, self.hits, self.scatter_label):
+            self.scatter_plot.addItem(item)
+        plots.addWidget(self.heat_plot)
+        plots.addWidget(self.scatter_plot)
+
+        search = QGroupBox("Nearest neighbours")
+        sv = QVBoxLayout(search)
+        qrow = QHBoxLayout()
+        self.query_box = QLineEdit()
+        self.query_box.setPlaceholderText("Type a query and press Enter")
+        self.query_box.returnPressed.connect(lambda: self.query())
+        self.query_button = QPushButton("Search")
+        self.query_button.clicked.connect(lambda: self.query())
+        qrow.addWidget(self.query_box, 1)
+        qrow.addWidget(self.query_button)
+        self.results = QListWidget()
+        sv.addLayout(qrow)
+        sv.addWidget(self.results)
+        right.addWidget(plots)
+        right.addWidget(search)
+        right.setStretchFactor(0, 3)
+        right.setStretchFactor(1, 1)
+
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setStretchFactor(1, 1)
+        split.setSizes([320, 900])
+        self._set_embedding(False)
+
+    # --- actions ---------------------------------------------------------------------
+    def sentences(self) -> list[str]:
+        return split_sentences(self.input.toPlainText())
+
+    def set_sentences(self, sentences: list[str]) -> None:
+        self.input.setPlainText("\n".join(sentences))
+        self._count()
+
+    def embed(self, batch_size: int = 32) -> bool:
+        sentences = self.sentences()
+        if not sentences or self.embedding:
+            return False
+        self._set_embedding(True)
+        self.progress.setRange(0, len(sentences))
+        self.progress.setValue(0)
+        self.status.setText(f"Embedding {len(sentences)} sentences…")
+        self.handle.embed(sentences, batch_size)
+        return True
+
+    def cancel(self) -> None:
+        if self.embedding:
+            self.handle.cancel("embed")
+
+    def query(self, text: str | None = None, k: int = 10) -> bool:
+        text = (self.query_box.text() if text is None else text).strip()
+        if not text or self.result is None:
+            return False
+        self.handle.query(text, k)
+        return True
+
+    def export(self, path: str) -> None:
+        """Save the last vectors: ``.csv`` with sentences, anything else as ``.npy``."""
+        self.handle.export(path)
+
+    def _export_dialog(self, fmt: str) -> None:
+        filt = "NumPy array (*.npy)" if fmt == "npy" else "CSV (*.csv)"
+        path, _ = QFileDialog.getSaveFileName(self, "Export embeddings", f"embeddings.{fmt}",
+                                              filt)
+        if path:
+            self.export(path)
+
+    def _set_embedding(self, on: bool) -> None:
+        self.embedding = on
+        self.embed_button.setEnabled(not on)
+        self.cancel_button.setEnabled(on)
+        have = self.result is not None and not on
+        for w in (self.npy_button, self.csv_button, self.query_button):
+            w.setEnabled(have)
+
+    def _count(self) -> None:
+        self.count_label.setText(f"{len(self.sentences())} sentences")
+
+    # --- results ---------------------------------------------------------------------
+    def _on_progress(self, done: int, total: int) -> None:
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(done)
+
+    def _on_embedded(self, result: EmbedResult) -> None:
+        self.result = result
+        n = len(result.sentences)
+        lo = float(np.min(result.heatmap))
+        self.heat_item.setImage(result.heatmap, levels=(lo, 1.0))
+        self.heat_item.setRect(0, 0, n, n)  # axes in sentences even when pixels are blocks
+        self.colorbar.setLevels((lo, 1.0))
+        self.heat_plot.autoRange()
+        self.scatter.setData(pos=result.projection, data=np.arange(n))
+        self.hits.setData([], [])
+        self.scatter_plot.autoRange()
+        self.results.clear()
+        self.progress.setValue(self.progress.maximum())
+        rate = n / result.elapsed_s if result.elapsed_s > 0 else 0.0
+        block = f"; each pixel is {result.block}×{result.block} sentences" \
+            if result.block > 1 else ""
+        self.status.setText(f"{n} sentences × {result.vectors.shape[1]} dims in "
+                            f"{result.elapsed_s:.2f} s ({rate:.0f}/s){block}")
+        self._set_embedding(False)
+
+    def _on_neighbours(self, hits: list) -> None:
+        self.results.clear()
+        for sentence, score in hits:
+            self.results.addItem(f"{score:.3f}   {sentence}")
+        if self.result is not None:
+            index = {s: i for i, s in enumerate(self.result.sentences)}
+            pts = [self.result.projection[index[s]] for s, _ in hits if s in index]
+            self.hits.setData(pos=np.array(pts).reshape(-1, 2))
+
+    def _on_failed(self, kind: str, message: str) -> None:
+        if kind in ("embed", "query", "export"):
+            self.status.setText(message)
+            if kind == "embed":
+                self._set_embedding(False)
+
+    def _on_cancelled(self, kind: str) -> None:
+        if kind == "embed":
+            self.status.setText("Embedding cancelled.")
+            self._set_embedding(False)
+
+    def _hover_scatter(self, _item: object, points: list, _ev: object = None) -> None:
+        if self.result is None or len(points) == 0:
+            self.scatter_label.setText("")
+            return
+        p = points[0]
+        self.scatter_label.setText(_snip(self.result.sentences[int(p.data())]))
+        self.scatter_label.setPos(p.pos())
+
+    def _hover_heatmap(self, scene_pos: object) -> None:
+        r = self.result
+        vb = self.heat_plot.getPlotItem().vb
+        if r is None or not self.heat_plot.sceneBoundingRect().contains(scene_pos):
+            return
+        pt = vb.mapSceneToView(scene_pos)
+        n = len(r.sentences)
+        i, j = int(pt.y()), int(pt.x())
+        if not (0 <= i < n and 0 <= j < n):
+            self.heat_label.setText("")
+            return
+        value = r.heatmap[min(i // r.block, len(r.heatmap) - 1),
+                          min(j // r.block, len(r.heatmap) - 1)]
+        self.heat_label.setText(f"{value:.2f}\n#{i} {_snip(r.sentences[i], 40)}\n"
+                                f"#{j} {_snip(r.sentences[j], 40)}")
+        self.heat_label.setPos(pt)

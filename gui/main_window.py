@@ -1,0 +1,204 @@
+"""The main window: tabs for models, chat, embeddings and performance, plus a status bar."""
+
+from __future__ import annotations
+
+import psutil
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import QLabel, QMainWindow, QTabWidget, QVBoxLayout, QWidget
+
+from gui.chat_pane import ChatPane
+from gui.conversations import ConversationStore, default_db_path
+from gui.embed_pane import EmbedPane
+from gui.error_banner import ErrorBanner
+from gui.format import human_bytes
+from gui.model_picker import ModelPicker
+from gui.perf_pane import PerfPane
+from gui.settings import Settings
+from gui.theme import icon
+from gui.worker import LoadedInfo, WorkerHandle
+
+BUSY_TEXT = {"load": "Loading model…", "generate": "Generating…", "embed": "Embedding…",
+             "discover": "Looking for models…", "probe": "Checking backends…",
+             "query": "Searching…", "export": "Saving…"}
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: Settings | None = None, store: ConversationStore | None = None,
+                 autoload: bool = True):
+        super().__init__()
+        self.setWindowTitle("Inferdesk")
+        self.setWindowIcon(icon("inferdesk"))
+        self.settings = settings or Settings()
+        self.store = store or ConversationStore(default_db_path())
+        self.autoload = autoload
+        self._autoloaded = False
+        self._closed = False
+        self.handle = WorkerHandle("inferdesk-models", self)
+        self.downloads = WorkerHandle("inferdesk-downloads", self)
+
+        self.picker = ModelPicker(self.handle, self.downloads, self.settings)
+        self.chat = ChatPane(self.handle, self.store, self.settings)
+        self.embed = EmbedPane(self.handle)
+        self.perf = PerfPane(self.handle)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        for pane, name, ico in ((self.picker, "Models", "models"), (self.chat, "Chat", "chat"),
+                                (self.embed, "Embeddings", "embeddings"),
+                                (self.perf, "Performance", "performance")):
+            self.tabs.addTab(pane, icon(ico), name)
+        self.banner = ErrorBanner()
+        central = QWidget()
+        cv = QVBoxLayout(central)
+        cv.setContentsMargins(0, 0, 0, 0)
+        cv.setSpacing(0)
+        cv.addWidget(self.banner)
+        cv.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
+
+        self.status_backend = QLabel("Backend: —")
+        self.status_model = QLabel("Model: —")
+        self.status_memory = QLabel("")
+        for w in (self.status_backend, self.status_model, self.status_memory):
+            self.statusBar().addPermanentWidget(w)
+        self._mem_timer = QTimer(self, interval=1000)
+        self._mem_timer.timeout.connect(self._update_memory)
+        self._mem_timer.start()
+        self._build_actions()
+
+        for h in (self.handle, self.downloads):
+            h.failed.connect(self._on_failed)
+            h.cancelled.connect(lambda kind: self.statusBar().showMessage(
+                f"{kind.capitalize()} cancelled.", 4000))
+        self.handle.busy.connect(self._on_busy)
+        self.handle.loaded.connect(self._on_loaded)
+        self.handle.unloaded.connect(lambda _k: self._update_models())
+        self.handle.discovered.connect(self._maybe_autoload)
+        self.perf.profile_changed.connect(self._set_profile)
+        self.perf.profile_box.setChecked(self.settings.get("perf/profile", False, bool))
+        self._restore()
+        self.handle.probe()
+        self.picker.refresh()
+
+    # --- actions ---------------------------------------------------------------------
+    def _build_actions(self) -> None:
+        def action(menu, text: str, slot, keys=(), ico: str = "") -> QAction:  # noqa: ANN001
+            a = QAction(icon(ico) if ico else QIcon(), text, self)
+            a.setShortcuts([QKeySequence(k) for k in keys])
+            a.triggered.connect(slot)
+            menu.addAction(a)
+            self.addAction(a)  # shortcuts work even where the menu bar is hidden or native
+            return a
+
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        self.new_chat_action = action(file, "New chat", self.new_chat, ["Ctrl+N"], "new-chat")
+        self.add_model_action = action(file, "Add model file…", self.picker.add_file_dialog,
+                                       ["Ctrl+O"], "add-model")
+        file.addSeparator()
+        action(file, "Export chat as Markdown…", lambda: self.chat._export_dialog("md"))
+        action(file, "Export chat as JSON…", lambda: self.chat._export_dialog("json"))
+        file.addSeparator()
+        action(file, "Quit", self.close, ["Ctrl+Q"])
+        chat = bar.addMenu("&Chat")
+        self.send_action = action(chat, "Send", self.send, ["Ctrl+Return", "Ctrl+Enter"], "send")
+        self.stop_action = action(chat, "Stop", self.stop, ["Esc"], "stop")
+        action(chat, "Regenerate", self.chat.regenerate, [], "regenerate")
+        action(chat, "Edit last message", self.chat.edit_last, [], "edit")
+        view = bar.addMenu("&View")
+        for i in range(self.tabs.count()):
+            action(view, self.tabs.tabText(i), lambda _=False, i=i: self.tabs.setCurrentIndex(i),
+                   [f"Ctrl+{i + 1}"])
+
+    def new_chat(self) -> None:
+        self.tabs.setCurrentWidget(self.chat)
+        self.chat.new_conversation()
+
+    def send(self) -> None:
+        """Ctrl+Enter: send in the chat tab, embed in the embeddings tab."""
+        if self.tabs.currentWidget() is self.embed:
+            self.embed.embed()
+        else:
+            self.tabs.setCurrentWidget(self.chat)
+            self.chat.send()
+
+    def stop(self) -> None:
+        """Esc: stop generation (within one token) and cancel embedding."""
+        self.chat.stop()
+        self.embed.cancel()
+
+    def _set_profile(self, on: bool) -> None:
+        self.chat.profile = on
+        self.settings.set("perf/profile", on)
+
+    # --- worker results --------------------------------------------------------------
+    def _on_failed(self, kind: str, message: str) -> None:
+        self.banner.show_error(message)
+        self.statusBar().showMessage(f"{kind.capitalize()} failed.", 6000)
+
+    def _on_busy(self, kind: str) -> None:
+        if kind in BUSY_TEXT:
+            self.statusBar().showMessage(BUSY_TEXT[kind])
+        else:
+            self.statusBar().clearMessage()
+
+    def _on_loaded(self, info: LoadedInfo) -> None:
+        if info.kind == "causal":
+            self.chat.set_model(info.name)
+        self.banner.hide()
+        self._update_models()
+
+    def _update_models(self) -> None:
+        loaded = self.picker.loaded
+        chat, enc = loaded.get("causal"), loaded.get("encoder")
+        if "causal" not in loaded:
+            self.chat.set_model("")
+        backends = sorted({i.backend for i in loaded.values()})
+        self.status_backend.setText(f"Backend: {', '.join(backends) or '—'}")
+        self.status_model.setText(
+            f"Chat: {chat.name if chat else '—'} · Embed: {enc.name if enc else '—'}")
+
+    def _update_memory(self) -> None:
+        used, peak = self.perf.device
+        text = f"RSS {human_bytes(psutil.Process().memory_info().rss)}"
+        if used is not None:
+            text += f" · device {human_bytes(used)} (peak {human_bytes(peak)})"
+        self.status_memory.setText(text)
+
+    def _maybe_autoload(self, specs: list) -> None:
+        """First discovery: load the last-used models, else the bundled ones."""
+        if not self.autoload or self._autoloaded:
+            return
+        self._autoloaded = True
+        for kind, key in (("causal", "models/chat"), ("encoder", "models/encoder")):
+            want = self.settings.get(key, "", str)
+            of_kind = [s for s in specs if s.kind == kind]
+            pick = next((s for s in of_kind if want and str(s.path) == want), None) \
+                or next((s for s in of_kind if s.source == "bundled"), None)
+            if pick is not None:
+                self.picker.load(pick)
+
+    # --- persistence -----------------------------------------------------------------
+    def _restore(self) -> None:
+        geometry = self.settings.get("window/geometry")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1280, 800)
+        self.tabs.setCurrentIndex(self.settings.get("window/tab", 0, int))
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
+        if self._closed:
+            return super().closeEvent(event)
+        self._closed = True
+        self.settings.set("window/geometry", self.saveGeometry())
+        self.settings.set("window/tab", self.tabs.currentIndex())
+        self.settings.set_sampling(self.chat.sampling.values())
+        self.settings.sync()
+        self.perf.timer.stop()
+        self._mem_timer.stop()
+        self.chat._render_reply()  # flush the streaming reply before the worker stops
+        self.handle.shutdown()
+        self.downloads.shutdown()
+        self.store.close()
+        super().closeEvent(event)

@@ -1,0 +1,304 @@
+"""Model picker: discovered models, fit-in-memory, load/unload with progress, add files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from gui.download_box import DownloadBox
+from gui.format import human_bytes, human_count
+from gui.settings import Settings
+from gui.theme import icon
+from gui.worker import BackendInfo, LoadedInfo, WorkerHandle
+
+COLUMNS = ("Name", "Kind", "Format", "Architecture", "Quant", "Params", "File size",
+           "Est. memory", "Fits", "Source")
+MODEL_FILTER = "Model files (*.gguf *.safetensors);;All files (*)"
+GOOD, BAD = QColor("#047857"), QColor("#b91c1c")
+
+
+class ModelPicker(QWidget):
+    model_loaded = Signal(object)  # LoadedInfo
+
+    def __init__(self, handle: WorkerHandle, downloads: WorkerHandle, settings: Settings,
+                 parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("Pane")
+        self.setAcceptDrops(True)
+        self.handle, self.settings = handle, settings
+        self.specs: list[Any] = []
+        self.backend_infos: list[BackendInfo] = []
+        self.loaded: dict[str, LoadedInfo] = {}  # kind -> info
+        self.loading = ""  # name being loaded
+        self._pending_path = ""  # a file added by the user, loaded right away
+        self._build(downloads)
+        handle.discovered.connect(self._on_discovered)
+        handle.backends.connect(self._on_backends)
+        handle.load_started.connect(self._on_load_started)
+        handle.loaded.connect(self._on_loaded)
+        handle.unloaded.connect(self._on_unloaded)
+        handle.failed.connect(self._on_failed)
+        handle.cancelled.connect(self._on_cancelled)
+
+    def _build(self, downloads: WorkerHandle) -> None:
+        layout = QVBoxLayout(self)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Backend:"))
+        self.backend_combo = QComboBox()
+        self.backend_combo.addItem("auto", "auto")
+        self.backend_combo.currentIndexChanged.connect(self._on_backend_changed)
+        top.addWidget(self.backend_combo)
+        self.backend_note = QLabel("")
+        self.backend_note.setObjectName("Hint")
+        top.addWidget(self.backend_note, 1)
+        self.add_button = QPushButton(icon("add-model"), "Add model file…")
+        self.add_button.setToolTip("Add a .gguf or .safetensors file (Ctrl+O); or drop it here")
+        self.add_button.clicked.connect(self.add_file_dialog)
+        self.refresh_button = QPushButton("Refresh")
+        self.refresh_button.clicked.connect(self.refresh)
+        top.addWidget(self.add_button)
+        top.addWidget(self.refresh_button)
+        layout.addLayout(top)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.doubleClicked.connect(lambda _: self.load_selected())
+        self.table.itemSelectionChanged.connect(self._update_buttons)
+        layout.addWidget(self.table, 1)
+
+        row = QHBoxLayout()
+        self.load_button = QPushButton("Load")
+        self.load_button.setObjectName("Primary")
+        self.load_button.clicked.connect(self.load_selected)
+        self.unload_chat = QPushButton("Unload chat model")
+        self.unload_chat.clicked.connect(lambda: self.handle.unload("causal"))
+        self.unload_embed = QPushButton("Unload embedding model")
+        self.unload_embed.clicked.connect(lambda: self.handle.unload("encoder"))
+        self.load_progress = QProgressBar()
+        self.load_progress.setRange(0, 0)  # load_model reports no fraction: a busy bar
+        self.load_progress.setVisible(False)
+        self.load_status = QLabel("")
+        self.load_status.setObjectName("Hint")
+        self.cancel_load = QPushButton("Cancel")
+        self.cancel_load.setVisible(False)
+        self.cancel_load.clicked.connect(lambda: self.handle.cancel("load"))
+        for w in (self.load_button, self.unload_chat, self.unload_embed):
+            row.addWidget(w)
+        row.addWidget(self.load_progress, 1)
+        row.addWidget(self.load_status, 1)
+        row.addWidget(self.cancel_load)
+        layout.addLayout(row)
+
+        box = QGroupBox("Loaded")
+        bl = QVBoxLayout(box)
+        self.loaded_labels = {"causal": QLabel(), "encoder": QLabel()}
+        for lab in self.loaded_labels.values():
+            lab.setWordWrap(True)
+            lab.setTextFormat(Qt.TextFormat.RichText)
+            bl.addWidget(lab)
+        layout.addWidget(box)
+        self.download_box = DownloadBox(downloads)
+        self.download_box.downloaded.connect(lambda _p: self.refresh())
+        layout.addWidget(self.download_box)
+        self._show_loaded()
+        self._update_buttons()
+
+    # --- requests --------------------------------------------------------------------
+    def refresh(self) -> None:
+        self.handle.discover(self.settings.extra_paths())
+
+    def probe(self) -> None:
+        self.handle.probe()
+
+    def backend(self) -> str:
+        return self.backend_combo.currentData() or "auto"
+
+    def load(self, target: Any) -> None:
+        """Load a ModelSpec, a model name or a path on the chosen backend."""
+        self.handle.load(target, self.backend())
+
+    def load_selected(self) -> None:
+        row = self.table.currentRow()
+        if 0 <= row < len(self.specs):
+            self.load(self.specs[row])
+
+    def add_files(self, paths: list[str]) -> None:
+        """Remember files (or folders) the user added, list them, and load the first."""
+        paths = [str(Path(p).resolve()) for p in paths if p]
+        if not paths:
+            return
+        for p in paths:
+            self.settings.add_extra_path(p)
+        self._pending_path = paths[0]
+        self.load(paths[0])
+        self.refresh()
+
+    def add_file_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Add model file", str(Path.home()),
+                                                MODEL_FILTER)
+        self.add_files(paths)
+
+    def dragEnterEvent(self, event) -> None:  # noqa: ANN001, N802 - Qt override
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: ANN001, N802 - Qt override
+        self.add_files([u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()])
+
+    # --- results ---------------------------------------------------------------------
+    def _on_discovered(self, specs: list) -> None:
+        self.specs = sorted(specs, key=lambda s: (s.kind != "causal", s.source != "bundled",
+                                                  s.name.lower()))
+        selected = self.table.currentRow()
+        self.table.setRowCount(len(self.specs))
+        for r, s in enumerate(self.specs):
+            cells = (s.name, "chat" if s.kind == "causal" else "embedding", s.format,
+                     s.architecture, ", ".join(s.quant_types) or "—", human_count(s.n_params),
+                     human_bytes(s.file_size), human_bytes(s.est_memory), "", s.source)
+            for c, text in enumerate(cells):
+                item = QTableWidgetItem(str(text))
+                item.setToolTip(str(s.path))
+                self.table.setItem(r, c, item)
+        if self.specs:
+            self.table.selectRow(max(0, min(selected, len(self.specs) - 1)))
+        self._update_fits()
+        self._mark_loaded()
+
+    def _on_backends(self, infos: list) -> None:
+        self.backend_infos = infos
+        want = self.settings.get("models/backend", "auto", str)
+        self.backend_combo.blockSignals(True)
+        self.backend_combo.clear()
+        self.backend_combo.addItem("auto", "auto")
+        for info in infos:
+            label = info.name if info.available else f"{info.name} (unavailable)"
+            self.backend_combo.addItem(label, info.name)
+            idx = self.backend_combo.count() - 1
+            self.backend_combo.setItemData(idx, info.reason, Qt.ItemDataRole.ToolTipRole)
+            if not info.available:  # visible but not selectable, with the reason as tooltip
+                self.backend_combo.model().item(idx).setEnabled(False)
+        idx = self.backend_combo.findData(want)
+        self.backend_combo.setCurrentIndex(max(idx, 0))
+        self.backend_combo.blockSignals(False)
+        self._on_backend_changed()
+
+    def _on_backend_changed(self, *_: object) -> None:
+        self.settings.set("models/backend", self.backend())
+        info = self._backend_info()
+        if info is not None:
+            free = human_bytes(info.free_memory) if info.free_memory is not None else "unknown"
+            prefix = "auto → " if self.backend() == "auto" else ""
+            self.backend_note.setText(f"{prefix}{info.name}: {free} free · {info.reason}")
+        self._update_fits()
+
+    def _backend_info(self) -> BackendInfo | None:
+        available = [i for i in self.backend_infos if i.available]
+        if self.backend() == "auto":
+            return available[0] if available else None
+        return next((i for i in self.backend_infos if i.name == self.backend()), None)
+
+    def _update_fits(self) -> None:
+        info = self._backend_info()
+        free = info.free_memory if info is not None else None
+        for r, s in enumerate(self.specs):
+            item = self.table.item(r, COLUMNS.index("Fits"))
+            if item is None:
+                continue
+            if free is None or not s.est_memory:
+                item.setText("?")
+                continue
+            fits = s.est_memory <= free
+            item.setText("yes" if fits else "no")
+            item.setForeground(QBrush(GOOD if fits else BAD))
+            item.setToolTip(f"needs about {human_bytes(s.est_memory)}; "
+                            f"{human_bytes(free)} free on {info.name}")
+
+    def _on_load_started(self, name: str) -> None:
+        self.loading = name
+        self.load_status.setText(f"Loading {name}…")
+        self.load_progress.setVisible(True)
+        self.cancel_load.setVisible(True)
+        self._update_buttons()
+
+    def _load_ended(self, text: str = "") -> None:
+        self.loading = ""
+        self._pending_path = ""
+        self.load_progress.setVisible(False)
+        self.cancel_load.setVisible(False)
+        self.load_status.setText(text)
+        self._update_buttons()
+
+    def _on_loaded(self, info: LoadedInfo) -> None:
+        self.loaded[info.kind] = info
+        key = "models/chat" if info.kind == "causal" else "models/encoder"
+        self.settings.set(key, info.path)
+        self._load_ended(f"Loaded {info.name} on {info.backend}.")
+        self._show_loaded()
+        self._mark_loaded()
+        self.model_loaded.emit(info)
+
+    def _on_unloaded(self, kind: str) -> None:
+        self.loaded.pop(kind, None)
+        self._show_loaded()
+        self._mark_loaded()
+        self._update_buttons()
+
+    def _on_failed(self, kind: str, message: str) -> None:
+        if kind == "load":
+            if self._pending_path:  # a file that cannot be loaded is not kept in the list
+                self.settings.remove_extra_path(self._pending_path)
+            self._load_ended(message)
+
+    def _on_cancelled(self, kind: str) -> None:
+        if kind == "load":
+            self._load_ended("Loading cancelled.")
+
+    def _show_loaded(self) -> None:
+        for kind, label in self.loaded_labels.items():
+            what = "Chat model" if kind == "causal" else "Embedding model"
+            info = self.loaded.get(kind)
+            if info is None:
+                label.setText(f"<b>{what}:</b> none")
+                continue
+            label.setText(
+                f"<b>{what}:</b> {info.name} on <b>{info.backend}</b> — {info.reason}<br>"
+                f"Memory: estimated {human_bytes(info.est_memory)}, "
+                f"measured {human_bytes(info.used_memory)}")
+
+    def _mark_loaded(self) -> None:
+        paths = {i.path for i in self.loaded.values()}
+        for r, s in enumerate(self.specs):
+            item = self.table.item(r, 0)
+            if item is not None:
+                font = QFont(item.font())
+                font.setBold(str(s.path) in paths)
+                item.setFont(font)
+
+    def _update_buttons(self) -> None:
+        self.load_button.setEnabled(not self.loading and self.table.currentRow() >= 0)
+        self.unload_chat.setEnabled("causal" in self.loaded)
+        self.unload_embed.setEnabled("encoder" in self.loaded)

@@ -1,0 +1,63 @@
+"""Typed access to QSettings: last models, backend, sampling, extra model paths."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings
+
+SAMPLING_DEFAULTS: dict[str, float | int] = {
+    "temperature": 0.7,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "repetition_penalty": 1.1,
+    "max_tokens": 256,
+    "seed": -1,  # -1 = a new random seed each time
+}
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+class Settings:
+    """Thin wrapper so widgets never spell keys or parse QSettings' strings themselves."""
+
+    def __init__(self, qsettings: QSettings | None = None):
+        self.q = qsettings if qsettings is not None else QSettings()
+
+    def get(self, key: str, default=None, type_=None):  # noqa: ANN001 - mirrors QSettings
+        if type_ is None:
+            return self.q.value(key, default)
+        value = self.q.value(key, default)
+        if value is None:
+            return default
+        if type_ is bool and isinstance(value, str):  # IniFormat stores "true"/"false"
+            return value.lower() == "true"
+        try:
+            return type_(value)
+        except (TypeError, ValueError):
+            return default
+
+    def set(self, key: str, value) -> None:  # noqa: ANN001
+        self.q.setValue(key, value)
+
+    def sampling(self) -> dict[str, float | int]:
+        return {k: self.get(f"sampling/{k}", v, type(v)) for k, v in SAMPLING_DEFAULTS.items()}
+
+    def set_sampling(self, values: dict[str, float | int]) -> None:
+        for k, v in values.items():
+            self.set(f"sampling/{k}", v)
+
+    def extra_paths(self) -> list[str]:
+        value = self.q.value("models/extra_paths", [])
+        if isinstance(value, str):  # a one-element list comes back as a string
+            value = [value]
+        return [str(p) for p in value or []]
+
+    def add_extra_path(self, path: str) -> None:
+        paths = self.extra_paths()
+        if path not in paths:
+            self.set("models/extra_paths", paths + [path])
+
+    def remove_extra_path(self, path: str) -> None:
+        self.set("models/extra_paths", [p for p in self.extra_paths() if p != path])
+
+    def sync(self) -> None:
+        self.q.sync()

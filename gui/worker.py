@@ -1,0 +1,464 @@
+"""The inference worker: a QObject living on its own QThread.
+
+The GUI asks for work through :class:`WorkerHandle` (queued signals into the worker's
+thread) and hears back through the handle's signals, which are re-emitted on the GUI thread.
+The worker never touches a widget; widgets never call the engine. One job runs at a time
+per worker; jobs queue in the thread's event loop. Cancellation uses ``threading.Event``s
+that the GUI sets directly, since a busy worker cannot process queued requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from gui import analysis
+
+log = logging.getLogger(__name__)
+MEMORY_SAMPLE_S = 0.2  # worker-side memory samples feed the >= 4 Hz graphs
+
+
+@dataclass
+class GenerateRequest:
+    messages: list[dict]
+    max_tokens: int = 256
+    sampling: dict = field(default_factory=dict)  # SamplingParams fields
+    profile: bool = False
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class LoadedInfo:
+    kind: str  # "causal" | "encoder"
+    name: str
+    path: str
+    backend: str
+    reason: str
+    est_memory: int | None
+    used_memory: int | None  # measured growth of device (or host) memory during the load
+
+
+@dataclass
+class EmbedResult:
+    sentences: list[str]
+    vectors: np.ndarray  # (n, dim) float32, L2-normalised
+    heatmap: np.ndarray  # cosine similarity, at most analysis.HEATMAP_MAX_SIDE square
+    block: int  # sentences per heatmap pixel
+    projection: np.ndarray  # (n, 2)
+    elapsed_s: float
+
+
+@dataclass
+class BackendInfo:
+    name: str
+    available: bool
+    reason: str
+    free_memory: int | None
+
+
+def user_message(exc: BaseException) -> str:
+    """One sentence for the window. Engine errors already are one; others get a prefix."""
+    from inference.errors import InferdeskError
+
+    if isinstance(exc, InferdeskError):
+        return str(exc)
+    if isinstance(exc, MemoryError):
+        return "Out of memory: close other programs or choose a smaller model."
+    return f"Unexpected error ({type(exc).__name__}): {exc}"
+
+
+def _record(r: Any, attr: str, index: int) -> Any:
+    return getattr(r, attr) if hasattr(r, attr) else r[index]
+
+
+def free_memory(backend: str) -> int | None:
+    """Free memory for ``backend``: the engine's answer if it has one, else free host RAM."""
+    import psutil
+
+    import inference.backends as backends
+
+    ask = getattr(backends, "free_memory", None)
+    if ask is not None:
+        try:
+            return ask(backend)
+        except Exception:  # noqa: BLE001 - fall back to host memory
+            log.debug("free_memory(%s) failed", backend, exc_info=True)
+    return int(psutil.virtual_memory().available)
+
+
+class Worker(QObject):
+    discovered = Signal(list)  # list[ModelSpec]
+    backends = Signal(list)  # list[BackendInfo]
+    load_started = Signal(str)  # name
+    loaded = Signal(object)  # LoadedInfo
+    unloaded = Signal(str)  # kind
+    token = Signal(object)  # inference.events.TokenEvent
+    generated = Signal(object)  # inference.events.DoneEvent
+    embed_progress = Signal(int, int)
+    embedded = Signal(object)  # EmbedResult
+    neighbours = Signal(object)  # list[(sentence, score)]
+    exported = Signal(str)
+    download_progress = Signal(int, int)
+    downloaded = Signal(str)
+    memory = Signal(str, object)  # backend name, MemorySample
+    cancelled = Signal(str)  # job kind
+    failed = Signal(str, str)  # job kind, one-sentence message
+    busy = Signal(str)  # job kind, "" when idle
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.models: dict[str, Any] = {}  # kind -> CausalLM | Encoder
+        self._last_sample = 0.0
+        self._sentences: list[str] = []
+        self._vectors: np.ndarray | None = None
+
+    # --- helpers ---------------------------------------------------------------------
+    def _run(self, kind: str, fn, *args) -> None:
+        self.busy.emit(kind)
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message
+            from inference.errors import CancelledError
+
+            if isinstance(exc, CancelledError):
+                self.cancelled.emit(kind)
+            else:
+                if not _is_engine_error(exc):
+                    log.exception("%s failed", kind)
+                self.failed.emit(kind, user_message(exc))
+        finally:
+            self._sample_memory(force=True)
+            self.busy.emit("")
+
+    def _sample_memory(self, force: bool = False, model: Any = None) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_sample < MEMORY_SAMPLE_S:
+            return
+        self._last_sample = now
+        model = model or self.models.get("causal") or self.models.get("encoder")
+        try:
+            if model is not None:
+                self.memory.emit(model.backend.name, model.backend.memory())
+        except Exception:  # noqa: BLE001 - a missing sample must not end a job
+            log.debug("memory sample failed", exc_info=True)
+
+    # --- jobs ------------------------------------------------------------------------
+    @Slot(list)
+    def discover(self, extra_paths: list) -> None:
+        def job() -> None:
+            import inference
+
+            try:
+                specs = inference.discover(extra_paths=tuple(extra_paths))
+            except Exception:
+                # One unreadable added file must not hide the bundled models.
+                specs = inference.discover()
+                raise_later = True
+            else:
+                raise_later = False
+            self.discovered.emit(list(specs))
+            if raise_later and extra_paths:
+                self.failed.emit("discover", "Some added model files could not be read.")
+
+        self._run("discover", job)
+
+    @Slot()
+    def probe(self) -> None:
+        def job() -> None:
+            from inference.backends import probe_all
+
+            infos = []
+            for r in probe_all():
+                name, ok, reason = _record(r, "name", 0), _record(r, "available", 1), \
+                    _record(r, "reason", 2)
+                infos.append(BackendInfo(name, bool(ok), str(reason),
+                                         free_memory(name) if ok else None))
+            self.backends.emit(infos)
+
+        self._run("probe", job)
+
+    @Slot(object, str, object)
+    def load(self, target: Any, backend: str, cancel: threading.Event) -> None:
+        def job() -> None:
+            import inference
+            from inference.backends.base import host_rss
+
+            name = getattr(target, "name", None) or Path(str(target)).name
+            self.load_started.emit(name)
+            rss_before = host_rss()
+            model = inference.load_model(target, backend=backend)
+            if cancel.is_set():  # load_model cannot be interrupted; drop its result
+                model.close()
+                self.cancelled.emit("load")
+                return
+            old = self.models.pop(model.kind, None)
+            if old is not None:
+                old.close()
+                self.unloaded.emit(model.kind)
+            self.models[model.kind] = model
+            sample = model.backend.memory()
+            if sample.device_used is not None and sample.device_total is not None \
+                    and model.backend.name not in ("numpy", "cpu"):
+                used = sample.device_used
+            else:
+                used = max(0, sample.host_rss - rss_before)
+            spec = model.spec
+            self.loaded.emit(LoadedInfo(
+                model.kind, spec.name, str(spec.path), model.backend.name,
+                model.backend_reason, spec.est_memory, used))
+            self._sample_memory(force=True, model=model)
+
+        self._run("load", job)
+
+    @Slot(str)
+    def unload(self, kind: str) -> None:
+        def job() -> None:
+            model = self.models.pop(kind, None)
+            if model is not None:
+                model.close()
+                if kind == "encoder":
+                    self._vectors, self._sentences = None, []
+                self.unloaded.emit(kind)
+
+        self._run("unload", job)
+
+    @Slot(object)
+    def generate(self, req: GenerateRequest) -> None:
+        def job() -> None:
+            from inference.backends.base import SamplingParams
+            from inference.errors import InvalidInputError
+            from inference.events import DoneEvent
+
+            model = self.models.get("causal")
+            if model is None:
+                raise InvalidInputError("Load a chat model first (Models tab).")
+            done = None
+            for ev in model.generate(messages=req.messages, max_tokens=req.max_tokens,
+                                     sampling=SamplingParams(**req.sampling),
+                                     cancel=req.cancel, profile=req.profile):
+                if isinstance(ev, DoneEvent):
+                    done = ev
+                else:
+                    self.token.emit(ev)
+                    self._sample_memory(model=model)
+            if done is not None:
+                if done.memory is not None:
+                    self.memory.emit(model.backend.name, done.memory)
+                self.generated.emit(done)
+
+        self._run("generate", job)
+
+    @Slot(list, int, object)
+    def embed(self, sentences: list, batch_size: int, cancel: threading.Event) -> None:
+        def job() -> None:
+            from inference.errors import CancelledError, InvalidInputError
+
+            model = self.models.get("encoder")
+            if model is None:
+                raise InvalidInputError("Load an embedding model first (Models tab).")
+            if not sentences:
+                raise InvalidInputError("Paste at least one sentence, one per line.")
+            t0 = time.perf_counter()
+
+            def progress(done: int, total: int) -> None:
+                self.embed_progress.emit(done, total)
+                self._sample_memory(model=model)
+
+            vectors = model.embed(sentences, batch_size=batch_size, progress=progress,
+                                  cancel=cancel)
+            if cancel.is_set():
+                raise CancelledError("Embedding cancelled.")
+            elapsed = time.perf_counter() - t0
+            vectors = np.asarray(vectors, dtype=np.float32)
+            heat, block = analysis.heatmap(vectors)
+            self._sentences, self._vectors = list(sentences), vectors
+            self.embedded.emit(EmbedResult(list(sentences), vectors, heat, block,
+                                           analysis.project_2d(vectors), elapsed))
+
+        self._run("embed", job)
+
+    @Slot(str, int)
+    def query(self, text: str, k: int) -> None:
+        def job() -> None:
+            from inference.errors import InvalidInputError
+
+            model = self.models.get("encoder")
+            if model is None or self._vectors is None:
+                raise InvalidInputError("Embed some sentences before searching them.")
+            q = np.asarray(model.embed([text]), dtype=np.float32)[0]
+            hits = analysis.nearest(self._vectors, q, k)
+            self.neighbours.emit([(self._sentences[i], score) for i, score in hits])
+
+        self._run("query", job)
+
+    @Slot(str)
+    def export(self, path: str) -> None:
+        def job() -> None:
+            from inference.errors import InvalidInputError
+
+            if self._vectors is None:
+                raise InvalidInputError("Nothing to export yet: embed some sentences first.")
+            if path.endswith(".csv"):
+                _write_csv(Path(path), self._sentences, self._vectors)
+            else:
+                np.save(path, self._vectors)
+            self.exported.emit(path)
+
+        self._run("export", job)
+
+    @Slot(str, str, object)
+    def download(self, repo_id: str, filename: str, cancel: threading.Event) -> None:
+        def job() -> None:
+            from inference import store
+
+            def progress(*args: Any) -> None:
+                if len(args) >= 2:
+                    self.download_progress.emit(int(args[0] or 0), int(args[1] or 0))
+
+            path = store.download(repo_id, filename or None, progress=progress, cancel=cancel)
+            if cancel.is_set():
+                self.cancelled.emit("download")
+                return
+            self.downloaded.emit(str(path))
+
+        self._run("download", job)
+
+    @Slot()
+    def shutdown(self) -> None:
+        for model in self.models.values():
+            try:
+                model.close()
+            except Exception:  # noqa: BLE001 - closing is best effort at exit
+                log.debug("close failed", exc_info=True)
+        self.models.clear()
+        QThread.currentThread().quit()
+
+
+def _is_engine_error(exc: BaseException) -> bool:
+    from inference.errors import InferdeskError
+
+    return isinstance(exc, InferdeskError)
+
+
+def _write_csv(path: Path, sentences: list[str], vectors: np.ndarray) -> None:
+    import csv
+
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["sentence"] + [f"d{i}" for i in range(vectors.shape[1])])
+        for s, row in zip(sentences, vectors, strict=True):
+            w.writerow([s] + [f"{x:.6g}" for x in row])
+
+
+class WorkerHandle(QObject):
+    """GUI-side face of one worker thread: request methods plus GUI-thread signals."""
+
+    # Requests (queued into the worker's thread).
+    _discover = Signal(list)
+    _probe = Signal()
+    _load = Signal(object, str, object)
+    _unload = Signal(str)
+    _generate = Signal(object)
+    _embed = Signal(list, int, object)
+    _query = Signal(str, int)
+    _export = Signal(str)
+    _download = Signal(str, str, object)
+    _shutdown = Signal()
+
+    # Results, re-emitted on the GUI thread (signal-to-signal connections are queued by
+    # the receiver's thread, so any slot or lambda connected here runs on the GUI thread).
+    discovered = Signal(list)
+    backends = Signal(list)
+    load_started = Signal(str)
+    loaded = Signal(object)
+    unloaded = Signal(str)
+    token = Signal(object)
+    generated = Signal(object)
+    embed_progress = Signal(int, int)
+    embedded = Signal(object)
+    neighbours = Signal(object)
+    exported = Signal(str)
+    download_progress = Signal(int, int)
+    downloaded = Signal(str)
+    memory = Signal(str, object)
+    cancelled = Signal(str)
+    failed = Signal(str, str)
+    busy = Signal(str)
+
+    def __init__(self, name: str = "inferdesk-worker", parent: QObject | None = None):
+        super().__init__(parent)
+        self.thread = QThread()
+        self.thread.setObjectName(name)
+        self.worker = Worker()
+        self.worker.moveToThread(self.thread)
+        for req in ("discover", "probe", "load", "unload", "generate", "embed", "query",
+                    "export", "download", "shutdown"):
+            getattr(self, "_" + req).connect(getattr(self.worker, req))
+        for sig in ("discovered", "backends", "load_started", "loaded", "unloaded", "token",
+                    "generated", "embed_progress", "embedded", "neighbours", "exported",
+                    "download_progress", "downloaded", "memory", "cancelled", "failed",
+                    "busy"):
+            getattr(self.worker, sig).connect(getattr(self, sig))
+        self.busy.connect(self._set_busy)
+        self.job = ""  # what the worker is doing, as last reported
+        self._cancels: dict[str, threading.Event] = {}
+        self.thread.start()
+
+    def _set_busy(self, kind: str) -> None:
+        self.job = kind
+
+    def _event(self, kind: str) -> threading.Event:
+        ev = threading.Event()
+        self._cancels[kind] = ev
+        return ev
+
+    # --- requests --------------------------------------------------------------------
+    def discover(self, extra_paths: list[str]) -> None:
+        self._discover.emit(list(extra_paths))
+
+    def probe(self) -> None:
+        self._probe.emit()
+
+    def load(self, target: Any, backend: str = "auto") -> None:
+        self._load.emit(target, backend, self._event("load"))
+
+    def unload(self, kind: str) -> None:
+        self._unload.emit(kind)
+
+    def generate(self, req: GenerateRequest) -> None:
+        self._cancels["generate"] = req.cancel
+        self._generate.emit(req)
+
+    def embed(self, sentences: list[str], batch_size: int = 32) -> None:
+        self._embed.emit(list(sentences), batch_size, self._event("embed"))
+
+    def query(self, text: str, k: int = 10) -> None:
+        self._query.emit(text, k)
+
+    def export(self, path: str) -> None:
+        self._export.emit(path)
+
+    def download(self, repo_id: str, filename: str = "") -> None:
+        self._download.emit(repo_id, filename, self._event("download"))
+
+    def cancel(self, kind: str) -> None:
+        """Ask a running or queued job of ``kind`` to stop (generation stops within a token)."""
+        ev = self._cancels.get(kind)
+        if ev is not None:
+            ev.set()
+
+    def shutdown(self, timeout_ms: int = 20000) -> None:
+        """Cancel what is running, close the models and stop the thread."""
+        for ev in self._cancels.values():
+            ev.set()
+        if self.thread.isRunning():
+            self._shutdown.emit()
+            if not self.thread.wait(timeout_ms):
+                log.warning("worker thread did not stop within %d ms", timeout_ms)

@@ -1,0 +1,1 @@
+"""Icons (SVG) used by the desktop app; see gui/theme.py."""

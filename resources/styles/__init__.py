@@ -1,0 +1,1 @@
+"""Qt style sheets used by the desktop app; see gui/theme.py."""

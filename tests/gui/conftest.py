@@ -1,0 +1,94 @@
+"""GUI test fixtures. Offscreen Qt, temporary settings and conversation store, real models.
+
+QT_QPA_PLATFORM must be set before the QApplication exists; this module is imported by
+pytest before any test (and before pytest-qt creates the app), so set it here first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+# A 1920x1080 offscreen screen (the default is 800x600, smaller than the window), so
+# geometry restores and screenshots behave as on a desktop.
+_SCREEN = os.path.join(tempfile.mkdtemp(prefix="inferdesk-qpa-"), "screen.json")
+with open(_SCREEN, "w") as f:
+    json.dump({"screens": [{"name": "offscreen", "x": 0, "y": 0, "width": 1920,
+                            "height": 1080, "logicalDpi": 96, "logicalBaseDpi": 96,
+                            "dpr": 1}]}, f)
+os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={_SCREEN}"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
+
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from PySide6.QtCore import QSettings  # noqa: E402
+from PySide6.QtTest import QTest  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from gui import theme  # noqa: E402
+from gui.conversations import ConversationStore  # noqa: E402
+from gui.main_window import MainWindow  # noqa: E402
+from gui.settings import Settings  # noqa: E402
+
+LOAD_TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="session")
+def app(qapp: QApplication) -> QApplication:
+    theme.apply(qapp)
+    return qapp
+
+
+def make_settings(path: Path) -> Settings:
+    return Settings(QSettings(str(path), QSettings.Format.IniFormat))
+
+
+def wait_until(cond: Callable[[], bool], timeout_ms: int = 30_000, what: str = "") -> None:
+    """Spin the event loop until ``cond()``; for session fixtures, which have no qtbot."""
+    waited = 0
+    while not cond():
+        if waited >= timeout_ms:
+            raise TimeoutError(f"timed out waiting for {what or cond}")
+        QTest.qWait(20)
+        waited += 20
+
+
+@pytest.fixture
+def make_window(app: QApplication, qtbot, tmp_path: Path) -> Callable[..., MainWindow]:
+    """``make_window(data_dir=tmp_path)``: a fresh window on its own settings and store."""
+
+    def make(data_dir: Path = tmp_path, autoload: bool = False) -> MainWindow:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        w = MainWindow(make_settings(data_dir / "settings.ini"),
+                       ConversationStore(data_dir / "conversations.sqlite3"), autoload=autoload)
+        qtbot.addWidget(w)  # closed (worker stopped, store closed) at teardown
+        w.show()
+        return w
+
+    return make
+
+
+def spec_of(window: MainWindow, kind: str) -> object:
+    return next(s for s in window.picker.specs if s.kind == kind and s.source == "bundled")
+
+
+@pytest.fixture(scope="session")
+def loaded_window(app: QApplication, tmp_path_factory) -> Iterator[MainWindow]:
+    """One window with the bundled SmolLM2 and MiniLM loaded, shared to keep the suite fast."""
+    d = tmp_path_factory.mktemp("session-window")
+    w = MainWindow(make_settings(d / "settings.ini"), ConversationStore(d / "conv.sqlite3"),
+                   autoload=True)
+    w.resize(1280, 800)
+    w.show()
+    def ready() -> bool:
+        if w.banner.isVisible():
+            raise RuntimeError(f"loading the bundled models failed: {w.banner.text()}")
+        return {"causal", "encoder"} <= set(w.picker.loaded)
+
+    wait_until(ready, LOAD_TIMEOUT_MS, "the bundled models to load")
+    wait_until(lambda: w.handle.job == "", 10_000, "the worker to go idle")
+    yield w
+    w.close()
