@@ -13,3 +13,11 @@ Public API (used by the CLI, the GUI and outside scripts)::
     enc = inference.load_model("all-MiniLM-L6-v2")
     vecs = enc.embed(["a", "b"], batch_size=32, progress=lambda done, total: None)
 """
+
+from inference.api import CausalLM, Encoder, load_model
+from inference.backends import probe_all
+from inference.backends.base import SamplingParams
+from inference.store import ModelSpec, discover
+
+__all__ = ["CausalLM", "Encoder", "ModelSpec", "SamplingParams", "discover", "load_model",
+           "probe_all"]
