@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,6 +216,16 @@ class EmulatedDevice(Device):
         from kernels.emulator.module import EmulatedModule
 
         return EmulatedModule(source_path(module))
+
+    @staticmethod
+    def prebuild(modules: tuple[str, ...] = MODULES) -> None:
+        """Compile (or find cached) every module, one g++ per core, before the first launch."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from kernels.emulator.build import build
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            list(pool.map(lambda m: build(source_path(m)), modules))
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)

@@ -22,7 +22,7 @@ HEADER = EMU_DIR / "cuda_emu.h"
 CUDA_DIR = EMU_DIR.parent / "cuda"  # common.cuh and quants.cuh, for sources anywhere
 # -O1 compiles ~2x faster than -O2 and the kernels still run natively; warnings are the
 # nvcc check's business.
-CXXFLAGS = ("-O1", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-w")
+CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-w")
 
 _KERNEL_RE = re.compile(
     r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\(([^)]*)\)\s*)?(\w+)\s*\('

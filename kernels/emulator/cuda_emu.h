@@ -154,6 +154,7 @@ struct Ctx {
     void* sched_sp = nullptr;
     Fiber* cur = nullptr;
     bool failed = false;
+    bool reverse = false;
     char err[600];
     void (*body)(void*) = nullptr;
     void* body_arg = nullptr;
@@ -221,6 +222,26 @@ static void to_scheduler() {
 #endif
 }
 
+// Give the CPU to the next ready thread in schedule order (cyclically after the current
+// one), directly rather than through the scheduler; to the scheduler when none is ready.
+static void switch_away() {
+    Fiber* from = g.cur;
+    const int n = g.nthreads, i0 = (int)(from - g.fibers), step = g.reverse ? n - 1 : 1;
+    for (int k = 1, i = (i0 + step) % n; k <= n; ++k, i = (i + step) % n) {
+        Fiber* f = &g.fibers[i];
+        if (f->state != READY) continue;
+        if (f == from) return;  // only the current thread can run: carry on
+        g.cur = f;
+#ifdef EMU_UCONTEXT
+        swapcontext(&g_uctx[i0], &g_uctx[i]);
+#else
+        emu_ctx_switch(&from->sp, f->sp);
+#endif
+        return;
+    }
+    to_scheduler();
+}
+
 [[noreturn]] static void fail(const char* fmt, ...) {
     if (!g.failed) {
         g.failed = true;
@@ -245,7 +266,7 @@ static void thread_exit() {
     if (w.arrived && (w.want & (1u << f->lane)))
         fail("returned while lanes 0x%08x of its warp wait for it in a *_sync intrinsic", w.arrived);
     if (g.bar_arrived) fail("returned while %d thread(s) wait at __syncthreads", g.bar_arrived);
-    to_scheduler();
+    switch_away();  // never resumed: a DONE fiber is not READY
 }
 
 static void fiber_main() {
@@ -262,7 +283,7 @@ static void syncthreads() {
             if (g.fibers[i].state == WAIT_BAR) g.fibers[i].state = READY;
         g.bar_arrived = 0;
     }
-    to_scheduler();
+    switch_away();
 }
 
 // Arrive at a warp barrier with `value`; returns the slot parity to read peers from.
@@ -285,10 +306,10 @@ static int warp_arrive(uint32_t mask, uint64_t value) {
             if ((w.want >> l) & 1u) g.fibers[base + l].state = READY;
         w.arrived = 0;
         w.parity ^= 1;
-        to_scheduler();  // yield anyway so the schedule order stays what the launch asked
+        switch_away();  // yield anyway so the schedule order stays what the launch asked
     } else {
         f->state = WAIT_WARP;
-        to_scheduler();
+        switch_away();
     }
     return p;
 }
@@ -468,7 +489,8 @@ static int launch_grid(const Cfg* c) {
                 g.block_idx = {x, y, z};
                 if (static_smem) memset(__start_emu_shared, 0xff, static_smem);
                 memset(g.dyn_smem, 0xff, c->dyn_smem);
-                run_block(c->reverse != 0);
+                g.reverse = c->reverse != 0;
+                run_block(g.reverse);
                 g.cur = nullptr;
                 if (g.failed) return 1;
             }

@@ -11,6 +11,7 @@ _gpu: Device | None = None
 
 @pytest.fixture(scope="session")
 def emu() -> EmulatedDevice:
+    EmulatedDevice.prebuild()  # cold cache: the g++ builds run in parallel
     return EmulatedDevice()
 
 

@@ -63,3 +63,11 @@ extern "C" __global__ void takes_int(float * y, const int n) {
         y[threadIdx.x] = (float) n;
     }
 }
+
+// Lane 0 waits for its warp at __syncwarp while the other lanes return.
+extern "C" __global__ void lone_syncwarp(float * y) {
+    if (threadIdx.x == 0) {
+        __syncwarp();
+    }
+    y[threadIdx.x] = 1.0f;
+}

@@ -15,8 +15,10 @@ _HALF_FIELDS = {
 _GGUF_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 
-def make_weight(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Raw TensorData layout: (rows, cols) float for F32/F16, (rows, row_bytes) uint8 else."""
+def make_weight(qtype: str, rows: int, cols: int, rng: np.random.Generator,
+                scale: float = 1.0) -> np.ndarray:
+    """Raw TensorData layout: (rows, cols) float for F32/F16, (rows, row_bytes) uint8 else.
+    K-quant super-block scales are drawn from [0.002, 0.05) * scale."""
     if qtype == "F32":
         return rng.standard_normal((rows, cols), dtype=np.float32)
     if qtype == "F16":
@@ -28,8 +30,8 @@ def make_weight(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> n
     # K-quants: random bytes are valid blocks once the fp16 scales are finite and modest.
     blocks = rng.integers(0, 256, (rows, cols // t.qk, t.block_bytes), dtype=np.uint8)
     for off in _HALF_FIELDS[qtype]:
-        scale = rng.uniform(0.002, 0.05, blocks.shape[:2]).astype(np.float16)
-        blocks[:, :, off:off + 2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
+        d = (rng.uniform(0.002, 0.05, blocks.shape[:2]) * scale).astype(np.float16)
+        blocks[:, :, off:off + 2] = d.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return blocks.reshape(rows, -1)
 
 

@@ -121,3 +121,8 @@ def test_scalar_arguments_must_match_the_kernel(mod: EmulatedModule) -> None:
             mod.get_function("takes_int")((1,), (32,), (y, wrong))
     with pytest.raises(TypeError, match="takes 2 arguments"):
         mod.get_function("takes_int")((1,), (32,), (y,))
+
+
+def test_warp_barrier_abandoned_by_its_lanes(mod: EmulatedModule) -> None:
+    with pytest.raises(EmulatorError, match="wait for it"):
+        mod.get_function("lone_syncwarp")((1,), (32,), (np.zeros(32, np.float32),))

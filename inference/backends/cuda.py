@@ -1,0 +1,263 @@
+"""CUDA backend: our kernels (kernels/cuda) through a thin device interface.
+
+On a GPU the device is CuPy: activations and the KV cache are CuPy arrays, dense GEMMs go to
+cuBLAS through ``cupy.matmul``, everything else is a kernel of kernels/cuda. Under the
+emulator (tests) the same code runs with NumPy buffers and emulated launches.
+
+Inside the token loop nothing crosses the host/device boundary but the sampled id: masks
+are computed from positions in the kernels, the cache lives on the device, sampling runs
+on the device, and the next step's input id is the device copy of the sampled one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from inference.backends.base import Backend, MemorySample, SamplingParams, host_rss
+from inference.formats.quants import dequantize
+from inference.formats.tensor import TensorData
+from kernels.cuda import ops
+from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason
+from kernels.cuda.ops import QuantMatrix
+from kernels.cuda.table import ATTN_MAX_HEAD_DIM, TYPES
+
+# Up to this many rows of x, linear() runs the quantized mat-vec once per row (reading the
+# quantized weight each time) instead of dequantizing to float32 for a GEMM (read quantized,
+# write and read float32: about 2.1 passes of float32 weight). A 4-bit weight is 1/8 of its
+# float32 size, so 8 mat-vec passes cost about what the dequantize route does.
+MMV_MAX_ROWS = 8
+
+_KERNEL_TYPES = {"F32", "F16", *TYPES}
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, device: Device | None = None):
+        self.dev = device if device is not None else CupyDevice()
+        self.xp = self.dev.xp
+        self.device = getattr(self.dev, "device_name", self.dev.name)
+        self._scratch: Any = None  # dequantized weight for prefill GEMMs, reused
+        self._last_id: tuple[int, Any] | None = None  # (sampled id, its device copy)
+        self._hist: tuple[list[int], Any] | None = None  # history ids and their device copy
+
+    # --- what this backend offers -------------------------------------------------
+    def quant_types(self) -> set[str]:
+        return {t for t in TYPES if t not in ("F32", "F16")}
+
+    def memory(self) -> MemorySample:
+        used, total, peak = self.dev.memory()
+        return MemorySample(used, total, peak, host_rss())
+
+    def synchronize(self) -> None:
+        self.dev.synchronize()
+
+    # --- moving data ----------------------------------------------------------------
+    def array(self, a: np.ndarray) -> Any:
+        a = np.asarray(a)
+        if self._last_id is not None and a.size == 1 and a.dtype.kind in "iu":
+            tok, dev_id = self._last_id
+            if int(a.reshape(-1)[0]) == tok:  # the id we just sampled: already on the device
+                return self.xp.reshape(dev_id, a.shape)
+        if a.dtype.kind == "f":
+            a = a.astype(np.float32, copy=False)
+        return self.dev.to_device(np.ascontiguousarray(a), "input")
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return self.dev.to_host(x, "output")
+
+    def weight(self, t: TensorData) -> QuantMatrix:
+        if len(t.shape) != 2:
+            raise ValueError(f"{t.name}: a linear/embedding weight must be 2-D, got {t.shape}")
+        data, qtype = t.data, t.qtype
+        if qtype not in _KERNEL_TYPES:  # BF16 (and anything float the kernels lack)
+            data, qtype = dequantize(t).astype(np.float32), "F32"
+        return ops.upload_matrix(self.dev, data, qtype, t.shape, t.name)
+
+    def dense(self, t: TensorData) -> Any:
+        host = np.ascontiguousarray(dequantize(t), dtype=np.float32).reshape(t.shape)
+        return self.dev.to_device(host, t.name)
+
+    # --- helpers --------------------------------------------------------------------
+    def _c(self, x: Any) -> Any:
+        return self.xp.ascontiguousarray(x, dtype=self.xp.float32)
+
+    def _dequantized(self, w: QuantMatrix) -> Any:
+        if w.qtype == "F32":
+            return w.data
+        n = w.rows * w.cols
+        if self._scratch is None or self._scratch.size < n:
+            self._scratch = self.dev.empty((n,), np.float32)
+        # Later kernels are queued behind the GEMM on the same stream, so reuse is safe.
+        out = self._scratch[:n].reshape(w.rows, w.cols)
+        return ops.dequantize(self.dev, w, np.float32, out=out)
+
+    def _as_table(self, t: Any) -> QuantMatrix:
+        if isinstance(t, QuantMatrix):
+            return t
+        t = self._c(t)
+        return QuantMatrix(t, "F32", t.shape[0], t.shape[1])
+
+    # --- ops ----------------------------------------------------------------------------
+    def embedding(self, table: Any, ids: Any) -> Any:
+        tab = self._as_table(table)
+        flat = self.xp.ascontiguousarray(self.xp.reshape(ids, (-1,)), dtype=self.xp.int32)
+        out = ops.get_rows(self.dev, tab, flat)
+        return self.xp.reshape(out, (*ids.shape, tab.cols))
+
+    def linear(self, x: Any, w: Any, bias: Any | None = None) -> Any:
+        xp = self.xp
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = xp.reshape(self._c(x), (-1, k))
+        if isinstance(w, QuantMatrix):
+            if x2.shape[0] <= MMV_MAX_ROWS:
+                y = ops.mul_mat_vec(self.dev, w, x2)
+            else:
+                y = xp.matmul(x2, self._dequantized(w).T)  # cuBLAS on the GPU
+        else:
+            y = xp.matmul(x2, w.T)
+        if bias is not None:
+            y = y + bias
+        return xp.reshape(y, (*lead, y.shape[-1]))
+
+    def rms_norm(self, x: Any, w: Any, eps: float) -> Any:
+        return ops.rms_norm(self.dev, self._c(x), w, eps)
+
+    def layer_norm(self, x: Any, w: Any, b: Any, eps: float) -> Any:
+        return ops.layer_norm(self.dev, self._c(x), w, b, eps)
+
+    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False) -> Any:
+        # The models pass (b, h, t, d) views of contiguous (b, t, h, d) projections: rotate
+        # those in place of a copy, positions running along axis 1.
+        if x.ndim == 4:
+            base = self.xp.transpose(x, (0, 2, 1, 3))
+            if base.flags.c_contiguous:
+                y = ops.rope(self.dev, base, offset, theta, neox=not traditional, seq_axis=1)
+                return self.xp.transpose(y, (0, 2, 1, 3))
+        return ops.rope(self.dev, self._c(x), offset, theta, neox=not traditional, seq_axis=-2)
+
+    def attention(self, q: Any, k: Any, v: Any, scale: float, *,
+                  causal_offset: int | None = None, key_mask: Any | None = None) -> Any:
+        xp = self.xp
+        b, hq, t, d = q.shape
+        hk = k.shape[1]
+        mask = None if key_mask is None else self._c(key_mask)
+        if t == 1 and d <= ATTN_MAX_HEAD_DIM and k.strides[-1] == 4 and v.strides == k.strides:
+            return ops.attn_decode(self.dev, self._c(q), k, v, scale,
+                                   causal_limit=causal_offset, key_mask=mask)
+        # Prefill: grouped queries fold into rows, two GEMMs around the masked softmax.
+        qg = xp.reshape(self._c(q), (b, hk, (hq // hk) * t, d))
+        scores = xp.matmul(qg, xp.transpose(k, (0, 1, 3, 2)))
+        p = ops.softmax(self.dev, self._c(scores), scale, nq=t, causal_offset=causal_offset,
+                        key_mask=mask)
+        return xp.reshape(xp.matmul(p, v), (b, hq, t, d))
+
+    def silu_mul(self, gate: Any, up: Any) -> Any:
+        return ops.silu_mul(self.dev, self._c(gate), self._c(up))
+
+    def gelu(self, x: Any) -> Any:
+        return ops.gelu(self.dev, self._c(x))
+
+    def add(self, a: Any, b: Any) -> Any:
+        return a + b
+
+    def mul(self, a: Any, b: Any) -> Any:
+        return a * b
+
+    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return self.xp.reshape(x, shape)
+
+    def transpose(self, x: Any, axes: tuple[int, ...]) -> Any:
+        return self.xp.transpose(x, axes)
+
+    def zeros(self, shape: tuple[int, ...]) -> Any:
+        return self.dev.zeros(shape, np.float32)
+
+    def set_slice(self, dst: Any, src: Any, axis: int, start: int) -> Any:
+        idx = [slice(None)] * dst.ndim
+        idx[axis] = slice(start, start + src.shape[axis])
+        dst[tuple(idx)] = src
+        return dst
+
+    def narrow(self, x: Any, axis: int, start: int, length: int) -> Any:
+        idx = [slice(None)] * x.ndim
+        idx[axis] = slice(start, start + length)
+        return x[tuple(idx)]
+
+    # --- sampling on the device --------------------------------------------------------
+    def _history(self, history: list[int]) -> Any:
+        """History ids on the device; extended on the device by the ids sampled here."""
+        xp = self.xp
+        if self._hist is not None:
+            ids, dev_ids = self._hist
+            if history == ids:
+                return dev_ids
+            last = self._last_id
+            if (last is not None and len(history) == len(ids) + 1 and history[-1] == last[0]
+                    and history[:-1] == ids):
+                dev_ids = xp.concatenate([dev_ids, xp.reshape(last[1], (1,))])
+                self._hist = (list(history), dev_ids)
+                return dev_ids
+        dev_ids = self.dev.to_device(np.asarray(history, np.int32), "history")
+        self._hist = (list(history), dev_ids)
+        return dev_ids
+
+    def sample(self, logits: Any, params: SamplingParams, history: list[int],
+               rng: np.random.Generator) -> int:
+        xp = self.xp
+        row = self._c(xp.reshape(logits, (-1,)))
+        if params.repetition_penalty != 1.0 and history:
+            # Repeated ids write the same penalised value twice: no unique() (a device sync).
+            recent = self._history(history)[-params.repetition_window:]
+            vals = row[recent]
+            row = row.copy()
+            row[recent] = xp.where(vals > 0, vals / params.repetition_penalty,
+                                   vals * params.repetition_penalty)
+        if params.greedy:
+            dev_id = ops.argmax(self.dev, xp.reshape(row, (1, -1)))
+        else:
+            probs = _filtered_probs(xp, row, params)
+            u = rng.random()  # a kernel argument, not a copy
+            idx = xp.searchsorted(xp.cumsum(probs), u * probs.sum(), side="right")
+            dev_id = xp.reshape(xp.minimum(idx, probs.shape[0] - 1).astype(xp.int32), (1,))
+        tok = int(self.dev.to_host(dev_id, "sampled id")[0])
+        self._last_id = (tok, dev_id)
+        return tok
+
+
+def _filtered_probs(xp: Any, logits: Any, p: SamplingParams) -> Any:
+    """inference.sampling.filtered_probs without boolean-mask indexing, which makes CuPy
+    copy the selected count to the host: masked entries become zeros instead."""
+    z = logits.astype(xp.float64) / p.temperature
+    probs = xp.exp(z - z.max())
+    probs /= probs.sum()
+    order = xp.argsort(-probs)
+    sorted_p = probs[order]
+    keep = xp.ones(sorted_p.shape[0], dtype=bool)
+    if p.top_k > 0:
+        keep[p.top_k:] = False
+    if p.top_p < 1.0:
+        keep &= (xp.cumsum(sorted_p) - sorted_p) < p.top_p
+    if p.min_p > 0.0:
+        keep &= sorted_p >= p.min_p * sorted_p[0]
+    keep[0] = True
+    out = xp.zeros_like(probs)
+    out[order] = xp.where(keep, sorted_p, 0.0)
+    return out / out.sum()
+
+
+def probe() -> tuple[bool, str]:
+    """Never raises and never initialises a context beyond counting devices."""
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        return False, reason
+    try:
+        return True, f"NVIDIA GPU {CupyDevice().device_name}"
+    except Exception as e:  # a device that cannot be used after all
+        return False, f"cuda: device unusable ({type(e).__name__}: {e})"
+
+
+def create() -> CudaBackend:
+    return CudaBackend()
