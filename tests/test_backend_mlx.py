@@ -147,11 +147,6 @@ def test_mlx_quantized_safetensors_load_as_they_are():
     close(M.linear(M.array(x), qw), x @ N.weight(t).T, atol=1e-4, rtol=1e-4)
 
 
-def test_float16_scales_only_where_exact():
-    assert M.weight(tensor("Q4_0", 8, 64)).scales.dtype == mx.float16
-    assert M.weight(tensor("Q4_K", 8, 256)).scales.dtype == mx.float32
-
-
 # --- ops vs the reference -----------------------------------------------------------------
 
 @pytest.mark.parametrize("qtype", ["F32", "F16", *GGML])

@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from inference.backends.base import QUANT_TYPES, Backend, MemorySample, SamplingParams, host_rss
-from inference.backends.mlx_repack import GROUP, narrow_dtype, repack
+from inference.backends.mlx_repack import GROUP, repack
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
 
@@ -52,12 +52,12 @@ def _device_name() -> str:
 
 
 def _floats(a: Any) -> np.ndarray:
-    """An MLX scales/biases array from a reader: float16/32 as is; bfloat16 bit patterns
-    (uint16, NumPy has no bfloat16) widened to float32."""
+    """MLX scales/biases from a reader as float32 (exact): float16, float32, or bfloat16
+    bit patterns (uint16; NumPy has no bfloat16)."""
     a = np.asarray(a)
     if a.dtype == np.uint16:
         return (a.astype(np.uint32) << 16).view(np.float32)
-    return a if a.dtype in (np.float16, np.float32) else a.astype(np.float32)
+    return a.astype(np.float32)
 
 
 class MlxBackend(Backend):
@@ -102,6 +102,8 @@ class MlxBackend(Backend):
     def weight(self, t: TensorData) -> mx.array | QWeight:
         if not t.is_quantized:
             return self.dense(t)
+        # Scales and biases in float32, the activations' dtype: quantized_matmul casts them
+        # to it on every call, so float16 would save memory at rest but add traffic per token.
         if t.qtype == "MLX":
             x = t.extra
             rows = int(np.prod(t.shape[:-1]))
@@ -111,8 +113,7 @@ class MlxBackend(Backend):
                            int(x["group_size"]), int(x["bits"]))
         raw = np.asarray(t.data).reshape(-1, t.data.shape[-1])
         w, s, z, bits = repack(raw, t.qtype)
-        dt = narrow_dtype(s, z)
-        return QWeight(mx.array(w), mx.array(s.astype(dt)), mx.array(z.astype(dt)), GROUP, bits)
+        return QWeight(mx.array(w), mx.array(s), mx.array(z), GROUP, bits)
 
     def dense(self, t: TensorData) -> mx.array:
         return mx.array(np.ascontiguousarray(dequantize(t), dtype=np.float32))
@@ -122,10 +123,9 @@ class MlxBackend(Backend):
         if not isinstance(table, QWeight):
             return table[ids]
         rows = ids.reshape(-1)
-        # Widen the gathered scales first: dequantize computes in the scales' dtype.
-        out = mx.dequantize(table.w[rows], table.scales[rows].astype(mx.float32),
-                            table.biases[rows].astype(mx.float32), group_size=table.group_size,
-                            bits=table.bits)
+        # Gather the packed rows, then dequantize only those (float32 scales: exact).
+        out = mx.dequantize(table.w[rows], table.scales[rows], table.biases[rows],
+                            group_size=table.group_size, bits=table.bits)
         return out.reshape(*ids.shape, out.shape[-1])
 
     def linear(self, x: mx.array, w: mx.array | QWeight, bias: mx.array | None = None

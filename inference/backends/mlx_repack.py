@@ -198,12 +198,3 @@ def repack(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndar
         biases[r:r + c] = np.broadcast_to(z, (len(codes), bt.block_size // GROUP)).reshape(c, -1)
     return w, scales, biases, bits
 
-
-def narrow_dtype(scales: np.ndarray, biases: np.ndarray) -> np.dtype:
-    """float16 when every scale and bias survives the round trip (halves their memory;
-    MLX's quantized matmul widens them exactly), else float32."""
-    with np.errstate(over="ignore"):
-        for a in (scales, biases):
-            if not np.array_equal(a.astype(np.float16).astype(np.float32), a):
-                return np.dtype(np.float32)
-    return np.dtype(np.float16)
