@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -177,8 +178,8 @@ class Encoder(LoadedModel):
         if batch_size < 1:
             raise InvalidInputError("batch_size must be at least 1.")
         ids = [self.tokenize(s) for s in sentences]
-        limits = BatchLimits(max_batch=min(batch_size, self.limits.max_batch),
-                             max_tokens=self.limits.max_tokens)
+        limits = dataclasses.replace(self.limits,
+                                     max_batch=min(batch_size, self.limits.max_batch))
         if not ids:
             return np.zeros((0, self.dim), dtype=np.float32)
         return embed_ids(self.model, ids, pad_id=self.tokenizer.pad_id, limits=limits,

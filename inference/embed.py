@@ -14,22 +14,43 @@ from inference.errors import CancelledError
 
 @dataclass(frozen=True)
 class BatchLimits:
-    """What one forward call may hold. ``max_tokens`` bounds batch x padded length, which
-    bounds activation memory (the attention scores grow with batch x heads x len^2)."""
+    """What one forward call may hold.
 
-    max_batch: int = 32
-    max_tokens: int = 8192
+    ``max_batch`` and ``max_tokens`` are the backend's per-call limits (a backend whose
+    kernels take per-row arguments caps rows; none may assume a batch fits because it
+    did in testing). ``memory_budget`` bounds the activations of one call in bytes.
+    """
+
+    max_batch: int = 256
+    max_tokens: int = 32768
+    memory_budget: int = 256 * 2**20
 
 
-def plan_batches(lengths: Sequence[int], limits: BatchLimits) -> list[list[int]]:
+def encoder_call_bytes(hidden: int, intermediate: int, heads: int, n: int, length: int) -> int:
+    """Peak float32 activation bytes of one encoder forward over ``n`` inputs of ``length``:
+    hidden states, q/k/v and the FFN intermediate per token, plus attention scores and their
+    softmax temporaries (three n x heads x length^2 arrays at once in the reference)."""
+    per_token = 4 * (6 * hidden + 2 * intermediate)
+    return n * length * per_token + 3 * 4 * n * heads * length * length
+
+
+def plan_batches(lengths: Sequence[int], limits: BatchLimits,
+                 call_bytes: Callable[[int, int], int] | None = None) -> list[list[int]]:
     """Group input indices into chunks of similar length (sorted, longest first), each within
-    ``limits``. Sorting keeps padding small; results do not depend on the grouping."""
+    ``limits``; ``call_bytes(n, length)`` prices a chunk against the memory budget.
+    Sorting keeps padding small; results do not depend on the grouping. A single input
+    always forms a chunk, whatever its size."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+
+    def fits(n: int, width: int) -> bool:
+        return (n <= limits.max_batch and n * width <= limits.max_tokens
+                and (call_bytes is None or call_bytes(n, width) <= limits.memory_budget))
+
     chunks: list[list[int]] = []
     cur: list[int] = []
     for i in order:
         width = lengths[cur[0]] if cur else lengths[i]  # longest in the chunk (sorted)
-        if cur and (len(cur) >= limits.max_batch or (len(cur) + 1) * width > limits.max_tokens):
+        if cur and not fits(len(cur) + 1, width):
             chunks.append(cur)
             cur = []
         cur.append(i)
@@ -63,7 +84,13 @@ def embed_ids(
     n = len(token_ids)
     out = np.zeros((n, model.args.hidden_size), dtype=np.float32)
     done = 0
-    for chunk in plan_batches([len(t) for t in token_ids], limits):
+    a = model.args
+
+    def call_bytes(rows: int, length: int) -> int:
+        return encoder_call_bytes(a.hidden_size, a.intermediate_size, a.num_attention_heads,
+                                  rows, length)
+
+    for chunk in plan_batches([len(t) for t in token_ids], limits, call_bytes):
         if cancel is not None and cancel.is_set():
             raise CancelledError(f"Embedding cancelled after {done} of {n} inputs.")
         width = max(len(token_ids[i]) for i in chunk)

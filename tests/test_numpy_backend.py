@@ -102,6 +102,23 @@ def test_plan_batches_covers_each_input_once_within_limits():
         assert len(c) == 1 or len(c) * max(lengths[i] for i in c) <= 4096
 
 
+def test_plan_batches_respects_memory_budget_and_backend_caps():
+    from inference.embed import encoder_call_bytes
+
+    lengths = [256] * 300 + [3] * 5000  # MiniLM-sized: long inputs price by attention
+    def cost(n, L):
+        return encoder_call_bytes(384, 1536, 12, n, L)
+
+    limits = BatchLimits(max_batch=128, max_tokens=10**9, memory_budget=64 * 2**20)
+    chunks = plan_batches(lengths, limits, cost)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    for c in chunks:
+        width = max(lengths[i] for i in c)
+        assert len(c) <= 128 and (len(c) == 1 or cost(len(c), width) <= 64 * 2**20)
+    long_chunks = [c for c in chunks if lengths[c[0]] == 256]
+    assert max(len(c) for c in long_chunks) < 32 < max(len(c) for c in chunks)
+
+
 def test_pooling_ignores_padding():
     h = rng.standard_normal((2, 4, 3)).astype(np.float32)
     mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=np.float32)
