@@ -49,3 +49,49 @@ def test_launch_bounds_match_the_budget() -> None:
         for kernel, bound in scan_kernels(source_path(m)).items():
             if kernel != "type_info":
                 assert bound == table.budget(kernel).max_threads, kernel
+
+
+def _nvrtc():  # noqa: ANN202
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+        return nvrtc
+    except Exception:
+        return None
+
+
+@pytest.mark.skipif(_nvrtc() is None, reason="NVRTC not loadable: CuPy RawModule compile "
+                    "check skipped (pip install nvidia-cuda-nvrtc)")
+@pytest.mark.parametrize("arch", ["compute_75", "compute_90"])
+def test_every_module_compiles_with_nvrtc_as_cupy_would(arch: str) -> None:
+    """The __CUDACC_RTC__ path (no libc headers), with the options CuPy's RawModule adds,
+    and every kernel the emulator knows present under its extern "C" name."""
+    import re
+    from pathlib import Path
+
+    from kernels.cuda.device import CUDA_DIR
+
+    nvrtc = _nvrtc()
+    import os
+
+    roots = [os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
+    if nvcc():
+        roots.append(str(Path(nvcc()).resolve().parent.parent))
+    include = next((Path(r) / "include" for r in roots if r and (Path(r) / "include" /
+                                                                   "cuda_fp16.h").exists()), None)
+    if include is None:
+        pytest.skip("no CUDA headers (cuda_fp16.h) for NVRTC")
+    for m in MODULES:
+        prog = nvrtc.createProgram(source_path(m).read_text(), f"{m}.cu", [], [])
+        try:
+            nvrtc.compileProgram(prog, ["-std=c++17", f"-I{CUDA_DIR}", f"-I{include}",
+                                        f"--gpu-architecture={arch}", "-ftz=true"])
+            ptx = nvrtc.getPTX(prog)
+        except Exception as e:
+            raise AssertionError(f"{m}: {nvrtc.getProgramLog(prog)}") from e
+        finally:
+            nvrtc.destroyProgram(prog)
+        text = ptx.decode() if isinstance(ptx, bytes) else ptx
+        entries = set(re.findall(r"\.entry\s+(\w+)", text))
+        assert entries == set(scan_kernels(source_path(m))), m
