@@ -2,7 +2,8 @@
 
 Quantized weights stay quantized: GGML blocks are repacked into MLX affine groups of 32
 (policy and exactness per type in :mod:`inference.backends.mlx_repack`) and multiplied
-with ``mx.quantized_matmul``; MLX-quantized safetensors load as they are. Dense weights
+with ``mx.quantized_matmul``; MLX-quantized safetensors keep their packed codes (scales
+widened to float32, exactly). Dense weights
 are float32 (the activation dtype of every backend, so parity holds on CPU and Metal).
 
 Ops use MLX's fused kernels (``mx.fast.rms_norm``/``layer_norm``/``rope``/
