@@ -99,8 +99,9 @@ class Backend:
     def memory(self) -> MemorySample:
         return MemorySample(None, None, None, host_rss())
 
-    def synchronize(self) -> None:
-        """Wait for queued device work (used by timing)."""
+    def synchronize(self, *outputs: Any) -> None:
+        """Wait until ``outputs`` (or all queued device work) are computed; used by timing.
+        Lazy backends (MLX) need the outputs to know what to evaluate."""
 
     # --- moving data ----------------------------------------------------------------
     def array(self, a: np.ndarray) -> Any:
@@ -191,7 +192,7 @@ class OpProfiler:
         def timed(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
-            self.backend.synchronize()
+            self.backend.synchronize(out)
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
             self.counts[name] = self.counts.get(name, 0) + 1
             return out
