@@ -20,6 +20,12 @@ typedef unsigned long long uint64_t;
 #include <cuda_fp16.h>
 #endif
 
+#if defined(INFERDESK_EMULATOR)
+#define CHECK_ALIGNED(p, n) emu_check_aligned((const void *) (p), (n))
+#else
+#define CHECK_ALIGNED(p, n) ((void) 0)
+#endif
+
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)  // NVRTC has no INFINITY macro
@@ -81,5 +87,29 @@ static __device__ __forceinline__ float block_reduce_max(float v, float * s) {
 }
 
 static __device__ __forceinline__ float load_f16(const uint8_t * p) {
-    return __half2float(__ushort_as_half(*(const uint16_t *) p));  // callers keep p 2-aligned
+    CHECK_ALIGNED(p, 2);
+    return __half2float(__ushort_as_half(*(const uint16_t *) p));
+}
+
+// 16-byte aligned vector load of 4 floats.
+static __device__ __forceinline__ float4 load_float4(const float * p) {
+    CHECK_ALIGNED(p, 16);
+    return *(const float4 *) p;
+}
+
+// 16 consecutive bytes at a 2-aligned address as 8 half-word loads: GGML blocks are only
+// 2-byte aligned (18, 22, 34, 110, 210 bytes), and byte loads would double the loads.
+struct bytes16 {
+    uint16_t h[8];
+    __device__ __forceinline__ int operator[](const int i) const { return (h[i >> 1] >> (8 * (i & 1))) & 0xFF; }
+};
+
+static __device__ __forceinline__ bytes16 load_bytes16(const uint8_t * p) {
+    CHECK_ALIGNED(p, 2);
+    bytes16 r;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        r.h[i] = ((const uint16_t *) p)[i];
+    }
+    return r;
 }

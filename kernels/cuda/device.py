@@ -79,6 +79,11 @@ class Device:
         self.function(module, name)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
 
     # --- memory ----------------------------------------------------------------------
+    @staticmethod
+    def address(a: Any) -> int:
+        """Device address of an array's first element."""
+        return int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
+
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
         return self.xp.empty(shape, dtype)
 

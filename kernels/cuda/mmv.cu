@@ -10,6 +10,7 @@ template <typename Q>
 static __device__ __forceinline__ void mul_mat_vec(
         const uint8_t * __restrict__ w, const float * __restrict__ x, float * __restrict__ y,
         const int ncols, const int nrows, const long long row_bytes) {
+    static_assert(Q::EPT == 1 || Q::EPT % 4 == 0, "x is read as float4 or single floats");
     constexpr int per_block = Q::QK / Q::EPT;
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     x += (long long) blockIdx.y * ncols;
@@ -23,9 +24,14 @@ static __device__ __forceinline__ void mul_mat_vec(
             float v[Q::EPT];
             Q::dq(wr + (i / per_block) * Q::BYTES, i % per_block, v);
             const float * xs = x + i * Q::EPT;
+            if constexpr (Q::EPT % 4 == 0) {  // x rows are 16-byte aligned: ncols % 32 == 0
 #pragma unroll
-            for (int j = 0; j < Q::EPT; ++j) {
-                acc += v[j] * xs[j];
+                for (int j = 0; j < Q::EPT; j += 4) {
+                    const float4 xv = load_float4(xs + j);
+                    acc += v[j] * xv.x + v[j + 1] * xv.y + v[j + 2] * xv.z + v[j + 3] * xv.w;
+                }
+            } else {
+                acc += v[0] * xs[0];  // F32/F16: one element per slice
             }
         }
     }

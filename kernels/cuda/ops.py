@@ -68,6 +68,8 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any) -> Any:
     _f32_contig(x, "x")
     _need(x.ndim == 2 and x.shape[1] == w.cols,
           f"x {x.shape} does not match weight {w.cols} columns")
+    if dev.address(x) % 16:  # the quantized kernels read x as float4
+        x = x.copy()
     y = dev.empty((x.shape[0], w.rows), np.float32)
     launch = plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits)
     dev.launch("mmv", f"mul_mat_vec_{w.kt.suffix}", launch,

@@ -6,7 +6,7 @@
 //         16-element sub-block for K-quants (their scales cover 16 or 32 elements, so a
 //         16-element slice always has a single scale), one element for F32/F16.
 // dq(b, sub, y) writes elements [sub*EPT, (sub+1)*EPT) of the block at b into y.
-// Blocks are only 2-byte aligned (18, 22, 34, 110, 210 bytes), so loads are bytes or halves.
+// Blocks are only 2-byte aligned (18, 22, 34, 110, 210 bytes): quants load as half-words.
 #pragma once
 #include "common.cuh"
 
@@ -25,7 +25,7 @@ struct t_q4_0 {
     static constexpr int QK = 32, BYTES = 18, EPT = 32;
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b);
-        const uint8_t * qs = b + 2;
+        const bytes16 qs = load_bytes16(b + 2);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             y[j]      = ((qs[j] & 0xF) - 8) * d;
@@ -39,7 +39,7 @@ struct t_q4_1 {
     static constexpr int QK = 32, BYTES = 20, EPT = 32;
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b), m = load_f16(b + 2);
-        const uint8_t * qs = b + 4;
+        const bytes16 qs = load_bytes16(b + 4);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             y[j]      = (qs[j] & 0xF) * d + m;
@@ -48,8 +48,9 @@ struct t_q4_1 {
     }
 };
 
-static __device__ __forceinline__ uint32_t load_u32_bytes(const uint8_t * p) {
-    return p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t) p[3] << 24);
+static __device__ __forceinline__ uint32_t load_u32_b2(const uint8_t * p) {  // 2-aligned
+    CHECK_ALIGNED(p, 2);
+    return ((const uint16_t *) p)[0] | ((uint32_t) ((const uint16_t *) p)[1] << 16);
 }
 
 // Q5_0: d, 32 high bits (bit j is element j's fifth bit), nibbles; x = (q - 16)*d.
@@ -57,8 +58,8 @@ struct t_q5_0 {
     static constexpr int QK = 32, BYTES = 22, EPT = 32;
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b);
-        const uint32_t qh = load_u32_bytes(b + 2);
-        const uint8_t * qs = b + 6;
+        const uint32_t qh = load_u32_b2(b + 2);
+        const bytes16 qs = load_bytes16(b + 6);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             y[j]      = ((int) ((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16) * d;
@@ -72,8 +73,8 @@ struct t_q5_1 {
     static constexpr int QK = 32, BYTES = 24, EPT = 32;
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b), m = load_f16(b + 2);
-        const uint32_t qh = load_u32_bytes(b + 4);
-        const uint8_t * qs = b + 8;
+        const uint32_t qh = load_u32_b2(b + 4);
+        const bytes16 qs = load_bytes16(b + 8);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             y[j]      = ((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) * d + m;
@@ -87,10 +88,11 @@ struct t_q8_0 {
     static constexpr int QK = 32, BYTES = 34, EPT = 32;
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b);
-        const int8_t * qs = (const int8_t *) (b + 2);
+        const bytes16 lo = load_bytes16(b + 2), hi = load_bytes16(b + 18);
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            y[j] = qs[j] * d;
+        for (int j = 0; j < 16; ++j) {
+            y[j]      = (int8_t) lo[j] * d;
+            y[j + 16] = (int8_t) hi[j] * d;
         }
     }
 };
@@ -106,7 +108,7 @@ struct t_q2_k {
         const float d = load_f16(b + 80), dmin = load_f16(b + 82);
         const int sc = b[sub];
         const float dl = d * (sc & 0xF), ml = dmin * (sc >> 4);
-        const uint8_t * q = b + 16 + (sub / 8) * 32 + (sub % 2) * 16;
+        const bytes16 q = load_bytes16(b + 16 + (sub / 8) * 32 + (sub % 2) * 16);
         const int shift = 2 * ((sub % 8) / 2);
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
@@ -126,11 +128,12 @@ struct t_q3_k {
         const int hi = (raw[8 + sub % 4] >> (2 * (sub / 4))) & 3;
         const float dl = d * ((lo | (hi << 4)) - 32);
         const int h = sub / 8, j = (sub % 8) / 2, t0 = (sub % 2) * 16;
-        const uint8_t * q = b + 32 + h * 32 + t0;
+        const bytes16 q = load_bytes16(b + 32 + h * 32 + t0);
+        const bytes16 hm = load_bytes16(hmask + t0);
         const int m = 1 << (h * 4 + j);
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
-            y[l] = dl * ((int) ((q[l] >> (2 * j)) & 3) - ((hmask[t0 + l] & m) ? 0 : 4));
+            y[l] = dl * ((int) ((q[l] >> (2 * j)) & 3) - ((hm[l] & m) ? 0 : 4));
         }
     }
 };
@@ -154,7 +157,7 @@ struct t_q4_k {
         int sc, mn;
         scale_min_k4(sub / 2, b + 4, sc, mn);
         const float dl = d * sc, ml = dmin * mn;
-        const uint8_t * q = b + 16 + (sub / 4) * 32 + (sub % 2) * 16;
+        const bytes16 q = load_bytes16(b + 16 + (sub / 4) * 32 + (sub % 2) * 16);
         const int shift = 4 * ((sub % 4) / 2);
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
@@ -172,8 +175,8 @@ struct t_q5_k {
         scale_min_k4(sub / 2, b + 4, sc, mn);
         const float dl = d * sc, ml = dmin * mn;
         const int g = sub / 4, nib = (sub % 4) / 2, l0 = (sub % 2) * 16;
-        const uint8_t * qh = b + 16 + l0;
-        const uint8_t * q = b + 48 + g * 32 + l0;
+        const bytes16 qh = load_bytes16(b + 16 + l0);
+        const bytes16 q = load_bytes16(b + 48 + g * 32 + l0);
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
             const int v = ((q[l] >> (4 * nib)) & 0xF) | (((qh[l] >> (2 * g + nib)) & 1) << 4);
@@ -189,8 +192,8 @@ struct t_q6_k {
         const float d = load_f16(b + 208);
         const float dl = d * ((const int8_t *) (b + 192))[sub];
         const int n = sub / 8, k = (sub % 8) / 2, l0 = (sub % 2) * 16;
-        const uint8_t * ql = b + n * 64 + l0 + 32 * (k & 1);
-        const uint8_t * qh = b + 128 + n * 32 + l0;
+        const bytes16 ql = load_bytes16(b + n * 64 + l0 + 32 * (k & 1));
+        const bytes16 qh = load_bytes16(b + 128 + n * 32 + l0);
 #pragma unroll
         for (int l = 0; l < 16; ++l) {
             const int v = ((ql[l] >> (4 * (k >> 1))) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4);

@@ -533,6 +533,12 @@ template <class... A> static const char* signature(void (*)(A...)) {
 
 }  // namespace emu
 
+// A GPU faults on a misaligned vector or half-word load; x86 would not, so kernels state
+// their alignment assumptions with CHECK_ALIGNED (common.cuh) and the emulator checks them.
+static inline void emu_check_aligned(const void* p, size_t n) {
+    if ((uintptr_t)p % n) emu::fail("misaligned %zu-byte access at %p", n, p);
+}
+
 // ---- CUDA intrinsics --------------------------------------------------------------------
 static inline void __syncthreads() { emu::syncthreads(); }
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::warp_arrive(mask, 0); }

@@ -71,3 +71,9 @@ extern "C" __global__ void lone_syncwarp(float * y) {
     }
     y[threadIdx.x] = 1.0f;
 }
+
+// A float4 load at x + offset: misaligned unless offset % 4 == 0.
+extern "C" __global__ void vector_load(const float * x, float * y, const int offset) {
+    const float4 v = load_float4(x + offset + 4 * threadIdx.x);
+    y[threadIdx.x] = v.x + v.y + v.z + v.w;
+}

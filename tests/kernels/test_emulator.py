@@ -126,3 +126,11 @@ def test_scalar_arguments_must_match_the_kernel(mod: EmulatedModule) -> None:
 def test_warp_barrier_abandoned_by_its_lanes(mod: EmulatedModule) -> None:
     with pytest.raises(EmulatorError, match="wait for it"):
         mod.get_function("lone_syncwarp")((1,), (32,), (np.zeros(32, np.float32),))
+
+
+def test_misaligned_vector_load(mod: EmulatedModule) -> None:
+    x = np.zeros(256, np.float32)
+    y = np.zeros(32, np.float32)
+    mod.get_function("vector_load")((1,), (32,), (x, y, np.int32(4)))
+    with pytest.raises(EmulatorError, match="misaligned 16-byte"):
+        mod.get_function("vector_load")((1,), (32,), (x, y, np.int32(1)))
