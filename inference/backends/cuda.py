@@ -55,7 +55,7 @@ class CudaBackend(Backend):
         used, total, peak = self.dev.memory()
         return MemorySample(used, total, peak, host_rss())
 
-    def synchronize(self) -> None:
+    def synchronize(self, *outputs: Any) -> None:
         self.dev.synchronize()
 
     # --- moving data ----------------------------------------------------------------
