@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import re
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,30 @@ MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "unary", "a
 
 def source_path(module: str) -> Path:
     return CUDA_DIR / f"{module}.cu"
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+
+def kernel_source(module: str) -> str:
+    """The module's source with our own headers inlined (each once, like #pragma once).
+
+    CuPy keys its on-disk kernel cache by the source text it is given, not by the headers
+    that text includes; inlining them makes a header edit recompile the kernels.
+    """
+    seen: set[Path] = set()
+
+    def expand(path: Path) -> str:
+        def repl(m: re.Match[str]) -> str:
+            inc = (path.parent / m.group(1)).resolve()
+            if inc in seen:
+                return ""
+            seen.add(inc)
+            return expand(inc)
+
+        return _INCLUDE.sub(repl, path.read_text().replace("#pragma once", ""))
+
+    return expand(source_path(module))
 
 
 @dataclass
@@ -129,8 +154,7 @@ class CupyDevice(Device):
         self._peak = 0
 
     def _load(self, module: str) -> Any:
-        code = source_path(module).read_text()
-        return self._cupy.RawModule(code=code, options=("-std=c++17", f"-I{CUDA_DIR}"))
+        return self._cupy.RawModule(code=kernel_source(module), options=("-std=c++17",))
 
     def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         # CuPy has no None for pointer parameters; an 8-byte zero is the null pointer.
