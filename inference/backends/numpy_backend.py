@@ -100,7 +100,8 @@ class NumpyBackend(Backend):
         return out.reshape(b, hq, t, d).astype(np.float32, copy=False)
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return gate / (1.0 + np.exp(-gate)) * up
+        # sigmoid via tanh: no exp overflow for large |gate|.
+        return gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up
 
     def gelu(self, x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
