@@ -142,13 +142,15 @@ class CupyDevice(Device):
         self._cupy = cupy
         cupy.cuda.Device(device_id).use()
         props = cupy.cuda.runtime.getDeviceProperties(device_id)
-        name = props["name"]
+        name = props.get("name", b"NVIDIA GPU")
         self.device_name = name.decode() if isinstance(name, bytes) else str(name)
+        d = DEFAULT_LIMITS
+        grid = props.get("maxGridSize", (d.max_grid_x, d.max_grid_yz, d.max_grid_yz))
         self.limits = DeviceLimits(
-            max_threads_per_block=int(props["maxThreadsPerBlock"]),
-            max_shared_per_block=int(props["sharedMemPerBlock"]),
-            max_grid_x=int(props["maxGridSize"][0]),
-            max_grid_yz=int(min(props["maxGridSize"][1], props["maxGridSize"][2])),
+            max_threads_per_block=int(props.get("maxThreadsPerBlock", d.max_threads_per_block)),
+            max_shared_per_block=int(props.get("sharedMemPerBlock", d.max_shared_per_block)),
+            max_grid_x=int(grid[0]),
+            max_grid_yz=int(min(grid[1], grid[2])),
         )
         self.properties = props
         self._peak = 0
@@ -188,7 +190,9 @@ def cuda_unavailable_reason() -> str | None:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:
         text = str(e)
-        if "InsufficientDriver" in text or "NoDevice" in text or "driver" in text.lower():
+        if "NoDevice" in text:
+            return "cuda: no NVIDIA GPU found"
+        if "InsufficientDriver" in text or "driver" in text.lower():
             return "cuda: no NVIDIA driver"
         return f"cuda: CUDA runtime unusable ({text.splitlines()[0][:120]})"
     if n < 1:
