@@ -134,3 +134,68 @@ def test_misaligned_vector_load(mod: EmulatedModule) -> None:
     mod.get_function("vector_load")((1,), (32,), (x, y, np.int32(4)))
     with pytest.raises(EmulatorError, match="misaligned 16-byte"):
         mod.get_function("vector_load")((1,), (32,), (x, y, np.int32(1)))
+
+
+# --- the emulated CUDA surface against NumPy ------------------------------------------------
+
+PROBES = Path(__file__).with_name("emu_probes.cu")
+
+
+@pytest.fixture(scope="module")
+def probes() -> EmulatedModule:
+    return EmulatedModule(PROBES)
+
+
+def _special_floats() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    x = np.concatenate([
+        rng.standard_normal(2000) * 10.0 ** rng.integers(-9, 6, 2000),  # subnormal .. overflow
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.0, 65520.0, 1e-8, 2.0**-24,
+         2.0**-25, 3 * 2.0**-26, 1 + 2.0**-11, 1 + 3 * 2.0**-11],
+    ]).astype(np.float32)
+    return x
+
+
+def test_half_conversion_rounds_like_numpy(probes: EmulatedModule) -> None:
+    x = _special_floats()
+    h, back = np.zeros(x.size, np.uint16), np.zeros(x.size, np.float32)
+    grid = (-(-x.size // 256),)
+    probes.get_function("convert_half")(grid, (256,), (x, h, back, np.int32(x.size)))
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    nan = np.isnan(x)
+    assert np.array_equal(h[~nan], want.view(np.uint16)[~nan])  # round to nearest even
+    assert np.isnan(back[nan]).all()
+    assert np.array_equal(back[~nan], want[~nan].astype(np.float32))
+
+
+def test_bfloat16_conversion_rounds_to_nearest_even(probes: EmulatedModule) -> None:
+    x = _special_floats()
+    b, back = np.zeros(x.size, np.uint16), np.zeros(x.size, np.float32)
+    grid = (-(-x.size // 256),)
+    probes.get_function("convert_bf16")(grid, (256,), (x, b, back, np.int32(x.size)))
+    u = x.view(np.uint32).astype(np.uint64)
+    want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(b[~nan], want[~nan])
+    assert np.array_equal(back[~nan], (want[~nan].astype(np.uint32) << 16).view(np.float32))
+    assert np.isnan(back[nan]).all()
+
+
+def test_warp_shuffles_and_ballot(probes: EmulatedModule) -> None:
+    x = np.arange(32, dtype=np.float32) * 10
+    out = np.zeros(5 * 32, np.float32)
+    probes.get_function("shuffles")((1,), (32,), (x, out))
+    lane = np.arange(32)
+    np.testing.assert_array_equal(out[0:32], x[5])
+    np.testing.assert_array_equal(out[32:64], x[np.where(lane >= 3, lane - 3, lane)])
+    np.testing.assert_array_equal(out[64:96], x[np.where(lane + 3 < 32, lane + 3, lane)])
+    np.testing.assert_array_equal(out[96:128], x[lane ^ 1])
+    assert (out[128:] == float(0xAAAAAAAA)).all()
+
+
+def test_atomics_across_blocks(probes: EmulatedModule) -> None:
+    x = np.random.default_rng(1).integers(0, 17, 5000).astype(np.int32)
+    hist, mx = np.zeros(17, np.int32), np.zeros(1, np.int32)
+    probes.get_function("histogram")((-(-x.size // 128),), (128,), (x, hist, mx, np.int32(x.size)))
+    assert np.array_equal(hist, np.bincount(x, minlength=17)) and mx[0] == x.max()

@@ -1,0 +1,40 @@
+// Kernels that exercise the emulated CUDA surface itself (conversions, shuffles, atomics),
+// compared with NumPy in test_emulator.py. Valid CUDA as well.
+#include "common.cuh"
+
+extern "C" __global__ void convert_half(const float * x, uint16_t * h, float * back, const int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const __half v = __float2half_rn(x[i]);
+        h[i] = __half_as_ushort(v);
+        back[i] = __half2float(v);
+    }
+}
+
+extern "C" __global__ void convert_bf16(const float * x, uint16_t * b, float * back, const int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const __nv_bfloat16 v = __float2bfloat16(x[i]);
+        b[i] = *(const uint16_t *) &v;
+        back[i] = __bfloat162float(v);
+    }
+}
+
+// out[k*32 + lane] for k = shfl(src 5), up(3), down(3), xor(1, width 16), ballot(odd lanes).
+extern "C" __global__ void shuffles(const float * x, float * out) {
+    const int lane = threadIdx.x;
+    const float v = x[lane];
+    out[0 * 32 + lane] = __shfl_sync(FULL_MASK, v, 5, 32);
+    out[1 * 32 + lane] = __shfl_up_sync(FULL_MASK, v, 3, 32);
+    out[2 * 32 + lane] = __shfl_down_sync(FULL_MASK, v, 3, 32);
+    out[3 * 32 + lane] = __shfl_xor_sync(FULL_MASK, v, 1, 16);
+    out[4 * 32 + lane] = (float) __ballot_sync(FULL_MASK, lane & 1);
+}
+
+extern "C" __global__ void histogram(const int * x, int * hist, int * max_out, const int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        atomicAdd(&hist[x[i]], 1);
+        atomicMax(max_out, x[i]);
+    }
+}
