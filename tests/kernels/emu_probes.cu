@@ -1,6 +1,9 @@
 // Kernels that exercise the emulated CUDA surface itself (conversions, shuffles, atomics),
 // compared with NumPy in test_emulator.py. Valid CUDA as well.
 #include "common.cuh"
+#ifndef INFERDESK_EMULATOR
+#include <cuda_bf16.h>
+#endif
 
 extern "C" __global__ void convert_half(const float * x, uint16_t * h, float * back, const int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
