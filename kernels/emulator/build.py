@@ -20,8 +20,8 @@ from pathlib import Path
 EMU_DIR = Path(__file__).resolve().parent
 HEADER = EMU_DIR / "cuda_emu.h"
 CUDA_DIR = EMU_DIR.parent / "cuda"  # common.cuh and quants.cuh, for sources anywhere
-# -O1 compiles ~2x faster than -O2 and the kernels still run natively; warnings are the
-# nvcc check's business.
+# -O2: emulated kernels run ~2x faster than at -O1, which pays for the longer cold build
+# (once per source hash). Warnings are the nvcc check's business.
 CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-w")
 
 _KERNEL_RE = re.compile(
