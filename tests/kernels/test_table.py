@@ -27,3 +27,15 @@ def test_kernels_see_the_same_constants(dev: Device) -> None:
     for (qk, nbytes, ept), name in zip(got.tolist(), CUDA_ORDER, strict=True):
         t = TYPES[name]
         assert (qk, nbytes, ept) == (t.qk, t.block_bytes, t.ept), name
+
+
+def test_attention_limits_match_the_source() -> None:
+    import re
+
+    from kernels.cuda import table
+    from kernels.cuda.device import source_path
+
+    src = source_path("attention").read_text()
+    defines = dict(re.findall(r"#define (ATTN_MAX_\w+) (\d+)", src))
+    assert int(defines["ATTN_MAX_D"]) == table.ATTN_MAX_HEAD_DIM
+    assert int(defines["ATTN_MAX_WARPS"]) == table.ATTN_MAX_WARPS
