@@ -153,7 +153,9 @@ class CupyDevice(Device):
             max_grid_yz=int(min(grid[1], grid[2])),
         )
         self.properties = props
+        self._device_id = device_id
         self._peak = 0
+        self._total: int | None = None
 
     def _load(self, module: str) -> Any:
         return self._cupy.RawModule(code=kernel_source(module), options=("-std=c++17",))
@@ -174,10 +176,24 @@ class CupyDevice(Device):
         self._cupy.cuda.get_current_stream().synchronize()
 
     def memory(self) -> tuple[int | None, int | None, int | None]:
-        free, total = self._cupy.cuda.runtime.memGetInfo()
-        used = total - free
+        # Used = bytes CuPy's pool holds for this process (what our arrays cost, cached
+        # blocks included); total = the device's memory as NVML reports it (nvidia-smi's
+        # figure), falling back to the runtime when NVML is missing.
+        used = int(self._cupy.get_default_memory_pool().total_bytes())
         self._peak = max(self._peak, used)
-        return used, total, self._peak
+        return used, self._total_memory(), self._peak
+
+    def _total_memory(self) -> int:
+        if self._total is None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                handle = pynvml.nvmlDeviceGetHandleByIndex(self._device_id)
+                self._total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            except Exception:  # nvidia-ml-py absent or NVML unusable: ask the runtime
+                self._total = int(self._cupy.cuda.runtime.memGetInfo()[1])
+        return self._total
 
 
 def cuda_unavailable_reason() -> str | None:
