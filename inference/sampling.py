@@ -27,10 +27,13 @@ def apply_repetition_penalty(xp: Any, logits: Any, history: list[int], penalty: 
 
 
 def filtered_probs(xp: Any, logits: Any, p: SamplingParams) -> Any:
-    """Probabilities after temperature, top-k, top-p and min-p (float64 for stable sums)."""
+    """Probabilities after temperature, top-k, top-p and min-p (float64 for stable sums).
+
+    Dropped entries become zeros rather than being selected with a boolean mask: on CuPy a
+    masked selection copies its count to the host, a sync inside the token loop.
+    """
     z = logits.astype(xp.float64) / p.temperature
-    z = z - z.max()
-    probs = xp.exp(z)
+    probs = xp.exp(z - z.max())
     probs /= probs.sum()
     order = xp.argsort(-probs)
     sorted_p = probs[order]
@@ -39,13 +42,12 @@ def filtered_probs(xp: Any, logits: Any, p: SamplingParams) -> Any:
         keep[p.top_k:] = False
     if p.top_p < 1.0:
         # Keep the smallest prefix whose mass reaches top_p (the token crossing it included).
-        before = xp.cumsum(sorted_p) - sorted_p
-        keep &= before < p.top_p
+        keep &= (xp.cumsum(sorted_p) - sorted_p) < p.top_p
     if p.min_p > 0.0:
         keep &= sorted_p >= p.min_p * sorted_p[0]
     keep[0] = True
     out = xp.zeros_like(probs)
-    out[order[keep]] = sorted_p[keep]
+    out[order] = xp.where(keep, sorted_p, 0.0)
     return out / out.sum()
 
 

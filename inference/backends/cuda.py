@@ -18,6 +18,7 @@ import numpy as np
 from inference.backends.base import Backend, MemorySample, SamplingParams, host_rss
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
+from inference.sampling import filtered_probs
 from kernels.cuda import ops
 from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason
 from kernels.cuda.ops import QuantMatrix
@@ -224,34 +225,13 @@ class CudaBackend(Backend):
         if params.greedy:
             dev_id = ops.argmax(self.dev, xp.reshape(row, (1, -1)))
         else:
-            probs = _filtered_probs(xp, row, params)
+            probs = filtered_probs(xp, row, params)
             u = rng.random()  # a kernel argument, not a copy
             idx = xp.searchsorted(xp.cumsum(probs), u * probs.sum(), side="right")
             dev_id = xp.reshape(xp.minimum(idx, probs.shape[0] - 1).astype(xp.int32), (1,))
         tok = int(self.dev.to_host(dev_id, "sampled id")[0])
         self._last_id = (tok, dev_id)
         return tok
-
-
-def _filtered_probs(xp: Any, logits: Any, p: SamplingParams) -> Any:
-    """inference.sampling.filtered_probs without boolean-mask indexing, which makes CuPy
-    copy the selected count to the host: masked entries become zeros instead."""
-    z = logits.astype(xp.float64) / p.temperature
-    probs = xp.exp(z - z.max())
-    probs /= probs.sum()
-    order = xp.argsort(-probs)
-    sorted_p = probs[order]
-    keep = xp.ones(sorted_p.shape[0], dtype=bool)
-    if p.top_k > 0:
-        keep[p.top_k:] = False
-    if p.top_p < 1.0:
-        keep &= (xp.cumsum(sorted_p) - sorted_p) < p.top_p
-    if p.min_p > 0.0:
-        keep &= sorted_p >= p.min_p * sorted_p[0]
-    keep[0] = True
-    out = xp.zeros_like(probs)
-    out[order] = xp.where(keep, sorted_p, 0.0)
-    return out / out.sum()
 
 
 def probe() -> tuple[bool, str]:
