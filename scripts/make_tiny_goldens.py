@@ -1,0 +1,457 @@
+"""Write tiny random causal models and transformers' logits on them (tests/goldens/tiny/).
+
+Each causal path of the engine is checked against transformers on a model small enough to
+ship in the repo (hidden 64, 2 layers, 4 heads, 2 KV heads, MLP 128, vocab 320):
+
+    qwen2/        Qwen2ForCausalLM, q/k/v biases, tied embeddings, float32 safetensors,
+                  Qwen-style byte-level BPE tokenizer, ChatML template, eos <|im_end|>
+    llama/        LlamaForCausalLM, untied lm_head, rope_theta 500000, float32 safetensors,
+                  GPT-2-style BPE tokenizer adding <s>, a template using bos/eos_token
+    mistral/      MistralForCausalLM, explicit head_dim 32 (!= 64 / 4), bfloat16 safetensors
+    llama_mlx/    llama/ quantized the way mlx-lm writes it: bfloat16, then mx.quantize
+                  (4 bits, group 32) of every Linear and the embedding; uint32 weight +
+                  bf16 scales/biases, "quantization" in config.json
+    llama_q4_0.gguf  llama/ written by gguf.GGUFWriter in llama.cpp's layout: q/k rows
+                  permuted as convert_hf_to_gguf.py does, 2-D tensors Q4_0, norms F32,
+                  the llama/ tokenizer as tokenizer.ggml.* (gpt2 BPE)
+
+Weights: every matrix N(0, 0.2), biases N(0, 0.1), norm weights 1 + N(0, 0.1), drawn in
+sorted-name order from numpy's default_rng(seed), so logits spread over several units.
+
+References: transformers in float32, eager attention, loading each directory back from disk
+(bfloat16 weights upcast). For the quantized two, transformers gets the dequantized weights
+(mx.dequantize, gguf.quants.dequantize + un-permute); for the GGUF the script also checks that
+transformers' own GGUF loader gives the same logits.
+
+<NAME>.npz holds, for each sequence S in (chat, random): ``S.ids`` (n,) int32 and
+``S.logits`` (n, vocab) float32; for each tokenizer text T: ``tok.T`` int32 ids from
+AutoTokenizer (add_special_tokens=True); ``meta`` a JSON string with texts, the rendered chat
+prompt (apply_chat_template, add_generation_prompt=True), eos token, versions.
+
+Two environments: the script runs under .venv-ref (torch, transformers, gguf) and calls
+itself under .venv (mlx) for the quantization step, which needs nothing but numpy and mlx:
+
+    .venv-ref/bin/python scripts/make_tiny_goldens.py [--out DIR] [--mlx-python .venv/bin/python]
+
+Deterministic; about 15 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 20240611
+VOCAB = 320
+SEQ_LEN = {"chat": 40, "random": 32}
+MLX_GROUP, MLX_BITS = 32, 4
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=128, vocab_size=VOCAB, rms_norm_eps=1e-5,
+              max_position_embeddings=512)
+
+QWEN_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+BRACKETS = (
+    "{{ bos_token }}{% for m in messages %}{{ '[' + m['role'] + ']\n' + m['content'] | trim "
+    "+ eos_token + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '[assistant]\n' }}"
+    "{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Local inference runs a language model on your own machine, without a server.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))",
+    "Numbers like 12345 and 3.14159 and 2024-06-11 are split into digits.",
+    "Caf\u00e9, na\u00efve, \u00fcber, \u6771\u4eac, \U0001f642 and other unicode text.",
+    "Hello! How are you today? I'm fine, thanks; and you?",
+    "Tokens, tokenizers and token ids: the model sees only integers.",
+]
+TOKENIZER_TEXTS = {
+    "prose": "The lazy fox runs a model on your own machine.",
+    "code": "def f(x):\n    return x * 12 + 3\n",
+    "unicode": "na\u00efve caf\u00e9 \u2014 \u6771\u4eac \U0001f642!",
+    "spaces": "  two  spaces\n\nand\ttab ",
+    "special": "<|im_start|>user\nhi<|im_end|>",
+}
+CHAT = [{"role": "user", "content": "Hello! What is 2 + 3?"},
+        {"role": "assistant", "content": "2 + 3 = 5."}]
+
+
+# --- tokenizers ------------------------------------------------------------------------------
+
+def train_tokenizer(kind: str):
+    """A byte-level BPE of VOCAB tokens: "qwen" (Qwen2's split regex, NFC, ChatML tokens) or
+    "llama" (GPT-2's regex via ByteLevel, <s>/</s>, a post-processor adding <s>)."""
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    tk = Tokenizer(models.BPE())
+    if kind == "qwen":
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        tk.normalizer = normalizers.NFC()
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        specials = ["<unk>", "<s>", "</s>"]
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(CORPUS * 4, trainer=trainer)
+    assert tk.get_vocab_size() == VOCAB, tk.get_vocab_size()
+    if kind == "qwen":
+        tk.post_processor = processors.ByteLevel(trim_offsets=False)
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+                  "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                  "unk_token": None, "chat_template": CHATML, "model_max_length": 512}
+    else:
+        tk.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tk.token_to_id("<s>"))])
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+                  "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True,
+                  "add_eos_token": False, "chat_template": BRACKETS, "model_max_length": 512}
+    return tk, config
+
+
+def write_tokenizer(tk, config: dict, d: Path) -> None:
+    tk.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+# --- models (run under .venv-ref) ------------------------------------------------------------
+
+def init_weights(model, seed: int) -> None:
+    import torch
+
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                v = 1.0 + 0.1 * rng.standard_normal(p.shape)
+            elif name.endswith(".bias"):
+                v = 0.1 * rng.standard_normal(p.shape)
+            else:
+                v = 0.2 * rng.standard_normal(p.shape)
+            p.copy_(torch.from_numpy(v.astype(np.float32)))
+
+
+def reference_logits(model, seqs: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    import torch
+
+    out = {}
+    with torch.no_grad():
+        for name, ids in seqs.items():
+            logits = model(input_ids=torch.tensor([ids])).logits[0]
+            out[name] = logits.float().numpy().astype(np.float32)
+    return out
+
+
+def load_ref(d: Path, state: dict[str, np.ndarray] | None = None):
+    """transformers' model from directory ``d`` in float32, optionally with other weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    if state is not None:
+        sd = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))
+              for k, v in state.items()}
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    return model
+
+
+def sequences(tok_dir: Path, vocab: int, seed: int) -> tuple[dict[str, list[int]], dict]:
+    """The fixed id sequences, and the tokenizer goldens from AutoTokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    chat_text = tok.apply_chat_template(CHAT, tokenize=False)
+    chat_ids = tok(chat_text, add_special_tokens=False)["input_ids"]
+    assert len(chat_ids) >= SEQ_LEN["chat"], len(chat_ids)
+    rng = np.random.default_rng(seed + 1)
+    seqs = {"chat": chat_ids[:SEQ_LEN["chat"]],
+            "random": rng.integers(0, vocab, SEQ_LEN["random"]).tolist()}
+    toks = {name: tok(text)["input_ids"] for name, text in TOKENIZER_TEXTS.items()}
+    prompt = tok.apply_chat_template(CHAT[:1], tokenize=False, add_generation_prompt=True)
+    info = {"chat_text": chat_text, "chat_prompt": prompt, "eos_token": tok.eos_token,
+            "bos_token": tok.bos_token}
+    return seqs, {"toks": toks, "info": info}
+
+
+def save_golden(path: Path, seqs: dict, logits: dict, toks: dict, meta: dict) -> None:
+    arrays = {}
+    for name, ids in seqs.items():
+        arrays[f"{name}.ids"] = np.asarray(ids, dtype=np.int32)
+        arrays[f"{name}.logits"] = logits[name]
+    for name, ids in toks.items():
+        arrays[f"tok.{name}"] = np.asarray(ids, dtype=np.int32)
+    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
+    np.savez(path, **arrays)
+
+
+def make_hf(name: str, cls_name: str, cfg: dict, tk, tk_config: dict, out: Path,
+            seed: int, versions: dict, save_dtype: str = "float32") -> Path:
+    import torch
+    import transformers
+
+    cls = getattr(transformers, cls_name)
+    config = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))(**COMMON, **cfg)
+    torch.manual_seed(seed)
+    model = cls(config)
+    init_weights(model, seed)
+    d = out / name
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    model.to(getattr(torch, save_dtype)).save_pretrained(d, safe_serialization=True)
+    write_tokenizer(tk, tk_config, d)
+    seqs, tg = sequences(d, VOCAB, seed)
+    logits = reference_logits(load_ref(d), seqs)
+    save_golden(out / f"{name}.npz", seqs, logits, tg["toks"],
+                {**tg["info"], "texts": TOKENIZER_TEXTS, "reference": f"transformers {cls_name} "
+                 f"float32 eager, weights stored as {save_dtype}", "versions": versions})
+    return d
+
+
+# --- MLX quantization (run under .venv, which has mlx) ---------------------------------------
+
+def mlx_quantize(src_npz: Path, out_dir: Path, dq_npz: Path) -> None:
+    """bfloat16 every tensor, quantize 2-D ones as mlx-lm does, save model.safetensors in
+    out_dir, and the float32 dequantized weights (what transformers gets) to dq_npz."""
+    import mlx.core as mx
+
+    with np.load(src_npz) as z:
+        weights = {k: z[k] for k in z.files}
+    saved, dq = {}, {}
+    for name in sorted(weights):
+        w = mx.array(weights[name]).astype(mx.bfloat16)
+        if w.ndim == 2 and w.shape[-1] % MLX_GROUP == 0:
+            q, s, b = mx.quantize(w, group_size=MLX_GROUP, bits=MLX_BITS)
+            prefix = name[:-len(".weight")]
+            saved |= {name: q, f"{prefix}.scales": s, f"{prefix}.biases": b}
+            dq[name] = np.array(mx.dequantize(q, s.astype(mx.float32), b.astype(mx.float32),
+                                              group_size=MLX_GROUP, bits=MLX_BITS))
+        else:
+            saved[name] = w
+            dq[name] = np.array(w.astype(mx.float32))
+    mx.save_safetensors(str(out_dir / "model.safetensors"), saved, metadata={"format": "mlx"})
+    np.savez(dq_npz, **dq)
+    print(f"mlx {mx.__version__}: quantized {sum(n.endswith('.scales') for n in saved)} tensors")
+
+
+def make_mlx(llama: Path, out: Path, mlx_python: str, versions: dict) -> None:
+    import subprocess as sp
+
+    from safetensors.numpy import load_file
+
+    d = out / "llama_mlx"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(llama / f, d / f)
+    config = json.loads((llama / "config.json").read_text())
+    quant = {"group_size": MLX_GROUP, "bits": MLX_BITS, "mode": "affine"}
+    config |= {"quantization": quant, "quantization_config": quant, "dtype": "bfloat16"}
+    (d / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dq = Path(tmp) / "src.npz", Path(tmp) / "dq.npz"
+        np.savez(src, **load_file(llama / "model.safetensors"))
+        sp.run([mlx_python, __file__, "--mlx-quantize", str(src), str(d), str(dq)], check=True)
+        with np.load(dq) as z:
+            state = {k: z[k] for k in z.files}
+        mlx_version = sp.run([mlx_python, "-c", "import mlx.core as mx; print(mx.__version__)"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    seqs, tg = sequences(d, VOCAB, SEED + 1)
+    logits = reference_logits(load_ref(llama, state), seqs)
+    save_golden(out / "llama_mlx.npz", seqs, logits, tg["toks"], {
+        **tg["info"], "texts": TOKENIZER_TEXTS, "versions": {**versions, "mlx": mlx_version},
+        "reference": f"transformers LlamaForCausalLM float32 eager with the llama/ weights "
+                     f"rounded to bfloat16, quantized by mx.quantize (group {MLX_GROUP}, "
+                     f"{MLX_BITS} bits) and dequantized by mx.dequantize"})
+
+
+# --- GGUF (llama.cpp layout) -----------------------------------------------------------------
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py LlamaModel.permute: HF half-split rows -> adjacent pairs."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+GGUF_BLOCK = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
+              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+              "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+GGUF_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+            "output": "lm_head"}
+
+
+def make_gguf(llama: Path, out: Path, versions: dict) -> None:
+    import gguf
+    from gguf import GGMLQuantizationType as T
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((llama / "config.json").read_text())
+    tk_json = json.loads((llama / "tokenizer.json").read_text())
+    tk_cfg = json.loads((llama / "tokenizer_config.json").read_text())
+    weights = load_file(llama / "model.safetensors")
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    theta = cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta"))
+
+    path = out / "llama_q4_0.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-llama")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(theta)
+    w.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    vocab = tk_json["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    assert len(tokens) == cfg["vocab_size"]
+    special = {a["content"] for a in tk_json["added_tokens"] if a["special"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in special else 1 for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m)
+                        for m in tk_json["model"]["merges"]])
+    w.add_bos_token_id(vocab[tk_cfg["bos_token"]])
+    w.add_eos_token_id(vocab[tk_cfg["eos_token"]])
+    w.add_unk_token_id(vocab[tk_cfg["unk_token"]])
+    w.add_add_bos_token(True)
+    w.add_chat_template(tk_cfg["chat_template"])
+
+    state = {}
+    names = [(f"{g}.weight", f"{h}.weight") for g, h in GGUF_TOP.items()]
+    names += [(f"blk.{i}.{g}.weight", f"model.layers.{i}.{h}.weight")
+              for i in range(cfg["num_hidden_layers"]) for g, h in GGUF_BLOCK.items()]
+    for gname, hname in names:
+        a = weights[hname].astype(np.float32)
+        n_head = heads if "attn_q" in gname else kv if "attn_k" in gname else None
+        if n_head:
+            a = permute(a, n_head)
+        if a.ndim == 2:
+            q = gguf.quants.quantize(a, T.Q4_0)
+            w.add_tensor(gname, q, raw_dtype=T.Q4_0)
+            a = gguf.quants.dequantize(q, T.Q4_0)
+        else:
+            w.add_tensor(gname, a)
+        state[hname] = unpermute(a, n_head) if n_head else a
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    seqs, tg = sequences(llama, VOCAB, SEED + 1)
+    logits = reference_logits(load_ref(llama, state), seqs)
+    meta = {**tg["info"], "texts": TOKENIZER_TEXTS, "versions": versions,
+            "reference": "transformers LlamaForCausalLM float32 eager with the llama/ weights "
+                         "after gguf.quants quantize + dequantize (Q4_0)"}
+    try:  # transformers' own GGUF reader (its dequantize and un-permute) must agree
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        m = AutoModelForCausalLM.from_pretrained(out, gguf_file=path.name, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    except Exception as e:  # the cross-check is extra, not the reference
+        meta["transformers_gguf_max_abs_diff"] = f"not checked: {type(e).__name__}: {e}"
+        print(f"gguf: transformers cannot load it ({e}); cross-check skipped")
+    else:
+        cross = reference_logits(m, seqs)
+        diff = max(float(np.abs(cross[k] - logits[k]).max()) for k in seqs)
+        assert diff < 1e-4, diff
+        meta["transformers_gguf_max_abs_diff"] = diff
+        print(f"gguf: transformers' GGUF loader agrees to {diff:.2e}")
+    save_golden(out / "llama_q4_0.npz", seqs, logits, tg["toks"], meta)
+
+
+# --- main ------------------------------------------------------------------------------------
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    return {p: md.version(p) for p in ("torch", "transformers", "tokenizers", "gguf",
+                                        "safetensors", "numpy")} | {
+        "python": sys.version.split()[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "tests" / "goldens" / "tiny")
+    ap.add_argument("--mlx-python", default=str(ROOT / ".venv" / "bin" / "python"),
+                    help="a Python with mlx installed, for the quantization step")
+    ap.add_argument("--mlx-quantize", nargs=3, type=Path, metavar=("SRC", "OUT_DIR", "DQ"),
+                    help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.mlx_quantize:
+        mlx_quantize(*args.mlx_quantize)
+        return
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    v = versions()
+    qwen_tk, qwen_cfg = train_tokenizer("qwen")
+    llama_tk, llama_cfg = train_tokenizer("llama")
+    specials = {t: qwen_tk.token_to_id(t) for t in ("<|endoftext|>", "<|im_end|>")}
+    make_hf("qwen2", "Qwen2ForCausalLM", dict(
+        tie_word_embeddings=True, rope_theta=1000000.0, bos_token_id=None,
+        eos_token_id=specials["<|im_end|>"], pad_token_id=specials["<|endoftext|>"]),
+        qwen_tk, qwen_cfg, out, SEED, v)
+    ids = {t: llama_tk.token_to_id(t) for t in ("<s>", "</s>")}
+    llama = make_hf("llama", "LlamaForCausalLM", dict(
+        tie_word_embeddings=False, rope_theta=500000.0, bos_token_id=ids["<s>"],
+        eos_token_id=ids["</s>"]), llama_tk, llama_cfg, out, SEED + 1, v)
+    make_hf("mistral", "MistralForCausalLM", dict(
+        tie_word_embeddings=False, head_dim=32, rope_theta=1000000.0, sliding_window=None,
+        bos_token_id=ids["<s>"], eos_token_id=ids["</s>"]),
+        llama_tk, llama_cfg, out, SEED + 2, v, save_dtype="bfloat16")
+    make_mlx(llama, out, args.mlx_python, v)
+    make_gguf(llama, out, v)
+    total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"wrote {out} ({total / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()
