@@ -13,6 +13,7 @@ import numpy as np
 
 from inference.backends import select_backend
 from inference.backends.base import Backend, MemorySample, OpProfiler, SamplingParams
+from inference.chat_template import ChatTemplate
 from inference.embed import BatchLimits, embed_ids
 from inference.errors import InvalidInputError
 from inference.events import DoneEvent, GenerationEvent
@@ -22,6 +23,7 @@ from inference.generate import stream_generate
 from inference.models import CAUSAL, architecture
 from inference.models.common import Weights
 from inference.store import ModelSpec, resolve
+from inference.tokenizer import Tokenizer
 
 
 class LoadedModel:
@@ -29,11 +31,17 @@ class LoadedModel:
 
     kind = "model"
 
-    def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str):
+    def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
+                 n_layers: int | None = None):
         self.spec = spec
         self.backend = backend
         self.backend_reason = reason
         self.config = ckpt.config
+        arch = architecture(ckpt.config["model_type"], ckpt.path.name)
+        self.args = arch.ModelArgs.from_dict(ckpt.config)
+        if n_layers is not None:  # keep only the first layers (tests, kernel bring-up)
+            self.args.num_hidden_layers = min(n_layers, self.args.num_hidden_layers)
+        self.model = arch.Model(self.args, backend, Weights(ckpt, backend))
 
     @property
     def name(self) -> str:
@@ -52,13 +60,7 @@ class CausalLM(LoadedModel):
 
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
                  n_layers: int | None = None):
-        super().__init__(spec, ckpt, backend, reason)
-        from inference.chat_template import ChatTemplate
-        from inference.tokenizer import Tokenizer
-
-        mod = architecture(ckpt.config["model_type"], ckpt.path.name)
-        self.args = mod.ModelArgs.from_dict(ckpt.config)
-        self.model = mod.Model(self.args, backend, Weights(ckpt, backend), n_layers=n_layers)
+        super().__init__(spec, ckpt, backend, reason, n_layers)
         if ckpt.format == "gguf":
             self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata)
         else:
@@ -142,14 +144,7 @@ class Encoder(LoadedModel):
 
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
                  n_layers: int | None = None):
-        super().__init__(spec, ckpt, backend, reason)
-        from inference.tokenizer import Tokenizer
-
-        mod = architecture(ckpt.config["model_type"], ckpt.path.name)
-        self.args = mod.ModelArgs.from_dict(ckpt.config)
-        if n_layers is not None:
-            self.args.num_hidden_layers = n_layers
-        self.model = mod.Model(self.args, backend, Weights(ckpt, backend))
+        super().__init__(spec, ckpt, backend, reason, n_layers)
         self.tokenizer = Tokenizer.from_dir(ckpt.path)
         st = _read_json(ckpt.path / "sentence_bert_config.json")
         self.max_seq_length = int(st.get("max_seq_length", self.args.max_position_embeddings))

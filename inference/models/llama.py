@@ -112,12 +112,11 @@ class TransformerBlock:
 class Model:
     """Token ids in, logits out; the KV cache carries state between calls."""
 
-    def __init__(self, args: ModelArgs, B: Backend, w: Weights, n_layers: int | None = None):
+    def __init__(self, args: ModelArgs, B: Backend, w: Weights):
         self.args = args
         self.B = B
         self.embed_tokens = w.linear("model.embed_tokens.weight")
-        n = args.num_hidden_layers if n_layers is None else n_layers
-        self.layers = [TransformerBlock(args, B, w, i) for i in range(n)]
+        self.layers = [TransformerBlock(args, B, w, i) for i in range(args.num_hidden_layers)]
         self.norm = w.dense("model.norm.weight")
         tied = args.tie_word_embeddings or not w.has("lm_head.weight")
         self.lm_head = self.embed_tokens if tied else w.linear("lm_head.weight")

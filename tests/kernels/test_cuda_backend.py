@@ -165,10 +165,10 @@ def test_smollm2_q4_1_two_layers_match_numpy() -> None:
     from inference.formats import read_checkpoint
 
     ckpt = read_checkpoint(_bundled("SmolLM2-135M-Instruct.Q4_1"))
-    args = llama.ModelArgs.from_dict(ckpt.config)
+    args = llama.ModelArgs.from_dict({**ckpt.config, "num_hidden_layers": 2})
     C = CudaBackend(EmulatedDevice())
-    mc = llama.Model(args, C, Weights(ckpt, C), n_layers=2)
-    mn = llama.Model(args, N, Weights(ckpt, N), n_layers=2)
+    mc = llama.Model(args, C, Weights(ckpt, C))
+    mn = llama.Model(args, N, Weights(ckpt, N))
     prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30]  # 10 tokens: GEMM path
     got = C.to_numpy(mc(C.array(np.array([prompt])), mc.make_cache()))
     want = mn(np.array([prompt]), mn.make_cache())
