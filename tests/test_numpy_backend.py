@@ -125,3 +125,17 @@ def test_pooling_ignores_padding():
     pooled = mean_pool(h, mask)
     np.testing.assert_allclose(pooled[0], h[0, :2].mean(0), rtol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(l2_normalize(pooled), axis=1), 1, rtol=1e-6)
+
+
+def test_scaled_rope_is_refused_not_ignored():
+    import pytest
+
+    from inference.errors import UnsupportedModelError
+    from inference.models.llama import ModelArgs
+
+    base = {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1,
+            "intermediate_size": 16, "num_attention_heads": 2, "vocab_size": 10}
+    assert ModelArgs.from_dict({**base, "rope_parameters": {"rope_type": "default",
+                                                            "rope_theta": 5e5}}).rope_theta == 5e5
+    with pytest.raises(UnsupportedModelError, match="llama3"):
+        ModelArgs.from_dict({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.backends.base import Backend
+from inference.errors import UnsupportedModelError
 from inference.kv_cache import KVCache
 from inference.models.common import Weights, config_from_dict
 
@@ -45,6 +46,15 @@ class ModelArgs:
         rope = d.get("rope_parameters")
         if d.get("rope_theta") is None and isinstance(rope, dict) and "rope_theta" in rope:
             d = {**d, "rope_theta": rope["rope_theta"]}
+        # Scaled RoPE (llama3, yarn, linear, ...) changes every angle: refuse rather than run
+        # with plain RoPE and produce fluent nonsense past the original context.
+        for scaling in (d.get("rope_scaling"), rope):
+            kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) \
+                else None
+            if kind not in (None, "default"):
+                raise UnsupportedModelError(
+                    f"This {d.get('model_type', 'llama')} model uses RoPE scaling '{kind}', "
+                    "which Inferdesk does not support yet.")
         return config_from_dict(cls, d)
 
 
