@@ -67,6 +67,11 @@ class CausalLM(LoadedModel):
             self.tokenizer = Tokenizer.from_dir(ckpt.path)
         self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer)
         self.context_length = int(self.args.max_position_embeddings)
+        # We attend over the whole context; a sliding-window model (Mistral v0.1, Qwen2 with
+        # use_sliding_window) is only right while everything fits in its window.
+        window = ckpt.config.get("sliding_window")
+        if window and ckpt.config.get("use_sliding_window", ckpt.config["model_type"] != "qwen2"):
+            self.context_length = min(self.context_length, int(window))
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
