@@ -225,7 +225,10 @@ class ChatPane(QWidget):
 
     def _show_messages(self, messages: list[Message]) -> None:
         for view in self.views():
-            view.setParent(None)
+            # Qt deletes it on the GUI thread's next loop; the parent keeps owning it until
+            # then (setParent(None) would hand it to Python's refcounting instead).
+            self.messages_layout.removeWidget(view)
+            view.hide()
             view.deleteLater()
         self._reply = None
         for m in messages:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 
 # A 1920x1080 offscreen screen (the default is 800x600, smaller than the window), so
 # geometry restores and screenshots behave as on a desktop.
@@ -24,8 +25,7 @@ from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from PySide6.QtCore import QSettings  # noqa: E402
-from PySide6.QtTest import QTest  # noqa: E402
+from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from gui import theme  # noqa: E402
@@ -46,14 +46,21 @@ def make_settings(path: Path) -> Settings:
     return Settings(QSettings(str(path), QSettings.Format.IniFormat))
 
 
+def spin(ms: int) -> None:
+    """Run the event loop for ``ms``. Unlike QTest.qWait (and so qtbot.wait/waitUntil),
+    QEventLoop.exec releases the GIL while idle, so the worker thread runs at full speed."""
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+
+
 def wait_until(cond: Callable[[], bool], timeout_ms: int = 30_000, what: str = "") -> None:
-    """Spin the event loop until ``cond()``; for session fixtures, which have no qtbot."""
-    waited = 0
+    """Spin the event loop until ``cond()`` holds (use instead of qtbot.waitUntil)."""
+    deadline = time.monotonic() + timeout_ms / 1000
     while not cond():
-        if waited >= timeout_ms:
+        if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what or cond}")
-        QTest.qWait(20)
-        waited += 20
+        spin(10)
 
 
 @pytest.fixture
@@ -79,7 +86,10 @@ def spec_of(window: MainWindow, kind: str) -> object:
 def loaded_window(app: QApplication, tmp_path_factory) -> Iterator[MainWindow]:
     """One window with the bundled SmolLM2 and MiniLM loaded, shared to keep the suite fast."""
     d = tmp_path_factory.mktemp("session-window")
-    w = MainWindow(make_settings(d / "settings.ini"), ConversationStore(d / "conv.sqlite3"),
+    s = make_settings(d / "settings.ini")
+    if os.environ.get("INFERDESK_TEST_BACKEND"):
+        s.set("models/backend", os.environ["INFERDESK_TEST_BACKEND"])
+    w = MainWindow(s, ConversationStore(d / "conv.sqlite3"),
                    autoload=True)
     w.resize(1280, 800)
     w.show()
