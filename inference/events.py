@@ -9,7 +9,9 @@ from inference.backends.base import MemorySample
 
 @dataclass
 class TokenEvent:
-    """One decoded piece of text. ``text`` may be empty while a UTF-8 char is incomplete."""
+    """One decoded piece of text. ``text`` may be empty while a UTF-8 char is incomplete
+    or a possible stop string is held back; a last event with ``token_id == -1`` releases
+    such held-back text when generation ends without it."""
 
     text: str
     token_id: int

@@ -98,14 +98,15 @@ def stream_generate(
             yield TokenEvent(delta, tok, i, now - t0, ttft, prefill_tps, decode_tps)
             if finish == "stop":
                 break
-        else:
-            tail = decoder.flush() if hasattr(decoder, "flush") else ""
-            text += tail
     finally:
         steps.close()
-    if finish in ("length", "eos", "cancelled") and emitted < len(text):
-        yield TokenEvent(text[emitted:], ids[-1] if ids else -1, len(ids),
-                         time.perf_counter() - t0, ttft, prefill_tps, decode_tps)
+    if finish != "stop":
+        # Release what was held back: a partial stop string that never completed, or the
+        # bytes of an unfinished UTF-8 character (flushed as U+FFFD).
+        text += decoder.flush()
+        if emitted < len(text):
+            yield TokenEvent(text[emitted:], -1, len(ids), time.perf_counter() - t0, ttft,
+                             prefill_tps, decode_tps)
     done = DoneEvent(
         text=text, token_ids=ids, n_prompt=len(prompt_ids), n_generated=len(ids),
         finish_reason=finish, ttft_s=ttft, prefill_tok_s=prefill_tps, decode_tok_s=decode_tps,
