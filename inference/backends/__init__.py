@@ -13,11 +13,12 @@ from inference.errors import BackendUnavailableError, MissingOpError
 _MODULES = {
     "cuda": "inference.backends.cuda",
     "mlx": "inference.backends.mlx_backend",
+    "cpu": "inference.backends.cpu",
     "numpy": "inference.backends.numpy_backend",
 }
 
 # auto order: an NVIDIA GPU, then Metal, then the CPU paths (fastest first).
-AUTO_ORDER = ("cuda", "mlx", "numpy")
+AUTO_ORDER = ("cuda", "mlx", "cpu", "numpy")
 ALWAYS_FLOAT = {"F32", "F16", "BF16"}
 
 

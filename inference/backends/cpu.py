@@ -1,0 +1,217 @@
+"""The fast CPU backend: NumPy op semantics, quantized weights, numba kernels.
+
+Weights stay quantized (lane layout, :mod:`cpu_pack`). ``linear`` picks by the number of
+token rows ``M``:
+- ``M <= MATVEC_ROWS`` (decode): the numba mat-vec kernels read the 4/8-bit codes
+  directly, parallel over tiles of 32 output rows;
+- larger ``M`` (prefill, teacher forcing): a chunk of W is dequantized into a float32
+  scratch (at most ``SCRATCH_BYTES``) and multiplied by BLAS sgemm, which at 100+ rows
+  runs far above what a hand loop reaches; the dequant costs ~1/M of the product.
+Dense float32 weights (MiniLM) go straight to BLAS. The token loop's small ops (norms,
+RoPE, one-token attention, SiLU) are fused numba loops, since at one token the cost of
+NumPy is its per-call overhead, not arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from inference.backends import cpu_kernels as K
+from inference.backends.cpu_pack import PackedWeight, RawWeight, pack
+from inference.backends.numpy_backend import NumpyBackend, rope_angles
+from inference.formats.tensor import TensorData
+
+MATVEC_ROWS = 8  # measured crossover vs dequant+sgemm is ~8-16 rows on 2 cores
+SCRATCH_BYTES = 16 << 20
+
+
+class CpuBackend(NumpyBackend):
+    name = "cpu"
+    device = "CPU (numba kernels, quantized weights)"
+
+    def __init__(self) -> None:
+        self._scratch = np.empty(0, dtype=np.float32)
+        self._rope: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def set_threads(self, n: int) -> None:
+        import numba
+
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+        # Dynamic scheduling in chunks of 2 tiles: on a shared machine a descheduled
+        # worker's tiles are taken over instead of stalling the whole parallel region.
+        numba.set_parallel_chunksize(2)
+
+    # --- weights ---------------------------------------------------------------------
+    def weight(self, t: TensorData) -> Any:
+        if t.qtype == "F32" or len(t.shape) != 2:
+            return self.dense(t)
+        return pack(t)
+
+    def dense(self, t: TensorData) -> np.ndarray:
+        # A copy: a view would keep the whole memory-mapped file resident after load.
+        return np.array(super().dense(t), dtype=np.float32, copy=True)
+
+    # --- linear ------------------------------------------------------------------------
+    def linear(self, x: np.ndarray, w: Any, bias: np.ndarray | None = None) -> np.ndarray:
+        n_out, k = w.shape
+        if isinstance(w, np.ndarray):
+            # One GEMM over all rows: (b, t, k) @ w.T would be b small GEMMs.
+            y = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k) @ w.T
+            if bias is not None:
+                y += bias
+            return y.reshape(*x.shape[:-1], n_out)
+        lead = x.shape[:-1]
+        x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
+        if isinstance(w, RawWeight):
+            y = self._gemm_raw(x2, w)
+        elif x2.shape[0] <= MATVEC_ROWS:
+            y = self._matvec(x2, w)
+        else:
+            y = self._gemm(x2, w)
+        if bias is not None:
+            y += bias
+        return y.reshape(*lead, n_out)
+
+    def _matvec(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
+        out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
+        kern = K.matvec_q4 if w.bits == 4 else K.matvec_q8
+        kern(w.codes, w.blocks, w.flat, w.zero, x, K.group_sums(x), out)
+        return out if out.shape[1] == w.shape[0] else np.ascontiguousarray(out[:, : w.shape[0]])
+
+    def _buffer(self, n: int) -> np.ndarray:
+        if self._scratch.size < n:
+            self._scratch = np.empty(n, dtype=np.float32)
+        return self._scratch[:n]
+
+    def _gemm(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
+        n_out, k = w.shape
+        tiles = len(w.blocks) // w.groups
+        step = max(1, SCRATCH_BYTES // (4 * k * K.LANES))
+        y = np.empty((x.shape[0], n_out), dtype=np.float32)
+        for t0 in range(0, tiles, step):
+            t1 = min(tiles, t0 + step)
+            wt = self._buffer(k * (t1 - t0) * K.LANES).reshape(k, (t1 - t0) * K.LANES)
+            K.dequant_t(w.codes, w.blocks, w.bits, w.zero, w.groups, t0, t1, wt)
+            r0, r1 = t0 * K.LANES, min(n_out, t1 * K.LANES)
+            y[:, r0:r1] = x @ wt[:, : r1 - r0]
+        return y
+
+    def _gemm_raw(self, x: np.ndarray, w: RawWeight) -> np.ndarray:
+        n_out, k = w.shape
+        step = max(1, SCRATCH_BYTES // (4 * k))
+        y = np.empty((x.shape[0], n_out), dtype=np.float32)
+        for r0 in range(0, n_out, step):
+            r1 = min(n_out, r0 + step)
+            y[:, r0:r1] = x @ w.rows(r0, r1).T
+        return y
+
+    def embedding(self, table: Any, ids: np.ndarray) -> np.ndarray:
+        if isinstance(table, np.ndarray):
+            return super().embedding(table, ids)
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = ids.reshape(-1)
+        if isinstance(table, RawWeight):
+            rows = np.stack([table.rows(int(i), int(i) + 1)[0] for i in flat]) if flat.size \
+                else np.zeros((0, table.shape[1]), dtype=np.float32)
+        else:
+            rows = np.empty((flat.size, table.shape[1]), dtype=np.float32)
+            K.gather_rows(table.codes, table.blocks, table.bits, table.zero, table.groups, flat,
+                          rows)
+        return rows.reshape(*ids.shape, table.shape[1])
+
+    # --- fused small ops -------------------------------------------------------------
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+        out = np.empty_like(x2)
+        K.rms_norm_rows(x2, w, eps, out)
+        return out.reshape(x.shape)
+
+    def layer_norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+        x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+        out = np.empty_like(x2)
+        K.layer_norm_rows(x2, w, b, eps, out)
+        return out.reshape(x.shape)
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+        out = np.empty_like(x2)
+        K.gelu_rows(x2, out)
+        return out.reshape(x.shape)
+
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        if gate.shape != up.shape:
+            return super().silu_mul(gate, up)
+        g = np.ascontiguousarray(gate, dtype=np.float32).reshape(-1)
+        out = np.empty_like(g)
+        K.silu_mul_flat(g, np.ascontiguousarray(up, dtype=np.float32).reshape(-1), out)
+        return out.reshape(gate.shape)
+
+    def _rope_tables(self, end: int, dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+        cos, sin = self._rope.get((theta, dim), (np.empty((0, dim // 2)),) * 2)
+        if len(cos) < end:  # grow in 1024-position steps; same float64 angles as NumPy
+            cos, sin = rope_angles(-(-end // 1024) * 1024, 0, dim, theta)
+            self._rope[(theta, dim)] = (cos, sin)
+        return cos, sin
+
+    def rope(self, x: np.ndarray, offset: int, theta: float,
+             traditional: bool = False) -> np.ndarray:
+        if traditional or x.ndim != 4:
+            return super().rope(x, offset, theta, traditional)
+        b, h, t, d = x.shape
+        cos, sin = self._rope_tables(offset + t, d, theta)
+        xr = np.ascontiguousarray(x, dtype=np.float32).reshape(b * h, t, d)
+        out = np.empty_like(xr)
+        K.rope_rows(xr, cos[offset:offset + t], sin[offset:offset + t], out)
+        return out.reshape(b, h, t, d)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
+                  causal_offset: int | None = None,
+                  key_mask: np.ndarray | None = None) -> np.ndarray:
+        b, hq, t, d = q.shape
+        s = k.shape[2]
+        # One new token that sees every cached key: the decode step.
+        if b == 1 and t == 1 and key_mask is None and causal_offset == s - 1:
+            out = np.empty((hq, d), dtype=np.float32)
+            K.attend_decode(np.ascontiguousarray(q[0, :, 0, :]), _rows_of(k)[0],
+                            _rows_of(v)[0], s, scale, out)
+            return out.reshape(1, hq, 1, d)
+        # Grouped-query heads folded into rows (as NumPy does): one BLAS GEMM per kv head
+        # for q.k and one for p.v; the masked softmax between them is one numba pass.
+        hk = k.shape[1]
+        qg = q.reshape(b, hk, (hq // hk) * t, d)
+        sc = qg @ k.transpose(0, 1, 3, 2)
+        mask = (np.ones((b, s), dtype=np.float32) if key_mask is None
+                else np.ascontiguousarray(key_mask, dtype=np.float32))
+        K.softmax_scores(sc.reshape(b, hq, t, s), scale,
+                         -1 if causal_offset is None else causal_offset, mask)
+        return (sc @ v).reshape(b, hq, t, d)
+
+
+def _rows_of(x: np.ndarray) -> np.ndarray:
+    """The C-contiguous array whose leading rows (axis 2) ``x`` is, without a copy.
+
+    The KV cache hands attention a narrow() view of its (b, h, capacity, d) buffer; numba
+    vectorises only over C-contiguous arrays, so the kernel takes the whole buffer and a
+    key count. Anything else is copied."""
+    base = x.base
+    if (isinstance(base, np.ndarray) and base.flags.c_contiguous and base.dtype == np.float32
+            and base.ndim == 4 and base.shape[:2] == x.shape[:2] and base.shape[3] == x.shape[3]
+            and x.strides == base.strides and x.ctypes.data == base.ctypes.data):
+        return base
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def probe() -> tuple[bool, str]:
+    try:
+        import numba
+    except ImportError:
+        return False, "numba is not installed"
+    return True, (f"numba {numba.__version__} kernels over quantized weights, "
+                  f"{numba.get_num_threads()} threads")
+
+
+def create() -> CpuBackend:
+    return CpuBackend()
+

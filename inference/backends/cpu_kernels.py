@@ -1,0 +1,401 @@
+"""numba kernels of the CPU backend over quantized weights in "lane blocks".
+
+Layout (made by :mod:`inference.backends.cpu_pack`): output rows are grouped in tiles of
+``LANES`` rows and the input dimension in groups of ``GROUP``; one block holds one
+(tile, group) pair as a float32 array ``(R, LANES)``:
+
+- rows ``0 .. C-1`` are the codes as bytes, viewed as ``codes[blk, j, lane]``: 4-bit
+  (C=4): byte ``j`` holds code ``j`` in its low and code ``j + 16`` in its high nibble,
+  as in GGML's Q4_0/Q4_1; 8-bit (C=8): one code per byte (int8 for Q8_0);
+- row ``C`` is the scale of each lane, row ``C + 1`` (affine types only) its bias:
+  ``w = scale * code + bias``; symmetric types instead have ``bias = -zero * scale``.
+
+Why: the inner loop runs over the lanes, i.e. 32 output rows at once, so LLVM vectorises
+it with plain loads, converts and FMAs, and no horizontal sum per group is needed; the
+``x`` values are broadcast scalars. A block is one contiguous run of memory (codes, scale,
+bias together), read front to back, with the block ``PREFETCH`` ahead prefetched: the
+weights of a token no longer fit in L2, and with three separate arrays the hardware
+prefetchers lost ~40% of the speed (README "Fast on a plain CPU" has the figures).
+Codes go through int32 before float: from uint8 & 15 numba would widen to int64, and
+int64 -> float32 converts take twice the instructions. The lane loops take their trip
+count from the array shape, not the constant: a constant 32 gets the loop fully unrolled
+before the loop vectoriser runs, and the SLP vectoriser then leaves the int8 -> float
+converts scalar (3x slower; seen in the assembly).
+
+``sum_j (s*q_j + z) * x_j = s * sum_j q_j x_j + z * sum_j x_j``: the bias costs one FMA
+per group with the precomputed group sums ``xsum`` of ``x``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+LANES = 32
+GROUP = 32
+PREFETCH = 4  # blocks ahead; 2-8 measured equal within noise, 0 is ~25% slower cold
+
+_f32 = np.float32
+
+
+@intrinsic
+def _prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
+    """llvm.prefetch (read, keep in all caches) of ``arr[idx]``; numba has no such call."""
+    sig = types.void(arr, idx)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]],
+                                       wraparound=False, boundscheck=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                          ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_to_f32(typingctx, v):  # type: ignore[no-untyped-def]
+    """Reinterpret an int32 as float32 (a bitcast LLVM can vectorise)."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _exp(x: float) -> float:
+    """float32 exp, relative error < 1e-7 on [-87, 88] (Cephes expf: 2^n times a
+    degree-6 polynomial of the remainder). math.exp is a scalar libm call that keeps
+    loops scalar (~3.5x slower than this; NumPy's np.exp is vectorised, this matches it)."""
+    x = min(max(x, _f32(-87.0)), _f32(88.0))
+    n = math.floor(x * _f32(1.4426950408889634) + _f32(0.5))
+    r = x - n * _f32(0.693359375) - n * _f32(-2.12194440e-4)
+    p = _f32(1.9875691500e-4)
+    p = p * r + _f32(1.3981999507e-3)
+    p = p * r + _f32(8.3334519073e-3)
+    p = p * r + _f32(4.1665795894e-2)
+    p = p * r + _f32(1.6666665459e-1)
+    p = p * r + _f32(5.0000001201e-1)
+    p = p * r * r + r + _f32(1.0)
+    return p * _bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+@njit(cache=True, inline="always")
+def _prefetch_block(flat: np.ndarray, blk: int, row_bytes: int) -> None:
+    """Prefetch every 64-byte line of block ``blk`` of a flat uint8 view."""
+    start = blk * row_bytes
+    if start + row_bytes <= flat.shape[0]:
+        for off in range(0, row_bytes, 64):
+            _prefetch(flat, start + off)
+
+
+@njit(cache=True, fastmath=True)
+def group_sums(x: np.ndarray) -> np.ndarray:
+    """(T, K) -> (T, K/32) sums of each group of 32 activations."""
+    t, k = x.shape
+    out = np.empty((t, k // GROUP), dtype=np.float32)
+    for i in range(t):
+        for g in range(k // GROUP):
+            s = _f32(0.0)
+            for j in range(GROUP):
+                s += x[i, g * GROUP + j]
+            out[i, g] = s
+    return out
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matvec_q4(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: float,
+              x: np.ndarray, xsum: np.ndarray, out: np.ndarray) -> None:
+    """out (T, tiles*LANES) = x (T, K) @ W.T for a 4-bit W; T is small (decode).
+
+    codes (nblk, 4*R, LANES) and flat (nblk*R*4*LANES,) are byte views of blocks
+    (nblk, R, LANES) float32."""
+    groups = x.shape[1] // GROUP
+    tiles = blocks.shape[0] // groups
+    affine = blocks.shape[1] > 5
+    row_bytes = blocks.shape[1] * LANES * 4
+    nl = codes.shape[2]  # == LANES, but a runtime trip count: see module docstring
+    for t in prange(tiles):
+        acc = np.empty(nl, dtype=np.float32)
+        part = np.empty(nl, dtype=np.float32)
+        for i in range(x.shape[0]):
+            acc[:] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
+                part[:] = 0.0
+                for j in range(16):
+                    xl = x[i, g * GROUP + j]
+                    xh = x[i, g * GROUP + 16 + j]
+                    row = codes[blk, j]
+                    for lane in range(nl):
+                        q = np.int32(row[lane])
+                        part[lane] += (_f32(np.int32(q & 15)) * xl
+                                       + _f32(np.int32(q >> 4)) * xh)
+                xs = xsum[i, g]
+                sg = blocks[blk, 4]
+                if affine:
+                    zg = blocks[blk, 5]
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * part[lane] + zg[lane] * xs
+                else:
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * (part[lane] - zero * xs)
+            out[i, t * LANES:(t + 1) * LANES] = acc
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def matvec_q8(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: float,
+              x: np.ndarray, xsum: np.ndarray, out: np.ndarray) -> None:
+    """As :func:`matvec_q4` for an 8-bit W (codes uint8, or int8 for Q8_0)."""
+    groups = x.shape[1] // GROUP
+    tiles = blocks.shape[0] // groups
+    affine = blocks.shape[1] > 9
+    row_bytes = blocks.shape[1] * LANES * 4
+    nl = codes.shape[2]  # == LANES, but a runtime trip count: see module docstring
+    for t in prange(tiles):
+        acc = np.empty(nl, dtype=np.float32)
+        part = np.empty(nl, dtype=np.float32)
+        for i in range(x.shape[0]):
+            acc[:] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
+                part[:] = 0.0
+                for j in range(GROUP):
+                    xv = x[i, g * GROUP + j]
+                    row = codes[blk, j]
+                    for lane in range(nl):
+                        part[lane] += _f32(np.int32(row[lane])) * xv
+                xs = xsum[i, g]
+                sg = blocks[blk, 8]
+                if affine:
+                    zg = blocks[blk, 9]
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * part[lane] + zg[lane] * xs
+                else:
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * (part[lane] - zero * xs)
+            out[i, t * LANES:(t + 1) * LANES] = acc
+
+
+@njit(cache=True, fastmath=True)
+def dequant_t(codes: np.ndarray, blocks: np.ndarray, bits: int, zero: float, groups: int,
+              t0: int, t1: int, out: np.ndarray) -> None:
+    """Tiles t0..t1 of W -> out (K, (t1-t0)*LANES) float32: that slice of W.T, row-major
+    in the output rows, so BLAS computes x @ out without a transpose."""
+    c = 4 if bits == 4 else 8
+    affine = blocks.shape[1] > c + 1
+    zf = _f32(zero)
+    for t in range(t0, t1):
+        col = (t - t0) * LANES
+        zg = np.empty(LANES, dtype=np.float32)
+        for g in range(groups):
+            blk = t * groups + g
+            sg = blocks[blk, c]
+            for lane in range(LANES):
+                zg[lane] = blocks[blk, c + 1, lane] if affine else -zf * sg[lane]
+            if bits == 4:
+                for j in range(16):
+                    row = codes[blk, j]
+                    lo = out[g * GROUP + j]
+                    hi = out[g * GROUP + 16 + j]
+                    for lane in range(LANES):
+                        q = np.int32(row[lane])
+                        lo[col + lane] = sg[lane] * _f32(np.int32(q & 15)) + zg[lane]
+                        hi[col + lane] = sg[lane] * _f32(np.int32(q >> 4)) + zg[lane]
+            else:
+                for j in range(GROUP):
+                    row = codes[blk, j]
+                    o = out[g * GROUP + j]
+                    for lane in range(LANES):
+                        o[col + lane] = sg[lane] * _f32(np.int32(row[lane])) + zg[lane]
+
+
+@njit(cache=True)
+def gather_rows(codes: np.ndarray, blocks: np.ndarray, bits: int, zero: float, groups: int,
+                ids: np.ndarray, out: np.ndarray) -> None:
+    """Embedding lookup: rows ``ids`` of W, dequantized into out (n, K)."""
+    c = 4 if bits == 4 else 8
+    affine = blocks.shape[1] > c + 1
+    for i in range(ids.shape[0]):
+        t, lane = divmod(ids[i], LANES)
+        for g in range(groups):
+            blk = t * groups + g
+            s = blocks[blk, c, lane]
+            z = blocks[blk, c + 1, lane] if affine else -_f32(zero) * s
+            if bits == 4:
+                for j in range(16):
+                    q = np.int32(codes[blk, j, lane])
+                    out[i, g * GROUP + j] = s * _f32(np.int32(q & 15)) + z
+                    out[i, g * GROUP + 16 + j] = s * _f32(np.int32(q >> 4)) + z
+            else:
+                for j in range(GROUP):
+                    out[i, g * GROUP + j] = s * _f32(np.int32(codes[blk, j, lane])) + z
+
+
+# --- small fused ops for the token loop (one call instead of 4-6 NumPy passes) ----------
+
+@njit(cache=True, fastmath=True)
+def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+    n, d = x.shape
+    for i in range(n):
+        ss = _f32(0.0)
+        for k in range(d):
+            ss += x[i, k] * x[i, k]
+        r = _f32(1.0) / math.sqrt(ss / d + eps)
+        for k in range(d):
+            out[i, k] = x[i, k] * r * w[k]
+
+
+@njit(cache=True, fastmath=True)
+def silu_mul_flat(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    for k in range(g.shape[0]):
+        out[k] = g[k] / (_f32(1.0) + _exp(-g[k])) * u[k]
+
+
+@njit(cache=True, fastmath=True)
+def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) -> None:
+    """NeoX (half-split) RoPE. x (rows, t, d) with tables (t, d/2)."""
+    rows, t, d = x.shape
+    h = d // 2
+    for r in range(rows):
+        for i in range(t):
+            for k in range(h):
+                a = x[r, i, k]
+                b = x[r, i, k + h]
+                out[r, i, k] = a * cos[i, k] - b * sin[i, k]
+                out[r, i, k + h] = b * cos[i, k] + a * sin[i, k]
+
+
+@njit(cache=True, fastmath=True)
+def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scale: float,
+                  out: np.ndarray) -> None:
+    """One query token per head, seeing the first n_keys keys: q (hq, d), k/v (hk, S, d)
+    C-contiguous (the whole cache buffer; only the first n_keys rows are read).
+    Grouped-query: head h reads kv head h // (hq/hk)."""
+    hq, d = q.shape
+    group = hq // k.shape[0]
+    p = np.empty(n_keys, dtype=np.float32)
+    for h in range(hq):
+        kv = h // group
+        m = _f32(-np.inf)
+        for s in range(n_keys):
+            acc = _f32(0.0)
+            for c in range(d):
+                acc += q[h, c] * k[kv, s, c]
+            acc *= scale
+            p[s] = acc
+            m = max(m, acc)
+        tot = _f32(0.0)
+        for s in range(n_keys):
+            e = _exp(p[s] - m)
+            p[s] = e
+            tot += e
+        inv = _f32(1.0) / tot
+        for c in range(d):
+            out[h, c] = 0.0
+        for s in range(n_keys):
+            w = p[s] * inv
+            for c in range(d):
+                out[h, c] += w * v[kv, s, c]
+
+
+# --- encoder / prefill ops --------------------------------------------------------------
+# Serial on purpose: they run between BLAS calls, and a numba (OpenMP) pool spinning next
+# to OpenBLAS's pool on the same cores made a 2-thread prefill 10x slower than 1 thread.
+# BLAS carries the parallelism of these paths; the mat-vec kernels, which run with no
+# BLAS around them, carry it in decode.
+
+@njit(cache=True, fastmath=True, inline="always")
+def _erf(a: float) -> float:
+    """Rational approximation of erf (Eigen's generic_fast_erf_float), |error| < 4e-7:
+    pure multiply-adds and one division, so the GELU loop vectorises (math.erf is a
+    scalar libm call, ~10x slower here)."""
+    x = min(max(a, _f32(-4.0)), _f32(4.0))
+    x2 = x * x
+    p = x2 * _f32(-2.72614225801306e-10) + _f32(2.77068142495902e-08)
+    p = x2 * p + _f32(-2.10102402082508e-06)
+    p = x2 * p + _f32(-5.69250639462346e-05)
+    p = x2 * p + _f32(-7.34990630326855e-04)
+    p = x2 * p + _f32(-2.95459980854025e-03)
+    p = x2 * p + _f32(-1.60960333262415e-02)
+    q = x2 * _f32(-1.45660718464996e-05) + _f32(-2.13374055278905e-04)
+    q = x2 * q + _f32(-1.68282697438203e-03)
+    q = x2 * q + _f32(-7.37332916720468e-03)
+    q = x2 * q + _f32(-1.42647390514189e-02)
+    return x * p / q
+
+
+@njit(cache=True, fastmath=True)
+def gelu_rows(x: np.ndarray, out: np.ndarray) -> None:
+    """Exact (erf) GELU of a (rows, d) array."""
+    n, d = x.shape
+    for i in range(n):
+        for k in range(d):
+            v = x[i, k]
+            out[i, k] = _f32(0.5) * v * (_f32(1.0) + _erf(v * _f32(0.7071067811865476)))
+
+
+@njit(cache=True, fastmath=True)
+def layer_norm_rows(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float,
+                    out: np.ndarray) -> None:
+    n, d = x.shape
+    for i in range(n):
+        mu = _f32(0.0)
+        for k in range(d):
+            mu += x[i, k]
+        mu /= d
+        var = _f32(0.0)
+        for k in range(d):
+            t = x[i, k] - mu
+            var += t * t
+        r = _f32(1.0) / math.sqrt(var / d + eps)
+        for k in range(d):
+            out[i, k] = (x[i, k] - mu) * r * w[k] + b[k]
+
+
+@njit(cache=True, fastmath=True)
+def softmax_scores(sc: np.ndarray, scale: float, causal_offset: int,
+                   mask: np.ndarray) -> None:
+    """In place: sc (b, h, t, s) raw q.k scores -> attention weights.
+
+    mask (b, s) is 1 for keys to attend and 0 for padding (exact zero weight);
+    causal_offset >= 0 lets query i see keys 0 .. causal_offset + i, < 0: no limit.
+    The two matmuls around it stay with BLAS; a fused numba kernel with short key loops
+    measured 1.6x slower than NumPy, this split 1.4x faster (README)."""
+    b, h, t, s = sc.shape
+    for bh in range(b * h):
+        bi = bh // h
+        hh = bh - bi * h
+        for i in range(t):
+            row = sc[bi, hh, i]
+            last = s if causal_offset < 0 else min(s, causal_offset + i + 1)
+            m = _f32(-np.inf)
+            for j in range(last):
+                if mask[bi, j] > 0:
+                    m = max(m, row[j] * scale)
+            tot = _f32(0.0)
+            for j in range(s):
+                e = _exp(row[j] * scale - m) if (j < last and mask[bi, j] > 0) else _f32(0.0)
+                row[j] = e
+                tot += e
+            inv = _f32(1.0) / tot
+            for j in range(s):
+                row[j] *= inv

@@ -1,0 +1,164 @@
+"""Quantized weights for the CPU backend: GGML blocks / MLX groups -> lane layout.
+
+Codes, scales and biases per group of 32 come from :func:`mlx_repack.block_groups` (the
+one decoder of GGML blocks into affine groups, exact for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0/Q3_K).
+4-bit types keep 4 bits a weight; other types take 8. Scales and biases are float32,
+because numba has no float16 on the CPU.
+
+Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
+its bytes in the file (Q4_0 1.11x, Q4_1 1.2x, Q4_K 1.33x, Q8_0 1.06x, MLX 4/8-bit with
+float16 scales <= 1.33x). Other types (Q5_*, Q6_K, Q3_K, Q2_K, F16, BF16, 5/6-bit MLX)
+stay as raw file bytes (1.0x) and are dequantized on the fly a chunk of rows at a time:
+correct, but slower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from inference.backends.cpu_kernels import GROUP, LANES
+from inference.backends.mlx_repack import block_groups
+from inference.formats.quants import BLOCK_TYPES, dequantize_raw, unpack_mlx
+from inference.formats.tensor import TensorData
+
+MAX_GROWTH = 1.5
+FOUR_BIT = frozenset({"Q4_0", "Q4_1", "Q4_K"})
+# Symmetric types store no bias row: w = scale * (code - zero). Q8_0 codes stay int8.
+SYMMETRIC = {"Q4_0": 8.0, "Q8_0": 0.0}
+_CODE_ROWS = {4: 4, 8: 8}  # float32 rows of LANES that hold a block's 32 x LANES codes
+_ROWS_PER_STEP = 1024  # repack this many rows at once: bounds the uint8-per-code temporary
+
+
+@dataclass
+class PackedWeight:
+    """An (out, in) matrix in lane blocks (see :mod:`cpu_kernels`); rows padded to whole
+    tiles of ``LANES`` with zero scales."""
+
+    blocks: np.ndarray  # (tiles * K/32, R, LANES) float32: code bytes, scale[, bias]
+    bits: int  # 4 or 8
+    zero: float  # symmetric types: w = scale * (code - zero); affine types carry a bias row
+    shape: tuple[int, int]  # logical (out, in)
+
+    def __post_init__(self) -> None:
+        n = self.blocks.shape[0]
+        signed = np.int8 if self.bits == 8 and self.zero == 0 and not self.affine else np.uint8
+        self.codes = self.blocks.view(signed).reshape(n, -1, LANES)
+        self.flat = self.blocks.reshape(-1).view(np.uint8)
+
+    @property
+    def affine(self) -> bool:
+        return self.blocks.shape[1] > _CODE_ROWS[self.bits] + 1
+
+    @property
+    def groups(self) -> int:
+        return self.shape[1] // GROUP
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.blocks.nbytes)
+
+
+@dataclass
+class RawWeight:
+    """A matrix kept as its file bytes (types without a packed form within the memory rule)."""
+
+    raw: np.ndarray  # (out, bytes_per_row) uint8, or float16/float32 (out, in)
+    qtype: str
+    shape: tuple[int, int]
+
+    def rows(self, r0: int, r1: int) -> np.ndarray:
+        return dequantize_raw(self.raw[r0:r1], self.qtype).reshape(r1 - r0, self.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+
+def _groups(t: TensorData, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows r0..r1 as codes (rows, K) uint8 and scale/bias (rows, K/32) float32."""
+    n = t.shape[-1]
+    if t.qtype == "MLX":
+        x = t.extra
+        gs = int(x["group_size"])
+        codes = unpack_mlx(np.asarray(t.data[r0:r1]), int(x["bits"]))
+        s, z = (_f32(np.asarray(x[k][r0:r1])) for k in ("scales", "biases"))
+        # Groups of 64/128 become 2/4 groups of 32 with the same scale and bias.
+        return codes, np.repeat(s, gs // GROUP, axis=1), np.repeat(z, gs // GROUP, axis=1)
+    bt = BLOCK_TYPES[t.qtype]
+    raw = np.ascontiguousarray(t.data[r0:r1]).view(np.uint8).reshape(-1, bt.type_size)
+    codes, s, z = block_groups(raw, t.qtype)
+    if t.qtype == "Q8_0":  # back to signed codes, bias -128d + 128d = 0: no cancellation
+        codes, z = (codes ^ np.uint8(0x80)).view(np.int8), np.zeros_like(z)
+    rows = r1 - r0
+    per = bt.block_size // GROUP
+    s = np.broadcast_to(s, (len(raw), per)).reshape(rows, n // GROUP)
+    z = np.broadcast_to(z, (len(raw), per)).reshape(rows, n // GROUP)
+    return codes.reshape(rows, n), s, z
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    if a.dtype == np.uint16:  # bfloat16 bit patterns
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
+def packed_bits(t: TensorData) -> int | None:
+    """4 or 8 if ``t`` is packed under the memory rule, else None."""
+    if len(t.shape) != 2 or t.shape[1] % GROUP:
+        return None
+    if t.qtype == "MLX":
+        bits = int(t.extra["bits"])
+        return bits if bits in (4, 8) else None
+    if t.qtype not in BLOCK_TYPES or BLOCK_TYPES[t.qtype].is_float:
+        return None
+    bits = 4 if t.qtype in FOUR_BIT else 8
+    file_bytes = t.shape[0] * BLOCK_TYPES[t.qtype].row_bytes(t.shape[1])
+    scale_bytes = 4 if t.qtype in SYMMETRIC else 8  # per group: scale [+ bias], float32
+    packed = t.shape[0] * t.shape[1] * (bits / 8 + scale_bytes / GROUP)
+    return bits if packed <= MAX_GROWTH * file_bytes else None
+
+
+def pack(t: TensorData) -> PackedWeight | RawWeight:
+    bits = packed_bits(t)
+    n_out, k = t.shape
+    if bits is None:
+        return RawWeight(np.array(t.data), t.qtype, (n_out, k))  # copy: drop the file map
+    tiles, groups = -(-n_out // LANES), k // GROUP
+    zero = SYMMETRIC.get(t.qtype)
+    c = _CODE_ROWS[bits]
+    blocks = np.zeros((tiles * groups, c + (1 if zero is not None else 2), LANES),
+                      dtype=np.float32)
+    code_bytes = blocks.view(np.uint8).reshape(len(blocks), -1, LANES)
+    for r0 in range(0, n_out, _ROWS_PER_STEP):  # _ROWS_PER_STEP is a multiple of LANES
+        r1 = min(n_out, r0 + _ROWS_PER_STEP)
+        q, s, z = _groups(t, r0, r1)
+        pad = -(r1 - r0) % LANES
+        if pad:
+            q, s, z = (np.pad(a, ((0, pad), (0, 0))) for a in (q, s, z))
+        nt = len(q) // LANES
+        q = q.view(np.uint8).reshape(nt, LANES, groups, GROUP).transpose(0, 2, 3, 1)
+        if bits == 4:
+            q = q[:, :, :16] | (q[:, :, 16:] << np.uint8(4))
+        b0, b1 = r0 // LANES * groups, (r0 // LANES + nt) * groups
+        code_bytes[b0:b1, : q.shape[2]] = q.reshape(b1 - b0, -1, LANES)
+        blocks[b0:b1, c] = s.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(-1, LANES)
+        if zero is None:
+            blocks[b0:b1, c + 1] = z.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(
+                -1, LANES)
+    return PackedWeight(blocks, bits, 0.0 if zero is None else zero, (n_out, k))
+
+
+def unpack(w: PackedWeight) -> np.ndarray:
+    """Back to a float32 (out, in) matrix (tests and small fallbacks)."""
+    c = _CODE_ROWS[w.bits]
+    q = w.codes[:, : 16 if w.bits == 4 else GROUP].astype(np.int32)
+    if w.bits == 4:
+        q = np.concatenate([q & 15, q >> 4], axis=1)
+    s = w.blocks[:, c][:, None, :]
+    z = w.blocks[:, c + 1][:, None, :] if w.affine else -w.zero * s
+    v = q.astype(np.float32) * s + z  # (blocks, 32, LANES)
+    tiles = len(v) // w.groups
+    v = v.reshape(tiles, w.groups, GROUP, LANES).transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(v.reshape(tiles * LANES, w.shape[1])[: w.shape[0]])

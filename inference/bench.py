@@ -1,0 +1,305 @@
+"""`inferdesk bench`: fixed workloads, timed, printed as JSON.
+
+Workloads (resources/bench/):
+- LLM: the 138-token prompt.txt is prefilled (prefill tok/s), then 128 tokens are decoded
+  greedily, EOS ignored (decode tok/s);
+- embeddings: the 1,000 sentences of sentences.txt at batch 32 (sentences/s).
+With ``--compare`` llama-cpp-python and sentence-transformers run the same workloads in
+this process with the same thread count, in alternating order round by round (so drift in
+a shared machine's load hits both sides), and the ratios of the medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import resources
+from inference.backends.base import SamplingParams, host_rss
+from inference.generate import generate_step
+
+BENCH_DIR = Path(resources.__file__).parent / "bench"
+LLM_MODEL = "SmolLM2-135M-Instruct.Q4_1"
+EMBED_MODEL = "all-MiniLM-L6-v2"
+DECODE_TOKENS = 128
+BATCH_SIZE = 32
+
+
+def workloads() -> tuple[str, list[str]]:
+    prompt = (BENCH_DIR / "prompt.txt").read_text(encoding="utf-8")
+    sentences = (BENCH_DIR / "sentences.txt").read_text(encoding="utf-8").splitlines()
+    return prompt, sentences
+
+
+def set_threads(n: int, backend: Any = None) -> str:
+    """Cap the engine's thread pools at n: BLAS/OpenMP via threadpoolctl, and the backend's
+    own pool (numba) through its set_threads hook. Returns what was capped."""
+    done = []
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(n)
+        done.append("threadpoolctl")
+    except ImportError:
+        pass
+    hook = getattr(backend, "set_threads", None)
+    if hook is not None:
+        hook(n)
+        done.append(f"{backend.name}.set_threads")
+    return ", ".join(done) or "none (install threadpoolctl to cap BLAS threads)"
+
+
+class EngineLLM:
+    name = "inferdesk"
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def run(self, ids: Sequence[int], n_decode: int) -> dict[str, Any]:
+        """The engine's own token loop (generate_step): prefill + first sample, then
+        n_decode greedy steps; EOS does not stop it."""
+        m = self.model.model
+        t0 = time.perf_counter()
+        steps = generate_step(m, list(ids), SamplingParams(temperature=0.0),
+                              np.random.default_rng(0), max_len=len(ids) + n_decode + 1)
+        toks = [next(steps)]
+        t1 = time.perf_counter()
+        for _ in range(n_decode):
+            toks.append(next(steps))
+        t2 = time.perf_counter()
+        steps.close()
+        return {"prefill_tok_s": len(ids) / (t1 - t0), "decode_tok_s": n_decode / (t2 - t1),
+                "tokens": toks}
+
+
+class EngineEmbed:
+    name = "inferdesk"
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def run(self, sentences: Sequence[str], batch_size: int) -> tuple[float, np.ndarray]:
+        t0 = time.perf_counter()
+        vecs = self.model.embed(list(sentences), batch_size=batch_size)
+        return len(sentences) / (time.perf_counter() - t0), vecs
+
+
+def _settle() -> None:
+    # Let the previous runner's spinning OpenMP/BLAS workers go to sleep before timing.
+    time.sleep(0.3)
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs)) if xs else 0.0
+
+
+def _interleave(runners: list[Any], rounds: int, once: Callable[[Any], dict[str, float]]
+                ) -> list[list[dict[str, float]]]:
+    """rounds x runners samples; odd rounds run the runners in reverse order."""
+    samples: list[list[dict[str, float]]] = [[] for _ in runners]
+    for r in range(rounds):
+        order = list(range(len(runners)))
+        for i in order if r % 2 == 0 else order[::-1]:
+            _settle()
+            samples[i].append(once(runners[i]))
+    return samples
+
+
+def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    from inference.api import CausalLM, load_model
+    from inference.store import resolve
+
+    prompt, _ = workloads()
+    spec = resolve(args.llm_model)
+    gc.collect()
+    rss0 = host_rss()
+    model = load_model(spec, backend=args.backend)
+    gc.collect()
+    rss1 = host_rss()
+    if not isinstance(model, CausalLM):
+        raise SystemExit(f"inferdesk bench: {spec.name} is not a causal model")
+    out["threads_capped"] = set_threads(args.threads, model.backend)
+    ids = model.tokenize(prompt)
+    a = model.args
+    kv = 2 * len(model.model.layers) * a.num_key_value_heads * a.head_dim * (
+        len(ids) + args.decode_tokens + 1) * 4
+    res: dict[str, Any] = {
+        "model": spec.name, "backend": model.backend.name, "backend_reason": model.backend_reason,
+        "prompt_tokens": len(ids), "decode_tokens": args.decode_tokens,
+        "memory": {"file_bytes": spec.file_size, "rss_load_delta_bytes": rss1 - rss0,
+                   "kv_cache_bytes": kv,
+                   "rss_load_delta_over_file": round((rss1 - rss0) / spec.file_size, 3)},
+    }
+    runners: list[Any] = [EngineLLM(model)]
+    if args.compare:
+        from inference.bench_peers import llama_cpp_runner
+
+        peer = llama_cpp_runner(spec.path, args.threads, n_ctx=len(ids) + args.decode_tokens + 8)
+        if isinstance(peer, str):
+            res["llama_cpp"] = {"skipped": peer}
+        else:
+            runners.append(peer)
+    for r in runners:  # warm-up: JIT compiles, page-ins, thread pools
+        r.run(ids[:16], 4)
+    samples = _interleave(runners, args.rounds, lambda r: r.run(ids, args.decode_tokens))
+    keys = ("inferdesk", "llama_cpp")
+    for key, runner, ss in zip(keys, runners, samples, strict=False):
+        res[key] = {
+            "prefill_tok_s": round(_median([s["prefill_tok_s"] for s in ss]), 1),
+            "decode_tok_s": round(_median([s["decode_tok_s"] for s in ss]), 1),
+            "prefill_samples": [round(s["prefill_tok_s"], 1) for s in ss],
+            "decode_samples": [round(s["decode_tok_s"], 1) for s in ss],
+        }
+        if key != "inferdesk":
+            res[key]["version"] = runner.version
+    if len(runners) == 2:
+        ours, theirs = res["inferdesk"], res["llama_cpp"]
+        same = sum(x == y for x, y in zip(samples[0][0]["tokens"], samples[1][0]["tokens"],
+                                          strict=True))
+        res["greedy_tokens_equal"] = f"{same}/{args.decode_tokens + 1}"
+        res["ratio"] = {k: round(ours[k] / theirs[k], 3) for k in ("prefill_tok_s",
+                                                                   "decode_tok_s")}
+    res["memory"]["rss_after_run_bytes"] = host_rss()
+    out["llm"] = res
+
+
+def bench_embed(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    from inference.api import Encoder, load_model
+    from inference.store import resolve
+
+    _, sentences = workloads()
+    sentences = sentences[: args.sentences]
+    spec = resolve(args.embed_model)
+    model = load_model(spec, backend=args.backend)
+    if not isinstance(model, Encoder):
+        raise SystemExit(f"inferdesk bench: {spec.name} is not an embedding model")
+    out["threads_capped"] = set_threads(args.threads, model.backend)
+    res: dict[str, Any] = {"model": spec.name, "backend": model.backend.name,
+                           "sentences": len(sentences), "batch_size": BATCH_SIZE}
+    runners: list[Any] = [EngineEmbed(model)]
+    if args.compare:
+        from inference.bench_peers import st_runner
+
+        peer = st_runner(spec.path, args.threads)
+        if isinstance(peer, str):
+            res["sentence_transformers"] = {"skipped": peer}
+        else:
+            runners.append(peer)
+    for r in runners:
+        r.run(sentences[:64], BATCH_SIZE)
+    vecs: list[np.ndarray] = [np.zeros(0)] * len(runners)
+
+    def once(r: Any) -> dict[str, float]:
+        rate, v = r.run(sentences, BATCH_SIZE)
+        vecs[runners.index(r)] = v
+        return {"sentences_s": rate}
+
+    samples = _interleave(runners, args.rounds, once)
+    for key, runner, ss in zip(("inferdesk", "sentence_transformers"), runners, samples,
+                               strict=False):
+        rates = [s["sentences_s"] for s in ss]
+        res[key] = {"sentences_s": round(_median(rates), 1),
+                    "samples": [round(x, 1) for x in rates]}
+        if key != "inferdesk":
+            res[key]["version"] = runner.version
+    if len(runners) == 2:
+        cos = np.sum(vecs[0] * vecs[1], axis=1) / (
+            np.linalg.norm(vecs[0], axis=1) * np.linalg.norm(vecs[1], axis=1) + 1e-12)
+        res["min_cosine_vs_peer"] = round(float(cos.min()), 6)
+        res["ratio"] = {"sentences_s": round(res["inferdesk"]["sentences_s"]
+                                             / res["sentence_transformers"]["sentences_s"], 3)}
+    out["embed"] = res
+
+
+def _summary(out: dict[str, Any]) -> str:
+    lines = []
+    llm = out.get("llm")
+    if llm:
+        o = llm["inferdesk"]
+        lines.append(f"LLM {llm['model']} on {llm['backend']}: prefill {o['prefill_tok_s']} tok/s, "
+                     f"decode {o['decode_tok_s']} tok/s")
+        p = llm.get("llama_cpp", {})
+        if "ratio" in llm:
+            lines.append(f"  llama.cpp: prefill {p['prefill_tok_s']}, decode {p['decode_tok_s']}"
+                         f" -> ratio prefill {llm['ratio']['prefill_tok_s']}x, "
+                         f"decode {llm['ratio']['decode_tok_s']}x")
+        elif "skipped" in p:
+            lines.append(f"  llama.cpp skipped: {p['skipped']}")
+    emb = out.get("embed")
+    if emb:
+        lines.append(f"embed {emb['model']} on {emb['backend']}: "
+                     f"{emb['inferdesk']['sentences_s']} sentences/s")
+        p = emb.get("sentence_transformers", {})
+        if "ratio" in emb:
+            lines.append(f"  sentence-transformers: {p['sentences_s']} sentences/s -> ratio "
+                         f"{emb['ratio']['sentences_s']}x")
+        elif "skipped" in p:
+            lines.append(f"  sentence-transformers skipped: {p['skipped']}")
+    return "\n".join(lines)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.threads < 1 or args.rounds < 1 or args.decode_tokens < 1 or args.sentences < 1:
+        from inference.errors import InvalidInputError
+
+        raise InvalidInputError("--threads, --rounds, --decode-tokens and --sentences must be "
+                                "at least 1.")
+    out: dict[str, Any] = {
+        "machine": {"cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(), "python": platform.python_version()},
+        "threads": args.threads, "rounds": args.rounds, "compare": args.compare,
+    }
+    if args.only in (None, "llm"):
+        bench_llm(args, out)
+    if args.only in (None, "embed"):
+        bench_embed(args, out)
+    print(json.dumps(out, indent=2))
+    print(_summary(out), file=sys.stderr)
+    return 0
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    b = subparsers.add_parser("bench", help="time fixed LLM and embedding workloads (JSON)")
+    b.add_argument("--backend", default="auto", help="auto, or a backend name (see backends)")
+    b.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="threads for the engine and the peers (default: all cores)")
+    b.add_argument("--compare", action="store_true",
+                   help="also run llama-cpp-python and sentence-transformers, if installed")
+    b.add_argument("--rounds", type=int, default=3, help="timed rounds per runner (median)")
+    b.add_argument("--only", choices=["llm", "embed"], help="run one workload only")
+    b.add_argument("--llm-model", default=LLM_MODEL, help=argparse.SUPPRESS)
+    b.add_argument("--embed-model", default=EMBED_MODEL, help=argparse.SUPPRESS)
+    # Smaller workloads for tests; the published figures use the defaults.
+    b.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS, help=argparse.SUPPRESS)
+    b.add_argument("--sentences", type=int, default=1000, help=argparse.SUPPRESS)
+    b.set_defaults(func=cmd_bench)
+    return b
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m inference.bench ...`: the same as `inferdesk bench ...`."""
+    from inference.errors import InferdeskError
+
+    p = argparse.ArgumentParser(prog="inferdesk")
+    add_parser(p.add_subparsers(dest="command"))
+    args = p.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except InferdeskError as e:
+        print(f"inferdesk: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
