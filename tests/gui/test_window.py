@@ -12,7 +12,7 @@ from tests.gui.conftest import wait_until
 def test_window_lists_bundled_models_and_backends(make_window, qtbot) -> None:
     w = make_window()
     wait_until(lambda: len(w.picker.specs) >= 2 and w.picker.backend_combo.count() > 1,
-                    30_000)
+               30_000)
     kinds = {(s.kind, s.source) for s in w.picker.specs}
     assert {("causal", "bundled"), ("encoder", "bundled")} <= kinds
     names = [w.picker.table.item(r, 0).text() for r in range(w.picker.table.rowCount())]

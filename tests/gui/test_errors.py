@@ -1,0 +1,53 @@
+"""Errors become a message in the window; the app and the worker carry on."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from tests.gui.conftest import spin
+
+
+def test_corrupt_gguf_shows_a_message_and_the_app_keeps_working(loaded_window, qtbot,
+                                                                  tmp_path) -> None:
+    w = loaded_window
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + struct.pack("<I", 3) + os.urandom(256))
+    with qtbot.waitSignal(w.handle.failed, timeout=60_000) as failed:
+        w.picker.add_files([str(bad)])
+    kind, message = failed.args
+    assert kind == "load"
+    assert w.banner.isVisible() and w.banner.text() == message
+    assert "broken.gguf" in message and "Traceback" not in message
+    assert not message.startswith("Unexpected")
+    assert str(bad) not in w.settings.extra_paths()  # a file that failed is not kept
+    assert {"causal", "encoder"} <= set(w.picker.loaded)  # what was loaded stays loaded
+    spin(200)
+    assert w.handle.thread.isRunning()
+    w.chat.new_conversation()
+    w.chat.sampling.set_values({"max_tokens": 4, "temperature": 0.0})
+    with qtbot.waitSignal(w.handle.generated, timeout=120_000) as done:
+        w.chat.send("Hi")
+    assert done.args[0].n_generated >= 1
+    w.banner.hide()
+
+
+def test_sending_without_a_model_says_so(make_window, qtbot) -> None:
+    w = make_window()
+    with qtbot.waitSignal(w.handle.failed, timeout=30_000) as failed:
+        w.chat.send("Hello?")
+    assert failed.args[0] == "generate" and "Load a chat model" in w.banner.text()
+    assert not w.chat.generating and w.chat.send_button.isEnabled()
+
+
+def test_offline_download_says_so_plainly(make_window, qtbot) -> None:
+    w = make_window()
+    box = w.picker.download_box
+    box.repo.setText("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF")
+    box.filename.setText("not-in-the-cache.gguf")
+    with qtbot.waitSignal(w.downloads.failed, timeout=60_000) as failed:
+        box.start()
+    kind, message = failed.args
+    assert kind == "download" and "Hugging Face Hub" in message
+    assert box.status.text() == message and w.banner.text() == message
+    assert box.start_button.isEnabled() and not box.cancel_button.isEnabled()
