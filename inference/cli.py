@@ -13,7 +13,7 @@ from inference.backends.base import SamplingParams
 from inference.errors import InferdeskError, InvalidInputError
 from inference.events import DoneEvent, TokenEvent
 
-BACKEND_CHOICES = ["auto", "numpy", "mlx", "cuda"]
+BACKEND_CHOICES = ["auto", "cuda", "mlx", "cpu", "numpy"]
 
 
 def _human_bytes(n: float) -> str:
@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_embed)
+
+    from inference.bench import add_parser as add_bench
+
+    add_bench(sub)
     return p
 
 

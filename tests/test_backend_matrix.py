@@ -115,7 +115,7 @@ def test_explicit_backend_lacking_quant_type_names_it(fake):
 
 
 def test_auto_falls_back_and_says_why(fake, monkeypatch):
-    monkeypatch.setattr(backends, "AUTO_ORDER", ("fake", "numpy"))
+    monkeypatch.setattr(backends, "auto_order", lambda: ("fake", "numpy"))
     b, why = backends.select_backend("auto", llama.REQUIRED_OPS, {"Q4_1"}, "llama")
     assert b.name == "numpy"
     assert why.startswith("numpy: ") and "fake: lacks rms_norm" in why
@@ -126,8 +126,16 @@ def test_auto_skips_unavailable_with_reason(monkeypatch):
     mod.probe = lambda: (False, "no such device")
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setitem(backends._MODULES, "absent", mod.__name__)
-    monkeypatch.setattr(backends, "AUTO_ORDER", ("absent", "numpy"))
+    monkeypatch.setattr(backends, "auto_order", lambda: ("absent", "numpy"))
     b, why = backends.select_backend("auto", llama.REQUIRED_OPS, set(), "llama")
     assert b.name == "numpy" and "absent: no such device" in why
     with pytest.raises(BackendUnavailableError, match="no such device"):
         backends.select_backend("absent", llama.REQUIRED_OPS, set(), "llama")
+
+
+def test_auto_order_puts_mlx_last_without_metal():
+    order = backends.auto_order()
+    import mlx.core as mx
+
+    assert order[0] == "cuda"
+    assert (order[1] == "mlx") == bool(mx.metal.is_available())

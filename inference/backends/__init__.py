@@ -17,8 +17,11 @@ _MODULES = {
     "numpy": "inference.backends.numpy_backend",
 }
 
-# auto order: an NVIDIA GPU, then Metal, then the CPU paths (fastest first).
-AUTO_ORDER = ("cuda", "mlx", "cpu", "numpy")
+# auto order: an NVIDIA GPU, then Metal, then the CPU paths, fastest first. MLX on a CPU
+# (Linux) is slower than our numba kernels and NumPy (README, "Speed"), so without Metal
+# it goes last.
+AUTO_ORDER_METAL = ("cuda", "mlx", "cpu", "numpy")
+AUTO_ORDER_NO_METAL = ("cuda", "cpu", "numpy", "mlx")
 ALWAYS_FLOAT = {"F32", "F16", "BF16"}
 
 
@@ -27,6 +30,16 @@ class BackendProbe:
     name: str
     available: bool
     reason: str
+
+
+def auto_order() -> tuple[str, ...]:
+    try:
+        import mlx.core as mx
+
+        metal = bool(mx.metal.is_available())
+    except Exception:  # mlx absent or broken: no Metal either way
+        metal = False
+    return AUTO_ORDER_METAL if metal else AUTO_ORDER_NO_METAL
 
 
 def probe(name: str) -> BackendProbe:
@@ -77,7 +90,7 @@ def select_backend(requested: str, ops: Iterable[str], qtypes: Iterable[str],
             )
         return b, f"{requested}: requested ({p.reason})"
     skipped: list[str] = []
-    for name in AUTO_ORDER:
+    for name in auto_order():
         p = probe(name)
         if not p.available:
             skipped.append(f"{name}: {p.reason}")
