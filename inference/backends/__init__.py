@@ -54,7 +54,7 @@ def probe(name: str) -> BackendProbe:
     if probe_fn is None:
         return BackendProbe(name, True, "always available")
     ok, reason = probe_fn()
-    return BackendProbe(name, ok, reason)
+    return BackendProbe(name, ok, reason.removeprefix(f"{name}: "))
 
 
 def probe_all() -> list[BackendProbe]:
