@@ -80,6 +80,8 @@ class ChatPane(QWidget):
         self.new_button.setToolTip("New chat (Ctrl+N)")
         self.new_button.clicked.connect(self.new_conversation)
         self.conv_list = QListWidget()
+        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conv_list.currentItemChanged.connect(self._on_pick)
         self.delete_button = QPushButton(icon("trash"), "Delete")
         self.delete_button.clicked.connect(self.delete_conversation)
@@ -166,6 +168,7 @@ class ChatPane(QWidget):
         for conv in self.store.conversations():
             item = QListWidgetItem(conv.title)
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
+            item.setToolTip(conv.title)
             self.conv_list.addItem(item)
             if conv.id == self.conv_id:
                 self.conv_list.setCurrentItem(item)

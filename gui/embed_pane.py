@@ -100,7 +100,7 @@ class EmbedPane(QWidget):
 
         right = QSplitter(Qt.Orientation.Vertical)
         plots = QSplitter(Qt.Orientation.Horizontal)
-        self.heat_plot = pg.PlotWidget(title="Cosine similarity")
+        self.heat_plot = pg.PlotWidget(title="Cosine similarity", background="w")
         self.heat_plot.setAspectLocked(True)
         self.heat_plot.invertY(True)
         self.heat_plot.setLabel("bottom", "sentence")
@@ -112,10 +112,11 @@ class EmbedPane(QWidget):
         self.colorbar.setImageItem(self.heat_item, insert_in=self.heat_plot.getPlotItem())
         self.heat_label = pg.TextItem("", anchor=(0, 1), color="#111827", fill="#ffffffd0")
         self.heat_label.setZValue(10)
+        self.heat_label.setVisible(False)
         self.heat_plot.addItem(self.heat_label)
         self.heat_plot.scene().sigMouseMoved.connect(self._hover_heatmap)
 
-        self.scatter_plot = pg.PlotWidget(title="2-D projection (PCA)")
+        self.scatter_plot = pg.PlotWidget(title="2-D projection (PCA)", background="w")
         self.scatter = pg.ScatterPlotItem(size=7, pen=pg.mkPen("#1e3a8a", width=0.5),
                                           brush=pg.mkBrush("#3b82f680"), hoverable=True,
                                           hoverSize=11, hoverBrush=pg.mkBrush("#f59e0b"),
@@ -125,6 +126,7 @@ class EmbedPane(QWidget):
                                        brush=pg.mkBrush(None))
         self.scatter_label = pg.TextItem("", anchor=(0, 1), color="#111827", fill="#ffffffd0")
         self.scatter_label.setZValue(10)
+        self.scatter_label.setVisible(False)
         for item in (self.scatter, self.hits, self.scatter_label):
             self.scatter_plot.addItem(item)
         plots.addWidget(self.heat_plot)
@@ -218,7 +220,7 @@ class EmbedPane(QWidget):
         self.heat_item.setImage(result.heatmap, levels=(lo, 1.0))
         self.heat_item.setRect(0, 0, n, n)  # axes in sentences even when pixels are blocks
         self.colorbar.setLevels((lo, 1.0))
-        self.heat_plot.autoRange()
+        self.heat_plot.setRange(xRange=(0, n), yRange=(0, n), padding=0.02)
         self.scatter.setData(pos=result.projection, data=np.arange(n))
         self.hits.setData([], [])
         self.scatter_plot.autoRange()
@@ -253,11 +255,12 @@ class EmbedPane(QWidget):
 
     def _hover_scatter(self, _item: object, points: list, _ev: object = None) -> None:
         if self.result is None or len(points) == 0:
-            self.scatter_label.setText("")
+            self.scatter_label.setVisible(False)
             return
         p = points[0]
         self.scatter_label.setText(_snip(self.result.sentences[int(p.data())]))
         self.scatter_label.setPos(p.pos())
+        self.scatter_label.setVisible(True)
 
     def _hover_heatmap(self, scene_pos: object) -> None:
         r = self.result
@@ -268,10 +271,11 @@ class EmbedPane(QWidget):
         n = len(r.sentences)
         i, j = int(pt.y()), int(pt.x())
         if not (0 <= i < n and 0 <= j < n):
-            self.heat_label.setText("")
+            self.heat_label.setVisible(False)
             return
         value = r.heatmap[min(i // r.block, len(r.heatmap) - 1),
                           min(j // r.block, len(r.heatmap) - 1)]
         self.heat_label.setText(f"{value:.2f}\n#{i} {_snip(r.sentences[i], 40)}\n"
                                 f"#{j} {_snip(r.sentences[j], 40)}")
         self.heat_label.setPos(pt)
+        self.heat_label.setVisible(True)

@@ -211,8 +211,13 @@ class ModelPicker(QWidget):
         info = self._backend_info()
         if info is not None:
             free = human_bytes(info.free_memory) if info.free_memory is not None else "unknown"
-            prefix = "auto → " if self.backend() == "auto" else ""
-            self.backend_note.setText(f"{prefix}{info.name}: {free} free · {info.reason}")
+            if self.backend() == "auto":
+                names = ", ".join(i.name for i in self.backend_infos if i.available)
+                self.backend_note.setText(
+                    f"auto: the engine picks the first of {names} that has every op the "
+                    f"model needs · {free} free")
+            else:
+                self.backend_note.setText(f"{info.name}: {free} free · {info.reason}")
         self._update_fits()
 
     def _backend_info(self) -> BackendInfo | None:

@@ -65,12 +65,14 @@ class PerfPane(QWidget):
         self.ttfts: deque = deque(maxlen=TTFT_KEEP)
         self.n_messages = 0
         self.n_samples = 0
+        self.loaded: dict[str, LoadedInfo] = {}
         self._build()
         handle.busy.connect(self._on_busy)
         handle.token.connect(self._on_token)
         handle.generated.connect(self._on_done)
         handle.memory.connect(self._on_memory)
         handle.loaded.connect(self._on_loaded)
+        handle.unloaded.connect(self._on_unloaded)
         self.timer = QTimer(self, interval=SAMPLE_MS)
         self.timer.timeout.connect(self.sample)
         self.timer.start()
@@ -123,6 +125,7 @@ class PerfPane(QWidget):
         curve(prefill, "prefill", "prefill tok/s")
         self.ttft_plot = plot(1, 0, "Time to first token per message", "s")
         self.ttft_plot.setLabel("bottom", "message")
+        self.ttft_plot.getAxis("bottom").setTickSpacing(major=5, minor=1)
         self.ttft_bars = pg.BarGraphItem(x=[], height=[], width=0.6,
                                          brush=COLORS["ttft"], pen=None)
         self.ttft_plot.addItem(self.ttft_bars)
@@ -240,6 +243,16 @@ class PerfPane(QWidget):
         self.device = (sample.device_used, sample.device_peak)
 
     def _on_loaded(self, info: LoadedInfo) -> None:
-        self.backend_label.setText(
-            f"<b>Backend:</b> {info.backend} &nbsp; <b>Model:</b> {info.name}<br>"
-            f"<b>Why this backend:</b> {info.reason}")
+        self.loaded[info.kind] = info
+        lines = []
+        for kind, what in (("causal", "Chat"), ("encoder", "Embeddings")):
+            i = self.loaded.get(kind)
+            if i is not None:
+                lines.append(f"<b>{what}:</b> {i.name} on <b>{i.backend}</b> &nbsp; "
+                             f"<b>Why this backend:</b> {i.reason}")
+        self.backend_label.setText("<br>".join(lines))
+
+    def _on_unloaded(self, kind: str) -> None:
+        self.loaded.pop(kind, None)
+        if not self.loaded:
+            self.backend_label.setText("Backend: none loaded")

@@ -25,6 +25,10 @@ def apply(app: QApplication) -> None:
     app.setOrganizationName("Inferdesk")
     app.setApplicationName("Inferdesk")
     app.setWindowIcon(icon("inferdesk"))
+    import pyqtgraph as pg
+
+    # Plots follow the light theme (pyqtgraph defaults to black).
+    pg.setConfigOptions(background="w", foreground="#374151", antialias=False)
     qss = RESOURCES / "styles" / "inferdesk.qss"
     if qss.exists():
         app.setStyleSheet(qss.read_text(encoding="utf-8"))
