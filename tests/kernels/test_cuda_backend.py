@@ -43,7 +43,7 @@ def device(request: pytest.FixtureRequest) -> Device:
 def test_probe_imports_cleanly_and_says_why() -> None:
     p = probe("cuda")
     if not p.available:
-        assert p.reason.startswith("cuda: ")
+        assert p.reason and not p.reason.startswith("cuda")  # one sentence, name not doubled
 
 
 def test_backend_offers_every_op_and_ggml_type() -> None:
