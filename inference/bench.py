@@ -60,6 +60,16 @@ def set_threads(n: int, backend: Any = None) -> str:
     return ", ".join(done) or "none (install threadpoolctl to cap BLAS threads)"
 
 
+def _import_backends(requested: str) -> None:
+    from inference.backends import auto_order, probe
+
+    for name in auto_order() if requested == "auto" else (requested,):
+        try:
+            probe(name)
+        except Exception:  # an unknown name is reported by load_model itself
+            pass
+
+
 class EngineLLM:
     name = "inferdesk"
 
@@ -122,6 +132,7 @@ def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
     prompt, _ = workloads()
     spec = resolve(args.llm_model)
+    _import_backends(args.backend)  # library code is not the model's memory
     gc.collect()
     rss0 = host_rss()
     model = load_model(spec, backend=args.backend)
@@ -257,7 +268,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                 "at least 1.")
     out: dict[str, Any] = {
         "machine": {"cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version()},
+                    "cores": os.cpu_count(), "python": platform.python_version(),
+                    # Other processes' load skews multi-threaded timings badly (README).
+                    "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
         "threads": args.threads, "rounds": args.rounds, "compare": args.compare,
     }
     if args.only in (None, "llm"):

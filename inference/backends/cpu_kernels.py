@@ -119,12 +119,13 @@ def group_sums(x: np.ndarray) -> np.ndarray:
 
 @njit(cache=True, fastmath=True, parallel=True)
 def matvec_q4(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: float,
-              x: np.ndarray, xsum: np.ndarray, out: np.ndarray) -> None:
+              x: np.ndarray, out: np.ndarray) -> None:
     """out (T, tiles*LANES) = x (T, K) @ W.T for a 4-bit W; T is small (decode).
 
     codes (nblk, 4*R, LANES) and flat (nblk*R*4*LANES,) are byte views of blocks
     (nblk, R, LANES) float32."""
     groups = x.shape[1] // GROUP
+    xsum = group_sums(x)
     tiles = blocks.shape[0] // groups
     affine = blocks.shape[1] > 5
     row_bytes = blocks.shape[1] * LANES * 4
@@ -161,9 +162,10 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: flo
 
 @njit(cache=True, fastmath=True, parallel=True)
 def matvec_q8(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: float,
-              x: np.ndarray, xsum: np.ndarray, out: np.ndarray) -> None:
+              x: np.ndarray, out: np.ndarray) -> None:
     """As :func:`matvec_q4` for an 8-bit W (codes uint8, or int8 for Q8_0)."""
     groups = x.shape[1] // GROUP
+    xsum = group_sums(x)
     tiles = blocks.shape[0] // groups
     affine = blocks.shape[1] > 9
     row_bytes = blocks.shape[1] * LANES * 4
@@ -284,22 +286,25 @@ def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) 
                 out[r, i, k + h] = b * cos[i, k] + a * sin[i, k]
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True, parallel=True)
 def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scale: float,
                   out: np.ndarray) -> None:
     """One query token per head, seeing the first n_keys keys: q (hq, d), k/v (hk, S, d)
     C-contiguous (the whole cache buffer; only the first n_keys rows are read).
-    Grouped-query: head h reads kv head h // (hq/hk)."""
+    Grouped-query: head h reads kv head h // (hq/hk). Parallel over heads (decode has no
+    BLAS call around it, so the numba pool has the cores to itself)."""
     hq, d = q.shape
     group = hq // k.shape[0]
-    p = np.empty(n_keys, dtype=np.float32)
-    for h in range(hq):
+    for h in prange(hq):
         kv = h // group
+        qrow = q[h]
+        p = np.empty(n_keys, dtype=np.float32)
         m = _f32(-np.inf)
         for s in range(n_keys):
+            krow = k[kv, s]
             acc = _f32(0.0)
             for c in range(d):
-                acc += q[h, c] * k[kv, s, c]
+                acc += qrow[c] * krow[c]
             acc *= scale
             p[s] = acc
             m = max(m, acc)
@@ -309,12 +314,13 @@ def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scal
             p[s] = e
             tot += e
         inv = _f32(1.0) / tot
-        for c in range(d):
-            out[h, c] = 0.0
+        o = out[h]
+        o[:] = 0.0
         for s in range(n_keys):
             w = p[s] * inv
+            vrow = v[kv, s]
             for c in range(d):
-                out[h, c] += w * v[kv, s, c]
+                o[c] += w * vrow[c]
 
 
 # --- encoder / prefill ops --------------------------------------------------------------
