@@ -7,6 +7,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow, QTabWidget, QVBoxLayout, QWidget
 
+from gui import gc_guard
 from gui.chat_pane import ChatPane
 from gui.conversations import ConversationStore, default_db_path
 from gui.embed_pane import EmbedPane
@@ -36,6 +37,7 @@ class MainWindow(QMainWindow):
         self._closed = False
         self.handle = WorkerHandle("inferdesk-models", self)
         self.downloads = WorkerHandle("inferdesk-downloads", self)
+        gc_guard.install(busy=lambda: self.handle.job in ("generate", "embed"))
 
         self.picker = ModelPicker(self.handle, self.downloads, self.settings)
         self.chat = ChatPane(self.handle, self.store, self.settings)
@@ -143,6 +145,8 @@ class MainWindow(QMainWindow):
             self.statusBar().clearMessage()
 
     def _on_loaded(self, info: LoadedInfo) -> None:
+        if self.handle.job not in ("generate", "embed"):
+            gc_guard.freeze_heap()
         if info.kind == "causal":
             self.chat.set_model(info.name)
         self.banner.hide()

@@ -9,7 +9,6 @@ that the GUI sets directly, since a busy worker cannot process queued requests.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -215,7 +214,6 @@ class Worker(QObject):
                 model.kind, spec.name, str(spec.path), model.backend.name,
                 model.backend_reason, spec.est_memory, used))
             self._sample_memory(force=True, model=model)
-            freeze_heap()
 
         self._run("load", job)
 
@@ -341,15 +339,6 @@ class Worker(QObject):
                 log.debug("close failed", exc_info=True)
         self.models.clear()
         QThread.currentThread().quit()
-
-
-def freeze_heap() -> None:
-    """Move every object alive now (UI, modules, the loaded model) out of the cyclic GC's
-    reach. A full collection over them takes ~100 ms and holds the GIL, stalling the GUI
-    thread whichever thread triggers it; after freezing, collections scan only new objects.
-    """
-    gc.collect()
-    gc.freeze()
 
 
 def _is_engine_error(exc: BaseException) -> bool:

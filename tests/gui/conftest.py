@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from gui import theme  # noqa: E402
+from gui import gc_guard, theme  # noqa: E402
 from gui.conversations import ConversationStore  # noqa: E402
 from gui.main_window import MainWindow  # noqa: E402
 from gui.settings import Settings  # noqa: E402
@@ -82,7 +82,16 @@ def spec_of(window: MainWindow, kind: str) -> object:
     return next(s for s in window.picker.specs if s.kind == kind and s.source == "bundled")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package", autouse=True)
+def gc_back_to_automatic(app: QApplication) -> Iterator[None]:
+    """The window moves cyclic GC onto the GUI thread (gui.gc_guard); after the GUI tests,
+    collect what they left on this thread and give the rest of the suite automatic GC."""
+    yield
+    spin(50)  # run pending deleteLater()s
+    gc_guard.uninstall()
+
+
+@pytest.fixture(scope="package")
 def loaded_window(app: QApplication, tmp_path_factory) -> Iterator[MainWindow]:
     """One window with the bundled SmolLM2 and MiniLM loaded, shared to keep the suite fast."""
     d = tmp_path_factory.mktemp("session-window")
@@ -102,3 +111,4 @@ def loaded_window(app: QApplication, tmp_path_factory) -> Iterator[MainWindow]:
     wait_until(lambda: w.handle.job == "", 10_000, "the worker to go idle")
     yield w
     w.close()
+    w.deleteLater()

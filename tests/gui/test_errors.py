@@ -51,3 +51,37 @@ def test_offline_download_says_so_plainly(make_window, qtbot) -> None:
     assert kind == "download" and "Hugging Face Hub" in message
     assert box.status.text() == message and w.banner.text() == message
     assert box.start_button.isEnabled() and not box.cancel_button.isEnabled()
+
+
+def test_dropping_a_non_model_file_says_why(make_window, qtbot, tmp_path) -> None:
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    w = make_window()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(notes))])
+    drop = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime,
+                      Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier)
+    with qtbot.waitSignal(w.handle.failed, timeout=30_000) as failed:
+        w.picker.dropEvent(drop)
+    assert failed.args[0] == "load" and w.banner.isVisible()
+    assert failed.args[1] == w.picker.load_status.text()
+
+
+def test_unload_then_use_says_so_and_reload_works(loaded_window, qtbot) -> None:
+    w = loaded_window
+    encoder = w.picker.loaded["encoder"]
+    with qtbot.waitSignal(w.handle.unloaded, timeout=30_000):
+        w.picker.unload_embed.click()
+    assert "encoder" not in w.picker.loaded and not w.picker.unload_embed.isEnabled()
+    w.embed.set_sentences(["one", "two"])
+    with qtbot.waitSignal(w.handle.failed, timeout=30_000) as failed:
+        w.embed.embed()
+    assert "Load an embedding model" in failed.args[1] == w.embed.status.text()
+    spec = next(s for s in w.picker.specs if str(s.path) == encoder.path)
+    with qtbot.waitSignal(w.handle.loaded, timeout=60_000):
+        w.picker.load(spec)
+    assert w.picker.loaded["encoder"].name == encoder.name
+    w.banner.hide()
