@@ -40,7 +40,8 @@ def test_sending_without_a_model_says_so(make_window, qtbot) -> None:
     assert not w.chat.generating and w.chat.send_button.isEnabled()
 
 
-def test_offline_download_says_so_plainly(make_window, qtbot) -> None:
+def test_offline_download_says_so_plainly(make_window, qtbot, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read by the engine at call time
     w = make_window()
     box = w.picker.download_box
     box.repo.setText("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF")
