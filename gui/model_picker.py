@@ -214,8 +214,8 @@ class ModelPicker(QWidget):
             if self.backend() == "auto":
                 names = ", ".join(i.name for i in self.backend_infos if i.available)
                 self.backend_note.setText(
-                    f"auto: the engine picks the first of {names} that has every op the "
-                    f"model needs · {free} free")
+                    f"auto: the engine picks the fastest backend here that has every op "
+                    f"the model needs (available: {names}) · {free} free")
             else:
                 self.backend_note.setText(f"{info.name}: {free} free · {info.reason}")
         self._update_fits()
