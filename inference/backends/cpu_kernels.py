@@ -325,9 +325,9 @@ def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scal
 
 # --- encoder / prefill ops --------------------------------------------------------------
 # Serial on purpose: they run between BLAS calls, and a numba (OpenMP) pool spinning next
-# to OpenBLAS's pool on the same cores made a 2-thread prefill 10x slower than 1 thread.
-# BLAS carries the parallelism of these paths; the mat-vec kernels, which run with no
-# BLAS around them, carry it in decode.
+# to OpenBLAS's pool on the same two cores halved MiniLM throughput (115 vs 229
+# sentences/s, quiet machine, 2 threads). BLAS carries the parallelism of these paths;
+# the mat-vec kernels, which run with no BLAS around them, carry it in decode.
 
 @njit(cache=True, fastmath=True, inline="always")
 def _erf(a: float) -> float:
