@@ -53,6 +53,7 @@ class ModelPicker(QWidget):
         handle.discovered.connect(self._on_discovered)
         handle.backends.connect(self._on_backends)
         handle.load_started.connect(self._on_load_started)
+        handle.load_progress.connect(self._on_load_progress)
         handle.loaded.connect(self._on_loaded)
         handle.unloaded.connect(self._on_unloaded)
         handle.failed.connect(self._on_failed)
@@ -99,7 +100,7 @@ class ModelPicker(QWidget):
         self.unload_embed = QPushButton("Unload embedding model")
         self.unload_embed.clicked.connect(lambda: self.handle.unload("encoder"))
         self.load_progress = QProgressBar()
-        self.load_progress.setRange(0, 0)  # load_model reports no fraction: a busy bar
+        self.load_progress.setRange(0, 0)  # busy until the first weight-bytes report
         self.load_progress.setVisible(False)
         self.load_status = QLabel("")
         self.load_status.setObjectName("Hint")
@@ -245,9 +246,15 @@ class ModelPicker(QWidget):
     def _on_load_started(self, name: str) -> None:
         self.loading = name
         self.load_status.setText(f"Loading {name}…")
+        self.load_progress.setRange(0, 0)
         self.load_progress.setVisible(True)
         self.cancel_load.setVisible(True)
         self._update_buttons()
+
+    def _on_load_progress(self, done: int, total: int) -> None:
+        # Bytes can pass 2**31: show per mille, not raw counts, in the int-ranged bar.
+        self.load_progress.setRange(0, 1000)
+        self.load_progress.setValue(int(1000 * done / max(total, 1)))
 
     def _load_ended(self, text: str = "") -> None:
         self.loading = ""

@@ -97,6 +97,7 @@ class Worker(QObject):
     discovered = Signal(list)  # list[ModelSpec]
     backends = Signal(list)  # list[BackendInfo]
     load_started = Signal(str)  # name
+    load_progress = Signal(int, int)  # weight bytes converted, total
     loaded = Signal(object)  # LoadedInfo
     unloaded = Signal(str)  # kind
     token = Signal(object)  # inference.events.TokenEvent
@@ -193,11 +194,9 @@ class Worker(QObject):
             name = getattr(target, "name", None) or Path(str(target)).name
             self.load_started.emit(name)
             rss_before = host_rss()
-            model = inference.load_model(target, backend=backend)
-            if cancel.is_set():  # load_model cannot be interrupted; drop its result
-                model.close()
-                self.cancelled.emit("load")
-                return
+            # Cancel stops the load between tensors (CancelledError -> cancelled signal).
+            model = inference.load_model(target, backend=backend, cancel=cancel,
+                                         progress=self.load_progress.emit)
             old = self.models.pop(model.kind, None)
             if old is not None:
                 old.close()
@@ -377,6 +376,7 @@ class WorkerHandle(QObject):
     discovered = Signal(list)
     backends = Signal(list)
     load_started = Signal(str)
+    load_progress = Signal(int, int)
     loaded = Signal(object)
     unloaded = Signal(str)
     token = Signal(object)
@@ -401,7 +401,8 @@ class WorkerHandle(QObject):
         for req in ("discover", "probe", "load", "unload", "generate", "embed", "query",
                     "export", "download", "shutdown"):
             getattr(self, "_" + req).connect(getattr(self.worker, req))
-        for sig in ("discovered", "backends", "load_started", "loaded", "unloaded", "token",
+        for sig in ("discovered", "backends", "load_started", "load_progress", "loaded",
+                    "unloaded", "token",
                     "generated", "embed_progress", "embedded", "neighbours", "exported",
                     "download_progress", "downloaded", "memory", "cancelled", "failed",
                     "busy"):

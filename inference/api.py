@@ -32,7 +32,9 @@ class LoadedModel:
     kind = "model"
 
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
-                 n_layers: int | None = None):
+                 n_layers: int | None = None,
+                 progress: Callable[[int, int], None] | None = None,
+                 cancel: threading.Event | None = None):
         self.spec = spec
         self.backend = backend
         self.backend_reason = reason
@@ -41,7 +43,10 @@ class LoadedModel:
         self.args = arch.ModelArgs.from_dict(ckpt.config)
         if n_layers is not None:  # keep only the first layers (tests, kernel bring-up)
             self.args.num_hidden_layers = min(n_layers, self.args.num_hidden_layers)
-        self.model = arch.Model(self.args, backend, Weights(ckpt, backend))
+        weights = Weights(ckpt, backend, progress, cancel)
+        self.model = arch.Model(self.args, backend, weights)
+        if progress is not None:  # tensors the architecture does not use count as done
+            progress(weights.total, weights.total)
 
     @property
     def name(self) -> str:
@@ -59,8 +64,8 @@ class CausalLM(LoadedModel):
     kind = "causal"
 
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
-                 n_layers: int | None = None):
-        super().__init__(spec, ckpt, backend, reason, n_layers)
+                 n_layers: int | None = None, **kw: Any):
+        super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
         if ckpt.format == "gguf":
             self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata)
         else:
@@ -148,8 +153,8 @@ class Encoder(LoadedModel):
     kind = "encoder"
 
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
-                 n_layers: int | None = None):
-        super().__init__(spec, ckpt, backend, reason, n_layers)
+                 n_layers: int | None = None, **kw: Any):
+        super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
         self.tokenizer = Tokenizer.from_dir(ckpt.path)
         st = _read_json(ckpt.path / "sentence_bert_config.json")
         self.max_seq_length = int(st.get("max_seq_length", self.args.max_position_embeddings))
@@ -191,11 +196,15 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
-               n_layers: int | None = None) -> CausalLM | Encoder:
+               n_layers: int | None = None,
+               progress: Callable[[int, int], None] | None = None,
+               cancel: threading.Event | None = None) -> CausalLM | Encoder:
     """Load a model by store name, path or ModelSpec onto a backend ("auto" picks one).
 
     The backend is checked for every op and quant type the architecture needs before any
     weight is converted. ``n_layers`` keeps only the first layers (tests, kernels bring-up).
+    ``progress(bytes_done, bytes_total)`` follows weight conversion; setting ``cancel``
+    stops the load between tensors with CancelledError.
     """
     spec = name_or_path if isinstance(name_or_path, ModelSpec) else resolve(str(name_or_path))
     ckpt = read_checkpoint(spec.path)
@@ -204,4 +213,4 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     qtypes = {t.qtype for t in ckpt.tensors.values()}
     B, reason = select_backend(backend, mod.REQUIRED_OPS, qtypes, model_type)
     cls = CausalLM if model_type in CAUSAL else Encoder
-    return cls(spec, ckpt, B, reason, n_layers=n_layers)
+    return cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)

@@ -81,3 +81,23 @@ def test_subprocess_exit_code_and_single_line(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "missing.gguf" in r.stderr
+
+
+def test_load_reports_progress_and_can_be_cancelled():
+    import threading
+
+    from inference import load_model
+    from inference.errors import CancelledError
+
+    seen = []
+    model = load_model("minilm", backend="numpy", progress=lambda d, t: seen.append((d, t)))
+    assert model.kind == "encoder" and len(seen) > 50
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1][0] == seen[-1][1]
+    cancel = threading.Event()
+
+    def stop_halfway(done, total):
+        if done > total // 2:
+            cancel.set()
+
+    with pytest.raises(CancelledError):
+        load_model("smollm2", backend="numpy", progress=stop_halfway, cancel=cancel)

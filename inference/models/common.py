@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from inference.backends.base import Backend
-from inference.errors import UnsupportedModelError
+from inference.errors import CancelledError, UnsupportedModelError
 from inference.formats.tensor import Checkpoint, TensorData
 
 
@@ -17,11 +19,31 @@ def config_from_dict(cls: type, d: dict[str, Any]) -> Any:
 
 
 class Weights:
-    """Looks tensors up by Hugging Face name and converts them through the backend."""
+    """Looks tensors up by Hugging Face name and converts them through the backend.
 
-    def __init__(self, ckpt: Checkpoint, backend: Backend):
+    Reports ``progress(bytes_done, bytes_total)`` per converted tensor and stops with
+    CancelledError between tensors once ``cancel`` is set: loading is cancellable.
+    """
+
+    def __init__(self, ckpt: Checkpoint, backend: Backend,
+                 progress: Callable[[int, int], None] | None = None,
+                 cancel: threading.Event | None = None):
         self.ckpt = ckpt
         self.B = backend
+        self.progress = progress
+        self.cancel = cancel
+        self.total = sum(t.nbytes for t in ckpt.tensors.values())
+        self.done = 0
+
+    def _convert(self, name: str, fn: Callable[[TensorData], Any]) -> Any:
+        if self.cancel is not None and self.cancel.is_set():
+            raise CancelledError(f"Loading {self.ckpt.path.name} was cancelled.")
+        t = self.tensor(name)
+        out = fn(t)
+        self.done += t.nbytes
+        if self.progress is not None:
+            self.progress(min(self.done, self.total), self.total)
+        return out
 
     def has(self, name: str) -> bool:
         return name in self.ckpt.tensors
@@ -35,10 +57,10 @@ class Weights:
             ) from None
 
     def linear(self, name: str) -> Any:
-        return self.B.weight(self.tensor(name))
+        return self._convert(name, self.B.weight)
 
     def dense(self, name: str) -> Any:
-        return self.B.dense(self.tensor(name))
+        return self._convert(name, self.B.dense)
 
     def optional_dense(self, name: str) -> Any | None:
         return self.dense(name) if self.has(name) else None

@@ -82,7 +82,11 @@ def test_unload_then_use_says_so_and_reload_works(loaded_window, qtbot) -> None:
         w.embed.embed()
     assert "Load an embedding model" in failed.args[1] == w.embed.status.text()
     spec = next(s for s in w.picker.specs if str(s.path) == encoder.path)
+    fractions: list[int] = []
+    w.handle.load_progress.connect(lambda done, total: fractions.append(done * 1000 // total))
     with qtbot.waitSignal(w.handle.loaded, timeout=60_000):
         w.picker.load(spec)
     assert w.picker.loaded["encoder"].name == encoder.name
+    assert fractions and fractions[-1] == 1000  # the bar followed the weights to the end
+    assert w.picker.load_progress.maximum() == 1000
     w.banner.hide()
