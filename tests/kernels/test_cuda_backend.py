@@ -27,6 +27,7 @@ from inference.generate import generate_step
 from inference.models import bert, llama
 from inference.models.common import Weights
 from kernels.cuda.device import Device, EmulatedDevice
+from tests.bundled import minilm_dir, smollm2_gguf
 from tests.kernels.quantdata import make_weight
 
 N = NumpyBackend()
@@ -151,20 +152,11 @@ def test_sampling_matches_the_reference_distribution(device: Device) -> None:
 
 # --- bundled models ----------------------------------------------------------------------
 
-def _bundled(name_part: str) -> Path:
-    from inference.store import bundled_paths
-
-    for p, _ in bundled_paths():
-        if name_part in p.as_posix():
-            return p
-    pytest.skip(f"bundled model {name_part} is not installed")
-
-
 @pytest.mark.slow
 def test_smollm2_q4_1_two_layers_match_numpy() -> None:
     from inference.formats import read_checkpoint
 
-    ckpt = read_checkpoint(_bundled("SmolLM2-135M-Instruct.Q4_1"))
+    ckpt = read_checkpoint(smollm2_gguf())
     args = llama.ModelArgs.from_dict({**ckpt.config, "num_hidden_layers": 2})
     C = CudaBackend(EmulatedDevice())
     mc = llama.Model(args, C, Weights(ckpt, C))
@@ -184,7 +176,7 @@ def test_smollm2_q4_1_two_layers_match_numpy() -> None:
 def test_minilm_forward_matches_numpy() -> None:
     from inference.formats import read_checkpoint
 
-    ckpt = read_checkpoint(_bundled("all_minilm_l6_v2"))
+    ckpt = read_checkpoint(minilm_dir())
     args = bert.ModelArgs.from_dict(ckpt.config)
     C = CudaBackend(EmulatedDevice())
     mc, mn = bert.Model(args, C, Weights(ckpt, C)), bert.Model(args, N, Weights(ckpt, N))
