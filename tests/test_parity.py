@@ -45,3 +45,24 @@ def test_minilm_any_chunking_gives_same_vectors(minilm):
     c = minilm.embed(sentences, batch_size=64)
     assert g.cosine_rows(a, b).min() >= 0.99999
     assert g.cosine_rows(a, c).min() >= 0.99999
+
+
+def test_embed_progress_per_chunk_and_cancel_within_one_chunk(minilm):
+    import threading
+
+    from inference.errors import CancelledError
+
+    sentences = [f"sentence number {i} about topic {i % 7}" for i in range(100)]
+    seen = []
+    minilm.embed(sentences, batch_size=10, progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (100, 100) and len(seen) == 10
+    cancel = threading.Event()
+    calls = []
+
+    def stop_after_first(done, total):
+        calls.append(done)
+        cancel.set()
+
+    with pytest.raises(CancelledError):
+        minilm.embed(sentences, batch_size=10, progress=stop_after_first, cancel=cancel)
+    assert calls == [10]  # no chunk ran after the request
