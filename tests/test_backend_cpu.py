@@ -10,14 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("numba")
-
 from inference.backends.cpu import CpuBackend, probe  # noqa: E402
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_bits, unpack  # noqa: E402
 from inference.backends.numpy_backend import NumpyBackend  # noqa: E402
-from inference.formats.quants import BLOCK_TYPES, dequantize, dequantize_raw  # noqa: E402
+from inference.formats.quants import dequantize, dequantize_raw  # noqa: E402
 from inference.formats.tensor import TensorData  # noqa: E402
 from tests import goldens_io as g  # noqa: E402
+from tests.bundled import random_tensor  # noqa: E402
 
 C, N = CpuBackend(), NumpyBackend()
 PACKED = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
@@ -26,18 +25,6 @@ RAW = ("Q5_0", "Q5_K", "Q6_K", "Q3_K", "Q2_K")
 
 def randn(*shape: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def tensor(qtype: str, rows: int, n: int, seed: int = 0) -> TensorData:
-    """Random blocks with finite float16 d/dmin/m fields."""
-    r = np.random.default_rng(seed)
-    bt = BLOCK_TYPES[qtype]
-    raw = r.integers(0, 256, size=(rows, n // bt.block_size, bt.type_size), dtype=np.uint8)
-    for f, (off, _) in bt.layout.items():
-        if f in ("d", "dmin", "m"):
-            v = (r.standard_normal(raw.shape[:2]) * 0.02).astype(np.float16)
-            raw[..., off:off + 2] = v.view(np.uint8).reshape(*raw.shape[:2], 2)
-    return TensorData("w", (rows, n), qtype, raw.reshape(rows, -1))
 
 
 def assert_matmul_close(got: np.ndarray, want: np.ndarray) -> None:
@@ -56,7 +43,7 @@ def test_probe_and_registry():
 
 @pytest.mark.parametrize("qtype", PACKED)
 def test_pack_is_exact_and_within_memory_rule(qtype):
-    t = tensor(qtype, 70, 512, seed=len(qtype))  # 70 rows: the last tile is padded
+    t = random_tensor(qtype, 70, 512, seed=len(qtype))  # 70 rows: the last tile is padded
     w = pack(t)
     assert isinstance(w, PackedWeight)
     np.testing.assert_array_equal(unpack(w), dequantize_raw(t.data, qtype))
@@ -65,7 +52,7 @@ def test_pack_is_exact_and_within_memory_rule(qtype):
 
 @pytest.mark.parametrize("qtype", RAW)
 def test_types_over_the_memory_rule_stay_raw(qtype):
-    t = tensor(qtype, 8, 256)
+    t = random_tensor(qtype, 8, 256)
     assert packed_bits(t) is None
     w = pack(t)
     assert isinstance(w, RawWeight) and w.nbytes == t.data.nbytes
@@ -93,7 +80,7 @@ def test_linear_matches_reference(qtype, rows):
     if qtype == "F16":
         t = TensorData("w", (70, 512), "F16", randn(70, 512, seed=2).astype(np.float16))
     else:
-        t = tensor(qtype, 70, 512, seed=3)
+        t = random_tensor(qtype, 70, 512, seed=3)
     x = randn(1, rows, 512, seed=4)
     bias = randn(70, seed=5)
     want = N.linear(x, N.weight(t), bias)
@@ -104,7 +91,7 @@ def test_linear_matches_reference(qtype, rows):
 
 @pytest.mark.parametrize("qtype", PACKED + ("Q6_K",))
 def test_embedding_rows(qtype):
-    t = tensor(qtype, 70, 256, seed=6)
+    t = random_tensor(qtype, 70, 256, seed=6)
     ids = np.array([[0, 69, 31, 32]])
     np.testing.assert_array_equal(C.embedding(C.weight(t), ids), N.embedding(N.weight(t), ids))
 
