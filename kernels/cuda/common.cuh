@@ -30,28 +30,32 @@ typedef unsigned long long uint64_t;
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)  // NVRTC has no INFINITY macro
 
-static __device__ __forceinline__ float warp_reduce_sum(float v) {
+// Reduction operators: one warp/block reduction serves sum and max.
+struct op_sum {
+    static __device__ __forceinline__ float identity() { return 0.0f; }
+    static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
+};
+struct op_max {
+    static __device__ __forceinline__ float identity() { return NEG_INF; }
+    static __device__ __forceinline__ float apply(float a, float b) { return fmaxf(a, b); }
+};
+
+template <typename Op>
+static __device__ __forceinline__ float warp_reduce(float v) {
 #pragma unroll
     for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-        v += __shfl_xor_sync(FULL_MASK, v, offset, WARP_SIZE);
+        v = Op::apply(v, __shfl_xor_sync(FULL_MASK, v, offset, WARP_SIZE));
     }
     return v;
 }
 
-static __device__ __forceinline__ float warp_reduce_max(float v) {
-#pragma unroll
-    for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-        v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, offset, WARP_SIZE));
-    }
-    return v;
-}
-
-// Sum over the blockDim.x threads of one row (threadIdx.y picks the row).
+// Reduce over the blockDim.x threads of one row (threadIdx.y picks the row).
 // `s` is a __shared__ float[32] owned by the caller: blockDim.x*blockDim.y <= 1024 means at
 // most 32 warps. The leading barrier lets a kernel call this twice with the same `s`.
 // blockDim.x is a multiple of 32 (planners guarantee it), so every row owns whole warps.
-static __device__ __forceinline__ float block_reduce_sum(float v, float * s) {
-    v = warp_reduce_sum(v);
+template <typename Op>
+static __device__ __forceinline__ float block_reduce(float v, float * s) {
+    v = warp_reduce<Op>(v);
     if (blockDim.x > WARP_SIZE) {
         const int warps_per_row = blockDim.x / WARP_SIZE;
         const int warp = threadIdx.x / WARP_SIZE;
@@ -62,28 +66,19 @@ static __device__ __forceinline__ float block_reduce_sum(float v, float * s) {
             s[base + warp] = v;
         }
         __syncthreads();
-        v = lane < warps_per_row ? s[base + lane] : 0.0f;
-        v = warp_reduce_sum(v);
+        v = lane < warps_per_row ? s[base + lane] : Op::identity();
+        v = warp_reduce<Op>(v);
     }
     return v;
 }
 
+static __device__ __forceinline__ float warp_reduce_sum(float v) { return warp_reduce<op_sum>(v); }
+static __device__ __forceinline__ float warp_reduce_max(float v) { return warp_reduce<op_max>(v); }
+static __device__ __forceinline__ float block_reduce_sum(float v, float * s) {
+    return block_reduce<op_sum>(v, s);
+}
 static __device__ __forceinline__ float block_reduce_max(float v, float * s) {
-    v = warp_reduce_max(v);
-    if (blockDim.x > WARP_SIZE) {
-        const int warps_per_row = blockDim.x / WARP_SIZE;
-        const int warp = threadIdx.x / WARP_SIZE;
-        const int lane = threadIdx.x % WARP_SIZE;
-        const int base = threadIdx.y * warps_per_row;
-        __syncthreads();
-        if (lane == 0) {
-            s[base + warp] = v;
-        }
-        __syncthreads();
-        v = lane < warps_per_row ? s[base + lane] : NEG_INF;
-        v = warp_reduce_max(v);
-    }
-    return v;
+    return block_reduce<op_max>(v, s);
 }
 
 static __device__ __forceinline__ float load_f16(const uint8_t * p) {
