@@ -194,11 +194,16 @@ def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _dequant_q4_k(b: np.ndarray, out: np.ndarray) -> None:
+def _k_sub_block_affine(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: per 32-element sub-block scale d*sc and offset dmin*m, shaped (n, 8, 1)."""
     n = len(b)
     sc, mn = _k_scale_min(b[:, 4:16])
-    dl = (_f16(b, 0) * sc).reshape(n, 8, 1)
-    ml = (_f16(b, 2) * mn).reshape(n, 8, 1)
+    return (_f16(b, 0) * sc).reshape(n, 8, 1), (_f16(b, 2) * mn).reshape(n, 8, 1)
+
+
+def _dequant_q4_k(b: np.ndarray, out: np.ndarray) -> None:
+    n = len(b)
+    dl, ml = _k_sub_block_affine(b)
     # 4 chunks of 32 bytes; low nibbles are sub-block 2c, high nibbles sub-block 2c+1.
     q = (b[:, 16:144].reshape(n, 4, 1, 32) >> _NIBBLE_SHIFTS.reshape(1, 1, 2, 1)) & 0x0F
     o = out.reshape(n, 8, 32)
@@ -208,9 +213,7 @@ def _dequant_q4_k(b: np.ndarray, out: np.ndarray) -> None:
 
 def _dequant_q5_k(b: np.ndarray, out: np.ndarray) -> None:
     n = len(b)
-    sc, mn = _k_scale_min(b[:, 4:16])
-    dl = (_f16(b, 0) * sc).reshape(n, 8, 1)
-    ml = (_f16(b, 2) * mn).reshape(n, 8, 1)
+    dl, ml = _k_sub_block_affine(b)
     low = (b[:, 48:176].reshape(n, 4, 1, 32) >> _NIBBLE_SHIFTS.reshape(1, 1, 2, 1)) & 0x0F
     high = (b[:, None, 16:48] >> _BIT_SHIFTS.reshape(1, 8, 1)) & 1  # bit j -> sub-block j
     q = low.reshape(n, 8, 32) | (high << np.uint8(4))
