@@ -86,13 +86,18 @@ def embed_ids(
     done = 0
     a = model.args
 
-    def call_bytes(rows: int, length: int) -> int:
-        return encoder_call_bytes(a.hidden_size, a.intermediate_size, a.num_attention_heads,
-                                  rows, length)
+    slots = B.parallel_calls()  # calls in flight at once share the memory budget
 
-    for chunk in plan_batches([len(t) for t in token_ids], limits, call_bytes):
+    def call_bytes(rows: int, length: int) -> int:
+        return slots * encoder_call_bytes(a.hidden_size, a.intermediate_size,
+                                          a.num_attention_heads, rows, length)
+
+    def check_cancel() -> None:
         if cancel is not None and cancel.is_set():
             raise CancelledError(f"Embedding cancelled after {done} of {n} inputs.")
+
+    def run(chunk: list[int]) -> np.ndarray:
+        check_cancel()  # in the worker: chunks not yet started never start
         width = max(len(token_ids[i]) for i in chunk)
         ids = np.full((len(chunk), width), pad_id, dtype=np.int64)
         mask = np.zeros((len(chunk), width), dtype=np.float32)
@@ -102,8 +107,13 @@ def embed_ids(
         pos = np.broadcast_to(np.arange(width, dtype=np.int64), ids.shape)
         hidden = model(B.array(ids), B.array(np.ascontiguousarray(pos)),
                        B.array(np.zeros((len(chunk), 1), dtype=np.int64)), B.array(mask))
-        out[chunk] = mean_pool(B.to_numpy(hidden), mask)
+        return mean_pool(B.to_numpy(hidden), mask)
+
+    chunks = plan_batches([len(t) for t in token_ids], limits, call_bytes)
+    for chunk, pooled in zip(chunks, B.map_calls(run, chunks), strict=True):
+        out[chunk] = pooled
         done += len(chunk)
         if progress is not None:
             progress(done, n)
+        check_cancel()  # here: results of chunks already in flight are not waited for
     return l2_normalize(out) if normalize else out

@@ -197,3 +197,68 @@ def test_minilm_matches_sentence_transformers():
     gold = g.load_minilm()
     vecs = model.embed(gold["sentences"], batch_size=16)
     assert g.cosine_rows(vecs, gold["embeddings"]).min() >= g.MINILM_MIN_COSINE
+
+
+# --- independent calls side by side (map_calls) ---------------------------------------------
+
+def _two_threads() -> CpuBackend:
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: map_calls runs calls one after another")
+    b = CpuBackend()
+    b.set_threads(2)
+    return b
+
+
+def test_map_calls_side_by_side_in_order_with_single_threaded_blas():
+    import threading
+    import time
+
+    from threadpoolctl import threadpool_info
+
+    b = _two_threads()
+    seen: list[tuple[int, int]] = []
+
+    def call(i: int) -> int:
+        time.sleep(0.02 * (4 - i))  # early items finish last
+        blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+        seen.append((threading.get_ident(), max(blas)))
+        return i * i
+
+    before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    assert list(b.map_calls(call, range(4))) == [0, 1, 4, 9]
+    assert len({t for t, _ in seen}) == 2 and {n for _, n in seen} == {1}
+    assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == before
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K"])  # dequant scratch: packed and raw
+def test_concurrent_prefill_linears_match_serial(qtype):
+    b = _two_threads()
+    w = b.weight(random_tensor(qtype, 96, 256, seed=3))
+    xs = [randn(40, 256, seed=s) for s in range(6)]
+    want = [b.linear(x, w) for x in xs]
+    for got, ref in zip(b.map_calls(lambda x: b.linear(x, w), xs), want, strict=True):
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_minilm_side_by_side_chunks_cancel_promptly():
+    import threading
+
+    from inference.errors import CancelledError
+
+    model = _load("all-MiniLM-L6-v2")
+    model.backend.set_threads(2)
+    sentences = [f"sentence number {i} about topic {i % 7}" for i in range(100)]
+    cancel = threading.Event()
+    calls = []
+
+    def stop_after_first(done, total):
+        calls.append(done)
+        cancel.set()
+
+    with pytest.raises(CancelledError):
+        model.embed(sentences, batch_size=10, progress=stop_after_first, cancel=cancel)
+    assert calls == [10]
+    vecs = model.embed(sentences[:30], batch_size=10)  # the backend is still usable
+    assert vecs.shape == (30, 384) and np.isfinite(vecs).all()

@@ -19,12 +19,16 @@ Array conventions (every backend):
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from inference.formats.tensor import TensorData
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # Every op a model may call. An architecture lists the subset it needs (REQUIRED_OPS).
 OPS: tuple[str, ...] = (
@@ -98,6 +102,16 @@ class Backend:
 
     def memory(self) -> MemorySample:
         return MemorySample(None, None, None, host_rss())
+
+    def parallel_calls(self) -> int:
+        """How many independent forward calls :meth:`map_calls` runs at once."""
+        return 1
+
+    def map_calls(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+        """``fn`` over ``items`` (independent forward calls, e.g. embedding chunks), results
+        in order. One after another here; a backend whose device runs several calls at once
+        better than one call spread over it (cpu) overrides this."""
+        return map(fn, items)
 
     def synchronize(self, *outputs: Any) -> None:
         """Wait until ``outputs`` (or all queued device work) are computed; used by timing.

@@ -14,7 +14,11 @@ NumPy is its per-call overhead, not arithmetic.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -22,6 +26,9 @@ from inference.backends import cpu_kernels as K
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.formats.tensor import TensorData
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 MATVEC_ROWS = 8  # measured crossover vs dequant+sgemm is ~8-16 rows on 2 cores
 SCRATCH_BYTES = 16 << 20
@@ -32,16 +39,49 @@ class CpuBackend(NumpyBackend):
     device = "CPU (numba kernels, quantized weights)"
 
     def __init__(self) -> None:
-        self._scratch = np.empty(0, dtype=np.float32)
+        import numba
+
+        self._local = threading.local()  # dequant scratch: one per thread (map_calls)
         self._rope: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._threads = numba.get_num_threads()
+        self._blas: Any = None
 
     def set_threads(self, n: int) -> None:
         import numba
 
-        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+        self._threads = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(self._threads)
         # Dynamic scheduling in chunks of 2 tiles: on a shared machine a descheduled
         # worker's tiles are taken over instead of stalling the whole parallel region.
         numba.set_parallel_chunksize(2)
+
+    # --- independent calls: one per core ---------------------------------------------
+    def parallel_calls(self) -> int:
+        return self._threads
+
+    def map_calls(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+        """One worker thread per core, each call single-threaded inside (BLAS capped at 1).
+
+        Why: an encoder call is GEMMs with small ops between them. Two BLAS threads share
+        each GEMM well (1.9x), but the small ops stay serial, and a parallel numba pool
+        next to OpenBLAS's spinning threads halved throughput. Whole calls side by side
+        scale everything; the kernels and NumPy release the GIL. Measured on MiniLM, 1,000
+        sentences, 2 cores: 256 sentences/s with 2 BLAS threads, 291 side by side."""
+        n = min(self._threads, len(items))
+        if n <= 1:
+            yield from map(fn, items)
+            return
+        with self._single_threaded_blas(), ThreadPoolExecutor(n, "cpu-call") as pool:
+            yield from pool.map(fn, items)
+
+    def _single_threaded_blas(self) -> contextlib.AbstractContextManager[Any]:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            return contextlib.nullcontext()
+        if self._blas is None:  # scanning the loaded libraries costs ~ms: once
+            self._blas = ThreadpoolController()
+        return self._blas.limit(limits=1, user_api="blas")
 
     # --- weights ---------------------------------------------------------------------
     def weight(self, t: TensorData) -> Any:
@@ -84,9 +124,10 @@ class CpuBackend(NumpyBackend):
         return out if out.shape[1] == w.shape[0] else np.ascontiguousarray(out[:, : w.shape[0]])
 
     def _buffer(self, n: int) -> np.ndarray:
-        if self._scratch.size < n:
-            self._scratch = np.empty(n, dtype=np.float32)
-        return self._scratch[:n]
+        buf = getattr(self._local, "scratch", None)
+        if buf is None or buf.size < n:
+            buf = self._local.scratch = np.empty(n, dtype=np.float32)
+        return buf[:n]
 
     def _gemm(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
         n_out, k = w.shape

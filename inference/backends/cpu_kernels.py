@@ -29,6 +29,7 @@ per group with the precomputed group sums ``xsum`` of ``x``.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 from llvmlite import ir
@@ -41,6 +42,11 @@ GROUP = 32
 PREFETCH = 4  # blocks ahead; 2-8 measured equal within noise, 0 is ~25% slower cold
 
 _f32 = np.float32
+
+# Every kernel: NumPy's error model (a float division by zero gives inf/nan, as in NumPy,
+# instead of raising), without which LLVM keeps any loop that divides scalar (GELU's erf
+# ran 4.4x slower); nogil, so concurrent calls from several threads run in parallel.
+_jit = partial(njit, cache=True, fastmath=True, error_model="numpy", nogil=True)
 
 
 @intrinsic
@@ -76,14 +82,18 @@ def _bits_to_f32(typingctx, v):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@_jit(inline="always")
 def _exp(x: float) -> float:
-    """float32 exp, relative error < 1e-7 on [-87, 88] (Cephes expf: 2^n times a
-    degree-6 polynomial of the remainder). math.exp is a scalar libm call that keeps
-    loops scalar (~3.5x slower than this; NumPy's np.exp is vectorised, this matches it)."""
-    x = min(max(x, _f32(-87.0)), _f32(88.0))
-    n = math.floor(x * _f32(1.4426950408889634) + _f32(0.5))
-    r = x - n * _f32(0.693359375) - n * _f32(-2.12194440e-4)
+    """float32 exp, relative error < 2e-7 on [-86, 88] (Cephes expf: 2^n times a
+    degree-6 polynomial of the remainder), clamped to that range. math.exp is a scalar
+    libm call that keeps loops scalar. n is rounded through int32: math.floor returns
+    int64 and took the whole polynomial to float64 (2x slower). The lower clamp keeps
+    2^n * p normal: a denormal result costs ~100 cycles."""
+    x = min(max(x, _f32(-86.0)), _f32(88.0))
+    y = x * _f32(1.4426950408889634)
+    n = np.int32(y + (_f32(0.5) if y >= _f32(0.0) else _f32(-0.5)))
+    fn = _f32(n)
+    r = x - fn * _f32(0.693359375) - fn * _f32(-2.12194440e-4)
     p = _f32(1.9875691500e-4)
     p = p * r + _f32(1.3981999507e-3)
     p = p * r + _f32(8.3334519073e-3)
@@ -91,10 +101,10 @@ def _exp(x: float) -> float:
     p = p * r + _f32(1.6666665459e-1)
     p = p * r + _f32(5.0000001201e-1)
     p = p * r * r + r + _f32(1.0)
-    return p * _bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+    return p * _bits_to_f32((n + np.int32(127)) << np.int32(23))
 
 
-@njit(cache=True, inline="always")
+@_jit(fastmath=False, inline="always")
 def _prefetch_block(flat: np.ndarray, blk: int, row_bytes: int) -> None:
     """Prefetch every 64-byte line of block ``blk`` of a flat uint8 view."""
     start = blk * row_bytes
@@ -103,7 +113,7 @@ def _prefetch_block(flat: np.ndarray, blk: int, row_bytes: int) -> None:
             _prefetch(flat, start + off)
 
 
-@njit(cache=True, fastmath=True)
+@_jit()
 def group_sums(x: np.ndarray) -> np.ndarray:
     """(T, K) -> (T, K/32) sums of each group of 32 activations."""
     t, k = x.shape
@@ -117,7 +127,7 @@ def group_sums(x: np.ndarray) -> np.ndarray:
     return out
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@_jit(parallel=True)
 def matvec_q4(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: float,
               x: np.ndarray, out: np.ndarray) -> None:
     """out (T, tiles*LANES) = x (T, K) @ W.T for a 4-bit W; T is small (decode).
@@ -160,7 +170,7 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: flo
             out[i, t * LANES:(t + 1) * LANES] = acc
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@_jit(parallel=True)
 def matvec_q8(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: float,
               x: np.ndarray, out: np.ndarray) -> None:
     """As :func:`matvec_q4` for an 8-bit W (codes uint8, or int8 for Q8_0)."""
@@ -197,7 +207,7 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: flo
             out[i, t * LANES:(t + 1) * LANES] = acc
 
 
-@njit(cache=True, fastmath=True)
+@_jit()
 def dequant_t(codes: np.ndarray, blocks: np.ndarray, bits: int, zero: float, groups: int,
               t0: int, t1: int, out: np.ndarray) -> None:
     """Tiles t0..t1 of W -> out (K, (t1-t0)*LANES) float32: that slice of W.T, row-major
@@ -230,7 +240,7 @@ def dequant_t(codes: np.ndarray, blocks: np.ndarray, bits: int, zero: float, gro
                         o[col + lane] = sg[lane] * _f32(np.int32(row[lane])) + zg[lane]
 
 
-@njit(cache=True)
+@_jit(fastmath=False)
 def gather_rows(codes: np.ndarray, blocks: np.ndarray, bits: int, zero: float, groups: int,
                 ids: np.ndarray, out: np.ndarray) -> None:
     """Embedding lookup: rows ``ids`` of W, dequantized into out (n, K)."""
@@ -254,25 +264,26 @@ def gather_rows(codes: np.ndarray, blocks: np.ndarray, bits: int, zero: float, g
 
 # --- small fused ops for the token loop (one call instead of 4-6 NumPy passes) ----------
 
-@njit(cache=True, fastmath=True)
+@_jit()
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     n, d = x.shape
     for i in range(n):
         ss = _f32(0.0)
         for k in range(d):
             ss += x[i, k] * x[i, k]
-        r = _f32(1.0) / math.sqrt(ss / d + eps)
+        # Scalars kept float32: a float64 factor (math.sqrt, eps) widens the row loop.
+        r = _f32(1.0 / math.sqrt(ss / d + eps))
         for k in range(d):
             out[i, k] = x[i, k] * r * w[k]
 
 
-@njit(cache=True, fastmath=True)
+@_jit()
 def silu_mul_flat(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     for k in range(g.shape[0]):
         out[k] = g[k] / (_f32(1.0) + _exp(-g[k])) * u[k]
 
 
-@njit(cache=True, fastmath=True)
+@_jit()
 def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) -> None:
     """NeoX (half-split) RoPE. x (rows, t, d) with tables (t, d/2)."""
     rows, t, d = x.shape
@@ -286,7 +297,7 @@ def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) 
                 out[r, i, k + h] = b * cos[i, k] + a * sin[i, k]
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@_jit(parallel=True)
 def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scale: float,
                   out: np.ndarray) -> None:
     """One query token per head, seeing the first n_keys keys: q (hq, d), k/v (hk, S, d)
@@ -295,6 +306,7 @@ def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scal
     BLAS call around it, so the numba pool has the cores to itself)."""
     hq, d = q.shape
     group = hq // k.shape[0]
+    scale = _f32(scale)
     for h in prange(hq):
         kv = h // group
         qrow = q[h]
@@ -329,7 +341,7 @@ def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scal
 # sentences/s, quiet machine, 2 threads). BLAS carries the parallelism of these paths;
 # the mat-vec kernels, which run with no BLAS around them, carry it in decode.
 
-@njit(cache=True, fastmath=True, inline="always")
+@_jit(inline="always")
 def _erf(a: float) -> float:
     """Rational approximation of erf (Eigen's generic_fast_erf_float), |error| < 4e-7:
     pure multiply-adds and one division, so the GELU loop vectorises (math.erf is a
@@ -349,7 +361,7 @@ def _erf(a: float) -> float:
     return x * p / q
 
 
-@njit(cache=True, fastmath=True)
+@_jit()
 def gelu_rows(x: np.ndarray, out: np.ndarray) -> None:
     """Exact (erf) GELU of a (rows, d) array."""
     n, d = x.shape
@@ -359,7 +371,7 @@ def gelu_rows(x: np.ndarray, out: np.ndarray) -> None:
             out[i, k] = _f32(0.5) * v * (_f32(1.0) + _erf(v * _f32(0.7071067811865476)))
 
 
-@njit(cache=True, fastmath=True)
+@_jit()
 def layer_norm_rows(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float,
                     out: np.ndarray) -> None:
     n, d = x.shape
@@ -367,17 +379,17 @@ def layer_norm_rows(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float,
         mu = _f32(0.0)
         for k in range(d):
             mu += x[i, k]
-        mu /= d
+        mu = _f32(mu / d)  # float32 scalars: a float64 one widens the row loops
         var = _f32(0.0)
         for k in range(d):
             t = x[i, k] - mu
             var += t * t
-        r = _f32(1.0) / math.sqrt(var / d + eps)
+        r = _f32(1.0 / math.sqrt(var / d + eps))
         for k in range(d):
             out[i, k] = (x[i, k] - mu) * r * w[k] + b[k]
 
 
-@njit(cache=True, fastmath=True)
+@_jit()
 def softmax_scores(sc: np.ndarray, scale: float, causal_offset: int,
                    mask: np.ndarray) -> None:
     """In place: sc (b, h, t, s) raw q.k scores -> attention weights.
@@ -387,21 +399,28 @@ def softmax_scores(sc: np.ndarray, scale: float, causal_offset: int,
     The two matmuls around it stay with BLAS; a fused numba kernel with short key loops
     measured 1.6x slower than NumPy, this split 1.4x faster (README)."""
     b, h, t, s = sc.shape
+    scale = _f32(scale)  # a Python float arrives as float64 and widened the whole loop
     for bh in range(b * h):
         bi = bh // h
         hh = bh - bi * h
+        keep = mask[bi]
         for i in range(t):
             row = sc[bi, hh, i]
             last = s if causal_offset < 0 else min(s, causal_offset + i + 1)
-            m = _f32(-np.inf)
+            # Selects, not branches around the exp, so the loops vectorise.
+            m = _f32(-3.0e38)
             for j in range(last):
-                if mask[bi, j] > 0:
-                    m = max(m, row[j] * scale)
+                x = row[j] * scale if keep[j] > 0 else _f32(-3.0e38)
+                row[j] = x
+                m = x if x > m else m
             tot = _f32(0.0)
-            for j in range(s):
-                e = _exp(row[j] * scale - m) if (j < last and mask[bi, j] > 0) else _f32(0.0)
+            for j in range(last):
+                e = _exp(row[j] - m)
+                e = e if keep[j] > 0 else _f32(0.0)
                 row[j] = e
                 tot += e
             inv = _f32(1.0) / tot
-            for j in range(s):
+            for j in range(last):
                 row[j] *= inv
+            for j in range(last, s):
+                row[j] = _f32(0.0)
