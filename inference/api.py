@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 
 from inference.backends import select_backend
-from inference.backends.base import Backend, MemorySample, OpProfiler, SamplingParams
+from inference.backends.base import (
+    Backend,
+    MemorySample,
+    OpProfiler,
+    SamplingParams,
+    trim_host_heap,
+)
 from inference.chat_template import ChatTemplate
 from inference.embed import BatchLimits, embed_ids
 from inference.errors import InvalidInputError
@@ -213,4 +219,7 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     qtypes = {t.qtype for t in ckpt.tensors.values()}
     B, reason = select_backend(backend, mod.REQUIRED_OPS, qtypes, model_type)
     cls = CausalLM if model_type in CAUSAL else Encoder
-    return cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
+    model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
+    del ckpt  # the parsed metadata goes now, and with it the heap it held
+    trim_host_heap()
+    return model

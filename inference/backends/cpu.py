@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from inference.backends import cpu_kernels as K
+from inference.backends.base import trim_host_heap
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.formats.tensor import TensorData
@@ -88,8 +89,8 @@ class CpuBackend(NumpyBackend):
         if t.qtype == "F32" or len(t.shape) != 2:
             return self.dense(t)
         w = pack(t)
-        if t.data.nbytes >= 1 << 20:
-            _trim_heap()
+        if t.data.nbytes >= 1 << 20:  # repacking frees a few MB of temporaries per tensor
+            trim_host_heap()
         return w
 
     def dense(self, t: TensorData) -> np.ndarray:
@@ -231,26 +232,6 @@ class CpuBackend(NumpyBackend):
         K.softmax_scores(sc.reshape(b, hq, t, s), scale,
                          -1 if causal_offset is None else causal_offset, mask)
         return (sc @ v).reshape(b, hq, t, d)
-
-
-def _trim_heap() -> None:
-    """Give freed heap pages back to the OS (glibc only; a no-op elsewhere).
-
-    Repacking allocates and frees a few MB of temporaries per tensor; glibc keeps them in
-    the heap, which counted ~15% of the model's size in resident memory after load."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            import ctypes
-
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim: Any = None
 
 
 def _rows_of(x: np.ndarray) -> np.ndarray:
