@@ -292,3 +292,28 @@ def test_resident_memory_after_loading_smollm2_within_the_rule():
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["delta"] <= 1.5 * got["file"], got["delta"] / got["file"]
+
+
+@pytest.mark.parametrize("user_features", [None, "+sse2"])
+def test_wide_vectors_on_avx512_unless_the_user_chose(user_features):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+    if user_features:
+        env["NUMBA_CPU_FEATURES"] = user_features
+    code = ("import numba, llvmlite.binding as ll\n"
+            "import inference.backends.cpu_kernels\n"
+            "print('+avx512f' in ll.get_host_cpu_features().flatten().split(','))\n"
+            "print(numba.config.CPU_FEATURES)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    avx512, features = out.stdout.strip().splitlines()
+    if user_features:
+        assert features == user_features
+    elif avx512 == "True":
+        assert features.endswith(",-prefer-256-bit")
+    else:
+        assert features == "None"
