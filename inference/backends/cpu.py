@@ -121,7 +121,7 @@ class CpuBackend(NumpyBackend):
     def _matvec(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
         out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
         kern = K.matvec_q4 if w.bits == 4 else K.matvec_q8
-        kern(w.codes, w.blocks, w.flat, w.zero, x, out)
+        kern(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x, out)
         return out if out.shape[1] == w.shape[0] else np.ascontiguousarray(out[:, : w.shape[0]])
 
     def _buffer(self, n: int) -> np.ndarray:
@@ -138,7 +138,8 @@ class CpuBackend(NumpyBackend):
         for t0 in range(0, tiles, step):
             t1 = min(tiles, t0 + step)
             wt = self._buffer(k * (t1 - t0) * K.LANES).reshape(k, (t1 - t0) * K.LANES)
-            K.dequant_t(w.codes, w.blocks, w.bits, w.zero, w.groups, t0, t1, wt)
+            K.dequant_t(w.codes, w.blocks, w.halves, w.kind, w.bits, w.zero, w.groups, t0, t1,
+                        wt)
             r0, r1 = t0 * K.LANES, min(n_out, t1 * K.LANES)
             y[:, r0:r1] = x @ wt[:, : r1 - r0]
         return y
@@ -162,8 +163,8 @@ class CpuBackend(NumpyBackend):
                 else np.zeros((0, table.shape[1]), dtype=np.float32)
         else:
             rows = np.empty((flat.size, table.shape[1]), dtype=np.float32)
-            K.gather_rows(table.codes, table.blocks, table.bits, table.zero, table.groups, flat,
-                          rows)
+            K.gather_rows(table.codes, table.blocks, table.halves, table.kind, table.bits,
+                          table.zero, table.groups, flat, rows)
         return rows.reshape(*ids.shape, table.shape[1])
 
     # --- fused small ops -------------------------------------------------------------

@@ -7,8 +7,12 @@ Layout (made by :mod:`inference.backends.cpu_pack`): output rows are grouped in 
 - rows ``0 .. C-1`` are the codes as bytes, viewed as ``codes[blk, j, lane]``: 4-bit
   (C=4): byte ``j`` holds code ``j`` in its low and code ``j + 16`` in its high nibble,
   as in GGML's Q4_0/Q4_1; 8-bit (C=8): one code per byte (int8 for Q8_0);
-- row ``C`` is the scale of each lane, row ``C + 1`` (affine types only) its bias:
-  ``w = scale * code + bias``; symmetric types instead have ``bias = -zero * scale``.
+- then the scale and bias of each lane, ``w = scale * code + bias``, in one of three
+  layouts (``kind``): ``SYMMETRIC`` row ``C`` holds float32 scales and
+  ``bias = -zero * scale``; ``AFFINE`` rows ``C`` and ``C + 1`` hold float32 scales and
+  biases; ``AFFINE_F16`` row ``C`` holds float16 scales then float16 biases, for types
+  whose file stores them so (Q4_1, MLX with float16 scales): one row fewer, so a Q4_1
+  block is as large as in the file.
 
 Why: the inner loop runs over the lanes, i.e. 32 output rows at once, so LLVM vectorises
 it with plain loads, converts and FMAs, and no horizontal sum per group is needed; the
@@ -157,20 +161,84 @@ def group_sums(x: np.ndarray) -> np.ndarray:
     return out
 
 
+SYMMETRIC, AFFINE, AFFINE_F16 = 0, 1, 2  # scale layouts of a block (module docstring)
+
+
+@_jit(inline="always")
+def _half(h: int) -> float:
+    """float16 bits -> float32 in integer ops and one multiply (numba has no float16 on
+    the CPU): the exponent and mantissa moved into float32 position, then rescaled by
+    2^112 (the difference of the exponent biases), which also turns float16 subnormals
+    into normal float32. Inf/NaN never occur as GGML scales and are not handled."""
+    h = np.int32(h)
+    v = _bits_to_f32((h & np.int32(0x7FFF)) << np.int32(13)) * _f32(5.192296858534828e33)
+    return -v if h & np.int32(0x8000) else v
+
+
+@_jit(inline="always")
+def _block_scales(blocks: np.ndarray, halves: np.ndarray, blk: int, c: int, kind: int,
+                  zero: float, sg: np.ndarray, zg: np.ndarray) -> None:
+    """Scale and bias of every lane of block ``blk`` into ``sg`` and ``zg`` (float32)."""
+    n = sg.shape[0]
+    if kind == AFFINE_F16:
+        row = halves[blk, c]
+        for lane in range(n):
+            sg[lane] = _half(row[lane])
+            zg[lane] = _half(row[n + lane])
+    elif kind == AFFINE:
+        for lane in range(n):
+            sg[lane] = blocks[blk, c, lane]
+            zg[lane] = blocks[blk, c + 1, lane]
+    else:
+        for lane in range(n):
+            sg[lane] = blocks[blk, c, lane]
+            zg[lane] = -_f32(zero) * blocks[blk, c, lane]
+
+
+@_jit(inline="always")
+def _codes4(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int) -> float:
+    """sum_j code_j * x[b0 + j] over one lane's 32 4-bit codes, in four chains."""
+    p0 = _f32(0.0)
+    p1 = _f32(0.0)
+    p2 = _f32(0.0)
+    p3 = _f32(0.0)
+    for j in range(0, 16, 2):
+        q = np.int32(cb[j, lane])
+        r = np.int32(cb[j + 1, lane])
+        p0 += _f32(np.int32(q & 15)) * xi[b0 + j]
+        p1 += _f32(np.int32(q >> 4)) * xi[b0 + 16 + j]
+        p2 += _f32(np.int32(r & 15)) * xi[b0 + j + 1]
+        p3 += _f32(np.int32(r >> 4)) * xi[b0 + 17 + j]
+    return (p0 + p1) + (p2 + p3)
+
+
+@_jit(inline="always")
+def _codes8(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int) -> float:
+    """sum_j code_j * x[b0 + j] over one lane's 32 8-bit codes, in four chains."""
+    p0 = _f32(0.0)
+    p1 = _f32(0.0)
+    p2 = _f32(0.0)
+    p3 = _f32(0.0)
+    for j in range(0, GROUP, 4):
+        p0 += _f32(np.int32(cb[j, lane])) * xi[b0 + j]
+        p1 += _f32(np.int32(cb[j + 1, lane])) * xi[b0 + j + 1]
+        p2 += _f32(np.int32(cb[j + 2, lane])) * xi[b0 + j + 2]
+        p3 += _f32(np.int32(cb[j + 3, lane])) * xi[b0 + j + 3]
+    return (p0 + p1) + (p2 + p3)
+
+
 @_jit(parallel=True)
-def matvec_q4(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: float,
-              x: np.ndarray, out: np.ndarray) -> None:
+def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+              kind: int, zero: float, x: np.ndarray, out: np.ndarray) -> None:
     """out (T, tiles*LANES) = x (T, K) @ W.T for a 4-bit W; T is small (decode).
 
-    codes (nblk, 4*R, LANES) and flat (nblk*R*4*LANES,) are byte views of blocks
-    (nblk, R, LANES) float32."""
+    codes (nblk, 4*R, LANES), halves (nblk, R, 2*LANES) and flat (nblk*R*4*LANES,) are
+    byte, uint16 and flat byte views of blocks (nblk, R, LANES) float32."""
     groups = x.shape[1] // GROUP
     xsum = group_sums(x)
     tiles = blocks.shape[0] // groups
-    affine = blocks.shape[1] > 5
     row_bytes = blocks.shape[1] * LANES * 4
     nl = codes.shape[2]  # == LANES, but a runtime trip count: see module docstring
-    zero = _f32(zero)
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
         for i in range(x.shape[0]):
@@ -183,39 +251,32 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: flo
                 cb = codes[blk]
                 b0 = g * GROUP
                 xs = xsum[i, g]
-                sg = blocks[blk, 4]
-                zg = blocks[blk, 5] if affine else sg
-                for lane in range(nl):
-                    p0 = _f32(0.0)
-                    p1 = _f32(0.0)
-                    p2 = _f32(0.0)
-                    p3 = _f32(0.0)
-                    for j in range(0, 16, 2):
-                        q = np.int32(cb[j, lane])
-                        r = np.int32(cb[j + 1, lane])
-                        p0 += _f32(np.int32(q & 15)) * xi[b0 + j]
-                        p1 += _f32(np.int32(q >> 4)) * xi[b0 + 16 + j]
-                        p2 += _f32(np.int32(r & 15)) * xi[b0 + j + 1]
-                        p3 += _f32(np.int32(r >> 4)) * xi[b0 + 17 + j]
-                    part = (p0 + p1) + (p2 + p3)
-                    if affine:
-                        acc[lane] += sg[lane] * part + zg[lane] * xs
-                    else:
-                        acc[lane] += sg[lane] * (part - zero * xs)
+                # One lane loop per scale layout (kind is the same for every block).
+                if kind == AFFINE_F16:
+                    h = halves[blk, 4]
+                    for lane in range(nl):
+                        acc[lane] += (_half(h[lane]) * _codes4(cb, xi, b0, lane)
+                                      + _half(h[nl + lane]) * xs)
+                elif kind == AFFINE:
+                    sg, zg = blocks[blk, 4], blocks[blk, 5]
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * _codes4(cb, xi, b0, lane) + zg[lane] * xs
+                else:
+                    sg, zx = blocks[blk, 4], _f32(zero) * xs
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * (_codes4(cb, xi, b0, lane) - zx)
             out[i, t * LANES:(t + 1) * LANES] = acc
 
 
 @_jit(parallel=True)
-def matvec_q8(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: float,
-              x: np.ndarray, out: np.ndarray) -> None:
+def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+              kind: int, zero: float, x: np.ndarray, out: np.ndarray) -> None:
     """As :func:`matvec_q4` for an 8-bit W (codes uint8, or int8 for Q8_0)."""
     groups = x.shape[1] // GROUP
     xsum = group_sums(x)
     tiles = blocks.shape[0] // groups
-    affine = blocks.shape[1] > 9
     row_bytes = blocks.shape[1] * LANES * 4
     nl = codes.shape[2]  # == LANES, but a runtime trip count: see module docstring
-    zero = _f32(zero)
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
         for i in range(x.shape[0]):
@@ -228,42 +289,35 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray, zero: flo
                 cb = codes[blk]
                 b0 = g * GROUP
                 xs = xsum[i, g]
-                sg = blocks[blk, 8]
-                zg = blocks[blk, 9] if affine else sg
-                for lane in range(nl):
-                    p0 = _f32(0.0)
-                    p1 = _f32(0.0)
-                    p2 = _f32(0.0)
-                    p3 = _f32(0.0)
-                    for j in range(0, GROUP, 4):
-                        p0 += _f32(np.int32(cb[j, lane])) * xi[b0 + j]
-                        p1 += _f32(np.int32(cb[j + 1, lane])) * xi[b0 + j + 1]
-                        p2 += _f32(np.int32(cb[j + 2, lane])) * xi[b0 + j + 2]
-                        p3 += _f32(np.int32(cb[j + 3, lane])) * xi[b0 + j + 3]
-                    part = (p0 + p1) + (p2 + p3)
-                    if affine:
-                        acc[lane] += sg[lane] * part + zg[lane] * xs
-                    else:
-                        acc[lane] += sg[lane] * (part - zero * xs)
+                if kind == AFFINE_F16:
+                    h = halves[blk, 8]
+                    for lane in range(nl):
+                        acc[lane] += (_half(h[lane]) * _codes8(cb, xi, b0, lane)
+                                      + _half(h[nl + lane]) * xs)
+                elif kind == AFFINE:
+                    sg, zg = blocks[blk, 8], blocks[blk, 9]
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * _codes8(cb, xi, b0, lane) + zg[lane] * xs
+                else:
+                    sg, zx = blocks[blk, 8], _f32(zero) * xs
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * (_codes8(cb, xi, b0, lane) - zx)
             out[i, t * LANES:(t + 1) * LANES] = acc
 
 
 @_jit()
-def dequant_t(codes: np.ndarray, blocks: np.ndarray, bits: int, zero: float, groups: int,
-              t0: int, t1: int, out: np.ndarray) -> None:
+def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: int,
+              bits: int, zero: float, groups: int, t0: int, t1: int, out: np.ndarray) -> None:
     """Tiles t0..t1 of W -> out (K, (t1-t0)*LANES) float32: that slice of W.T, row-major
     in the output rows, so BLAS computes x @ out without a transpose."""
     c = 4 if bits == 4 else 8
-    affine = blocks.shape[1] > c + 1
-    zf = _f32(zero)
+    sg = np.empty(LANES, dtype=np.float32)
+    zg = np.empty(LANES, dtype=np.float32)
     for t in range(t0, t1):
         col = (t - t0) * LANES
-        zg = np.empty(LANES, dtype=np.float32)
         for g in range(groups):
             blk = t * groups + g
-            sg = blocks[blk, c]
-            for lane in range(LANES):
-                zg[lane] = blocks[blk, c + 1, lane] if affine else -zf * sg[lane]
+            _block_scales(blocks, halves, blk, c, kind, zero, sg, zg)
             if bits == 4:
                 for j in range(16):
                     row = codes[blk, j]
@@ -282,17 +336,19 @@ def dequant_t(codes: np.ndarray, blocks: np.ndarray, bits: int, zero: float, gro
 
 
 @_jit(fastmath=False)
-def gather_rows(codes: np.ndarray, blocks: np.ndarray, bits: int, zero: float, groups: int,
-                ids: np.ndarray, out: np.ndarray) -> None:
+def gather_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: int,
+                bits: int, zero: float, groups: int, ids: np.ndarray, out: np.ndarray) -> None:
     """Embedding lookup: rows ``ids`` of W, dequantized into out (n, K)."""
     c = 4 if bits == 4 else 8
-    affine = blocks.shape[1] > c + 1
+    sg = np.empty(LANES, dtype=np.float32)
+    zg = np.empty(LANES, dtype=np.float32)
     for i in range(ids.shape[0]):
         t, lane = divmod(ids[i], LANES)
         for g in range(groups):
             blk = t * groups + g
-            s = blocks[blk, c, lane]
-            z = blocks[blk, c + 1, lane] if affine else -_f32(zero) * s
+            _block_scales(blocks, halves, blk, c, kind, zero, sg, zg)
+            s = sg[lane]
+            z = zg[lane]
             if bits == 4:
                 for j in range(16):
                     q = np.int32(codes[blk, j, lane])

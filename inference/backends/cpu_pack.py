@@ -2,12 +2,13 @@
 
 Codes, scales and biases per group of 32 come from :func:`mlx_repack.block_groups` (the
 one decoder of GGML blocks into affine groups, exact for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0/Q3_K).
-4-bit types keep 4 bits a weight; other types take 8. Scales and biases are float32,
-because numba has no float16 on the CPU.
+4-bit types keep 4 bits a weight; other types take 8. Scales and biases stay float16 where
+the file has them so and both are needed (Q4_1, MLX with float16 scales: ``AFFINE_F16``),
+else float32 (a Q4_K scale is a float16 times a 6-bit integer, not a float16).
 
 Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
-its bytes in the file (Q4_0 1.11x, Q4_1 1.2x, Q4_K 1.33x, Q8_0 1.06x, MLX 4/8-bit with
-float16 scales <= 1.33x). Other types (Q5_*, Q6_K, Q3_K, Q2_K, F16, BF16, 5/6-bit MLX)
+its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q8_0 1.06x, MLX 4-bit with
+float16 scales 1.0x, 8-bit 1.0x). Other types (Q5_*, Q6_K, Q3_K, Q2_K, F16, BF16, 5/6-bit MLX)
 stay as raw file bytes (1.0x) and are dequantized on the fly a chunk of rows at a time:
 correct, but slower.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inference.backends.cpu_kernels import GROUP, LANES
+from inference.backends.cpu_kernels import AFFINE, AFFINE_F16, GROUP, LANES, SYMMETRIC
 from inference.backends.mlx_repack import block_groups
 from inference.formats.quants import BLOCK_TYPES, dequantize_raw, unpack_mlx
 from inference.formats.tensor import TensorData
@@ -26,7 +27,7 @@ from inference.formats.tensor import TensorData
 MAX_GROWTH = 1.5
 FOUR_BIT = frozenset({"Q4_0", "Q4_1", "Q4_K"})
 # Symmetric types store no bias row: w = scale * (code - zero). Q8_0 codes stay int8.
-SYMMETRIC = {"Q4_0": 8.0, "Q8_0": 0.0}
+SYMMETRIC_ZERO = {"Q4_0": 8.0, "Q8_0": 0.0}
 _CODE_ROWS = {4: 4, 8: 8}  # float32 rows of LANES that hold a block's 32 x LANES codes
 _ROWS_PER_STEP = 1024  # repack this many rows at once: bounds the uint8-per-code temporary
 
@@ -38,18 +39,21 @@ class PackedWeight:
 
     blocks: np.ndarray  # (tiles * K/32, R, LANES) float32: code bytes, scale[, bias]
     bits: int  # 4 or 8
-    zero: float  # symmetric types: w = scale * (code - zero); affine types carry a bias row
+    zero: float  # SYMMETRIC: w = scale * (code - zero)
     shape: tuple[int, int]  # logical (out, in)
+    kind: int = SYMMETRIC  # how a block holds its scales (cpu_kernels docstring)
 
     def __post_init__(self) -> None:
         n = self.blocks.shape[0]
-        signed = np.int8 if self.bits == 8 and self.zero == 0 and not self.affine else np.uint8
+        signed = np.int8 if self.bits == 8 and self.kind == SYMMETRIC and self.zero == 0 \
+            else np.uint8
         self.codes = self.blocks.view(signed).reshape(n, -1, LANES)
+        self.halves = self.blocks.view(np.uint16)
         self.flat = self.blocks.reshape(-1).view(np.uint8)
 
     @property
     def affine(self) -> bool:
-        return self.blocks.shape[1] > _CODE_ROWS[self.bits] + 1
+        return self.kind != SYMMETRIC
 
     @property
     def groups(self) -> int:
@@ -115,9 +119,18 @@ def packed_bits(t: TensorData) -> int | None:
         return None
     bits = 4 if t.qtype in FOUR_BIT else 8
     file_bytes = t.shape[0] * BLOCK_TYPES[t.qtype].row_bytes(t.shape[1])
-    scale_bytes = 4 if t.qtype in SYMMETRIC else 8  # per group: scale [+ bias], float32
+    scale_bytes = 4 if _kind(t) != AFFINE else 8  # per group: one float32 row, or two
     packed = t.shape[0] * t.shape[1] * (bits / 8 + scale_bytes / GROUP)
     return bits if packed <= MAX_GROWTH * file_bytes else None
+
+
+def _kind(t: TensorData) -> int:
+    if t.qtype in SYMMETRIC_ZERO:
+        return SYMMETRIC
+    if t.qtype == "Q4_1" or (t.qtype == "MLX" and all(
+            np.asarray(t.extra[k]).dtype == np.float16 for k in ("scales", "biases"))):
+        return AFFINE_F16  # float16 in the file: exact in half the room
+    return AFFINE
 
 
 def pack(t: TensorData) -> PackedWeight | RawWeight:
@@ -126,11 +139,12 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
     if bits is None:
         return RawWeight(np.array(t.data), t.qtype, (n_out, k))  # copy: drop the file map
     tiles, groups = -(-n_out // LANES), k // GROUP
-    zero = SYMMETRIC.get(t.qtype)
+    kind = _kind(t)
     c = _CODE_ROWS[bits]
-    blocks = np.zeros((tiles * groups, c + (1 if zero is not None else 2), LANES),
+    blocks = np.zeros((tiles * groups, c + (2 if kind == AFFINE else 1), LANES),
                       dtype=np.float32)
     code_bytes = blocks.view(np.uint8).reshape(len(blocks), -1, LANES)
+    halves = blocks.view(np.float16)  # (n, R, 2 * LANES)
     for r0 in range(0, n_out, _ROWS_PER_STEP):  # _ROWS_PER_STEP is a multiple of LANES
         r1 = min(n_out, r0 + _ROWS_PER_STEP)
         q, s, z = _groups(t, r0, r1)
@@ -143,11 +157,18 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
             q = q[:, :, :16] | (q[:, :, 16:] << np.uint8(4))
         b0, b1 = r0 // LANES * groups, (r0 // LANES + nt) * groups
         code_bytes[b0:b1, : q.shape[2]] = q.reshape(b1 - b0, -1, LANES)
-        blocks[b0:b1, c] = s.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(-1, LANES)
-        if zero is None:
-            blocks[b0:b1, c + 1] = z.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(
-                -1, LANES)
-    return PackedWeight(blocks, bits, 0.0 if zero is None else zero, (n_out, k))
+        s, z = (a.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(-1, LANES)
+                for a in (s, z))
+        if kind == AFFINE_F16:
+            s16, z16 = s.astype(np.float16), z.astype(np.float16)
+            if not (np.array_equal(s16, s) and np.array_equal(z16, z)):
+                raise AssertionError(f"{t.name}: scales not exact in float16")
+            halves[b0:b1, c, :LANES], halves[b0:b1, c, LANES:] = s16, z16
+        else:
+            blocks[b0:b1, c] = s
+            if kind == AFFINE:
+                blocks[b0:b1, c + 1] = z
+    return PackedWeight(blocks, bits, SYMMETRIC_ZERO.get(t.qtype, 0.0), (n_out, k), kind)
 
 
 def unpack(w: PackedWeight) -> np.ndarray:
@@ -156,8 +177,12 @@ def unpack(w: PackedWeight) -> np.ndarray:
     q = w.codes[:, : 16 if w.bits == 4 else GROUP].astype(np.int32)
     if w.bits == 4:
         q = np.concatenate([q & 15, q >> 4], axis=1)
-    s = w.blocks[:, c][:, None, :]
-    z = w.blocks[:, c + 1][:, None, :] if w.affine else -w.zero * s
+    if w.kind == AFFINE_F16:
+        h = w.blocks.view(np.float16)[:, c].astype(np.float32)
+        s, z = h[:, None, :LANES], h[:, None, LANES:]
+    else:
+        s = w.blocks[:, c][:, None, :]
+        z = w.blocks[:, c + 1][:, None, :] if w.kind == AFFINE else -w.zero * s
     v = q.astype(np.float32) * s + z  # (blocks, 32, LANES)
     tiles = len(v) // w.groups
     v = v.reshape(tiles, w.groups, GROUP, LANES).transpose(0, 3, 1, 2)
