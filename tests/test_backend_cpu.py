@@ -54,11 +54,19 @@ def test_pack_is_exact_and_within_memory_rule(qtype):
 
 
 def test_float16_scales_decode_every_finite_value():
+    from numba import njit
+
     from inference.backends.cpu_kernels import _half
+
+    @njit
+    def widen(bits, out):
+        for i in range(bits.shape[0]):
+            out[i] = _half(bits[i])
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     bits = bits[np.isfinite(bits.view(np.float16))]  # subnormals and both zeros included
-    got = np.array([_half(b) for b in bits], dtype=np.float32)
+    got = np.empty(len(bits), dtype=np.float32)
+    widen(bits, got)
     np.testing.assert_array_equal(got.view(np.uint32), bits.view(np.float16).astype(
         np.float32).view(np.uint32))
 

@@ -116,6 +116,18 @@ def _bits_to_f32(typingctx, v):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
+@intrinsic
+def _half(typingctx, h):  # type: ignore[no-untyped-def]
+    """float16 bits (uint16) -> float32: LLVM's fpext from half, one vcvtph2ps per 16
+    values with F16C (numba has no float16 type on the CPU)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
 @_jit(inline="always")
 def _exp(x: float) -> float:
     """float32 exp, relative error < 2e-7 on [-86, 88] (Cephes expf: 2^n times a
@@ -162,17 +174,6 @@ def group_sums(x: np.ndarray) -> np.ndarray:
 
 
 SYMMETRIC, AFFINE, AFFINE_F16 = 0, 1, 2  # scale layouts of a block (module docstring)
-
-
-@_jit(inline="always")
-def _half(h: int) -> float:
-    """float16 bits -> float32 in integer ops and one multiply (numba has no float16 on
-    the CPU): the exponent and mantissa moved into float32 position, then rescaled by
-    2^112 (the difference of the exponent biases), which also turns float16 subnormals
-    into normal float32. Inf/NaN never occur as GGML scales and are not handled."""
-    h = np.int32(h)
-    v = _bits_to_f32((h & np.int32(0x7FFF)) << np.int32(13)) * _f32(5.192296858534828e33)
-    return -v if h & np.int32(0x8000) else v
 
 
 @_jit(inline="always")
@@ -404,29 +405,30 @@ def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scal
     hq, d = q.shape
     group = hq // k.shape[0]
     scale = _f32(scale)
+    p = np.empty((hq, n_keys), dtype=np.float32)  # one allocation, outside the threads
     for h in prange(hq):
         kv = h // group
         qrow = q[h]
-        p = np.empty(n_keys, dtype=np.float32)
-        m = _f32(-np.inf)
+        ph = p[h]
+        m = _f32(-3.0e38)
         for s in range(n_keys):
             krow = k[kv, s]
             acc = _f32(0.0)
             for c in range(d):
                 acc += qrow[c] * krow[c]
             acc *= scale
-            p[s] = acc
-            m = max(m, acc)
+            ph[s] = acc
+            m = acc if acc > m else m
         tot = _f32(0.0)
         for s in range(n_keys):
-            e = _exp(p[s] - m)
-            p[s] = e
+            e = _exp(ph[s] - m)
+            ph[s] = e
             tot += e
         inv = _f32(1.0) / tot
         o = out[h]
         o[:] = 0.0
         for s in range(n_keys):
-            w = p[s] * inv
+            w = ph[s] * inv
             vrow = v[kv, s]
             for c in range(d):
                 o[c] += w * vrow[c]
