@@ -100,6 +100,7 @@ def test_plan_batches_covers_each_input_once_within_limits():
     for c in chunks:
         assert len(c) <= 32
         assert len(c) == 1 or len(c) * max(lengths[i] for i in c) <= 4096
+        assert min(lengths[i] for i in c) >= 0.9 * max(lengths[i] for i in c)  # min_fill
 
 
 def test_plan_batches_respects_memory_budget_and_backend_caps():
