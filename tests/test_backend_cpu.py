@@ -263,28 +263,6 @@ def test_concurrent_prefill_linears_match_serial(qtype):
         np.testing.assert_array_equal(got, ref)
 
 
-def test_minilm_side_by_side_chunks_cancel_promptly():
-    import threading
-
-    from inference.errors import CancelledError
-
-    model = _load("all-MiniLM-L6-v2")
-    model.backend.set_threads(2)
-    sentences = [f"sentence number {i} about topic {i % 7}" for i in range(100)]
-    cancel = threading.Event()
-    calls = []
-
-    def stop_after_first(done, total):
-        calls.append(done)
-        cancel.set()
-
-    with pytest.raises(CancelledError):
-        model.embed(sentences, batch_size=10, progress=stop_after_first, cancel=cancel)
-    assert calls == [10]
-    vecs = model.embed(sentences[:30], batch_size=10)  # the backend is still usable
-    assert vecs.shape == (30, 384) and np.isfinite(vecs).all()
-
-
 def test_resident_memory_after_loading_smollm2_within_the_rule():
     """The issue's rule, in a fresh process: RSS after load <= 1.5x the file (no KV cache is
     allocated at load). Backend libraries are imported first, as in `inferdesk bench`;

@@ -47,14 +47,27 @@ def test_minilm_any_chunking_gives_same_vectors(minilm):
     assert g.cosine_rows(a, c).min() >= 0.99999
 
 
-def test_embed_progress_per_chunk_and_cancel_within_one_chunk(minilm):
+@pytest.fixture(params=["numpy", "cpu"])
+def minilm_chunked(request, minilm):
+    """MiniLM where chunks run one after another (numpy) and side by side (cpu, 2 threads)."""
+    if request.param == "numpy":
+        return minilm
+    from inference import load_model
+
+    model = load_model("all-MiniLM-L6-v2", backend="cpu")
+    model.backend.set_threads(2)
+    return model
+
+
+def test_embed_progress_per_chunk_and_cancel_within_one_chunk(minilm_chunked):
     import threading
 
     from inference.errors import CancelledError
 
+    model = minilm_chunked
     sentences = [f"sentence number {i} about topic {i % 7}" for i in range(100)]
     seen = []
-    minilm.embed(sentences, batch_size=10, progress=lambda d, t: seen.append((d, t)))
+    model.embed(sentences, batch_size=10, progress=lambda d, t: seen.append((d, t)))
     assert seen[-1] == (100, 100) and len(seen) == 10
     cancel = threading.Event()
     calls = []
@@ -64,5 +77,7 @@ def test_embed_progress_per_chunk_and_cancel_within_one_chunk(minilm):
         cancel.set()
 
     with pytest.raises(CancelledError):
-        minilm.embed(sentences, batch_size=10, progress=stop_after_first, cancel=cancel)
-    assert calls == [10]  # no chunk ran after the request
+        model.embed(sentences, batch_size=10, progress=stop_after_first, cancel=cancel)
+    assert calls == [10]  # no chunk reported after the request
+    vecs = model.embed(sentences[:30], batch_size=10)  # the model is still usable
+    assert vecs.shape == (30, 384) and np.isfinite(vecs).all()
