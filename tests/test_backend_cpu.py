@@ -95,13 +95,23 @@ def test_mlx_affine_groups_of_64():
 
 # --- linear / embedding ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("qtype", PACKED + ("Q6_K", "F16"))
+def _float_tensor(qtype: str, rows: int, n: int, seed: int) -> TensorData:
+    v = randn(rows, n, seed=seed)
+    if qtype == "F16":
+        return TensorData("w", (rows, n), "F16", v.astype(np.float16))
+    return TensorData("w", (rows, n), "BF16", (v.view(np.uint32) >> 16).astype(np.uint16))
+
+
+def _tensor(qtype: str, rows: int, n: int, seed: int) -> TensorData:
+    if qtype in ("F16", "BF16"):
+        return _float_tensor(qtype, rows, n, seed)
+    return random_tensor(qtype, rows, n, seed=seed)
+
+
+@pytest.mark.parametrize("qtype", PACKED + RAW + ("F16", "BF16"))
 @pytest.mark.parametrize("rows", [1, 3, 20])  # mat-vec kernels, and dequant + BLAS
 def test_linear_matches_reference(qtype, rows):
-    if qtype == "F16":
-        t = TensorData("w", (70, 512), "F16", randn(70, 512, seed=2).astype(np.float16))
-    else:
-        t = random_tensor(qtype, 70, 512, seed=3)
+    t = _tensor(qtype, 70, 512, seed=3)
     x = randn(1, rows, 512, seed=4)
     bias = randn(70, seed=5)
     want = N.linear(x, N.weight(t), bias)
@@ -110,7 +120,24 @@ def test_linear_matches_reference(qtype, rows):
     assert_matmul_close(got, want)
 
 
-@pytest.mark.parametrize("qtype", PACKED + ("Q6_K",))
+@pytest.mark.parametrize("qtype", RAW + ("F16", "BF16"))
+def test_file_byte_kernels_decode_exactly(qtype):
+    """cpu_raw's block decoders repeat quants.py's float32 arithmetic: equal bit for bit."""
+    t = _tensor(qtype, 5, 512, seed=11)
+    w = C.weight(t)
+    assert isinstance(w, RawWeight) and w.code is not None
+    np.testing.assert_array_equal(w.rows(1, 4), dequantize(t)[1:4])
+
+
+def test_float_rows_off_the_kernel_run_take_the_numpy_path():
+    t = _float_tensor("F16", 6, 100, seed=12)  # 100 values: no whole number of 64-runs
+    w = C.weight(t)
+    assert isinstance(w, RawWeight) and w.code is None
+    x = randn(1, 1, 100, seed=13)
+    assert_matmul_close(C.linear(x, w), N.linear(x, N.weight(t)))
+
+
+@pytest.mark.parametrize("qtype", PACKED + RAW)
 def test_embedding_rows(qtype):
     t = random_tensor(qtype, 70, 256, seed=6)
     ids = np.array([[0, 69, 31, 32]])

@@ -3,7 +3,8 @@
 Weights stay quantized (lane layout, :mod:`cpu_pack`). ``linear`` picks by the number of
 token rows ``M``:
 - ``M <= MATVEC_ROWS`` (decode): the numba mat-vec kernels read the 4/8-bit codes
-  directly, parallel over tiles of 32 output rows;
+  directly, parallel over tiles of 32 output rows (types kept as file bytes: the
+  :mod:`cpu_raw` kernels, block by block);
 - larger ``M`` (prefill, teacher forcing): a chunk of W is dequantized into a float32
   scratch (at most ``SCRATCH_BYTES``) and multiplied by BLAS sgemm, which at 100+ rows
   runs far above what a hand loop reaches; the dequant costs ~1/M of the product.
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from inference.backends import cpu_kernels as K
+from inference.backends import cpu_raw
 from inference.backends.base import trim_host_heap
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
@@ -109,7 +111,11 @@ class CpuBackend(NumpyBackend):
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
         if isinstance(w, RawWeight):
-            y = self._gemm_raw(x2, w)
+            if w.code is not None and x2.shape[0] <= MATVEC_ROWS:
+                y = np.empty((x2.shape[0], n_out), dtype=np.float32)
+                cpu_raw.matvec(w.bytes, w.code, x2, y)
+            else:
+                y = self._gemm_raw(x2, w)
         elif x2.shape[0] <= MATVEC_ROWS:
             y = self._matvec(x2, w)
         else:

@@ -8,9 +8,9 @@ else float32 (a Q4_K scale is a float16 times a 6-bit integer, not a float16).
 
 Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
 its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q8_0 1.06x, MLX 4-bit with
-float16 scales 1.0x, 8-bit 1.0x). Other types (Q5_*, Q6_K, Q3_K, Q2_K, F16, BF16, 5/6-bit MLX)
-stay as raw file bytes (1.0x) and are dequantized on the fly a chunk of rows at a time:
-correct, but slower.
+float16 scales 1.0x, 8-bit 1.0x). Other types (Q5_*, Q6_K, Q3_K, Q2_K, F16, BF16, 3/5/6-bit
+MLX) stay as raw file bytes (1.0x): :mod:`cpu_raw` reads the GGML ones and the floats block
+by block; MLX's are dequantized by NumPy a chunk of rows at a time (correct, slow).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inference.backends.cpu_kernels import AFFINE, AFFINE_F16, GROUP, LANES, SYMMETRIC
+from inference.backends.cpu_raw import CODE, dequant_rows, run_size
 from inference.backends.mlx_repack import block_groups
 from inference.formats.quants import BLOCK_TYPES, dequantize_raw, unpack_mlx
 from inference.formats.tensor import TensorData
@@ -66,14 +67,25 @@ class PackedWeight:
 
 @dataclass
 class RawWeight:
-    """A matrix kept as its file bytes (types without a packed form within the memory rule)."""
+    """A matrix kept as its file bytes (types without a packed form within the memory rule),
+    read by the :mod:`cpu_raw` kernels (``code``); other types (MLX 3/5/6-bit) and row
+    lengths that are no whole number of the kernels' blocks are dequantized by NumPy."""
 
     raw: np.ndarray  # (out, bytes_per_row) uint8, or float16/float32 (out, in)
     qtype: str
     shape: tuple[int, int]
 
+    def __post_init__(self) -> None:
+        fits = self.qtype in CODE and self.shape[1] % run_size(self.qtype) == 0
+        self.code: int | None = CODE[self.qtype] if fits else None
+        self.bytes = self.raw.view(np.uint8).reshape(self.shape[0], -1) if fits else None
+
     def rows(self, r0: int, r1: int) -> np.ndarray:
-        return dequantize_raw(self.raw[r0:r1], self.qtype).reshape(r1 - r0, self.shape[1])
+        if self.code is None:
+            return dequantize_raw(self.raw[r0:r1], self.qtype).reshape(r1 - r0, self.shape[1])
+        out = np.empty((r1 - r0, self.shape[1]), dtype=np.float32)
+        dequant_rows(self.bytes, self.code, r0, r1, out)
+        return out
 
     @property
     def nbytes(self) -> int:
