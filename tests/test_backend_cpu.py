@@ -343,3 +343,15 @@ def test_wide_vectors_on_avx512_unless_the_user_chose(user_features):
         assert features.endswith(",-prefer-256-bit")
     else:
         assert features == "None"
+
+
+def test_x86_without_f16c_is_refused_with_a_reason():
+    import platform
+
+    from inference.backends.cpu import missing_cpu_features
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the F16C rule is for x86")
+    assert missing_cpu_features("+sse2,+avx,-f16c") == "F16C"
+    assert missing_cpu_features("+sse2,+avx,+f16c") == ""
+    assert missing_cpu_features() == ""  # this machine has it
