@@ -19,8 +19,8 @@ from tests import goldens_io as g  # noqa: E402
 from tests.bundled import random_tensor  # noqa: E402
 
 C, N = CpuBackend(), NumpyBackend()
-PACKED = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
-RAW = ("Q5_0", "Q5_K", "Q6_K", "Q3_K", "Q2_K")
+PACKED = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")
+RAW = ("Q5_0", "Q5_1", "Q5_K", "Q3_K", "Q2_K")
 
 
 def randn(*shape: int, seed: int = 0) -> np.ndarray:
@@ -48,8 +48,10 @@ def test_pack_is_exact_and_within_memory_rule(qtype):
     assert isinstance(w, PackedWeight)
     np.testing.assert_array_equal(unpack(w), dequantize_raw(t.data, qtype))
     # bytes held per byte of file, padding to 96 rows aside: Q4_1 keeps its float16 scale
-    # and bias in one row (as large as the file); Q4_K's scales are float32
-    growth = {"Q4_0": 640 / 576, "Q4_1": 1.0, "Q4_K": 768 / 576, "Q8_0": 1152 / 1088}
+    # and bias in one row (as large as the file); Q4_K's scales are float32; Q6_K keeps its
+    # int8 scale per 16 weights and float16 d in one row
+    growth = {"Q4_0": 640 / 576, "Q4_1": 1.0, "Q4_K": 768 / 576, "Q8_0": 1152 / 1088,
+              "Q6_K": 1152 / 840}
     assert w.nbytes == pytest.approx(growth[qtype] * t.data.nbytes * 96 / 70)
 
 

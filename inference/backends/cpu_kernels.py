@@ -12,7 +12,9 @@ Layout (made by :mod:`inference.backends.cpu_pack`): output rows are grouped in 
   ``bias = -zero * scale``; ``AFFINE`` rows ``C`` and ``C + 1`` hold float32 scales and
   biases; ``AFFINE_F16`` row ``C`` holds float16 scales then float16 biases, for types
   whose file stores them so (Q4_1, MLX with float16 scales): one row fewer, so a Q4_1
-  block is as large as in the file.
+  block is as large as in the file; ``SUB16`` (Q6_K, 8-bit signed codes ``q - 32``) row
+  ``C`` holds as bytes an int8 scale for codes 0-15 and one for codes 16-31 of each lane,
+  then the lane's float16 ``d``: ``w = (d * scale) * q``, as in the file.
 
 Why: the inner loop runs over the lanes, i.e. 32 output rows at once, so LLVM vectorises
 it with plain loads, converts and FMAs, and no horizontal sum per group is needed; the
@@ -173,14 +175,24 @@ def group_sums(x: np.ndarray) -> np.ndarray:
     return out
 
 
-SYMMETRIC, AFFINE, AFFINE_F16 = 0, 1, 2  # scale layouts of a block (module docstring)
+SYMMETRIC, AFFINE, AFFINE_F16, SUB16 = 0, 1, 2, 3  # scale layouts (module docstring)
 
 
 @_jit(inline="always")
-def _block_scales(blocks: np.ndarray, halves: np.ndarray, blk: int, c: int, kind: int,
-                  zero: float, sg: np.ndarray, zg: np.ndarray) -> None:
-    """Scale and bias of every lane of block ``blk`` into ``sg`` and ``zg`` (float32)."""
+def _block_scales(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, blk: int,
+                  c: int, kind: int, zero: float, sg: np.ndarray, sg2: np.ndarray,
+                  zg: np.ndarray) -> None:
+    """Scales of every lane of block ``blk`` for its codes 0-15 (``sg``) and 16-31
+    (``sg2``), and its bias (``zg``), as float32."""
     n = sg.shape[0]
+    if kind == SUB16:
+        d = halves[blk, c]
+        for lane in range(n):
+            dl = _half(d[n + lane])
+            sg[lane] = dl * _f32(np.int32(codes[blk, 4 * c, lane]))
+            sg2[lane] = dl * _f32(np.int32(codes[blk, 4 * c + 1, lane]))
+            zg[lane] = _f32(0.0)
+        return
     if kind == AFFINE_F16:
         row = halves[blk, c]
         for lane in range(n):
@@ -194,6 +206,7 @@ def _block_scales(blocks: np.ndarray, halves: np.ndarray, blk: int, c: int, kind
         for lane in range(n):
             sg[lane] = blocks[blk, c, lane]
             zg[lane] = -_f32(zero) * blocks[blk, c, lane]
+    sg2[:] = sg
 
 
 @_jit(inline="always")
@@ -214,18 +227,24 @@ def _codes4(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int) -> float:
 
 
 @_jit(inline="always")
-def _codes8(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int) -> float:
-    """sum_j code_j * x[b0 + j] over one lane's 32 8-bit codes, in four chains."""
+def _codes16(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int, j0: int) -> float:
+    """sum_j code_j * x[b0 + j] over one lane's 8-bit codes j0 .. j0+15, in four chains."""
     p0 = _f32(0.0)
     p1 = _f32(0.0)
     p2 = _f32(0.0)
     p3 = _f32(0.0)
-    for j in range(0, GROUP, 4):
+    for j in range(j0, j0 + 16, 4):
         p0 += _f32(np.int32(cb[j, lane])) * xi[b0 + j]
         p1 += _f32(np.int32(cb[j + 1, lane])) * xi[b0 + j + 1]
         p2 += _f32(np.int32(cb[j + 2, lane])) * xi[b0 + j + 2]
         p3 += _f32(np.int32(cb[j + 3, lane])) * xi[b0 + j + 3]
     return (p0 + p1) + (p2 + p3)
+
+
+@_jit(inline="always")
+def _codes8(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int) -> float:
+    """sum_j code_j * x[b0 + j] over one lane's 32 8-bit codes."""
+    return _codes16(cb, xi, b0, lane, 0) + _codes16(cb, xi, b0, lane, 16)
 
 
 @_jit(parallel=True)
@@ -290,7 +309,13 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                 cb = codes[blk]
                 b0 = g * GROUP
                 xs = xsum[i, g]
-                if kind == AFFINE_F16:
+                if kind == SUB16:  # Q6_K: a scale per 16 codes times a float16 d
+                    h = halves[blk, 8]
+                    for lane in range(nl):
+                        acc[lane] += _half(h[nl + lane]) * (
+                            _f32(np.int32(cb[32, lane])) * _codes16(cb, xi, b0, lane, 0)
+                            + _f32(np.int32(cb[33, lane])) * _codes16(cb, xi, b0, lane, 16))
+                elif kind == AFFINE_F16:
                     h = halves[blk, 8]
                     for lane in range(nl):
                         acc[lane] += (_half(h[lane]) * _codes8(cb, xi, b0, lane)
@@ -313,12 +338,13 @@ def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: i
     in the output rows, so BLAS computes x @ out without a transpose."""
     c = 4 if bits == 4 else 8
     sg = np.empty(LANES, dtype=np.float32)
+    sg2 = np.empty(LANES, dtype=np.float32)
     zg = np.empty(LANES, dtype=np.float32)
     for t in range(t0, t1):
         col = (t - t0) * LANES
         for g in range(groups):
             blk = t * groups + g
-            _block_scales(blocks, halves, blk, c, kind, zero, sg, zg)
+            _block_scales(codes, blocks, halves, blk, c, kind, zero, sg, sg2, zg)
             if bits == 4:
                 for j in range(16):
                     row = codes[blk, j]
@@ -327,13 +353,14 @@ def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: i
                     for lane in range(LANES):
                         q = np.int32(row[lane])
                         lo[col + lane] = sg[lane] * _f32(np.int32(q & 15)) + zg[lane]
-                        hi[col + lane] = sg[lane] * _f32(np.int32(q >> 4)) + zg[lane]
+                        hi[col + lane] = sg2[lane] * _f32(np.int32(q >> 4)) + zg[lane]
             else:
                 for j in range(GROUP):
                     row = codes[blk, j]
                     o = out[g * GROUP + j]
+                    s = sg if j < 16 else sg2
                     for lane in range(LANES):
-                        o[col + lane] = sg[lane] * _f32(np.int32(row[lane])) + zg[lane]
+                        o[col + lane] = s[lane] * _f32(np.int32(row[lane])) + zg[lane]
 
 
 @_jit(fastmath=False)
@@ -342,22 +369,23 @@ def gather_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind:
     """Embedding lookup: rows ``ids`` of W, dequantized into out (n, K)."""
     c = 4 if bits == 4 else 8
     sg = np.empty(LANES, dtype=np.float32)
+    sg2 = np.empty(LANES, dtype=np.float32)
     zg = np.empty(LANES, dtype=np.float32)
     for i in range(ids.shape[0]):
         t, lane = divmod(ids[i], LANES)
         for g in range(groups):
             blk = t * groups + g
-            _block_scales(blocks, halves, blk, c, kind, zero, sg, zg)
-            s = sg[lane]
-            z = zg[lane]
+            _block_scales(codes, blocks, halves, blk, c, kind, zero, sg, sg2, zg)
+            s, s2, z = sg[lane], sg2[lane], zg[lane]
             if bits == 4:
                 for j in range(16):
                     q = np.int32(codes[blk, j, lane])
                     out[i, g * GROUP + j] = s * _f32(np.int32(q & 15)) + z
-                    out[i, g * GROUP + 16 + j] = s * _f32(np.int32(q >> 4)) + z
+                    out[i, g * GROUP + 16 + j] = s2 * _f32(np.int32(q >> 4)) + z
             else:
                 for j in range(GROUP):
-                    out[i, g * GROUP + j] = s * _f32(np.int32(codes[blk, j, lane])) + z
+                    q = _f32(np.int32(codes[blk, j, lane]))
+                    out[i, g * GROUP + j] = (s if j < 16 else s2) * q + z
 
 
 # --- small fused ops for the token loop (one call instead of 4-6 NumPy passes) ----------

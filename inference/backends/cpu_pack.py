@@ -1,16 +1,17 @@
 """Quantized weights for the CPU backend: GGML blocks / MLX groups -> lane layout.
 
 Codes, scales and biases per group of 32 come from :func:`mlx_repack.block_groups` (the
-one decoder of GGML blocks into affine groups, exact for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0/Q3_K).
+one decoder of GGML blocks into affine groups, exact for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0/Q3_K);
+Q6_K, whose scales cover 16 weights, from ``quants.q6_k_fields`` (``SUB16``).
 4-bit types keep 4 bits a weight; other types take 8. Scales and biases stay float16 where
 the file has them so and both are needed (Q4_1, MLX with float16 scales: ``AFFINE_F16``),
 else float32 (a Q4_K scale is a float16 times a 6-bit integer, not a float16).
 
 Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
-its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q8_0 1.06x, MLX 4-bit with
-float16 scales 1.0x, 8-bit 1.0x). Other types (Q5_*, Q6_K, Q3_K, Q2_K, F16, BF16, 3/5/6-bit
-MLX) stay as raw file bytes (1.0x): :mod:`cpu_raw` reads the GGML ones and the floats block
-by block; MLX's are dequantized by NumPy a chunk of rows at a time (correct, slow).
+its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q6_K 1.37x, Q8_0 1.06x, MLX
+4-bit with float16 scales 1.0x, 8-bit 1.0x). Other types (Q5_*, Q3_K, Q2_K, F16, BF16,
+3/5/6-bit MLX) stay as raw file bytes (1.0x): :mod:`cpu_raw` reads the GGML ones and the
+floats block by block; MLX's are dequantized by NumPy a chunk of rows at a time (slow).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inference.backends.cpu_kernels import AFFINE, AFFINE_F16, GROUP, LANES, SYMMETRIC
+from inference.backends.cpu_kernels import AFFINE, AFFINE_F16, GROUP, LANES, SUB16, SYMMETRIC
 from inference.backends.cpu_raw import CODE, dequant_rows, run_size
 from inference.backends.mlx_repack import block_groups
-from inference.formats.quants import BLOCK_TYPES, dequantize_raw, unpack_mlx
+from inference.formats.quants import BLOCK_TYPES, dequantize_raw, q6_k_fields, unpack_mlx
 from inference.formats.tensor import TensorData
 
 MAX_GROWTH = 1.5
@@ -46,8 +47,8 @@ class PackedWeight:
 
     def __post_init__(self) -> None:
         n = self.blocks.shape[0]
-        signed = np.int8 if self.bits == 8 and self.kind == SYMMETRIC and self.zero == 0 \
-            else np.uint8
+        signed = np.int8 if self.bits == 8 and (
+            self.kind == SUB16 or (self.kind == SYMMETRIC and self.zero == 0)) else np.uint8
         self.codes = self.blocks.view(signed).reshape(n, -1, LANES)
         self.halves = self.blocks.view(np.uint16)
         self.flat = self.blocks.reshape(-1).view(np.uint8)
@@ -114,6 +115,20 @@ def _groups(t: TensorData, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray, np
     return codes.reshape(rows, n), s, z
 
 
+def _q6_k_groups(t: TensorData, r0: int, r1: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K rows r0..r1 as int8 codes (rows, K) and, per group of 32, its two int8 scales
+    packed in one int16 (low byte: codes 0-15) and its float16 d as uint16 bits."""
+    bt = BLOCK_TYPES["Q6_K"]
+    raw = np.ascontiguousarray(t.data[r0:r1]).view(np.uint8).reshape(-1, bt.type_size)
+    q, sc, d = q6_k_fields(raw)
+    rows, groups = r1 - r0, t.shape[1] // GROUP
+    pair = (sc[:, 0::2].view(np.uint8).astype(np.int32)
+            | (sc[:, 1::2].view(np.uint8).astype(np.int32) << 8)).astype(np.int16)
+    dbits = np.repeat(d.astype(np.float16).view(np.uint16), 8, axis=1)  # 8 groups per block
+    return q.reshape(rows, -1), pair.reshape(rows, groups), dbits.reshape(rows, groups)
+
+
 def _f32(a: np.ndarray) -> np.ndarray:
     if a.dtype == np.uint16:  # bfloat16 bit patterns
         return (a.astype(np.uint32) << 16).view(np.float32)
@@ -139,6 +154,8 @@ def packed_bits(t: TensorData) -> int | None:
 def _kind(t: TensorData) -> int:
     if t.qtype in SYMMETRIC_ZERO:
         return SYMMETRIC
+    if t.qtype == "Q6_K":
+        return SUB16  # a scale per 16 weights: kept exact, not requantized
     if t.qtype == "Q4_1" or (t.qtype == "MLX" and all(
             np.asarray(t.extra[k]).dtype == np.float16 for k in ("scales", "biases"))):
         return AFFINE_F16  # float16 in the file: exact in half the room
@@ -159,7 +176,7 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
     halves = blocks.view(np.float16)  # (n, R, 2 * LANES)
     for r0 in range(0, n_out, _ROWS_PER_STEP):  # _ROWS_PER_STEP is a multiple of LANES
         r1 = min(n_out, r0 + _ROWS_PER_STEP)
-        q, s, z = _groups(t, r0, r1)
+        q, s, z = _q6_k_groups(t, r0, r1) if kind == SUB16 else _groups(t, r0, r1)
         pad = -(r1 - r0) % LANES
         if pad:
             q, s, z = (np.pad(a, ((0, pad), (0, 0))) for a in (q, s, z))
@@ -171,7 +188,11 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
         code_bytes[b0:b1, : q.shape[2]] = q.reshape(b1 - b0, -1, LANES)
         s, z = (a.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(-1, LANES)
                 for a in (s, z))
-        if kind == AFFINE_F16:
+        if kind == SUB16:  # s: the two int8 scales as one int16; z: d as float16 bits
+            code_bytes[b0:b1, 4 * c:4 * c + 2] = s.astype("<i2").view(np.uint8).reshape(
+                -1, LANES, 2).transpose(0, 2, 1)
+            halves[b0:b1, c, LANES:] = z.astype(np.uint16).view(np.float16)
+        elif kind == AFFINE_F16:
             s16, z16 = s.astype(np.float16), z.astype(np.float16)
             if not (np.array_equal(s16, s) and np.array_equal(z16, z)):
                 raise AssertionError(f"{t.name}: scales not exact in float16")
@@ -189,7 +210,12 @@ def unpack(w: PackedWeight) -> np.ndarray:
     q = w.codes[:, : 16 if w.bits == 4 else GROUP].astype(np.int32)
     if w.bits == 4:
         q = np.concatenate([q & 15, q >> 4], axis=1)
-    if w.kind == AFFINE_F16:
+    if w.kind == SUB16:
+        d = w.blocks.view(np.float16)[:, c, LANES:].astype(np.float32)
+        sc = w.codes[:, 4 * c:4 * c + 2].astype(np.float32)  # (blocks, 2, LANES)
+        s = np.repeat(d[:, None, :] * sc, 16, axis=1)  # d * scale, then * q: as the file
+        z = np.zeros_like(s[:, :1])
+    elif w.kind == AFFINE_F16:
         h = w.blocks.view(np.float16)[:, c].astype(np.float32)
         s, z = h[:, None, :LANES], h[:, None, LANES:]
     else:

@@ -1,11 +1,10 @@
 """numba kernels over GGML blocks exactly as the file stores them (CPU backend).
 
 Types with no lane-block form within the memory rule (:mod:`cpu_pack`: Q5_0, Q5_1, Q2_K,
-Q3_K, Q5_K, Q6_K, F16, BF16) stay as file bytes, 1.0x the file. Decode reads them here: a
-row is walked block by block, each block decoded into a small float32 buffer and dotted
-with the activations. Before these kernels the backend dequantized the whole matrix with
-NumPy on every call: 0.3 Gweights/s, which made a Q4_K_M model's Q6_K tensors (output,
-attn_v, half the ffn_down) cost more than all the rest of a token.
+Q3_K, Q5_K, F16, BF16) stay as file bytes, 1.0x the file. Decode reads them here: a row is
+walked block by block, each block decoded into a small float32 buffer and dotted with the
+activations (4-7 Gweights/s at 2 threads). Before these kernels the backend dequantized
+the whole matrix with NumPy on every call: 0.3 Gweights/s.
 
 Each ``_decode_*`` repeats the float32 arithmetic of :mod:`inference.formats.quants`
 operation for operation (e.g. ``(d * sc) * q - dmin * m``), so :func:`dequant_rows`,
@@ -23,7 +22,7 @@ from inference.backends.cpu_kernels import _bits_to_f32, _f32, _half, _jit
 from inference.formats.quants import BLOCK_TYPES
 
 # Type codes the kernels branch on (the branch is the same for every block of a call).
-RAW_TYPES = ("F16", "BF16", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "Q6_K")
+RAW_TYPES = ("F16", "BF16", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K")
 CODE = {name: i for i, name in enumerate(RAW_TYPES)}
 FLOAT_RUN = 64  # float types are walked in runs of 64 values, as if blocks of that size
 _SIZES = np.array([(FLOAT_RUN, 2 * FLOAT_RUN) if BLOCK_TYPES[t].is_float
@@ -71,12 +70,12 @@ def _decode_q5(b: np.ndarray, affine: bool, out: np.ndarray) -> None:
             out[j] = out[j] + m
 
 
-# Q2_K, Q3_K, Q6_K: element e = half*128 + s*32 + lane takes its low bits from byte
-# half*32 + lane (Q6_K: half*64 + (s%2)*32 + lane) shifted by s's bit position, and the
-# scale of sub-block e // 16; the loops walk (half, s, 16-lane run) so the innermost loop
-# has one scale and contiguous bytes, and vectorises. Trip counts come from out.shape:
+# Q2_K, Q3_K: element e = half*128 + s*32 + lane takes its low bits from byte
+# half*32 + lane shifted by s's bit position, and the scale of sub-block e // 16; the
+# loops walk (half, s, 16-lane run) so the innermost loop has one scale and contiguous
+# bytes, and vectorises. Trip counts come from out.shape:
 # a constant 16 is fully unrolled before the loop vectoriser runs, and the unrolled code
-# stayed scalar (Q6_K decode: 1.25 Gweights/s).
+# stayed scalar (measured on a Q6_K decoder: 1.25 -> 2.96 Gweights/s).
 
 @_jit(inline="always")
 def _decode_q2_k(b: np.ndarray, out: np.ndarray) -> None:
@@ -154,23 +153,6 @@ def _decode_q5_k(b: np.ndarray, out: np.ndarray) -> None:
 
 
 @_jit(inline="always")
-def _decode_q6_k(b: np.ndarray, out: np.ndarray) -> None:
-    d = _f16_at(b, 208)
-    n16 = out.shape[0] // 16
-    for half in range(2):
-        for s in range(4):
-            for h in range(2):
-                dl = d * _f32(np.int32(np.int8(b[192 + half * 8 + s * 2 + h])))
-                l0 = half * 64 + (s % 2) * 32 + h * 16
-                q0 = 128 + half * 32 + h * 16
-                e0 = half * 128 + s * 32 + h * 16
-                for lane in range(n16):
-                    low = (np.int32(b[l0 + lane]) >> np.int32(4 * (s // 2))) & np.int32(15)
-                    high = (np.int32(b[q0 + lane]) >> np.int32(2 * s)) & np.int32(3)
-                    out[e0 + lane] = dl * _f32((low | (high << np.int32(4))) - np.int32(32))
-
-
-@_jit(inline="always")
 def _decode(code: int, b: np.ndarray, out: np.ndarray) -> None:
     """One block of type ``code`` (bytes ``b``) -> ``out`` (block_size float32)."""
     if code == 0:  # F16
@@ -187,10 +169,8 @@ def _decode(code: int, b: np.ndarray, out: np.ndarray) -> None:
         _decode_q2_k(b, out)
     elif code == 5:
         _decode_q3_k(b, out)
-    elif code == 6:
-        _decode_q5_k(b, out)
     else:
-        _decode_q6_k(b, out)
+        _decode_q5_k(b, out)
 
 
 @_jit(parallel=True)

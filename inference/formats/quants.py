@@ -222,14 +222,21 @@ def _dequant_q5_k(b: np.ndarray, out: np.ndarray) -> None:
     o -= ml
 
 
-def _dequant_q6_k(b: np.ndarray, out: np.ndarray) -> None:
+def q6_k_fields(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K blocks -> codes q - 32 (n, 256) int8, scales (n, 16) int8, d (n, 1) float32:
+    ``w = (d * scale[e // 16]) * q[e]``."""
     n = len(b)
-    dl = (_f16(b, 208) * b[:, 192:208].view(np.int8)).reshape(n, 16, 1)
     # Per 128-element half h: ql[h*64 + r%64] nibble r//64, qh[h*32 + r%32] bits 2*(r//32).
     low = (b[:, 0:128].reshape(n, 2, 1, 64) >> _NIBBLE_SHIFTS.reshape(1, 1, 2, 1)) & 0x0F
     high = (b[:, 128:192].reshape(n, 2, 1, 32) >> _CRUMB_SHIFTS.reshape(1, 1, 4, 1)) & 3
     q = (low.reshape(n, 8, 32) | (high.reshape(n, 8, 32) << np.uint8(4))).view(np.int8)
-    q = q - np.int8(32)
+    return (q - np.int8(32)).reshape(n, 256), b[:, 192:208].view(np.int8), _f16(b, 208)
+
+
+def _dequant_q6_k(b: np.ndarray, out: np.ndarray) -> None:
+    n = len(b)
+    q, sc, d = q6_k_fields(b)
+    dl = (d * sc).reshape(n, 16, 1)
     np.multiply(dl, q.reshape(n, 16, 16), out=out.reshape(n, 16, 16))
 
 
