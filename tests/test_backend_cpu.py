@@ -282,7 +282,20 @@ def test_map_calls_side_by_side_in_order_with_single_threaded_blas():
     assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == before
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K"])  # dequant scratch: packed and raw
+def test_map_calls_share_the_cores_out_among_fewer_calls():
+    from threadpoolctl import threadpool_info
+
+    b = _two_threads()
+    b._threads = 4  # as on a 4-core machine (set_threads caps at this machine's cores)
+
+    def blas_threads(_: int) -> int:
+        return max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+
+    assert list(b.map_calls(blas_threads, range(2))) == [2, 2]  # 2 calls: 2 threads each
+    assert list(b.map_calls(blas_threads, range(5))) == [1] * 5  # 4 calls in flight
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q5_K"])  # dequant scratch: packed and raw
 def test_concurrent_prefill_linears_match_serial(qtype):
     b = _two_threads()
     w = b.weight(random_tensor(qtype, 96, 256, seed=3))

@@ -63,7 +63,8 @@ class CpuBackend(NumpyBackend):
         return self._threads
 
     def map_calls(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
-        """One worker thread per core, each call single-threaded inside (BLAS capped at 1).
+        """Up to one worker thread per core, the cores shared out among the calls (BLAS
+        capped at threads // workers: 1 on a 2-core machine with 2+ calls).
 
         Why: an encoder call is GEMMs with small ops between them. Two BLAS threads share
         each GEMM well (1.9x), but the small ops stay serial, and a parallel numba pool
@@ -74,17 +75,17 @@ class CpuBackend(NumpyBackend):
         if n <= 1:
             yield from map(fn, items)
             return
-        with self._single_threaded_blas(), ThreadPoolExecutor(n, "cpu-call") as pool:
+        with self._blas_threads(self._threads // n), ThreadPoolExecutor(n, "cpu-call") as pool:
             yield from pool.map(fn, items)
 
-    def _single_threaded_blas(self) -> contextlib.AbstractContextManager[Any]:
+    def _blas_threads(self, n: int) -> contextlib.AbstractContextManager[Any]:
         try:
             from threadpoolctl import ThreadpoolController
         except ImportError:
             return contextlib.nullcontext()
         if self._blas is None:  # scanning the loaded libraries costs ~ms: once
             self._blas = ThreadpoolController()
-        return self._blas.limit(limits=1, user_api="blas")
+        return self._blas.limit(limits=n, user_api="blas")
 
     # --- weights ---------------------------------------------------------------------
     def weight(self, t: TensorData) -> Any:
