@@ -291,7 +291,11 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
 @_jit(parallel=True)
 def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
               kind: int, zero: float, x: np.ndarray, out: np.ndarray) -> None:
-    """As :func:`matvec_q4` for an 8-bit W (codes uint8, or int8 for Q8_0)."""
+    """As :func:`matvec_q4` for an 8-bit W (codes uint8, or int8 for Q8_0 and Q6_K).
+
+    Its own kernel, not a ``bits`` argument of one: a merged kernel branching on the code
+    width per lane ran 3x slower (1536x576, 2 threads: Q4_1 28.8 -> 8.8 Gweights/s), as
+    the branch kept the lane loops from vectorising."""
     groups = x.shape[1] // GROUP
     xsum = group_sums(x)
     tiles = blocks.shape[0] // groups
