@@ -27,7 +27,7 @@ import numpy as np
 
 from inference.formats.tensor import TensorData
 
-T = TypeVar("T")
+T = TypeVar("T")  # map_calls: item and result types
 R = TypeVar("R")
 
 # Every op a model may call. An architecture lists the subset it needs (REQUIRED_OPS).

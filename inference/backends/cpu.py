@@ -19,19 +19,16 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from inference.backends import cpu_kernels as K
 from inference.backends import cpu_raw
-from inference.backends.base import trim_host_heap
+from inference.backends.base import R, T, trim_host_heap
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.formats.tensor import TensorData
-
-T = TypeVar("T")
-R = TypeVar("R")
 
 MATVEC_ROWS = 8  # measured crossover vs dequant+sgemm is ~8-16 rows on 2 cores
 SCRATCH_BYTES = 16 << 20
