@@ -273,9 +273,7 @@ def missing_cpu_features(features: str | None = None) -> str:
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
         return ""
     if features is None:
-        import llvmlite.binding as ll
-
-        features = ll.get_host_cpu_features().flatten()
+        features = K.host_cpu_features()
     return "" if "+f16c" in features.split(",") else "F16C"
 
 

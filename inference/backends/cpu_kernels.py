@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import os
-from functools import partial
+from functools import cache, partial
 
 import numba
 import numpy as np
@@ -61,6 +61,14 @@ PREFETCH = 4  # blocks ahead; 2-8 measured equal within noise, 0 is ~25% slower 
 _f32 = np.float32
 
 
+@cache
+def host_cpu_features() -> str:
+    """LLVM's feature string for this CPU, e.g. "+avx2,+f16c,-avx512f,...", asked once."""
+    import llvmlite.binding as ll
+
+    return str(ll.get_host_cpu_features().flatten())
+
+
 def _wide_vectors() -> None:
     """Let LLVM use 512-bit vectors on AVX-512 hosts (see the module docstring). numba
     reads the feature string when it first compiles, so this only counts before that; a
@@ -68,9 +76,7 @@ def _wide_vectors() -> None:
     if os.environ.get("NUMBA_CPU_FEATURES") or numba.config.CPU_FEATURES is not None:
         return
     try:
-        import llvmlite.binding as ll
-
-        features = ll.get_host_cpu_features().flatten()
+        features = host_cpu_features()
     except Exception:  # no host feature query: keep numba's own choice
         return
     if "+avx512f" in features.split(","):
