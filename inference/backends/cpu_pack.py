@@ -54,10 +54,6 @@ class PackedWeight:
         self.flat = self.blocks.reshape(-1).view(np.uint8)
 
     @property
-    def affine(self) -> bool:
-        return self.kind != SYMMETRIC
-
-    @property
     def groups(self) -> int:
         return self.shape[1] // GROUP
 
