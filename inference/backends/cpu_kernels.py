@@ -21,9 +21,9 @@ it with plain loads, converts and FMAs, and no horizontal sum per group is neede
 ``x`` values are broadcast scalars. Inside it, the group's codes (a constant-count loop,
 fully unrolled) are summed in four independent chains held in registers: one chain is
 bound by FMA latency, and a partial-sum array in memory costs a load and a store per code
-row. A block is one contiguous run of memory (codes, scale,
-bias together), read front to back, with the block ``PREFETCH`` ahead prefetched: the
-weights of a token no longer fit in L2, and with three separate arrays the hardware
+row. A block is one contiguous run of memory (codes, scale, bias together), read front to
+back, with the block ``PREFETCH`` ahead prefetched: the weights of a token no longer fit
+in L2, and with three separate arrays the hardware
 prefetchers lost ~40% of the speed (README "Fast on a plain CPU" has the figures).
 Codes go through int32 before float: from uint8 & 15 numba would widen to int64, and
 int64 -> float32 converts take twice the instructions. The lane loops take their trip
@@ -475,8 +475,9 @@ def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scal
 # --- encoder / prefill ops --------------------------------------------------------------
 # Serial on purpose: they run between BLAS calls, and a numba (OpenMP) pool spinning next
 # to OpenBLAS's pool on the same two cores halved MiniLM throughput (115 vs 229
-# sentences/s, quiet machine, 2 threads). BLAS carries the parallelism of these paths;
-# the mat-vec kernels, which run with no BLAS around them, carry it in decode.
+# sentences/s, quiet machine, 2 threads). The encoder gets its parallelism from whole
+# calls side by side (CpuBackend.map_calls), prefill from BLAS; the mat-vec kernels,
+# which run with no BLAS around them, carry it in decode.
 
 @_jit(inline="always")
 def _erf(a: float) -> float:
