@@ -22,8 +22,10 @@ from inference.backends.cpu_kernels import _bits_to_f32, _f32, _half, _jit
 from inference.formats.quants import BLOCK_TYPES
 
 # Type codes the kernels branch on (the branch is the same for every block of a call).
-RAW_TYPES = ("F16", "BF16", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K")
-CODE = {name: i for i, name in enumerate(RAW_TYPES)}
+F16, BF16, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K = range(7)
+CODE = {"F16": F16, "BF16": BF16, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q2_K": Q2_K, "Q3_K": Q3_K,
+        "Q5_K": Q5_K}
+RAW_TYPES = tuple(CODE)
 FLOAT_RUN = 64  # float types are walked in runs of 64 values, as if blocks of that size
 _SIZES = np.array([(FLOAT_RUN, 2 * FLOAT_RUN) if BLOCK_TYPES[t].is_float
                    else (BLOCK_TYPES[t].block_size, BLOCK_TYPES[t].type_size)
@@ -155,19 +157,19 @@ def _decode_q5_k(b: np.ndarray, out: np.ndarray) -> None:
 @_jit(inline="always")
 def _decode(code: int, b: np.ndarray, out: np.ndarray) -> None:
     """One block of type ``code`` (bytes ``b``) -> ``out`` (block_size float32)."""
-    if code == 0:  # F16
+    if code == F16:
         for e in range(out.shape[0]):
             out[e] = _f16_at(b, 2 * e)
-    elif code == 1:  # BF16: the high half of a float32
+    elif code == BF16:  # the high half of a float32
         for e in range(out.shape[0]):
             out[e] = _bits_to_f32(np.int32(_u16(b, 2 * e)) << np.int32(16))
-    elif code == 2:
+    elif code == Q5_0:
         _decode_q5(b, False, out)
-    elif code == 3:
+    elif code == Q5_1:
         _decode_q5(b, True, out)
-    elif code == 4:
+    elif code == Q2_K:
         _decode_q2_k(b, out)
-    elif code == 5:
+    elif code == Q3_K:
         _decode_q3_k(b, out)
     else:
         _decode_q5_k(b, out)
