@@ -1,5 +1,5 @@
-"""``python -m gui`` opens the desktop app."""
+"""``python -m gui`` opens the desktop app (after the same start-up check as `inferdesk`)."""
 
-from gui.app import main
+from gui.launcher import open_app
 
-raise SystemExit(main())
+raise SystemExit(open_app())

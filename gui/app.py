@@ -1,4 +1,5 @@
-"""Entry point: ``inferdesk`` (via inference.cli), ``python -m gui``, or ``gui.app.main()``."""
+"""The Qt application: ``gui.app.main()`` builds the window and runs the event loop (the
+`inferdesk` command and ``python -m gui`` reach it through gui.launcher's start-up check)."""
 
 from __future__ import annotations
 

@@ -166,11 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command is None:
-        from gui.app import main as gui_main
-
-        return gui_main()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # `inferdesk` alone opens the app (gui.launcher), not this
+        parser.print_help()
+        return 2
     try:
         return args.func(args)
     except InferdeskError as e:

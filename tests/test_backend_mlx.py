@@ -32,7 +32,7 @@ from inference.generate import generate_step  # noqa: E402
 from inference.models import bert, llama  # noqa: E402
 from inference.models.common import Weights  # noqa: E402
 from inference.sampling import filtered_probs as np_filtered_probs  # noqa: E402
-from tests.bundled import random_tensor  # noqa: E402
+from tests.bundled import load_bundled, random_tensor  # noqa: E402
 
 M, N = MlxBackend(), NumpyBackend()
 GGML = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -360,13 +360,7 @@ def test_tiny_bert_with_padding_matches_reference():
 # --- the bundled models through load_model ------------------------------------------------
 
 def _load(name: str, backend: str):
-    from inference.api import load_model
-    from inference.errors import ModelNotFoundError
-
-    try:
-        return load_model(name, backend=backend)
-    except ModelNotFoundError as e:
-        pytest.skip(str(e))
+    return load_bundled(name, backend)
 
 
 @pytest.mark.slow

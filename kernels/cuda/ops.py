@@ -12,17 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from inference.errors import InvalidInputError
 from kernels.cuda import plan
 from kernels.cuda.device import Device
 from kernels.cuda.table import TYPES, KernelType
+from kernels.errors import LaunchError
 
 i32, i64, f32 = np.int32, np.int64, np.float32
 
 
 def _need(cond: bool, msg: str) -> None:
     if not cond:
-        raise InvalidInputError(msg)
+        raise LaunchError(msg)
 
 
 def _f32_contig(x: Any, what: str) -> None:

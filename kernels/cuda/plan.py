@@ -2,7 +2,7 @@
 
 Nothing here touches a device, so tests sweep them over thousands of shapes. Every planner
 returns blocks whose thread count is a multiple of 32 (the emulator rejects partial warps in
-warp intrinsics) and within the device's limits, and raises InvalidInputError for a shape it
+warp intrinsics) and within the device's limits, and raises LaunchError for a shape it
 cannot launch rather than launching a wrong one.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.errors import InvalidInputError
 from kernels.cuda import table
 from kernels.cuda.table import KernelType
+from kernels.errors import LaunchError
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,13 @@ class Launch:
 
     def check(self, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
         if not (0 < self.threads <= limits.max_threads_per_block and self.threads % 32 == 0):
-            raise InvalidInputError(f"block {self.block} is not 32..1024 whole warps")
+            raise LaunchError(f"block {self.block} is not 32..1024 whole warps")
         gx, gy, gz = self.grid
         if not (0 < gx <= limits.max_grid_x and 0 < gy <= limits.max_grid_yz
                 and 0 < gz <= limits.max_grid_yz):
-            raise InvalidInputError(f"grid {self.grid} exceeds the device's limits")
+            raise LaunchError(f"grid {self.grid} exceeds the device's limits")
         if self.shared_bytes > limits.max_shared_per_block:
-            raise InvalidInputError(f"{self.shared_bytes} bytes of shared memory exceed the limit")
+            raise LaunchError(f"{self.shared_bytes} bytes of shared memory exceed the limit")
         return self
 
 
@@ -75,7 +75,7 @@ def threads_per_row(ncols: int, limits: DeviceLimits = DEFAULT_LIMITS) -> int:
 def plan_rows(ncols: int, nrows: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
     """rms_norm, layer_norm, softmax: blockDim.x threads per row, blockDim.y rows per block."""
     if ncols < 1 or nrows < 1:
-        raise InvalidInputError(f"row kernel on an empty ({nrows}, {ncols}) array")
+        raise LaunchError(f"row kernel on an empty ({nrows}, {ncols}) array")
     tpr = threads_per_row(ncols, limits)
     rows = min(ROWS_PER_WARP_BLOCK, nrows) if tpr == 32 else 1
     return Launch((_cdiv(nrows, rows), 1, 1), (tpr, rows, 1)).check(limits)
@@ -85,7 +85,7 @@ def plan_mul_mat_vec(t: KernelType, ncols: int, nrows: int, batch: int = 1,
                      limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
     """One warp per output row (see mmv.cu); batch rows of x on grid.y."""
     if ncols % t.qk or ncols < 1 or nrows < 1 or batch < 1:
-        raise InvalidInputError(f"{t.name} mat-vec needs columns in whole blocks of {t.qk}, "
+        raise LaunchError(f"{t.name} mat-vec needs columns in whole blocks of {t.qk}, "
                                 f"got ({nrows}, {ncols}) x batch {batch}")
     rows = min(t.mmv_rows_per_block, nrows)  # tiny matrices: no idle warps
     return Launch((_cdiv(nrows, rows), batch, 1), (32, rows, 1)).check(limits)
@@ -95,7 +95,7 @@ def plan_dequantize(t: KernelType, ncols: int, nrows: int,
                     limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
     """One thread per t.ept elements (see dequant.cu); 1-D grid."""
     if ncols % t.qk or ncols < 1 or nrows < 1:
-        raise InvalidInputError(f"{t.name} rows need whole blocks of {t.qk}, got {ncols} columns")
+        raise LaunchError(f"{t.name} rows need whole blocks of {t.qk}, got {ncols} columns")
     slices = nrows * (ncols // t.ept)
     return Launch((_cdiv(slices, t.dequant_threads), 1, 1), (t.dequant_threads, 1, 1)).check(limits)
 
@@ -106,7 +106,7 @@ ELEMENTWISE_THREADS = 256
 
 def plan_elementwise(n: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
     if n < 1:
-        raise InvalidInputError("elementwise kernel on an empty array")
+        raise LaunchError("elementwise kernel on an empty array")
     return Launch((_cdiv(n, ELEMENTWISE_THREADS), 1, 1), (ELEMENTWISE_THREADS, 1, 1)).check(limits)
 
 
@@ -114,7 +114,7 @@ def plan_argmax(ncols: int, nrows: int, limits: DeviceLimits = DEFAULT_LIMITS) -
     """One block per row; threads follow the row length like the norms (a vocab row of 32K+
     gets 1024 threads, a 100-wide test row one warp)."""
     if ncols < 1 or nrows < 1:
-        raise InvalidInputError("argmax of an empty array")
+        raise LaunchError("argmax of an empty array")
     return Launch((nrows, 1, 1), (threads_per_row(ncols, limits), 1, 1)).check(limits)
 
 
@@ -128,8 +128,8 @@ ATTN_WARPS = 4
 def plan_attn_decode(head_dim: int, n_kv: int, n_heads: int, batch: int,
                      limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
     if not 0 < head_dim <= table.ATTN_MAX_HEAD_DIM:
-        raise InvalidInputError(f"head_dim {head_dim} outside 1..{table.ATTN_MAX_HEAD_DIM}")
+        raise LaunchError(f"head_dim {head_dim} outside 1..{table.ATTN_MAX_HEAD_DIM}")
     if n_kv < 1 or n_heads < 1 or batch < 1:
-        raise InvalidInputError("decode attention over an empty cache")
+        raise LaunchError("decode attention over an empty cache")
     warps = max(1, min(ATTN_WARPS, table.ATTN_MAX_WARPS, _cdiv(n_kv, ATTN_KEYS_PER_WARP)))
     return Launch((n_heads, batch, 1), (32, warps, 1)).check(limits)

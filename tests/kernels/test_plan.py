@@ -11,10 +11,10 @@ import itertools
 import numpy as np
 import pytest
 
-from inference.errors import InvalidInputError
 from kernels.cuda import plan, table
 from kernels.cuda.plan import Launch
 from kernels.cuda.table import TYPES
+from kernels.errors import LaunchError
 
 COLS = [1, 2, 31, 32, 33, 64, 100, 127, 128, 255, 256, 257, 384, 511, 768, 1023, 1024, 1025,
         2048, 4096, 4097, 8192, 14336, 32000, 49152, 128256]
@@ -63,7 +63,7 @@ def test_mat_vec_planner() -> None:
             assert lp.grid[1] == batch
             rows = (np.arange(lp.grid[0])[:, None] * lp.block[1] + np.arange(lp.block[1])).ravel()
             assert np.array_equal(np.bincount(rows[rows < nrows], minlength=nrows), np.ones(nrows))
-        with pytest.raises(InvalidInputError):
+        with pytest.raises(LaunchError):
             plan.plan_mul_mat_vec(t, t.qk + 1, 4) if t.qk > 1 else plan.plan_mul_mat_vec(t, 0, 4)
 
 
@@ -101,7 +101,7 @@ def test_attention_planner() -> None:
         assert lp.grid == (heads, batch, 1) and lp.block[0] == 32
         assert 1 <= lp.block[1] <= table.ATTN_MAX_WARPS
         assert lp.block[1] <= -(-n_kv // plan.ATTN_KEYS_PER_WARP)  # no idle warps
-    with pytest.raises(InvalidInputError):
+    with pytest.raises(LaunchError):
         plan.plan_attn_decode(512, 10, 1, 1)
 
 

@@ -1,0 +1,9 @@
+"""Errors of the device-code layer. ``kernels`` imports nothing from the engine above it;
+the engine validates user input before any launch, so these mean a caller asked for a
+launch the device cannot run (a bug or an unsupported shape), stated in one sentence."""
+
+from __future__ import annotations
+
+
+class LaunchError(ValueError):
+    """A kernel launch outside what the kernel or the device supports."""
