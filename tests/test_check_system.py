@@ -1,0 +1,75 @@
+"""scripts/check_system.sh: what `make` needs before Python runs, one line per distro."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_system.sh"
+
+
+def fake_python(tmp: Path, version: str, has_venv: bool) -> Path:
+    """A stand-in interpreter answering the script's three questions as a system would."""
+    major, minor = version.split(".")
+    py = tmp / f"python{version}"
+    py.write_text(
+        "#!/bin/sh\n"
+        'case "$2" in\n'
+        f"  *'sys.exit(sys.version_info'*) [ {minor} -ge 10 ] && [ {major} -ge 3 ]; exit $? ;;\n"
+        f"  *'import venv, ensurepip'*) exit {0 if has_venv else 1} ;;\n"
+        f"  *'print(\"Python'*) echo 'Python {version}' ;;\n"
+        f"  *'print(\"%d.%d\"'*) echo '{version}' ;;\n"
+        "esac\n")
+    py.chmod(0o755)
+    return py
+
+
+def run(tmp: Path, py: str, release: str, *extra: str) -> subprocess.CompletedProcess:
+    (tmp / "os-release").write_text(release)
+    return subprocess.run(["sh", str(SCRIPT), py, *extra], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "INFERDESK_OS_RELEASE":
+                               str(tmp / "os-release")})
+
+
+@pytest.mark.parametrize(("release", "want"), [
+    ("ID=debian\n", "sudo apt-get install -y python3.11-venv"),
+    ("ID=ubuntu\nID_LIKE=debian\n", "sudo apt-get install -y python3.11-venv"),
+    ("ID=opensuse-leap\nID_LIKE=\"suse opensuse\"\n", "sudo zypper install -y python311-base"),
+])
+def test_missing_venv_names_the_package(tmp_path, release, want):
+    """A fresh Debian/Ubuntu has python3 but not python3-venv."""
+    out = run(tmp_path, str(fake_python(tmp_path, "3.11", has_venv=False)), release)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(want), lines
+
+
+def test_old_python_is_named(tmp_path):
+    out = run(tmp_path, str(fake_python(tmp_path, "3.8", has_venv=True)), "ID=fedora\n")
+    assert out.returncode == 2
+    assert "Python 3.8 is too old" in out.stderr and "sudo dnf install -y python3" in out.stderr
+
+
+def test_missing_interpreter_is_named(tmp_path):
+    out = run(tmp_path, str(tmp_path / "python9"), "ID=arch\n")
+    assert out.returncode == 2 and "sudo pacman -S --needed python" in out.stderr
+
+
+def test_good_python_passes(tmp_path):
+    out = run(tmp_path, str(fake_python(tmp_path, "3.12", has_venv=True)), "ID=debian\n")
+    assert out.returncode == 0 and out.stderr == ""
+
+
+def test_compiler_named_only_when_missing(tmp_path):
+    (tmp_path / "bin").mkdir()
+    for tool in ("sh", "tr", "uname", "cat"):  # a PATH without cc or gcc
+        src = Path("/bin") / tool
+        if src.exists():
+            (tmp_path / "bin" / tool).symlink_to(src)
+    (tmp_path / "os-release").write_text("ID=debian\n")
+    out = subprocess.run(["/bin/sh", str(SCRIPT), "python3", "--compiler"], capture_output=True,
+                         text=True, env={"PATH": str(tmp_path / "bin"),
+                                         "INFERDESK_OS_RELEASE": str(tmp_path / "os-release")})
+    assert out.returncode == 2 and "sudo apt-get install -y build-essential" in out.stderr
