@@ -4,9 +4,11 @@ Workloads (resources/bench/):
 - LLM: the 138-token prompt.txt is prefilled (prefill tok/s), then 128 tokens are decoded
   greedily, EOS ignored (decode tok/s);
 - embeddings: the 1,000 sentences of sentences.txt at batch 32 (sentences/s).
-With ``--compare`` llama-cpp-python and sentence-transformers run the same workloads in
-this process with the same thread count, in alternating order round by round (so drift in
-a shared machine's load hits both sides), and the ratios of the medians are reported.
+With ``--compare`` llama-cpp-python and sentence-transformers run the same workloads with
+the same thread count, each round of each side in a fresh process of its own (thread pools
+of two stacks in one process interfere: OpenMP, OpenBLAS and torch each spin their own), in
+alternating order round by round (so drift in a shared machine's load hits both sides); the
+ratios of the medians are reported. ``--in-process`` keeps both sides in this process.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -114,6 +118,50 @@ def _median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else 0.0
 
 
+def cpu_info() -> dict[str, Any]:
+    """The CPU's model name and the vector extensions that decide which kernels run."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in ("", platform.machine()):
+                model = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = value.split()
+    except OSError:
+        pass
+    wanted = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni",
+              "avx512_bf16", "amx_tile", "neon", "asimd", "asimddp", "i8mm", "sve")
+    return {"model": model, "vector_flags": [f for f in wanted if f in flags]}
+
+
+def _side(args: argparse.Namespace, side: str, only: str, extra: Sequence[str] = ()
+          ) -> dict[str, Any]:
+    """One round of one side, in a fresh process; returns its JSON."""
+    argv = [sys.executable, "-m", "inference.bench", "--only", only, "--side", side,
+            "--threads", str(args.threads), "--rounds", "1", "--backend", args.backend,
+            "--llm-model", args.llm_model, "--embed-model", args.embed_model,
+            "--decode-tokens", str(args.decode_tokens), "--sentences", str(args.sentences),
+            *extra]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"skipped": f"{side} process failed: {tail}"}
+    return json.loads(proc.stdout)
+
+
+def _compare_in_processes(args: argparse.Namespace, only: str, extra: Sequence[str] = ()
+                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """args.rounds rounds of (engine, peer) processes, the order alternating per round."""
+    ours: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        order = [("engine", ours), ("peer", theirs)]
+        for side, into in order if r % 2 == 0 else order[::-1]:
+            into.append(_side(args, side, only, extra))
+    return ours, theirs
+
+
 def _interleave(runners: list[Any], rounds: int, once: Callable[[Any], dict[str, float]]
                 ) -> list[list[dict[str, float]]]:
     """rounds x runners samples; odd rounds run the runners in reverse order."""
@@ -132,6 +180,9 @@ def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
     prompt, _ = workloads()
     spec = resolve(args.llm_model)
+    if args.side == "peer":  # this process runs llama.cpp only
+        _llm_peer_side(args, spec, out)
+        return
     _import_backends(args.backend)  # library code is not the model's memory
     gc.collect()
     rss0 = host_rss()
@@ -155,6 +206,16 @@ def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
                    "rss_limit_bytes": int(1.5 * spec.file_size) + kv},
     }
     runners: list[Any] = [EngineLLM(model)]
+    if args.side == "engine":
+        r = runners[0]
+        r.run(ids[:16], 4)  # warm-up: JIT compiles, page-ins, thread pools
+        out["llm"] = {**res, "ids": ids, **r.run(ids, args.decode_tokens)}
+        return
+    if args.compare and not args.in_process:
+        _llm_compare(args, res, ids)
+        res["memory"]["rss_after_run_bytes"] = host_rss()
+        out["llm"] = res
+        return
     if args.compare:
         from inference.bench_peers import llama_cpp_runner
 
@@ -187,6 +248,46 @@ def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
     out["llm"] = res
 
 
+def _llm_peer_side(args: argparse.Namespace, spec: Any, out: dict[str, Any]) -> None:
+    from inference.bench_peers import llama_cpp_runner
+
+    ids = json.loads(Path(args.ids_file).read_text())
+    peer = llama_cpp_runner(spec.path, args.threads, n_ctx=len(ids) + args.decode_tokens + 8)
+    if isinstance(peer, str):
+        out["llm"] = {"skipped": peer}
+        return
+    peer.run(ids[:16], 4)
+    out["llm"] = {"version": peer.version, **peer.run(ids, args.decode_tokens)}
+
+
+def _llm_compare(args: argparse.Namespace, res: dict[str, Any], ids: list[int]) -> None:
+    """Engine and llama.cpp rounds, each in its own process, on the same token ids."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_file = Path(tmp) / "ids.json"
+        ids_file.write_text(json.dumps(ids))
+        ours, theirs = _compare_in_processes(args, "llm", ["--ids-file", str(ids_file)])
+    ours = [o["llm"] for o in ours if "llm" in o]
+    skipped = [t.get("skipped") or t["llm"].get("skipped") for t in theirs
+               if "skipped" in t or "skipped" in t.get("llm", {})]
+    theirs = [t["llm"] for t in theirs if "llm" in t and "skipped" not in t["llm"]]
+    for key, ss in (("inferdesk", ours), ("llama_cpp", theirs)):
+        res[key] = {
+            "prefill_tok_s": round(_median([s["prefill_tok_s"] for s in ss]), 1),
+            "decode_tok_s": round(_median([s["decode_tok_s"] for s in ss]), 1),
+            "prefill_samples": [round(s["prefill_tok_s"], 1) for s in ss],
+            "decode_samples": [round(s["decode_tok_s"], 1) for s in ss],
+            "processes": "one per round",
+        }
+    if skipped or not theirs:
+        res["llama_cpp"] = {"skipped": skipped[0] if skipped else "no peer round finished"}
+        return
+    res["llama_cpp"]["version"] = theirs[0]["version"]
+    same = sum(x == y for x, y in zip(ours[0]["tokens"], theirs[0]["tokens"], strict=True))
+    res["greedy_tokens_equal"] = f"{same}/{args.decode_tokens + 1}"
+    res["ratio"] = {k: round(res["inferdesk"][k] / res["llama_cpp"][k], 3)
+                    for k in ("prefill_tok_s", "decode_tok_s")}
+
+
 def bench_embed(args: argparse.Namespace, out: dict[str, Any]) -> None:
     from inference.api import Encoder, load_model
     from inference.store import resolve
@@ -194,6 +295,12 @@ def bench_embed(args: argparse.Namespace, out: dict[str, Any]) -> None:
     _, sentences = workloads()
     sentences = sentences[: args.sentences]
     spec = resolve(args.embed_model)
+    if args.side is not None:
+        _embed_side(args, spec, sentences, out)
+        return
+    if args.compare and not args.in_process:
+        out["embed"] = _embed_compare(args, spec)
+        return
     model = load_model(spec, backend=args.backend)
     if not isinstance(model, Encoder):
         raise SystemExit(f"inferdesk bench: {spec.name} is not an embedding model")
@@ -235,6 +342,65 @@ def bench_embed(args: argparse.Namespace, out: dict[str, Any]) -> None:
     out["embed"] = res
 
 
+def _embed_side(args: argparse.Namespace, spec: Any, sentences: list[str],
+                out: dict[str, Any]) -> None:
+    """One side's round in this process; the vectors go to --vectors-file for the cosine."""
+    if args.side == "peer":
+        from inference.bench_peers import st_runner
+
+        runner = st_runner(spec.path, args.threads)
+        if isinstance(runner, str):
+            out["embed"] = {"skipped": runner}
+            return
+    else:
+        from inference.api import load_model
+
+        model = load_model(spec, backend=args.backend)
+        out["threads_capped"] = set_threads(args.threads, model.backend)
+        runner = EngineEmbed(model)
+    runner.run(sentences[:64], BATCH_SIZE)
+    rate, vecs = runner.run(sentences, BATCH_SIZE)
+    np.save(args.vectors_file, vecs)
+    out["embed"] = {"sentences_s": rate, "version": getattr(runner, "version", None),
+                    "pid": os.getpid(),
+                    "backend": getattr(getattr(runner, "model", None), "backend", None)
+                    and runner.model.backend.name}
+
+
+def _embed_compare(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
+    res: dict[str, Any] = {"model": spec.name, "sentences": args.sentences,
+                           "batch_size": BATCH_SIZE}
+    with tempfile.TemporaryDirectory() as tmp:
+        ours_v, theirs_v = Path(tmp) / "ours.npy", Path(tmp) / "theirs.npy"
+        ours: list[dict[str, Any]] = []
+        theirs: list[dict[str, Any]] = []
+        for r in range(args.rounds):
+            order = [("engine", ours, ours_v), ("peer", theirs, theirs_v)]
+            for side, into, vpath in order if r % 2 == 0 else order[::-1]:
+                into.append(_side(args, side, "embed", ["--vectors-file", str(vpath)]))
+        ours = [o["embed"] for o in ours if "embed" in o]
+        peer_ok = [t["embed"] for t in theirs if "skipped" not in t.get("embed", t)]
+        res["backend"] = ours[0]["backend"] if ours else args.backend
+        res["inferdesk"] = {"sentences_s": round(_median([o["sentences_s"] for o in ours]), 1),
+                            "samples": [round(o["sentences_s"], 1) for o in ours],
+                            "processes": "one per round", "pids": [o["pid"] for o in ours]}
+        if not peer_ok:
+            bad = next((t.get("skipped") or t["embed"]["skipped"] for t in theirs), "no round")
+            res["sentence_transformers"] = {"skipped": bad}
+            return res
+        res["sentence_transformers"] = {
+            "sentences_s": round(_median([t["sentences_s"] for t in peer_ok]), 1),
+            "samples": [round(t["sentences_s"], 1) for t in peer_ok],
+            "version": peer_ok[0]["version"], "processes": "one per round",
+            "pids": [t["pid"] for t in peer_ok]}
+        a, b = np.load(ours_v), np.load(theirs_v)
+    cos = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
+    res["min_cosine_vs_peer"] = round(float(cos.min()), 6)
+    res["ratio"] = {"sentences_s": round(res["inferdesk"]["sentences_s"]
+                                         / res["sentence_transformers"]["sentences_s"], 3)}
+    return res
+
+
 def _summary(out: dict[str, Any]) -> str:
     lines = []
     llm = out.get("llm")
@@ -269,16 +435,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise InvalidInputError("--threads, --rounds, --decode-tokens and --sentences must be "
                                 "at least 1.")
     out: dict[str, Any] = {
-        "machine": {"cpu": platform.processor() or platform.machine(),
+        "machine": {"cpu": cpu_info()["model"], "vector_flags": cpu_info()["vector_flags"],
                     "cores": os.cpu_count(), "python": platform.python_version(),
                     # Other processes' load skews multi-threaded timings badly (README).
                     "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
         "threads": args.threads, "rounds": args.rounds, "compare": args.compare,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
+    if args.compare:
+        out["compare_mode"] = "in-process" if args.in_process else "one process per side per round"
     if args.only in (None, "llm"):
         bench_llm(args, out)
     if args.only in (None, "embed"):
         bench_embed(args, out)
+    if args.side is not None:  # a child of --compare: JSON only, read by the parent
+        print(json.dumps(out))
+        return 0
     print(json.dumps(out, indent=2))
     print(_summary(out), file=sys.stderr)
     return 0
@@ -291,9 +463,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="threads for the engine and the peers (default: all cores)")
     b.add_argument("--compare", action="store_true",
                    help="also run llama-cpp-python and sentence-transformers, if installed")
+    b.add_argument("--in-process", action="store_true",
+                   help="with --compare: run the peers in this process (they interfere)")
     b.add_argument("--rounds", type=int, default=3, help="timed rounds per runner (median)")
     b.add_argument("--only", choices=["llm", "embed"], help="run one workload only")
-    b.add_argument("--llm-model", default=LLM_MODEL, help=argparse.SUPPRESS)
+    b.add_argument("--model", "--llm-model", dest="llm_model", default=LLM_MODEL,
+                   help="the LLM to time: a store name or a .gguf path (default: bundled)")
+    # One side of one --compare round, run by the parent in a fresh process.
+    b.add_argument("--side", choices=["engine", "peer"], help=argparse.SUPPRESS)
+    b.add_argument("--ids-file", help=argparse.SUPPRESS)
+    b.add_argument("--vectors-file", help=argparse.SUPPRESS)
     b.add_argument("--embed-model", default=EMBED_MODEL, help=argparse.SUPPRESS)
     # Smaller workloads for tests; the published figures use the defaults.
     b.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS, help=argparse.SUPPRESS)
