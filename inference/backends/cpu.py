@@ -258,23 +258,9 @@ def probe() -> tuple[bool, str]:
         import numba
     except ImportError:
         return False, "numba is not installed"
-    missing = missing_cpu_features()
-    if missing:
-        return False, f"this CPU lacks {missing}, which the kernels need"
+    f16 = "F16C" if K.target_has_f16c() else "integer float16 converts"
     return True, (f"numba {numba.__version__} kernels over quantized weights, "
-                  f"{numba.get_num_threads()} threads")
-
-
-def missing_cpu_features(features: str | None = None) -> str:
-    """x86 CPUs need F16C (2012 on) for the float16 widening in the kernels; without it LLVM
-    would call a runtime helper the JIT cannot link. Other architectures convert natively."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
-        return ""
-    if features is None:
-        features = K.host_cpu_features()
-    return "" if "+f16c" in features.split(",") else "F16C"
+                  f"{numba.get_num_threads()} threads, {f16}")
 
 
 def create() -> CpuBackend:

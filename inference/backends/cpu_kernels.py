@@ -35,16 +35,15 @@ converts scalar (3x slower; seen in the assembly).
 per group with the precomputed group sums ``xsum`` of ``x``.
 
 Vector width: LLVM's tuning for AVX-512 CPUs prefers 256-bit vectors (older Xeons lower
-their clock for 512-bit code). These loops are bound by instruction throughput, and
-512-bit vectors made the mat-vec 1.5x faster on this machine's Sapphire Rapids cores, so
-the preference is lifted before anything is compiled (:func:`_wide_vectors`), unless the
-user set NUMBA_CPU_FEATURES.
+their clock for 512-bit code). These loops are bound by instruction throughput, so on a
+CPU with AVX-512 the preference is lifted before anything is compiled
+(:func:`_wide_vectors`; 1.5x on the mat-vec where it was measured, an Intel Xeon with
+AVX-512), unless the user set NUMBA_CPU_FEATURES. CPUs without AVX-512 are unaffected.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from functools import cache, partial
 
 import numba
@@ -72,8 +71,9 @@ def host_cpu_features() -> str:
 def _wide_vectors() -> None:
     """Let LLVM use 512-bit vectors on AVX-512 hosts (see the module docstring). numba
     reads the feature string when it first compiles, so this only counts before that; a
-    user's NUMBA_CPU_FEATURES wins. Compiled kernels are cached per feature string."""
-    if os.environ.get("NUMBA_CPU_FEATURES") or numba.config.CPU_FEATURES is not None:
+    user's NUMBA_CPU_FEATURES or NUMBA_CPU_NAME wins. Compiled kernels are cached per
+    feature string."""
+    if numba.config.CPU_FEATURES is not None or numba.config.CPU_NAME is not None:
         return
     try:
         features = host_cpu_features()
@@ -124,14 +124,57 @@ def _bits_to_f32(typingctx, v):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
+def target_has_f16c() -> bool:
+    """Whether the code numba generates may use F16C (x86's float16 converts): the host's
+    CPU unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name another target. Other
+    architectures (ARM) convert float16 natively."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
+    if numba.config.CPU_FEATURES is not None:
+        return "+f16c" in numba.config.CPU_FEATURES.split(",")
+    if numba.config.CPU_NAME is not None:  # e.g. "generic": no F16C promised
+        return False
+    return "+f16c" in host_cpu_features().split(",")
+
+
+def _half_from_bits(builder: ir.IRBuilder, h16: ir.Value) -> ir.Value:
+    """float16 bits -> float32 with integer ops only, exact for every input (zeros,
+    subnormals, inf, NaN): the mantissa and exponent move into float32's fields and the
+    exponent is rebiased; a subnormal is renormalised by one float subtraction. Selects,
+    not branches, so loops stay vectorised."""
+    i32, f32 = ir.IntType(32), ir.FloatType()
+
+    def c(v: int) -> ir.Constant:
+        return ir.Constant(i32, v)
+
+    h = builder.zext(h16, i32)
+    o = builder.shl(builder.and_(h, c(0x7FFF)), c(13))
+    exp = builder.and_(o, c(0x0F800000))
+    o = builder.add(o, c(112 << 23))  # rebias 15 -> 127
+    inf_nan = builder.icmp_unsigned("==", exp, c(0x0F800000))
+    o = builder.select(inf_nan, builder.add(o, c(112 << 23)), o)  # exponent to 255
+    sub = builder.icmp_unsigned("==", exp, c(0))
+    renorm = builder.fsub(builder.bitcast(builder.add(o, c(1 << 23)), f32),
+                          builder.bitcast(c(113 << 23), f32))
+    f = builder.select(sub, renorm, builder.bitcast(o, f32))
+    sign = builder.shl(builder.and_(h, c(0x8000)), c(16))
+    return builder.bitcast(builder.or_(builder.bitcast(f, i32), sign), f32)
+
+
 @intrinsic
 def _half(typingctx, h):  # type: ignore[no-untyped-def]
-    """float16 bits (uint16) -> float32: LLVM's fpext from half, one vcvtph2ps per 16
-    values with F16C (numba has no float16 type on the CPU)."""
+    """float16 bits (uint16) -> float32 (numba has no float16 type on the CPU). With F16C:
+    LLVM's fpext from half, one vcvtph2ps per 16 values. Without it (an old CPU, or numba
+    told to compile for a generic x86-64) fpext would become a call to a runtime helper
+    the JIT cannot link, so the conversion is written out in integer ops instead."""
     sig = types.float32(types.uint16)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        if target_has_f16c():
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return _half_from_bits(builder, args[0])
 
     return sig, codegen
 
