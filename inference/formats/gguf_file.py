@@ -236,7 +236,11 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
     model_type, hf_arch = ARCHITECTURES[arch]
 
     def get(key: str, default: Any = None) -> Any:
-        return md.get(f"{arch}.{key}", default)
+        value = md.get(f"{arch}.{key}", default)
+        if isinstance(value, str) and key != "rope.scaling.type":  # every other key is a number
+            raise CorruptModelError(f"GGUF key {arch}.{key} is the string {value[:40]!r}; "
+                                    f"expected a number.")
+        return value
 
     hidden = get("embedding_length")
     heads = get("attention.head_count")
@@ -278,7 +282,8 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
             cfg["pooling_type"] = int(get("pooling_type"))  # llama.cpp enum: 1 mean, 2 cls
         return cfg
 
-    head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // heads
+    head_dim = get("attention.key_length") or get("rope.dimension_count") or (
+        hidden // heads if heads else 0)  # 0 heads: refused with the config check
     cfg.update(
         hidden_act="silu",
         num_key_value_heads=int(kv_heads),
@@ -338,7 +343,7 @@ def unpermute_rows(a: np.ndarray, n_head: int) -> np.ndarray:
     swap the middle axes, reshape back.
     """
     rows = a.shape[0]
-    if rows % (2 * n_head):
+    if n_head < 1 or rows % (2 * n_head):
         raise CorruptModelError(f"{rows} q/k rows cannot be split into {n_head} heads.")
     w = a.reshape(n_head, rows // n_head // 2, 2, *a.shape[1:])
     return np.ascontiguousarray(w.swapaxes(1, 2)).reshape(a.shape)
