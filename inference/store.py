@@ -28,6 +28,7 @@ from typing import Any
 
 from inference.errors import (
     CancelledError,
+    CorruptModelError,
     InferdeskError,
     InvalidInputError,
     ModelNotFoundError,
@@ -84,8 +85,15 @@ def spec_for_path(path: str | Path, *, name: str | None = None, source: str = "l
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelNotFoundError(f"No model file or directory at {path}.")
+    if not (path.is_file() or path.is_dir()):
+        raise CorruptModelError(f"{path} is not a regular file or a directory (a device, "
+                                f"FIFO or socket), so it holds no model.")
     weights = _weight_files(path)
-    st = [w.stat() for w in weights]
+    try:
+        st = [w.stat() for w in weights]
+    except OSError:  # a directory without a model: the reader says what is missing
+        read_checkpoint(path)
+        raise CorruptModelError(f"{path} holds no readable model.") from None
     key = (str(path.resolve()), sum(s.st_size for s in st), max(s.st_mtime_ns for s in st))
     cached = _spec_cache.get(key)
     if cached is None:
