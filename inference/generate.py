@@ -21,10 +21,11 @@ PREFILL_CHUNK = 512
 
 
 def prefill(model: Any, prompt_ids: Sequence[int], cache: Any,
-            cancel: threading.Event | None = None, chunk: int = PREFILL_CHUNK) -> Any:
+            cancel: threading.Event | None = None, chunk: int | None = None) -> Any:
     """Run the prompt through ``model`` in chunks; the last position's logits (1, 1, vocab).
     Raises CancelledError between chunks once ``cancel`` is set."""
     B = model.B
+    chunk = chunk or PREFILL_CHUNK
     logits = None
     for start in range(0, len(prompt_ids), chunk):
         if cancel is not None and cancel.is_set():
