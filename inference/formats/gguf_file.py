@@ -356,9 +356,14 @@ def _rename(arch: str, raw: dict[str, TensorData], cfg: dict[str, Any]) -> dict[
         if arch in _PERMUTED_ARCHS:
             m = _BLOCK_RE.match(name)
             if m and m.group(2) in ("attn_q", "attn_k"):
-                heads = cfg["num_attention_heads"] if m.group(2) == "attn_q" \
-                    else cfg["num_key_value_heads"]
-                data = unpermute_rows(data, heads)
+                q = m.group(2) == "attn_q"
+                heads = cfg["num_attention_heads"] if q else cfg["num_key_value_heads"]
+                try:
+                    data = unpermute_rows(data, heads)
+                except CorruptModelError:
+                    raise CorruptModelError(
+                        f"GGUF key {arch}.attention.head_count{'' if q else '_kv'} is {heads}, "
+                        f"which does not split the {data.shape[0]} rows of {name}.") from None
         new = hf_name(arch, name)
         out[new] = TensorData(new, t.shape, t.qtype, data)
     return out

@@ -59,6 +59,9 @@ def read_safetensors_dir(path: str | Path) -> Checkpoint:
     config = _read_json(config_path)
     if not isinstance(config, dict):
         raise CorruptModelError(f"{config_path} does not hold a JSON object.")
+    if config.get("model_type") is not None and not isinstance(config["model_type"], str):
+        raise CorruptModelError(f"{config_path}: model_type is {config.get('model_type')!r}; "
+                                f"expected the architecture's name as a string.")
 
     raw: dict[str, tuple[str, tuple[int, ...], np.ndarray, Path]] = {}
     for file in _shard_files(path):
