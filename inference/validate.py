@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +41,6 @@ class ArchSpec:
     divides: tuple[tuple[str, str], ...] = ()
     even: tuple[str, ...] = ()
     tensors: Mapping[str, tuple[int | str, ...]] = field(default_factory=dict)
-    layers: str = "num_hidden_layers"
 
 
 _DECODER = ArchSpec(
@@ -201,19 +201,23 @@ def _dim(expr: int | str, args: Any) -> int:
 
 def check_tensors(args: Any, tensors: Mapping[str, Any], spec: ArchSpec,
                   where: str = "The model") -> None:
-    """Every tensor of ``spec`` present in ``tensors`` has the shape the config implies."""
+    """Every tensor in ``tensors`` that ``spec`` describes has the shape the config implies.
+
+    Walks the file's tensors, not the config's layer count: a count of 2^31 layers costs
+    nothing here (the model then names the first layer whose tensors are missing)."""
     check_config(args, spec)
-    n_layers = int(getattr(args, spec.layers, 0) or 0)
-    for pattern, dims in spec.tensors.items():
-        names = ([pattern.format(i=i) for i in range(n_layers)] if "{i}" in pattern
-                 else [pattern])
+    for name, t in tensors.items():
+        dims = spec.tensors.get(_LAYER.sub(".{i}.", name, count=1))
+        if dims is None:
+            continue
         expected = tuple(_dim(d, args) for d in dims)
-        for name in names:
-            t = tensors.get(name)
-            if t is not None and tuple(t.shape) != expected:
-                raise CorruptModelError(
-                    f"{where}: tensor {name} has shape {list(t.shape)}, but the config "
-                    f"implies {list(expected)}.")
+        if tuple(t.shape) != expected:
+            raise CorruptModelError(
+                f"{where}: tensor {name} has shape {list(t.shape)}, but the config "
+                f"implies {list(expected)}.")
+
+
+_LAYER = re.compile(r"\.(\d+)\.")
 
 
 # --- public-entry arguments -------------------------------------------------------------
