@@ -156,6 +156,11 @@ def config_values(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
     for f in dataclasses.fields(cls):
         if f.name in d and d[f.name] is not None:
             out[f.name] = _coerce(f.name, d[f.name], _kinds(hints.get(f.name, Any)))
+    for f in dataclasses.fields(cls):
+        if f.name not in out and f.default is dataclasses.MISSING \
+                and f.default_factory is dataclasses.MISSING:
+            raise CorruptModelError(f"Config key {f.name} is missing; this architecture "
+                                    f"needs it.")
     spec = SPECS.get(str(d.get("model_type")), ArchSpec())
     defaults = {f.name: f.default for f in dataclasses.fields(cls)
                 if f.default is not dataclasses.MISSING}
@@ -248,8 +253,14 @@ def _range_msg(what: str, value: int, vocab_size: int) -> str:
 
 
 def text_arg(value: Any, name: str) -> str:
+    """A str that is valid Unicode (no lone surrogates, which no tokenizer can encode)."""
     if not isinstance(value, str):
         raise InvalidInputError(f"{name} must be a string, not {type(value).__name__}.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInputError(f"{name} holds a lone surrogate at character {e.start}, "
+                                f"which is not valid Unicode text.") from None
     return value
 
 
@@ -276,6 +287,7 @@ def messages_arg(messages: Any) -> list[dict[str, str]]:
             if not isinstance(m.get(key), str):
                 raise InvalidInputError(f"Message {i} needs a string \"{key}\", not "
                                         f"{type(m.get(key)).__name__}.")
+            text_arg(m[key], f"The {key} of message {i}")
         out.append(dict(m))
     return out
 
@@ -288,8 +300,7 @@ def sentences_arg(sentences: Any) -> list[str]:
                                 f"{type(sentences).__name__}.")
     out = list(sentences)
     for i, s in enumerate(out):
-        if not isinstance(s, str):
-            raise InvalidInputError(f"Sentence {i} is a {type(s).__name__}, not a string.")
+        text_arg(s, f"Sentence {i}")
     return out
 
 
