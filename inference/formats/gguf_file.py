@@ -16,6 +16,7 @@ prefix), as in :mod:`inference.formats.safetensors_dir`.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,9 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
         if isinstance(value, str) and key != "rope.scaling.type":  # every other key is a number
             raise CorruptModelError(f"GGUF key {arch}.{key} is the string {value[:40]!r}; "
                                     f"expected a number.")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CorruptModelError(f"GGUF key {arch}.{key} is {value}; expected a finite "
+                                    f"number.")
         return value
 
     hidden = get("embedding_length")
