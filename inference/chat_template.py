@@ -23,6 +23,8 @@ template writes it), so encode it with ``add_special_tokens=False``.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -32,13 +34,22 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from inference.errors import InvalidInputError, UnsupportedModelError
+from inference.errors import CancelledError, InvalidInputError, UnsupportedModelError
 
 CHATML_PATH = Path(__file__).resolve().parents[1] / "resources" / "chat_templates" / "chatml.jinja"
 
 
+# Bounds on one rendering: a template is untrusted code, and a prompt is small.
+RENDER_SECONDS = 5.0
+MAX_OUTPUT_CHARS = 16 * 2**20
+
+
 class TemplateRejected(jinja2.TemplateError):
     """Raised by a template's own ``raise_exception``: the conversation is not acceptable."""
+
+
+class TemplateTimeout(Exception):
+    """A rendering ran past :data:`RENDER_SECONDS`."""
 
 
 def _raise_exception(message: str) -> None:
@@ -63,7 +74,44 @@ def _compile(source: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.intercepted_binops = frozenset({"*", "**"})
+    env.call_binop = _bounded_binop
     return env.from_string(source)
+
+
+def _bounded_binop(context: Any, operator: str, left: Any, right: Any) -> Any:
+    """``*`` and ``**`` with results of bounded size ('a' * 10**10 would take memory first)."""
+    if operator == "**":
+        if isinstance(left, int | float) and isinstance(right, int | float) \
+                and abs(right) > 64 and abs(left) > 1:
+            raise jinja2.TemplateError("a power too large for a chat template")
+        return left ** right
+    for seq, n in ((left, right), (right, left)):
+        if isinstance(seq, str | list | tuple) and isinstance(n, int) \
+                and len(seq) * n > MAX_OUTPUT_CHARS:
+            raise jinja2.TemplateError("a repetition too large for a chat template")
+    return left * right
+
+
+class _Limits:
+    """A trace function that stops a rendering past its time budget or once ``cancel`` is set.
+
+    Jinja compiles a template to Python; tracing its frames is the one way to interrupt a
+    loop that writes nothing (the sandbox caps one range at 100,000, not nested ones)."""
+
+    def __init__(self, seconds: float, cancel: Any) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.cancel = cancel
+        self.events = 0
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        self.events += 1
+        if self.events % 256 == 0:
+            if self.cancel is not None and self.cancel.is_set():
+                raise CancelledError("Rendering the chat template was cancelled.")
+            if time.monotonic() > self.deadline:
+                raise TemplateTimeout()
+        return self
 
 
 class ChatTemplate:
@@ -120,15 +168,92 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                **kwargs: Any) -> str:
         """The prompt text for ``messages`` (dicts with "role" and "content")."""
-        chat = _check_messages(messages)
+        return self._render(_check_messages(messages), add_generation_prompt, None, kwargs)
+
+    def render_segments(self, messages: Sequence[Mapping[str, Any]],
+                        add_generation_prompt: bool = True, cancel: Any = None,
+                        **kwargs: Any) -> list[tuple[str, bool]]:
+        """The prompt as ``(text, is_content)`` pieces: message contents apart from the
+        template's own markup, so a caller can tokenize content without special tokens.
+
+        Each content is rendered between private-use sentinels; a template that trims
+        its contents is matched by trimming each piece. Joined, the pieces equal
+        :meth:`render`'s text whenever the template passes contents through or trims them.
+        """
+        # The sentinels are private-use characters; any in a content become U+FFFD.
+        chat = [{**m, "content": m["content"].translate(_UNMARK)}
+                if isinstance(m.get("content"), str) else m for m in _check_messages(messages)]
+        plain = self._render(chat, add_generation_prompt, cancel, kwargs)
+        marked = [{**m, "content": f"{_SENTINEL_OPEN}{m['content']}{_SENTINEL_CLOSE}"}
+                  if isinstance(m.get("content"), str) else m for m in chat]
+        text = self._render(marked, add_generation_prompt, cancel, kwargs)
+        for fix in (lambda c: c, str.strip):
+            pieces = _split_marked(text, fix)
+            if pieces is not None and "".join(p for p, _ in pieces) == plain:
+                return pieces
+        pieces = _split_marked(text, lambda c: c)
+        if pieces is None:  # the template moved the marks: keep every content out of it
+            raise UnsupportedModelError(
+                f"The chat template from {self.origin} rewrites message contents in a way "
+                f"that keeps them from being told apart from its own markup.")
+        return pieces
+
+    def _render(self, chat: list[dict[str, Any]], add_generation_prompt: bool, cancel: Any,
+                kwargs: Mapping[str, Any]) -> str:
+        limits = _Limits(RENDER_SECONDS, cancel)
+        previous = sys.gettrace()
+        sys.settrace(limits)
         try:
-            return self._template.render(messages=chat, add_generation_prompt=add_generation_prompt,
-                                         **{**self.variables, **kwargs})
+            out: list[str] = []
+            size = 0
+            for part in self._template.generate(messages=chat,
+                                                add_generation_prompt=add_generation_prompt,
+                                                **{**self.variables, **kwargs}):
+                size += len(part)
+                if size > MAX_OUTPUT_CHARS:
+                    raise InvalidInputError(
+                        f"The chat template from {self.origin} wrote more than "
+                        f"{MAX_OUTPUT_CHARS // 2**20} M characters; the conversation is too "
+                        f"long for it.")
+                out.append(part)
+            return "".join(out)
+        except (InvalidInputError, CancelledError):
+            raise
+        except TemplateTimeout:
+            raise UnsupportedModelError(
+                f"The chat template from {self.origin} ran for more than {RENDER_SECONDS:g} s "
+                f"and was stopped.") from None
         except TemplateRejected as e:
             raise InvalidInputError(f"The chat template rejected this conversation: {e}.") from e
         except Exception as e:  # a template is a program: any error of its own ends up here
             raise UnsupportedModelError(
                 f"The chat template from {self.origin} failed to render: {_one_line(e)}.") from e
+        finally:
+            sys.settrace(previous)
+
+
+# Private-use characters around each content while rendering for render_segments.
+_SENTINEL_OPEN, _SENTINEL_CLOSE = "\U000F0001", "\U000F0002"
+_UNMARK = {ord(_SENTINEL_OPEN): "\ufffd", ord(_SENTINEL_CLOSE): "\ufffd"}
+
+
+def _split_marked(text: str, fix: Any) -> list[tuple[str, bool]] | None:
+    """Pieces of a rendering with marked contents, or None if the marks do not pair up."""
+    pieces: list[tuple[str, bool]] = []
+    pos = 0
+    while True:
+        a = text.find(_SENTINEL_OPEN, pos)
+        if a < 0:
+            break
+        b = text.find(_SENTINEL_CLOSE, a)
+        if b < 0:
+            return None
+        pieces += [(text[pos:a], False), (fix(text[a + 1:b]), True)]
+        pos = b + 1
+    pieces.append((text[pos:], False))
+    if any(_SENTINEL_OPEN in p or _SENTINEL_CLOSE in p for p, _ in pieces):
+        return None
+    return [(p, c) for p, c in pieces if p]
 
 
 def _find_source(meta: Mapping[str, Any] | None, model_dir: str | Path | None,

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -81,18 +85,61 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# Input read for embedding: a bound, so /dev/zero or an endless pipe ends with a sentence.
+MAX_INPUT_BYTES = 1 << 30
+
+
 def _read_lines(path: str) -> list[str]:
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise InvalidInputError(f"{path}: no such input file.") from None
-        except UnicodeDecodeError:
-            raise InvalidInputError(f"{path}: not UTF-8 text.") from None
-    return text.splitlines()
+    """Lines of a UTF-8 file (or stdin for "-"), split on \\n and \\r\\n only: one row of
+    the output per line of the input, whatever other control characters a line holds."""
+    name = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        else:
+            if os.path.isdir(path):
+                raise InvalidInputError(f"{path} is a directory, not a text file.")
+            with open(path, "rb") as f:
+                data = f.read(MAX_INPUT_BYTES + 1)
+    except FileNotFoundError:
+        raise InvalidInputError(f"{path}: no such input file.") from None
+    except OSError as e:
+        raise InvalidInputError(f"{name}: cannot read ({e.strerror or e}).") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise InvalidInputError(f"{name} holds more than {MAX_INPUT_BYTES >> 20} MB of text.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInputError(f"{name} is not UTF-8 text (byte {e.start}).") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line starts no new one
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def write_atomic(path: str, write: Callable[[Any], None]) -> None:
+    """Write ``path`` exactly as named, through a temporary file in the same folder renamed
+    into place: a failed write (full disk) leaves any existing file as it was."""
+    target = Path(path)
+    if target.is_dir():
+        raise InvalidInputError(f"{path} is a directory; give a file name for the output.")
+    folder = target.parent
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise InvalidInputError(f"{path}: cannot write ({e.strerror or e}).") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        raise InvalidInputError(f"{path}: cannot write ({e.strerror or e}); any existing file "
+                                f"there is unchanged.") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -112,10 +159,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
             print(f"\rembedded {done}/{total}", end="", file=sys.stderr, flush=True)
 
     vecs = model.embed(sentences, batch_size=args.batch_size, progress=progress)
-    try:
-        np.save(args.output, vecs)
-    except OSError as e:
-        raise InvalidInputError(f"{args.output}: cannot write ({e.strerror}).") from None
+    write_atomic(args.output, lambda f: np.save(f, vecs))
     if not args.quiet:
         print(f"\nwrote {vecs.shape[0]} x {vecs.shape[1]} to {args.output} "
               f"({model.backend_reason})", file=sys.stderr)
@@ -143,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--seed", type=int, default=None, help="-1: a random seed")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -152,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("embed", help="embed sentences (one per line) into a .npy file")
     e.add_argument("--model", required=True, help="store name or path")
     e.add_argument("--input", required=True, help="text file, or - for stdin")
-    e.add_argument("--output", required=True, help="output .npy path")
+    e.add_argument("--output", required=True,
+                   help="output file, written as given (in .npy format)")
     e.add_argument("--batch-size", type=int, default=32)
     e.add_argument("--skip-blank", action="store_true", help="drop empty lines")
     e.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")

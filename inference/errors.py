@@ -37,3 +37,7 @@ class CancelledError(InferdeskError):
 
 class OutOfMemoryError(InferdeskError):
     """The backend could not allocate what the job needs."""
+
+
+class NumericalError(InferdeskError):
+    """NaN or infinite values where a model's output must be finite."""

@@ -11,23 +11,56 @@ from typing import Any
 import numpy as np
 
 from inference.backends.base import SamplingParams
+from inference.errors import CancelledError, NumericalError
 from inference.events import DoneEvent, GenerationEvent, TokenEvent
+from inference.validate import first_bad_layer
+
+# Prompt tokens per forward call during prefill: cancel is checked between chunks, and
+# activations stay those of PREFILL_CHUNK tokens whatever the prompt's length.
+PREFILL_CHUNK = 512
+
+
+def prefill(model: Any, prompt_ids: Sequence[int], cache: Any,
+            cancel: threading.Event | None = None, chunk: int | None = None) -> Any:
+    """Run the prompt through ``model`` in chunks; the last position's logits (1, 1, vocab).
+    Raises CancelledError between chunks once ``cancel`` is set."""
+    B = model.B
+    chunk = chunk or PREFILL_CHUNK
+    logits = None
+    for start in range(0, len(prompt_ids), chunk):
+        if cancel is not None and cancel.is_set():
+            raise CancelledError("Generation was cancelled during prefill.")
+        piece = np.asarray([prompt_ids[start:start + chunk]], dtype=np.int64)
+        logits = model(B.array(piece), cache, last_only=True)
+        if start + chunk < len(prompt_ids):
+            B.synchronize(logits)  # a lazy backend computes this chunk now, not all at the end
+    return logits
 
 
 def generate_step(model: Any, prompt_ids: Sequence[int], sampling: SamplingParams,
-                  rng: np.random.Generator, max_len: int | None = None) -> Iterator[int]:
-    """Prefill the prompt, then yield one sampled token id per step, forever.
+                  rng: np.random.Generator, max_len: int | None = None,
+                  cancel: threading.Event | None = None) -> Iterator[int]:
+    """Prefill the prompt (in chunks, checking ``cancel``), then yield one sampled token id
+    per step, forever. NumericalError if a step's logits hold NaN or Inf.
 
-    Inside the loop only the sampled id crosses from the device (backend.sample) and back
-    (as the next step's input); the KV cache and the causal mask stay with the backend.
+    Inside the loop only the sampled id crosses from the device (backend.sample, which
+    returns -1 for a row that is not finite) and back (as the next step's input); the KV
+    cache and the causal mask stay with the backend.
     """
     B = model.B
     cache = model.make_cache(max_len)
     history = list(prompt_ids)
-    logits = model(B.array(np.asarray([prompt_ids], dtype=np.int64)), cache, last_only=True)
+    logits = prefill(model, prompt_ids, cache, cancel)
     while True:
         row = B.reshape(logits, (logits.shape[-1],))
         tok = B.sample(row, sampling, history, rng)
+        if tok < 0:
+            where = first_bad_layer(model, lambda: model(
+                B.array(np.asarray([history], dtype=np.int64)), model.make_cache(len(history)),
+                last_only=True), B.to_numpy)
+            raise NumericalError(f"The logits after {len(history)} tokens contain NaN or "
+                                 f"infinite values, first in {where}; the model weights or "
+                                 f"its settings are broken.")
         history.append(tok)
         yield tok
         logits = model(B.array(np.asarray([[tok]], dtype=np.int64)), cache, last_only=True)
@@ -70,13 +103,17 @@ def stream_generate(
     finish = "length"
     ttft = prefill_tps = decode_tps = 0.0
     t_first = t0
-    steps = generate_step(model, prompt_ids, sampling, rng, max_len)
+    steps = generate_step(model, prompt_ids, sampling, rng, max_len, cancel)
     try:
         for i in range(max_tokens):
             if cancel is not None and cancel.is_set():
                 finish = "cancelled"
                 break
-            tok = next(steps)
+            try:
+                tok = next(steps)
+            except CancelledError:
+                finish = "cancelled"
+                break
             now = time.perf_counter()
             if i == 0:
                 t_first = now

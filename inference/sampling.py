@@ -7,11 +7,52 @@ repetition penalty, temperature, top-k, top-p, min-p.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import numbers
 from typing import Any
 
 import numpy as np
 
 from inference.backends.base import SamplingParams
+from inference.errors import InvalidInputError
+
+
+def _number(name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) \
+            or v < lo or v > hi or (lo_open and v == lo):
+        low = f"above {lo:g}" if lo_open else f"at least {lo:g}"
+        high = "" if math.isinf(hi) else f" and at most {hi:g}"
+        raise InvalidInputError(f"{name} is {v!r}; it must be a number {low}{high}.")
+    return float(v)
+
+
+def _integer(name: str, v: Any, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+        raise InvalidInputError(f"{name} is {v!r}; it must be a whole number of at least {lo}.")
+    return int(v)
+
+
+def check_params(p: Any) -> SamplingParams:
+    """``p`` with every field checked (NaN, negative, out of range -> one sentence).
+    A seed of -1 means "no fixed seed", as in llama.cpp."""
+    if not isinstance(p, SamplingParams):
+        raise InvalidInputError(f"sampling must be a SamplingParams, not {type(p).__name__}.")
+    if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, numbers.Integral)
+                               or p.seed < -1):
+        raise InvalidInputError(f"seed is {p.seed!r}; it must be a whole number of at least 0 "
+                                f"(or -1 for a random seed).")
+    return dataclasses.replace(
+        p,
+        temperature=_number("temperature", p.temperature, 0.0, math.inf),
+        top_k=_integer("top_k", p.top_k, 0),
+        top_p=_number("top_p", p.top_p, 0.0, 1.0, lo_open=True),
+        min_p=_number("min_p", p.min_p, 0.0, 1.0),
+        repetition_penalty=_number("repetition_penalty", p.repetition_penalty, 0.0, math.inf,
+                                   lo_open=True),
+        repetition_window=_integer("repetition_window", p.repetition_window, 0),
+        seed=None if p.seed is None or p.seed == -1 else int(p.seed),
+    )
 
 
 def apply_repetition_penalty(xp: Any, logits: Any, history: list[int], penalty: float,
@@ -53,6 +94,9 @@ def filtered_probs(xp: Any, logits: Any, p: SamplingParams) -> Any:
 
 def sample_row(xp: Any, logits: Any, p: SamplingParams, history: list[int],
                rng: np.random.Generator) -> int:
+    """The next id, or -1 if the row holds NaN or Inf (the caller reports it)."""
+    if not bool(xp.isfinite(logits).all()):
+        return -1
     logits = apply_repetition_penalty(xp, logits, history, p.repetition_penalty,
                                       p.repetition_window)
     if p.greedy:

@@ -8,7 +8,9 @@ Memory estimate (``est_memory``, bytes) = weights as stored + runtime allowance:
 - causal: KV cache for ``DEFAULT_CONTEXT`` tokens (capped at max_position_embeddings) in
   float32, ``2 * layers * kv_heads * head_dim * context * 4``, plus a prefill scratch of
   ``PREFILL_CHUNK * (vocab + 2 * intermediate + 4 * hidden) * 4`` (activations and logits
-  of one prompt chunk);
+  of one prompt chunk: prefill runs in chunks of that size) and the attention scratch
+  bound ``ATTENTION_SCRATCH_BYTES`` (prefill attention is tiled to stay within it);
+  :func:`runtime_bytes` gives the same at a context the user chose;
 - encoder: ``ENCODER_BATCH * ENCODER_SEQ * (2 * intermediate + heads * ENCODER_SEQ) * 4``
   (the widest activation and the attention scores of one batch).
 Backends that widen weights to float32 need more; they report their own use at load.
@@ -26,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.backends.base import ATTENTION_SCRATCH_BYTES
 from inference.errors import (
     CancelledError,
+    CorruptModelError,
     InferdeskError,
     InvalidInputError,
     ModelNotFoundError,
@@ -35,11 +39,11 @@ from inference.errors import (
 from inference.formats import read_checkpoint
 from inference.formats.safetensors_dir import ENCODER_TYPES, is_model_dir
 from inference.formats.tensor import Checkpoint
+from inference.generate import PREFILL_CHUNK
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT = 4096
-PREFILL_CHUNK = 512
 ENCODER_BATCH = 32
 ENCODER_SEQ = 256
 
@@ -84,8 +88,15 @@ def spec_for_path(path: str | Path, *, name: str | None = None, source: str = "l
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelNotFoundError(f"No model file or directory at {path}.")
+    if not (path.is_file() or path.is_dir()):
+        raise CorruptModelError(f"{path} is not a regular file or a directory (a device, "
+                                f"FIFO or socket), so it holds no model.")
     weights = _weight_files(path)
-    st = [w.stat() for w in weights]
+    try:
+        st = [w.stat() for w in weights]
+    except OSError:  # a directory without a model: the reader says what is missing
+        read_checkpoint(path)
+        raise CorruptModelError(f"{path} holds no readable model.") from None
     key = (str(path.resolve()), sum(s.st_size for s in st), max(s.st_mtime_ns for s in st))
     cached = _spec_cache.get(key)
     if cached is None:
@@ -119,24 +130,30 @@ def _describe(ck: Checkpoint, file_size: int) -> ModelSpec:
     return ModelSpec(
         name="", path=ck.path, format=ck.format, architecture=arch, kind=kind,
         quant_types=sorted({t.qtype for t in ck.tensors.values()}), n_params=n_params,
-        file_size=file_size, est_memory=stored + _runtime_bytes(cfg, kind), source="",
+        file_size=file_size, est_memory=stored + runtime_bytes(cfg, kind), source="",
     )
 
 
-def _runtime_bytes(cfg: dict[str, Any], kind: str) -> int:
-    """The allowance described in the module docstring."""
-    hidden = int(cfg.get("hidden_size") or 0)
-    inter = int(cfg.get("intermediate_size") or 4 * hidden)
-    heads = int(cfg.get("num_attention_heads") or 1)
-    layers = int(cfg.get("num_hidden_layers") or 0)
+def runtime_bytes(cfg: dict[str, Any], kind: str, context: int | None = None) -> int:
+    """The allowance described in the module docstring, at ``context`` tokens (default
+    ``DEFAULT_CONTEXT``; capped at the model's own). Values that are not whole numbers
+    count as absent: the load refuses them with the reason."""
+    def num(key: str, default: int) -> int:
+        v = cfg.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else default
+
+    hidden = num("hidden_size", 0)
+    inter = num("intermediate_size", 4 * hidden)
+    heads = num("num_attention_heads", 1)
+    layers = num("num_hidden_layers", 0)
     if kind == "encoder":
         return ENCODER_BATCH * ENCODER_SEQ * (2 * inter + heads * ENCODER_SEQ) * 4
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or (hidden // heads))
-    ctx = min(DEFAULT_CONTEXT, int(cfg.get("max_position_embeddings") or DEFAULT_CONTEXT))
-    vocab = int(cfg.get("vocab_size") or 0)
+    kv_heads = num("num_key_value_heads", heads)
+    head_dim = num("head_dim", hidden // heads)
+    ctx = min(context or DEFAULT_CONTEXT, num("max_position_embeddings", DEFAULT_CONTEXT))
+    vocab = num("vocab_size", 0)
     kv = 2 * layers * kv_heads * head_dim * ctx * 4
-    return kv + PREFILL_CHUNK * (vocab + 2 * inter + 4 * hidden) * 4
+    return kv + PREFILL_CHUNK * (vocab + 2 * inter + 4 * hidden) * 4 + ATTENTION_SCRATCH_BYTES
 
 
 # --- discovery ------------------------------------------------------------------------------

@@ -56,6 +56,42 @@ QUANT_TYPES: tuple[str, ...] = (
 )
 
 
+# Bytes of attention scores (and their softmax temporaries) one attention call may hold at
+# once: prompts longer than fits are processed in tiles of query rows (:func:`query_tiles`),
+# so scratch is bounded by this, not by the square of the prompt's length.
+ATTENTION_SCRATCH_BYTES = 64 * 2**20
+
+
+def query_tiles(batch: int, heads: int, t: int, s: int,
+                budget: int = ATTENTION_SCRATCH_BYTES) -> list[tuple[int, int]]:
+    """Query-row ranges ``[start, stop)`` covering ``t`` rows, each tile's scores (float32
+    ``batch x heads x rows x s``, three live copies) within ``budget``; at least one row."""
+    rows = max(1, budget // (3 * 4 * batch * heads * max(s, 1)))
+    return [(r, min(r + rows, t)) for r in range(0, t, rows)]
+
+
+def tiled_attention(attend: Any, q: Any, k: Any, v: Any, scale: float,
+                    causal_offset: int | None, key_mask: Any, concat: Any) -> Any | None:
+    """Attention over query tiles when one call's scores would pass the scratch budget, else
+    None (the caller attends in one go). A causal tile sees only the keys up to its last
+    row, so each tile is cut to them. ``concat(parts)`` joins outputs along the query axis."""
+    b, hq, t, _ = q.shape
+    s = k.shape[2]
+    tiles = query_tiles(b, hq, t, s)
+    if len(tiles) == 1:
+        return None
+    parts = []
+    for r0, r1 in tiles:
+        if causal_offset is None:
+            kk, vv, off = k, v, None
+        else:
+            n = min(s, causal_offset + r1)
+            kk, vv, off = k[:, :, :n], v[:, :, :n], causal_offset + r0
+        mask = None if key_mask is None else key_mask[:, :kk.shape[2]]
+        parts.append(attend(q[:, :, r0:r1], kk, vv, scale, causal_offset=off, key_mask=mask))
+    return concat(parts)
+
+
 @dataclass
 class MemorySample:
     """Same shape on every backend; bytes, ``None`` where the backend cannot know."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from inference.backends import cpu_kernels as K
 from inference.backends import cpu_raw
-from inference.backends.base import R, T, trim_host_heap
+from inference.backends.base import R, T, tiled_attention, trim_host_heap
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.formats.tensor import TensorData
@@ -227,6 +227,10 @@ class CpuBackend(NumpyBackend):
             K.attend_decode(np.ascontiguousarray(q[0, :, 0, :]), _rows_of(k)[0],
                             _rows_of(v)[0], s, scale, out)
             return out.reshape(1, hq, 1, d)
+        tiled = tiled_attention(self.attention, q, k, v, scale, causal_offset, key_mask,
+                                lambda parts: np.concatenate(parts, axis=2))
+        if tiled is not None:
+            return tiled
         # Grouped-query heads folded into rows (as NumPy does): one BLAS GEMM per kv head
         # for q.k and one for p.v; the masked softmax between them is one numba pass.
         hk = k.shape[1]

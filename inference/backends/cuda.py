@@ -215,6 +215,7 @@ class CudaBackend(Backend):
                rng: np.random.Generator) -> int:
         xp = self.xp
         row = self._c(xp.reshape(logits, (-1,)))
+        finite = xp.isfinite(row).all()  # -1 for a NaN/Inf row, in the one id copied back
         if params.repetition_penalty != 1.0 and history:
             # Repeated ids write the same penalised value twice: no unique() (a device sync).
             recent = self._history(history)[-params.repetition_window:]
@@ -229,6 +230,7 @@ class CudaBackend(Backend):
             u = rng.random()  # a kernel argument, not a copy
             idx = xp.searchsorted(xp.cumsum(probs), u * probs.sum(), side="right")
             dev_id = xp.reshape(xp.minimum(idx, probs.shape[0] - 1).astype(xp.int32), (1,))
+        dev_id = xp.where(finite, dev_id, -1).astype(xp.int32)
         tok = int(self.dev.to_host(dev_id, "sampled id")[0])
         self._last_id = (tok, dev_id)
         return tok

@@ -22,7 +22,14 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from inference.backends.base import QUANT_TYPES, Backend, MemorySample, SamplingParams, host_rss
+from inference.backends.base import (
+    QUANT_TYPES,
+    Backend,
+    MemorySample,
+    SamplingParams,
+    host_rss,
+    tiled_attention,
+)
 from inference.backends.mlx_repack import GROUP, repack
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
@@ -153,6 +160,10 @@ class MlxBackend(Backend):
     def attention(self, q: mx.array, k: mx.array, v: mx.array, scale: float, *,
                   causal_offset: int | None = None, key_mask: mx.array | None = None
                   ) -> mx.array:
+        tiled = tiled_attention(self.attention, q, k, v, scale, causal_offset, key_mask,
+                                lambda parts: mx.concatenate(parts, axis=2))
+        if tiled is not None:
+            return tiled
         t, s = q.shape[2], k.shape[2]
         mask: Any = None
         if causal_offset is not None:
@@ -204,15 +215,17 @@ class MlxBackend(Backend):
 
     def sample(self, logits: mx.array, params: SamplingParams, history: list[int],
                rng: np.random.Generator) -> int:
+        # -1 if the row holds NaN or Inf, folded into the one value that leaves the device.
+        finite = mx.all(mx.isfinite(logits))
         logits = penalize(logits, history, params.repetition_penalty, params.repetition_window)
         if params.greedy:
-            return int(mx.argmax(logits).item())
+            return int(mx.where(finite, mx.argmax(logits).astype(mx.int32), -1).item())
         probs = filtered_probs(logits, params)
         # Same inverse-CDF draw as the NumPy sampler: count of cdf values <= u * total
         # is searchsorted(cdf, u * total, side="right").
         cdf = mx.cumsum(probs)
-        idx = int(mx.sum(cdf <= rng.random() * cdf[-1]).item())
-        return min(idx, probs.shape[0] - 1)
+        idx = mx.minimum(mx.sum(cdf <= rng.random() * cdf[-1]), probs.shape[0] - 1)
+        return int(mx.where(finite, idx.astype(mx.int32), -1).item())
 
 
 def penalize(logits: mx.array, history: list[int], penalty: float, window: int) -> mx.array:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from inference.backends.base import QUANT_TYPES, Backend, SamplingParams
+from inference.backends.base import QUANT_TYPES, Backend, SamplingParams, tiled_attention
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
 from inference.sampling import sample_row
@@ -82,6 +82,10 @@ class NumpyBackend(Backend):
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
                   causal_offset: int | None = None,
                   key_mask: np.ndarray | None = None) -> np.ndarray:
+        tiled = tiled_attention(self.attention, q, k, v, scale, causal_offset, key_mask,
+                                lambda parts: np.concatenate(parts, axis=2))
+        if tiled is not None:
+            return tiled
         b, hq, t, d = q.shape
         hk, s = k.shape[1], k.shape[2]
         # Grouped-query attention without copying K/V: fold the query groups into rows.

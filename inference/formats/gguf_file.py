@@ -16,6 +16,7 @@ prefix), as in :mod:`inference.formats.safetensors_dir`.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -236,7 +237,14 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
     model_type, hf_arch = ARCHITECTURES[arch]
 
     def get(key: str, default: Any = None) -> Any:
-        return md.get(f"{arch}.{key}", default)
+        value = md.get(f"{arch}.{key}", default)
+        if isinstance(value, str) and key != "rope.scaling.type":  # every other key is a number
+            raise CorruptModelError(f"GGUF key {arch}.{key} is the string {value[:40]!r}; "
+                                    f"expected a number.")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CorruptModelError(f"GGUF key {arch}.{key} is {value}; expected a finite "
+                                    f"number.")
+        return value
 
     hidden = get("embedding_length")
     heads = get("attention.head_count")
@@ -278,7 +286,8 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
             cfg["pooling_type"] = int(get("pooling_type"))  # llama.cpp enum: 1 mean, 2 cls
         return cfg
 
-    head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // heads
+    head_dim = get("attention.key_length") or get("rope.dimension_count") or (
+        hidden // heads if heads else 0)  # 0 heads: refused with the config check
     cfg.update(
         hidden_act="silu",
         num_key_value_heads=int(kv_heads),
@@ -338,7 +347,7 @@ def unpermute_rows(a: np.ndarray, n_head: int) -> np.ndarray:
     swap the middle axes, reshape back.
     """
     rows = a.shape[0]
-    if rows % (2 * n_head):
+    if n_head < 1 or rows % (2 * n_head):
         raise CorruptModelError(f"{rows} q/k rows cannot be split into {n_head} heads.")
     w = a.reshape(n_head, rows // n_head // 2, 2, *a.shape[1:])
     return np.ascontiguousarray(w.swapaxes(1, 2)).reshape(a.shape)
@@ -351,9 +360,14 @@ def _rename(arch: str, raw: dict[str, TensorData], cfg: dict[str, Any]) -> dict[
         if arch in _PERMUTED_ARCHS:
             m = _BLOCK_RE.match(name)
             if m and m.group(2) in ("attn_q", "attn_k"):
-                heads = cfg["num_attention_heads"] if m.group(2) == "attn_q" \
-                    else cfg["num_key_value_heads"]
-                data = unpermute_rows(data, heads)
+                q = m.group(2) == "attn_q"
+                heads = cfg["num_attention_heads"] if q else cfg["num_key_value_heads"]
+                try:
+                    data = unpermute_rows(data, heads)
+                except CorruptModelError:
+                    raise CorruptModelError(
+                        f"GGUF key {arch}.attention.head_count{'' if q else '_kv'} is {heads}, "
+                        f"which does not split the {data.shape[0]} rows of {name}.") from None
         new = hf_name(arch, name)
         out[new] = TensorData(new, t.shape, t.qtype, data)
     return out

@@ -22,6 +22,7 @@ file size resident for MiniLM) and cannot represent bfloat16, which NumPy lacks.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,9 @@ def read_safetensors_dir(path: str | Path) -> Checkpoint:
     config = _read_json(config_path)
     if not isinstance(config, dict):
         raise CorruptModelError(f"{config_path} does not hold a JSON object.")
+    if config.get("model_type") is not None and not isinstance(config["model_type"], str):
+        raise CorruptModelError(f"{config_path}: model_type is {config.get('model_type')!r}; "
+                                f"expected the architecture's name as a string.")
 
     raw: dict[str, tuple[str, tuple[int, ...], np.ndarray, Path]] = {}
     for file in _shard_files(path):
@@ -142,19 +146,30 @@ def _map_file(file: Path) -> dict[str, tuple[str, tuple[int, ...], np.ndarray]]:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape = info["dtype"], tuple(int(d) for d in info["shape"])
-            begin, end = (int(o) for o in info["data_offsets"])
+            dtype, shape = info["dtype"], tuple(_whole(d) for d in info["shape"])
+            begin, end = (_whole(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise CorruptModelError(f"{file}: the header entry of {name} is malformed.") from None
-        count = int(np.prod(shape, dtype=np.int64))
+        if any(d < 0 for d in shape) or not isinstance(dtype, str):
+            raise CorruptModelError(f"{file}: tensor {name} has shape {list(shape)}; "
+                                    f"dimensions must be whole numbers of at least 0.")
+        count = math.prod(shape)  # Python ints: [2**32, 2**32] must not wrap to 0
         if not 0 <= begin <= end or base + end > size:
             raise CorruptModelError(f"{file}: tensor {name} lies outside the file "
                                     f"(the file is truncated).")
-        if dtype in _ITEMSIZE and end - begin != count * _ITEMSIZE[dtype]:
+        if dtype in _ITEMSIZE and end - begin != count * _ITEMSIZE[dtype] or (
+                dtype not in _ITEMSIZE and count > end - begin):
             raise CorruptModelError(f"{file}: tensor {name} has {end - begin} bytes for "
                                     f"shape {list(shape)} of {dtype}.")
         out[name] = (dtype, shape, mm[base + begin:base + end])
     return out
+
+
+def _whole(v: Any) -> int:
+    """A header integer; floats, strings and booleans are malformed, not rounded."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(v)
+    return v
 
 
 def _float_tensor(name: str, dtype: str, shape: tuple[int, ...], data: np.ndarray) -> TensorData:

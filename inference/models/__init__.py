@@ -19,7 +19,7 @@ CAUSAL = {"llama", "mistral", "qwen2"}
 def architecture(model_type: str, where: str = "this model") -> ModuleType:
     try:
         return ARCHITECTURES[model_type]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: a model_type that is not a string (a list)
         known = ", ".join(sorted(ARCHITECTURES))
         raise UnsupportedModelError(
             f"{where} uses architecture '{model_type}', which Inferdesk does not support "

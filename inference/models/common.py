@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -10,12 +9,13 @@ from typing import Any
 from inference.backends.base import Backend
 from inference.errors import CancelledError, UnsupportedModelError
 from inference.formats.tensor import Checkpoint, TensorData
+from inference.validate import config_values
 
 
 def config_from_dict(cls: type, d: dict[str, Any]) -> Any:
-    """Build a config dataclass from a Hugging Face config dict, ignoring unknown keys."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in names and v is not None})
+    """Build a config dataclass from a Hugging Face config dict, ignoring unknown keys; each
+    value is checked against its field's type and the architecture's ranges first."""
+    return cls(**config_values(cls, d))
 
 
 class Weights:

@@ -133,7 +133,11 @@ def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) 
         key = tok if set(tok) <= alphabet else "".join(spell[b] for b in tok.encode("utf-8"))
         vocab.setdefault(key, i)
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tk = HFTokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    try:
+        tk = HFTokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    except Exception as e:  # tokenizers raises plain Exception for merges of unknown tokens
+        raise CorruptModelError(f"This GGUF file's BPE merges do not fit its vocabulary "
+                                f"({str(e).splitlines()[0] if str(e) else e!r}).") from None
     tk.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
