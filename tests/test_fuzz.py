@@ -36,9 +36,10 @@ CASES = {"gguf_bytes": 40_000, "gguf_meta": 3_000, "safetensors": 30_000, "confi
 
 
 def fuzz(target: str):
-    # A case running past the deadline in the long pass counts as a hang.
+    # A case running past the deadline in the long pass counts as a hang (60 s: a busy
+    # 2-core machine stalled one ordinary case for 18 s).
     return settings(max_examples=CASES[target], database=None, derandomize=not LONG,
-                    deadline=timedelta(seconds=10) if LONG else None,
+                    deadline=timedelta(seconds=60) if LONG else None,
                     suppress_health_check=list(HealthCheck))
 
 

@@ -94,7 +94,7 @@ def test_tensor_shapes_are_checked_against_the_config(tmp_path: Path, name: str,
     ({"rope.dimension_count": 15}, "head_dim"),
     ({"context_length": "lots"}, "context_length"),
     ({"attention.head_count_kv": 3}, "head_count_kv"),
-    ({"rope.freq_base": float("nan")}, "rope_theta"),
+    ({"rope.freq_base": float("nan")}, "rope.freq_base"),
 ])
 def test_gguf_config_values_are_checked(tmp_path: Path, meta: dict, key: str) -> None:
     path = write_gguf(tmp_path / "bad.gguf", meta=meta)

@@ -241,6 +241,9 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
         if isinstance(value, str) and key != "rope.scaling.type":  # every other key is a number
             raise CorruptModelError(f"GGUF key {arch}.{key} is the string {value[:40]!r}; "
                                     f"expected a number.")
+        if isinstance(value, str) and not value.isprintable():
+            raise CorruptModelError(f"GGUF key {arch}.{key} is {value[:40]!r}; expected a "
+                                    f"RoPE scaling name.")
         if isinstance(value, float) and not math.isfinite(value):
             raise CorruptModelError(f"GGUF key {arch}.{key} is {value}; expected a finite "
                                     f"number.")
