@@ -124,6 +124,13 @@ class CausalLM(LoadedModel):
         profile: bool = False,
     ) -> Iterator[GenerationEvent]:
         """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front."""
+        ids, max_tokens = self.plan(prompt, messages, max_tokens)
+        return self._stream(ids, max_tokens, sampling or SamplingParams(), stop, cancel, profile)
+
+    def plan(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
+             max_tokens: int = 256) -> tuple[list[int], int]:
+        """The prompt's token ids and ``max_tokens`` capped to the context, or
+        InvalidInputError: what :meth:`generate` checks before it starts."""
         ids = self._prompt_ids(prompt, messages)
         if max_tokens < 1:
             raise InvalidInputError("max_tokens must be at least 1.")
@@ -132,8 +139,7 @@ class CausalLM(LoadedModel):
                 f"The prompt is {len(ids)} tokens but {self.name} holds at most "
                 f"{self.context_length}; shorten it."
             )
-        max_tokens = min(max_tokens, self.context_length - len(ids))
-        return self._stream(ids, max_tokens, sampling or SamplingParams(), stop, cancel, profile)
+        return ids, min(max_tokens, self.context_length - len(ids))
 
     def _stream(self, ids: list[int], max_tokens: int, sampling: SamplingParams,
                 stop: Sequence[str], cancel: threading.Event | None, profile: bool
