@@ -88,7 +88,9 @@ class Scheduler:
         self.parallel = parallel
         self.max_waiting = max_waiting
         self.prefill_chunk = prefill_chunk
-        self.steps = 0  # forward calls made (tests and the load report read it)
+        self.steps = 0  # forward calls made
+        self.max_rows = 0  # most sequences one decode step has served
+        self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: list[_Seq] = []
         self._cv = threading.Condition()
@@ -172,6 +174,7 @@ class Scheduler:
             cache = dec[0].cache if len(dec) == 1 else BatchedCaches([s.cache for s in dec])
             logits = M(B.array(ids), cache, last_only=True)
             self.steps += 1
+            self.max_rows = max(self.max_rows, len(dec))
             for i, s in enumerate(dec):
                 self._accept(s, logits, i)
 
@@ -200,6 +203,7 @@ class Scheduler:
         s.cache = None  # type: ignore[assignment]  # its memory goes now, not at the next GC
         for ev in s.gen.close(reason, memory=None):
             s.req.emit(ev, None)
+        self.finished.append((s.gen.finish or "", len(s.gen.ids)))
 
     def _close_request(self, req: Request, reason: str) -> None:
         for ev in Generation(self.model.tokenizer, len(req.prompt_ids), req.max_tokens,
