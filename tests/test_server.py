@@ -198,10 +198,12 @@ def test_api_key_and_exposure(engine):  # noqa: F811
     check_exposure("::1", None)
     srv = ServerThread(engine, api_key="s3cret").start()
     try:
-        for key in ("wrong", None):
-            c = openai.OpenAI(base_url=srv.url, api_key=key or "", max_retries=0)
-            status, body = _status(lambda c=c: c.models.list())
-            assert status == 401 and body["code"] == "invalid_api_key"
+        wrong = openai.OpenAI(base_url=srv.url, api_key="wrong", max_retries=0)
+        status, body = _status(wrong.models.list)
+        assert status == 401 and body["code"] == "invalid_api_key"
+        missing = httpx.get(f"{srv.url}/models")
+        assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(srv.url.removesuffix("/v1") + "/health").status_code == 200
         ok = openai.OpenAI(base_url=srv.url, api_key="s3cret", max_retries=0)
         assert {m.id for m in ok.models.list()} == {engine.llm.name, engine.encoder.name}
     finally:
