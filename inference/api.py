@@ -28,6 +28,7 @@ from inference.formats.tensor import Checkpoint
 from inference.generate import stream_generate
 from inference.models import CAUSAL, architecture
 from inference.models.common import Weights
+from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
 from inference.store import ModelSpec, resolve
 from inference.tokenizer import Tokenizer
 
@@ -210,14 +211,19 @@ def _read_json(path: Path) -> dict[str, Any]:
 def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
                n_layers: int | None = None,
                progress: Callable[[int, int], None] | None = None,
-               cancel: threading.Event | None = None) -> CausalLM | Encoder:
+               cancel: threading.Event | None = None,
+               api_key: str | None = None) -> CausalLM | Encoder | RemoteLM | RemoteEncoder:
     """Load a model by store name, path or ModelSpec onto a backend ("auto" picks one).
 
     The backend is checked for every op and quant type the architecture needs before any
     weight is converted. ``n_layers`` keeps only the first layers (tests, kernels bring-up).
     ``progress(bytes_done, bytes_total)`` follows weight conversion; setting ``cancel``
-    stops the load between tensors with CancelledError.
+    stops the load between tensors with CancelledError. An ``http(s)://`` URL connects to
+    an OpenAI-compatible server instead (:mod:`inference.remote`; ``api_key`` if it needs
+    one): ``"http://host:8080/v1#model-id"``.
     """
+    if is_url(name_or_path):
+        return connect(str(name_or_path), api_key=api_key)
     spec = name_or_path if isinstance(name_or_path, ModelSpec) else resolve(str(name_or_path))
     ckpt = read_checkpoint(spec.path)
     model_type = ckpt.config.get("model_type", "?")

@@ -61,7 +61,7 @@ class Generation:
         self.max_tokens = max_tokens
         self.eos_ids = eos_ids
         self.stop = [s for s in stop if s]
-        self.decoder = tokenizer.stream_decoder()
+        self.decoder = tokenizer.stream_decoder() if tokenizer is not None else None
         self.ids: list[int] = []
         self.text = ""
         self.emitted = 0
@@ -70,8 +70,9 @@ class Generation:
         self.ttft = self.prefill_tps = self.decode_tps = 0.0
         self.t_first = self.t0
 
-    def push(self, tok: int) -> list[TokenEvent]:
-        """Account for the next sampled id; returns the event it makes (none for EOS)."""
+    def push(self, tok: int, text: str | None = None) -> list[TokenEvent]:
+        """Account for the next sampled id; returns the event it makes (none for EOS).
+        ``text``: the token already decoded (a remote engine streams text, ``tok`` -1)."""
         i = self.steps
         self.steps += 1
         now = time.perf_counter()
@@ -85,7 +86,7 @@ class Generation:
             self.finish = "eos"
             return []
         self.ids.append(tok)
-        self.text += self.decoder.add(tok)
+        self.text += self.decoder.add(tok) if text is None else text
         cut = min((j for j in (self.text.find(s) for s in self.stop) if j >= 0), default=-1)
         if cut >= 0:
             self.text = self.text[:cut]
@@ -106,7 +107,7 @@ class Generation:
         if self.finish != "stop":
             # Release what was held back: a partial stop string that never completed, or
             # the bytes of an unfinished UTF-8 character (flushed as U+FFFD).
-            self.text += self.decoder.flush()
+            self.text += self.decoder.flush() if self.decoder is not None else ""
             if self.emitted < len(self.text):
                 out.append(TokenEvent(self.text[self.emitted:], -1, len(self.ids),
                                       time.perf_counter() - self.t0, self.ttft,

@@ -70,18 +70,20 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class ServerThread:
-    """uvicorn serving ``engine`` on a background thread; ``port=0`` takes a free port."""
+    """uvicorn serving ``engine`` on a background thread; ``port=0`` takes a free port.
+    ``app`` serves another ASGI app instead (tests: a deliberately broken server)."""
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, engine: Engine | None, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None,
-                 log: Callable[[dict[str, Any]], None] | None = None):
+                 log: Callable[[dict[str, Any]], None] | None = None, app: Any = None):
         import uvicorn
 
         check_exposure(host, api_key)
         self.engine = engine
         self.sock = _bind(host, port)
         self.host, self.port = host, self.sock.getsockname()[1]
-        config = uvicorn.Config(create_app(engine, api_key, log), log_level="warning",
+        app = app if app is not None else create_app(engine, api_key, log)
+        config = uvicorn.Config(app, log_level="warning",
                                 lifespan="off", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run,
@@ -107,7 +109,7 @@ class ServerThread:
         self.server.should_exit = True
         self._thread.join(timeout=10)
         self.sock.close()
-        if close_engine:
+        if close_engine and self.engine is not None:
             self.engine.close()
 
 
