@@ -275,9 +275,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
         "threads": args.threads, "rounds": args.rounds, "compare": args.compare,
     }
-    if args.only in (None, "llm"):
+    if args.serve:
+        from inference.server.bench_serve import bench_serve
+
+        bench_serve(args, out)
+    elif args.only in (None, "llm"):
         bench_llm(args, out)
-    if args.only in (None, "embed"):
+    if args.only in (None, "embed") and not args.serve:
         bench_embed(args, out)
     print(json.dumps(out, indent=2))
     print(_summary(out), file=sys.stderr)
@@ -293,6 +297,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also run llama-cpp-python and sentence-transformers, if installed")
     b.add_argument("--rounds", type=int, default=3, help="timed rounds per runner (median)")
     b.add_argument("--only", choices=["llm", "embed"], help="run one workload only")
+    b.add_argument("--serve", action="store_true",
+                   help="instead: the OpenAI server under 1, 4 and 8 concurrent streams")
     b.add_argument("--llm-model", default=LLM_MODEL, help=argparse.SUPPRESS)
     b.add_argument("--embed-model", default=EMBED_MODEL, help=argparse.SUPPRESS)
     # Smaller workloads for tests; the published figures use the defaults.
