@@ -16,6 +16,7 @@ stream that is not valid OpenAI chunks raises :class:`RemoteError`.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -156,7 +157,8 @@ class RemoteLM(_Remote):
         import openai
 
         c, url = self.conn.client, self.conn.url
-        gen = Generation(None, 0, max_tokens, set())
+        # The server applies max_tokens and stop strings; chunks are counted, not capped.
+        gen = Generation(None, 0, sys.maxsize, set())
         try:
             if messages is not None:
                 stream = c.chat.completions.create(messages=list(messages), **args)

@@ -3,6 +3,8 @@ behind a real uvicorn on 127.0.0.1 (a free port), once per session."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from inference.backends.base import SamplingParams
@@ -36,10 +38,18 @@ def client(server):
         yield c
 
 
+_ALONE: dict[str, DoneEvent] = {}
+
+
 def alone(llm, messages=None, prompt=None, max_tokens=6, temperature=0.0, seed=None,
           top_p=1.0, stop=()) -> DoneEvent:
-    """The same request through CausalLM.generate, in this process, by itself."""
-    sp = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
-    events = llm.generate(messages=messages, prompt=prompt, max_tokens=max_tokens, sampling=sp,
-                          stop=stop)
-    return [e for e in events if isinstance(e, DoneEvent)][0]
+    """The same request through CausalLM.generate, in this process, by itself (computed
+    once per session: several tests compare against the same references)."""
+    key = json.dumps([id(llm), messages, prompt, max_tokens, temperature, seed, top_p,
+                      list(stop)])
+    if key not in _ALONE:
+        sp = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+        events = llm.generate(messages=messages, prompt=prompt, max_tokens=max_tokens,
+                              sampling=sp, stop=stop)
+        _ALONE[key] = [e for e in events if isinstance(e, DoneEvent)][0]
+    return _ALONE[key]
