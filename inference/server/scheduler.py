@@ -206,9 +206,11 @@ class Scheduler:
         self.finished.append((s.gen.finish or "", len(s.gen.ids)))
 
     def _close_request(self, req: Request, reason: str) -> None:
+        """End a request that never started (cancelled while it waited)."""
         for ev in Generation(self.model.tokenizer, len(req.prompt_ids), req.max_tokens,
                              set()).close(reason):
             req.emit(ev, None)
+        self.finished.append((reason, 0))
 
     def _fail_all(self, error: BaseException) -> None:
         for s in list(self._active):
