@@ -33,9 +33,13 @@ def load_engine(model: str | None, embed_model: str | None, backend: str = "auto
                 parallel: int = 4) -> Engine:
     """Load the named chat model and/or encoder and start their batching threads."""
     from inference.api import load_model
+    from inference.remote import is_url
 
     if not model and not embed_model:
         raise InvalidInputError("Give --model, --embed-model, or both.")
+    if is_url(model) or is_url(embed_model):
+        raise InvalidInputError("The server serves local models; point clients at the "
+                                "remote server itself.")
     llm = enc = None
     aliases: dict[str, str] = {}
     for name, want in ((model, "causal"), (embed_model, "encoder")):
