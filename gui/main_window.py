@@ -15,6 +15,7 @@ from gui.error_banner import ErrorBanner
 from gui.format import human_bytes
 from gui.model_picker import ModelPicker
 from gui.perf_pane import PerfPane
+from gui.server_pane import ServerPane
 from gui.settings import Settings
 from gui.theme import icon
 from gui.worker import LoadedInfo, WorkerHandle
@@ -43,11 +44,13 @@ class MainWindow(QMainWindow):
         self.chat = ChatPane(self.handle, self.store, self.settings)
         self.embed = EmbedPane(self.handle)
         self.perf = PerfPane(self.handle)
+        self.server = ServerPane()
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for pane, name, ico in ((self.picker, "Models", "models"), (self.chat, "Chat", "chat"),
                                 (self.embed, "Embeddings", "embeddings"),
-                                (self.perf, "Performance", "performance")):
+                                (self.perf, "Performance", "performance"),
+                                (self.server, "Server", "models")):
             self.tabs.addTab(pane, icon(ico), name)
         self.banner = ErrorBanner()
         central = QWidget()
@@ -204,5 +207,6 @@ class MainWindow(QMainWindow):
         self.chat._render_reply()  # flush the streaming reply before the worker stops
         self.handle.shutdown()
         self.downloads.shutdown()
+        self.server.shutdown()
         self.store.close()
         super().closeEvent(event)

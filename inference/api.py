@@ -28,6 +28,7 @@ from inference.formats.tensor import Checkpoint
 from inference.generate import stream_generate
 from inference.models import CAUSAL, architecture
 from inference.models.common import Weights
+from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
 from inference.sampling import check_params
 from inference.store import ModelSpec, resolve
 from inference.tokenizer import Tokenizer
@@ -185,17 +186,24 @@ class CausalLM(LoadedModel):
         profile: bool = False,
     ) -> Iterator[GenerationEvent]:
         """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front."""
-        max_tokens = int_arg(max_tokens, "max_tokens", 1)
         sampling = check_params(SamplingParams() if sampling is None else sampling)
         if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
             raise InvalidInputError("stop must be a list of strings.")
         if cancel is not None and not hasattr(cancel, "is_set"):
             raise InvalidInputError("cancel must be a threading.Event.")
+        ids, max_tokens = self.plan(prompt, messages, max_tokens, cancel)
+        return self._stream(ids, max_tokens, sampling, list(stop), cancel, profile)
+
+    def plan(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
+             max_tokens: int = 256, cancel: threading.Event | None = None
+             ) -> tuple[list[int], int]:
+        """The prompt's token ids and ``max_tokens`` capped to the context, or
+        InvalidInputError: what :meth:`generate` checks before it starts."""
+        max_tokens = int_arg(max_tokens, "max_tokens", 1)
         if prompt is not None and messages is not None:
             raise InvalidInputError("Pass either prompt or messages, not both.")
         ids = self._prompt_ids(prompt, messages, cancel)
-        max_tokens = min(max_tokens, self.context_length - len(ids))
-        return self._stream(ids, max_tokens, sampling, list(stop), cancel, profile)
+        return ids, min(max_tokens, self.context_length - len(ids))
 
     def _stream(self, ids: list[int], max_tokens: int, sampling: SamplingParams,
                 stop: Sequence[str], cancel: threading.Event | None, profile: bool
@@ -287,14 +295,19 @@ def _read_json(path: Path) -> dict[str, Any]:
 def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
                n_layers: int | None = None,
                progress: Callable[[int, int], None] | None = None,
-               cancel: threading.Event | None = None) -> CausalLM | Encoder:
+               cancel: threading.Event | None = None,
+               api_key: str | None = None) -> CausalLM | Encoder | RemoteLM | RemoteEncoder:
     """Load a model by store name, path or ModelSpec onto a backend ("auto" picks one).
 
     The backend is checked for every op and quant type the architecture needs before any
     weight is converted. ``n_layers`` keeps only the first layers (tests, kernels bring-up).
     ``progress(bytes_done, bytes_total)`` follows weight conversion; setting ``cancel``
-    stops the load between tensors with CancelledError.
+    stops the load between tensors with CancelledError. An ``http(s)://`` URL connects to
+    an OpenAI-compatible server instead (:mod:`inference.remote`; ``api_key`` if it needs
+    one): ``"http://host:8080/v1#model-id"``.
     """
+    if is_url(name_or_path):
+        return connect(str(name_or_path), api_key=api_key)
     spec = name_or_path if isinstance(name_or_path, ModelSpec) else resolve(str(name_or_path))
     ckpt = read_checkpoint(spec.path)
     model_type = ckpt.config.get("model_type", "?")

@@ -444,9 +444,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     }
     if args.compare:
         out["compare_mode"] = "in-process" if args.in_process else "one process per side per round"
-    if args.only in (None, "llm"):
+    if args.serve:
+        from inference.server.bench_serve import bench_serve
+
+        bench_serve(args, out)
+    elif args.only in (None, "llm"):
         bench_llm(args, out)
-    if args.only in (None, "embed"):
+    if args.only in (None, "embed") and not args.serve:
         bench_embed(args, out)
     if args.side is not None:  # a child of --compare: JSON only, read by the parent
         print(json.dumps(out))
@@ -469,6 +473,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     b.add_argument("--only", choices=["llm", "embed"], help="run one workload only")
     b.add_argument("--model", "--llm-model", dest="llm_model", default=LLM_MODEL,
                    help="the LLM to time: a store name or a .gguf path (default: bundled)")
+    b.add_argument("--serve", action="store_true",
+                   help="instead: the OpenAI server under 1, 4 and 8 concurrent streams")
     # One side of one --compare round, run by the parent in a fresh process.
     b.add_argument("--side", choices=["engine", "peer"], help=argparse.SUPPRESS)
     b.add_argument("--ids-file", help=argparse.SUPPRESS)

@@ -204,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_embed)
 
+    from inference.server.cli import add_parser as add_serve
+
+    add_serve(sub, BACKEND_CHOICES)
+
     from inference.bench import add_parser as add_bench
 
     add_bench(sub)

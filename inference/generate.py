@@ -77,6 +77,84 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return hold
 
 
+class Generation:
+    """One sequence's bookkeeping outside the forward pass, fed one sampled id at a time:
+    text deltas (held back while they could still grow into a stop string), the finish
+    reason, and timings. ``stream_generate`` drives it from ``generate_step``; the server's
+    scheduler drives one per sequence from its batched steps.
+
+    Timings follow what a user feels: ttft includes prefill and the first sample;
+    decode tok/s counts tokens after the first over the time since the first.
+    """
+
+    def __init__(self, tokenizer: Any, n_prompt: int, max_tokens: int, eos_ids: set[int],
+                 stop: Sequence[str] = (), t0: float | None = None):
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.n_prompt = n_prompt
+        self.max_tokens = max_tokens
+        self.eos_ids = eos_ids
+        self.stop = [s for s in stop if s]
+        self.decoder = tokenizer.stream_decoder() if tokenizer is not None else None
+        self.ids: list[int] = []
+        self.text = ""
+        self.emitted = 0
+        self.steps = 0
+        self.finish: str | None = None if max_tokens > 0 else "length"  # set when it ends
+        self.ttft = self.prefill_tps = self.decode_tps = 0.0
+        self.t_first = self.t0
+
+    def push(self, tok: int, text: str | None = None) -> list[TokenEvent]:
+        """Account for the next sampled id; returns the event it makes (none for EOS).
+        ``text``: the token already decoded (a remote engine streams text, ``tok`` -1)."""
+        i = self.steps
+        self.steps += 1
+        now = time.perf_counter()
+        if i == 0:
+            self.t_first = now
+            self.ttft = now - self.t0
+            self.prefill_tps = self.n_prompt / self.ttft if self.ttft > 0 else 0.0
+        elif now > self.t_first:
+            self.decode_tps = i / (now - self.t_first)
+        if tok in self.eos_ids:
+            self.finish = "eos"
+            return []
+        self.ids.append(tok)
+        self.text += self.decoder.add(tok) if text is None else text
+        cut = min((j for j in (self.text.find(s) for s in self.stop) if j >= 0), default=-1)
+        if cut >= 0:
+            self.text = self.text[:cut]
+            self.finish = "stop"
+        elif self.steps >= self.max_tokens:
+            self.finish = "length"
+        safe = len(self.text) if self.finish == "stop" else (
+            len(self.text) - _held_back(self.text, self.stop))
+        delta, self.emitted = self.text[self.emitted:safe], max(self.emitted, safe)
+        return [TokenEvent(delta, tok, i, now - self.t0, self.ttft, self.prefill_tps,
+                           self.decode_tps)]
+
+    def close(self, reason: str | None = None, memory: Any = None) -> list[GenerationEvent]:
+        """End the sequence (``reason`` if it had not finished by itself, e.g. "cancelled"):
+        the held-back tail as a last TokenEvent if any, then the DoneEvent."""
+        self.finish = self.finish or reason or "length"
+        out: list[GenerationEvent] = []
+        if self.finish != "stop":
+            # Release what was held back: a partial stop string that never completed, or
+            # the bytes of an unfinished UTF-8 character (flushed as U+FFFD).
+            self.text += self.decoder.flush() if self.decoder is not None else ""
+            if self.emitted < len(self.text):
+                out.append(TokenEvent(self.text[self.emitted:], -1, len(self.ids),
+                                      time.perf_counter() - self.t0, self.ttft,
+                                      self.prefill_tps, self.decode_tps))
+                self.emitted = len(self.text)
+        out.append(DoneEvent(
+            text=self.text, token_ids=self.ids, n_prompt=self.n_prompt,
+            n_generated=len(self.ids), finish_reason=self.finish, ttft_s=self.ttft,
+            prefill_tok_s=self.prefill_tps, decode_tok_s=self.decode_tps,
+            total_s=time.perf_counter() - self.t0, memory=memory,
+        ))
+        return out
+
+
 def stream_generate(
     model: Any,
     tokenizer: Any,
@@ -89,64 +167,21 @@ def stream_generate(
     cancel: threading.Event | None = None,
     max_len: int | None = None,
 ) -> Iterator[GenerationEvent]:
-    """Yield a TokenEvent per generated token, then one DoneEvent.
-
-    Timings follow what a user feels: ttft includes prefill and the first sample;
-    decode tok/s counts tokens after the first over the time since the first.
-    """
-    t0 = time.perf_counter()
+    """Yield a TokenEvent per generated token, then one DoneEvent (see :class:`Generation`)."""
+    gen = Generation(tokenizer, len(prompt_ids), max_tokens, eos_ids, stop)
     rng = np.random.default_rng(sampling.seed)
-    decoder = tokenizer.stream_decoder()
-    ids: list[int] = []
-    text = ""
-    emitted = 0
-    finish = "length"
-    ttft = prefill_tps = decode_tps = 0.0
-    t_first = t0
     steps = generate_step(model, prompt_ids, sampling, rng, max_len, cancel)
     try:
-        for i in range(max_tokens):
+        while gen.finish is None:
             if cancel is not None and cancel.is_set():
-                finish = "cancelled"
+                gen.finish = "cancelled"
                 break
             try:
                 tok = next(steps)
             except CancelledError:
-                finish = "cancelled"
+                gen.finish = "cancelled"
                 break
-            now = time.perf_counter()
-            if i == 0:
-                t_first = now
-                ttft = now - t0
-                prefill_tps = len(prompt_ids) / ttft if ttft > 0 else 0.0
-            elif now > t_first:
-                decode_tps = i / (now - t_first)
-            if tok in eos_ids:
-                finish = "eos"
-                break
-            ids.append(tok)
-            text += decoder.add(tok)
-            cut = min((j for j in (text.find(s) for s in stop if s) if j >= 0), default=-1)
-            if cut >= 0:
-                text = text[:cut]
-                finish = "stop"
-            safe = len(text) if finish == "stop" else len(text) - _held_back(text, stop)
-            delta, emitted = text[emitted:safe], max(emitted, safe)
-            yield TokenEvent(delta, tok, i, now - t0, ttft, prefill_tps, decode_tps)
-            if finish == "stop":
-                break
+            yield from gen.push(tok)
     finally:
         steps.close()
-    if finish != "stop":
-        # Release what was held back: a partial stop string that never completed, or the
-        # bytes of an unfinished UTF-8 character (flushed as U+FFFD).
-        text += decoder.flush()
-        if emitted < len(text):
-            yield TokenEvent(text[emitted:], -1, len(ids), time.perf_counter() - t0, ttft,
-                             prefill_tps, decode_tps)
-    done = DoneEvent(
-        text=text, token_ids=ids, n_prompt=len(prompt_ids), n_generated=len(ids),
-        finish_reason=finish, ttft_s=ttft, prefill_tok_s=prefill_tps, decode_tok_s=decode_tps,
-        total_s=time.perf_counter() - t0, memory=model.B.memory(),
-    )
-    yield done
+    yield from gen.close(memory=model.B.memory())

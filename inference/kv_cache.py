@@ -54,3 +54,16 @@ class KVCache:
     def trim(self, n: int) -> None:
         """Forget everything after the first ``n`` tokens (reuse a shared prompt prefix)."""
         self.offset = min(self.offset, n)
+
+
+class BatchedCaches:
+    """A decode step over several sequences at once: row ``i`` of the batch is its own
+    sequence, with its own :class:`KVCache` and position. The model runs every weight
+    (linear) op once over all rows and attention row by row, each against its own cache."""
+
+    def __init__(self, caches: list[KVCache]):
+        self.caches = caches
+
+    def advance(self, t: int) -> None:
+        for c in self.caches:
+            c.advance(t)

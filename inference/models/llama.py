@@ -7,7 +7,7 @@ from typing import Any
 
 from inference.backends.base import Backend
 from inference.errors import UnsupportedModelError
-from inference.kv_cache import KVCache
+from inference.kv_cache import BatchedCaches, KVCache
 from inference.models.common import Weights, config_from_dict
 
 REQUIRED_OPS = frozenset({
@@ -76,16 +76,26 @@ class Attention:
         b, t, _ = x.shape
         return self.B.transpose(self.B.reshape(x, (b, t, n, self.head_dim)), (0, 2, 1, 3))
 
-    def __call__(self, x: Any, cache: KVCache, layer: int) -> Any:
+    def _attend(self, q: Any, k: Any, v: Any, cache: KVCache, layer: int) -> Any:
+        B = self.B
+        q = B.rope(q, cache.offset, self.theta)
+        k = B.rope(k, cache.offset, self.theta)
+        k, v = cache.update(layer, k, v)
+        return B.attention(q, k, v, self.scale, causal_offset=cache.offset)
+
+    def __call__(self, x: Any, cache: KVCache | BatchedCaches, layer: int) -> Any:
         B = self.B
         b, t, _ = x.shape
         q = self._heads(B.linear(x, *self.q), self.n_heads)
         k = self._heads(B.linear(x, *self.k), self.n_kv)
         v = self._heads(B.linear(x, *self.v), self.n_kv)
-        q = B.rope(q, cache.offset, self.theta)
-        k = B.rope(k, cache.offset, self.theta)
-        k, v = cache.update(layer, k, v)
-        out = B.attention(q, k, v, self.scale, causal_offset=cache.offset)
+        if isinstance(cache, BatchedCaches):  # one sequence per row, each at its own position
+            out = B.zeros((b, self.n_heads, t, self.head_dim))
+            for i, c in enumerate(cache.caches):
+                qi, ki, vi = (B.narrow(a, 0, i, 1) for a in (q, k, v))
+                out = B.set_slice(out, self._attend(qi, ki, vi, c, layer), 0, i)
+        else:
+            out = self._attend(q, k, v, cache, layer)
         out = B.reshape(B.transpose(out, (0, 2, 1, 3)), (b, t, self.n_heads * self.head_dim))
         return B.linear(out, self.o_proj)
 
@@ -113,7 +123,7 @@ class TransformerBlock:
         self.input_norm = w.dense(p + "input_layernorm.weight")
         self.post_norm = w.dense(p + "post_attention_layernorm.weight")
 
-    def __call__(self, x: Any, cache: KVCache) -> Any:
+    def __call__(self, x: Any, cache: KVCache | BatchedCaches) -> Any:
         B = self.B
         h = B.add(x, self.attn(B.rms_norm(x, self.input_norm, self.eps), cache, self.index))
         return B.add(h, self.mlp(B.rms_norm(h, self.post_norm, self.eps)))
@@ -134,8 +144,9 @@ class Model:
     def make_cache(self, max_len: int | None = None) -> KVCache:
         return KVCache(self.B, len(self.layers), max_len)
 
-    def __call__(self, ids: Any, cache: KVCache, last_only: bool = False) -> Any:
-        """ids: native int array (batch, seq). Returns logits (batch, seq or 1, vocab)."""
+    def __call__(self, ids: Any, cache: KVCache | BatchedCaches, last_only: bool = False) -> Any:
+        """ids: native int array (batch, seq). Returns logits (batch, seq or 1, vocab).
+        With :class:`BatchedCaches` each row is a separate sequence (a batched decode step)."""
         B = self.B
         h = B.embedding(self.embed_tokens, ids)
         t = h.shape[1]

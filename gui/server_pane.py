@@ -1,0 +1,149 @@
+"""The Server tab: serve models over the OpenAI API from the app (start/stop, the URL, a
+live request log). Loading and serving run off the GUI thread; a QObject carries their
+results back as signals, so no widget is touched from another thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import (
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+LOG_LINES = 500  # the log keeps the last requests only
+
+
+class ServerBridge(QObject):
+    """Signals from the loader and uvicorn threads to the pane."""
+
+    started = Signal(str)  # url
+    failed = Signal(str)  # one sentence
+    stopped = Signal()
+    request = Signal(dict)  # method, path, status, seconds
+
+
+class ServerPane(QWidget):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.bridge = ServerBridge(self)
+        self.server: Any = None  # inference.server.run.ServerThread while serving
+        self._busy = False
+
+        self.model = QLineEdit("smollm2", placeholderText="chat model (store name or path)")
+        self.embed_model = QLineEdit("minilm", placeholderText="embedding model (optional)")
+        self.host = QLineEdit("127.0.0.1")
+        self.port = QSpinBox(minimum=0, maximum=65535, value=8080)
+        self.api_key = QLineEdit(placeholderText="required off loopback",
+                                 echoMode=QLineEdit.EchoMode.Password)
+        self.parallel = QSpinBox(minimum=1, maximum=8, value=4)
+        form = QFormLayout()
+        for label, w in (("Chat model", self.model), ("Embedding model", self.embed_model),
+                         ("Host", self.host), ("Port", self.port), ("API key", self.api_key),
+                         ("Parallel requests", self.parallel)):
+            form.addRow(label, w)
+        self.button = QPushButton("Start server")
+        self.button.clicked.connect(self.toggle)
+        self.url = QLabel("Stopped.")
+        self.url.setTextInteractionFlags(self.url.textInteractionFlags().TextSelectableByMouse)
+        row = QHBoxLayout()
+        row.addWidget(self.button)
+        row.addWidget(self.url, 1)
+        self.log = QPlainTextEdit(readOnly=True)
+        self.log.setMaximumBlockCount(LOG_LINES)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addLayout(row)
+        lay.addWidget(QLabel("Requests"))
+        lay.addWidget(self.log, 1)
+
+        self.bridge.started.connect(self._on_started)
+        self.bridge.failed.connect(self._on_failed)
+        self.bridge.stopped.connect(self._on_stopped)
+        self.bridge.request.connect(self._on_request)
+
+    # --- actions -------------------------------------------------------------------------
+    def toggle(self) -> None:
+        if self._busy:
+            return
+        self._busy = True
+        self.button.setEnabled(False)
+        if self.server is None:
+            self.url.setText("Loading models…")
+            args = (self.model.text().strip() or None, self.embed_model.text().strip() or None,
+                    self.host.text().strip(), self.port.value(),
+                    self.api_key.text() or None, self.parallel.value())
+            threading.Thread(target=self._start, args=args, name="inferdesk-serve-start",
+                             daemon=True).start()
+        else:
+            self.url.setText("Stopping…")
+            server, self.server = self.server, None
+            threading.Thread(target=self._stop, args=(server,), name="inferdesk-serve-stop",
+                             daemon=True).start()
+
+    def shutdown(self) -> None:
+        """Stop serving now (the window is closing)."""
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.stop()
+
+    # --- worker threads (no widgets here) --------------------------------------------------
+    def _start(self, model: str | None, embed: str | None, host: str, port: int,
+               key: str | None, parallel: int) -> None:
+        from inference.errors import InferdeskError
+        from inference.server.run import ServerThread, check_exposure, load_engine
+
+        try:
+            check_exposure(host, key)
+            engine = load_engine(model, embed, parallel=parallel)
+            try:
+                server = ServerThread(engine, host, port, key, log=self.bridge.request.emit)
+                server.start()
+            except BaseException:
+                engine.close()
+                raise
+        except InferdeskError as e:
+            self.bridge.failed.emit(str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - shown in the pane, the app stays up
+            self.bridge.failed.emit(f"The server could not start: {e}")
+            return
+        self.server = server
+        self.bridge.started.emit(server.url)
+
+    def _stop(self, server: Any) -> None:
+        server.stop()
+        self.bridge.stopped.emit()
+
+    # --- slots (GUI thread) ----------------------------------------------------------------
+    def _on_started(self, url: str) -> None:
+        self._busy = False
+        self.button.setEnabled(True)
+        self.button.setText("Stop server")
+        self.url.setText(f"Serving at {url}")
+
+    def _on_failed(self, message: str) -> None:
+        self._busy = False
+        self.button.setEnabled(True)
+        self.url.setText(message)
+
+    def _on_stopped(self) -> None:
+        self._busy = False
+        self.button.setEnabled(True)
+        self.button.setText("Start server")
+        self.url.setText("Stopped.")
+
+    def _on_request(self, entry: dict) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        self.log.appendPlainText(f"{stamp}  {entry['status']}  {entry['method']} "
+                                 f"{entry['path']}  {entry['seconds'] * 1e3:.0f} ms")

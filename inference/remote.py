@@ -1,0 +1,306 @@
+"""A remote engine: a model served by any OpenAI-compatible server (vLLM, a llama.cpp
+server, Ollama, LM Studio, another Inferdesk), shaped like a local CausalLM or Encoder so
+the app's chat, embedding and performance panes use it unchanged.
+
+``load_model("http://host:port/v1#model-id", api_key=...)`` connects: the fragment names a
+model from the server's ``/v1/models`` (it may be left out when the server has one). The
+kind (chat or embeddings) is what an Inferdesk server reports; for other servers it is
+chat unless the id says "embed" or ``kind="encoder"`` is given.
+
+What the remote side cannot tell us is ``None``: the device memory in :meth:`memory` (the
+performance pane says so instead of drawing it). Time to first token and tokens/s are
+measured here from the stream, so they include the network. A connection lost
+mid-stream ends the answer with what arrived and ``finish_reason="interrupted"``; a
+stream that is not valid OpenAI chunks raises :class:`RemoteError`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urldefrag, urlsplit
+
+import numpy as np
+
+from inference.backends.base import Backend, MemorySample, SamplingParams, host_rss
+from inference.errors import (
+    BackendUnavailableError,
+    CancelledError,
+    InferdeskError,
+    InvalidInputError,
+    ModelNotFoundError,
+)
+from inference.events import DoneEvent, GenerationEvent
+from inference.generate import Generation
+from inference.store import ModelSpec
+
+TIMEOUT_S = 600.0  # one request, stream included; a token may take long on a busy server
+
+
+class RemoteError(InferdeskError):
+    """The remote server answered with something that is not the OpenAI API."""
+
+
+def is_url(target: object) -> bool:
+    return isinstance(target, str) and target.startswith(("http://", "https://"))
+
+
+class RemoteBackend(Backend):
+    """Stands where a local backend would: a name, a device and a memory sample."""
+
+    name = "remote"
+
+    def __init__(self, url: str):
+        self.device = f"OpenAI-compatible server at {url}"
+        self.url = url
+
+    def memory(self) -> MemorySample:
+        # This process's RSS is real; the server's device memory is not ours to see.
+        return MemorySample(device_used=None, device_total=None, device_peak=None,
+                            host_rss=host_rss())
+
+
+def _openai_error(e: BaseException, url: str) -> InferdeskError:
+    import openai
+
+    if isinstance(e, openai.AuthenticationError):
+        return InvalidInputError(f"{url} refused the API key: {_message(e)}")
+    if isinstance(e, openai.NotFoundError):
+        return ModelNotFoundError(f"{url}: {_message(e)}")
+    if isinstance(e, openai.APIStatusError):
+        return RemoteError(f"{url} answered {e.status_code}: {_message(e)}")
+    if isinstance(e, openai.APIConnectionError):
+        return BackendUnavailableError(f"Cannot reach {url}: {e.__cause__ or e}.")
+    return RemoteError(f"{url} sent something that is not the OpenAI API "
+                       f"({type(e).__name__}: {e}).")
+
+
+def _message(e: Any) -> str:
+    body = getattr(e, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return str(getattr(e, "message", e))
+
+
+@dataclass
+class _Conn:
+    url: str
+    model_id: str
+    client: Any  # openai.OpenAI
+
+
+class _Remote:
+    kind = "model"
+
+    def __init__(self, conn: _Conn):
+        self.conn = conn
+        self.backend = RemoteBackend(conn.url)
+        self.backend_reason = f"remote: {conn.model_id} on the OpenAI-compatible server {conn.url}"
+        self.spec = ModelSpec(name=conn.model_id, path=conn.url, format="remote",  # type: ignore[arg-type]
+                              architecture="remote", kind=self.kind, quant_types=[],
+                              n_params=0, file_size=0, est_memory=0, source="remote")
+
+    @property
+    def name(self) -> str:
+        return self.conn.model_id
+
+    def memory(self) -> MemorySample:
+        return self.backend.memory()
+
+    def close(self) -> None:
+        self.conn.client.close()
+
+
+class RemoteLM(_Remote):
+    kind = "causal"
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[dict[str, str]] | None = None,
+        max_tokens: int = 256,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+        profile: bool = False,
+    ) -> Iterator[GenerationEvent]:
+        """As CausalLM.generate: TokenEvents then one DoneEvent; bad input raises here."""
+        if messages is not None:
+            if not messages or not any(m.get("content", "").strip() for m in messages):
+                raise InvalidInputError("The conversation is empty: write a message first.")
+        elif prompt is None or not prompt.strip():
+            raise InvalidInputError("The prompt is empty: write something to continue.")
+        if max_tokens < 1:
+            raise InvalidInputError("max_tokens must be at least 1.")
+        sp = sampling or SamplingParams()
+        if sp.top_k or sp.min_p or sp.repetition_penalty != 1.0:
+            # The OpenAI API has no such fields; say so rather than sample differently.
+            raise InvalidInputError("A remote engine takes temperature, top-p and seed only; "
+                                    "set top-k, min-p and repetition penalty to off.")
+        args: dict[str, Any] = dict(model=self.conn.model_id, max_tokens=max_tokens,
+                                    temperature=sp.temperature, top_p=sp.top_p, stream=True,
+                                    stream_options={"include_usage": True})
+        if sp.seed is not None:
+            args["seed"] = sp.seed
+        if stop:
+            args["stop"] = list(stop)
+        return self._stream(args, messages, prompt, max_tokens, cancel)
+
+    def _stream(self, args: dict[str, Any], messages: Sequence[dict[str, str]] | None,
+                prompt: str | None, max_tokens: int, cancel: threading.Event | None
+                ) -> Iterator[GenerationEvent]:
+        import openai
+
+        c, url = self.conn.client, self.conn.url
+        # The server applies max_tokens and stop strings; chunks are counted, not capped.
+        gen = Generation(None, 0, sys.maxsize, set())
+        try:
+            if messages is not None:
+                stream = c.chat.completions.create(messages=list(messages), **args)
+            else:
+                stream = c.completions.create(prompt=prompt, **args)
+        except openai.OpenAIError as e:
+            raise _openai_error(e, url) from None
+        reason = usage = None
+        try:
+            for chunk in stream:
+                if cancel is not None and cancel.is_set():
+                    reason = "cancelled"
+                    break
+                try:
+                    text, finish, chunk_usage = _read_chunk(chunk, messages is not None)
+                except (AttributeError, IndexError, KeyError, TypeError) as e:
+                    raise RemoteError(f"{url} sent a malformed stream chunk ({e}).") from None
+                usage = chunk_usage or usage
+                if text:  # servers stream one token per chunk: count chunks as tokens
+                    yield from gen.push(-1, text)
+                reason = _FINISH.get(finish, reason) if finish else reason
+        except openai.APIConnectionError:
+            reason = "interrupted"  # the partial answer stands; the reason says why it ends
+        except openai.APIStatusError as e:
+            raise _openai_error(e, url) from None
+        except InferdeskError:
+            raise
+        except Exception as e:  # noqa: BLE001 - anything the client raised on a bad stream
+            if _is_connection_loss(e):
+                reason = "interrupted"
+            else:
+                raise _openai_error(e, url) from None
+        finally:
+            stream.close()
+        for ev in gen.close(reason or "length", memory=self.memory()):
+            if isinstance(ev, DoneEvent):
+                ev.token_ids = []  # the server sends text, not ids
+                if usage is not None:  # exact counts when the server reports them
+                    ev.n_prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+                    ev.n_generated = int(getattr(usage, "completion_tokens", 0)
+                                         or ev.n_generated)
+            yield ev
+
+
+_FINISH = {"stop": "stop", "length": "length", "eos": "eos"}
+
+
+def _read_chunk(chunk: Any, chat: bool) -> tuple[str, str | None, Any]:
+    usage = getattr(chunk, "usage", None)
+    choices = chunk.choices
+    if choices is None:
+        raise TypeError("no 'choices'")
+    if not choices:
+        return "", None, usage
+    ch = choices[0]
+    text = (ch.delta.content if chat else ch.text) or ""
+    if not isinstance(text, str):
+        raise TypeError("content is not text")
+    return text, ch.finish_reason, usage
+
+
+def _is_connection_loss(e: BaseException) -> bool:
+    """httpx2 reports a peer gone mid-body as a RemoteProtocolError / ReadError."""
+    names = {type(x).__name__ for x in (e, e.__cause__, e.__context__) if x is not None}
+    return bool(names & {"RemoteProtocolError", "ReadError", "ReadTimeout",
+                         "IncompleteRead", "ConnectionResetError"})
+
+
+class RemoteEncoder(_Remote):
+    kind = "encoder"
+
+    def __init__(self, conn: _Conn):
+        super().__init__(conn)
+        self.dim = int(self._embed(["dimension probe"]).shape[1])
+
+    def _embed(self, batch: list[str]) -> np.ndarray:
+        import openai
+
+        try:
+            r = self.conn.client.embeddings.create(model=self.conn.model_id, input=batch,
+                                                   encoding_format="float")
+            rows = sorted(r.data, key=lambda d: d.index)
+            out = np.asarray([d.embedding for d in rows], dtype=np.float32)
+        except openai.OpenAIError as e:
+            raise _openai_error(e, self.conn.url) from None
+        except (AttributeError, TypeError, ValueError) as e:
+            raise RemoteError(f"{self.conn.url} sent malformed embeddings ({e}).") from None
+        if out.ndim != 2 or out.shape[0] != len(batch):
+            raise RemoteError(f"{self.conn.url} sent {out.shape[0]} embeddings for "
+                              f"{len(batch)} inputs.")
+        return out
+
+    def embed(self, sentences: Sequence[str], batch_size: int = 32,
+              progress: Callable[[int, int], None] | None = None,
+              cancel: threading.Event | None = None) -> np.ndarray:
+        if isinstance(sentences, str):
+            raise InvalidInputError("embed() takes a list of sentences, not one string.")
+        if batch_size < 1:
+            raise InvalidInputError("batch_size must be at least 1.")
+        parts = []
+        for i in range(0, len(sentences), batch_size):
+            if cancel is not None and cancel.is_set():
+                raise CancelledError("Embedding was cancelled.")
+            parts.append(self._embed(list(sentences[i: i + batch_size])))
+            if progress is not None:
+                progress(min(i + batch_size, len(sentences)), len(sentences))
+        return np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
+
+
+def connect(target: str, api_key: str | None = None, kind: str | None = None,
+            timeout: float = TIMEOUT_S) -> RemoteLM | RemoteEncoder:
+    """A model on an OpenAI-compatible server: ``http(s)://host:port[/v1][#model-id]``."""
+    import openai
+
+    base, model_id = urldefrag(target)
+    base = base.rstrip("/")
+    if not urlsplit(base).path.endswith("/v1"):
+        base += "/v1"
+    client = openai.OpenAI(base_url=base, api_key=api_key or "none", max_retries=0,
+                           timeout=timeout)
+    try:
+        listed = list(client.models.list())
+    except openai.OpenAIError as e:
+        client.close()
+        raise _openai_error(e, base) from None
+    ids = [m.id for m in listed]
+    if not model_id:
+        if len(ids) != 1:
+            client.close()
+            raise InvalidInputError(f"{base} serves {len(ids)} models; name one after '#': "
+                                    f"{', '.join(ids) or '(none)'}.")
+        model_id = ids[0]
+    entry = next((m for m in listed if m.id == model_id), None)
+    if entry is None:
+        client.close()
+        raise ModelNotFoundError(f"{base} has no model '{model_id}'; it has: "
+                                 f"{', '.join(ids) or '(none)'}.")
+    kind = kind or getattr(entry, "kind", None) or (
+        "encoder" if "embed" in model_id.lower() else "causal")
+    conn = _Conn(base, model_id, client)
+    try:
+        return RemoteEncoder(conn) if kind == "encoder" else RemoteLM(conn)
+    except BaseException:
+        client.close()
+        raise

@@ -1,0 +1,124 @@
+"""`inferdesk bench --serve`: the server under 1, 4 and 8 concurrent streams.
+
+Each stream is the same greedy completion of the bench prompt through the `openai` client;
+a round starts all its streams together. Reported per stream count: aggregate tok/s (all
+streams' completion tokens over the round's wall time, prefill included), and the p50/p99
+gap between consecutive chunks of a stream (inter-token latency). With ``--compare`` and
+llama-cpp-python's server installed, the same requests go to it (same model file, same
+thread count) in a subprocess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+STREAMS = (1, 4, 8)
+
+
+def _stream_times(url: str, model: str, prompt: str, max_tokens: int) -> list[float]:
+    import openai
+
+    with openai.OpenAI(base_url=url, api_key="bench", max_retries=0, timeout=900) as c:
+        times = []
+        for ch in c.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                       temperature=0, stream=True):
+            if ch.choices and ch.choices[0].text:
+                times.append(time.perf_counter())
+        return times
+
+
+def measure(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    rows = {}
+    for n in STREAMS:
+        results: list[list[float]] = [[] for _ in range(n)]
+        barrier = threading.Barrier(n + 1)
+
+        def one(i: int, results: list[list[float]] = results,
+                barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            results[i] = _stream_times(url, model, prompt, max_tokens)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        gaps = np.concatenate([np.diff(r) for r in results if len(r) > 1] or [np.zeros(0)])
+        tokens = sum(len(r) for r in results)
+        rows[str(n)] = {
+            "aggregate_tok_s": round(tokens / wall, 2), "tokens": tokens,
+            "wall_s": round(wall, 3),
+            "itl_p50_ms": round(float(np.percentile(gaps, 50)) * 1e3, 2) if gaps.size else None,
+            "itl_p99_ms": round(float(np.percentile(gaps, 99)) * 1e3, 2) if gaps.size else None,
+        }
+    one_stream = rows["1"]["aggregate_tok_s"] or 1.0
+    for n in STREAMS[1:]:
+        rows[str(n)]["speedup_vs_1"] = round(rows[str(n)]["aggregate_tok_s"] / one_stream, 2)
+    return rows
+
+
+@contextlib.contextmanager
+def _llama_cpp_server(path: str, threads: int) -> Iterator[str | None]:
+    """llama-cpp-python's OpenAI server on a free loopback port, or None if not installed."""
+    try:
+        import llama_cpp.server  # noqa: F401
+    except ImportError:
+        yield None
+        return
+    import socket
+
+    import httpx2 as httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", path, "--host", "127.0.0.1",
+         "--port", str(port), "--n_threads", str(threads), "--n_ctx", "2048"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def bench_serve(args: Any, out: dict[str, Any]) -> None:
+    from inference.bench import set_threads, workloads
+    from inference.server.run import ServerThread, load_engine
+
+    prompt, _ = workloads()
+    engine = load_engine(args.llm_model, None, args.backend, parallel=max(STREAMS))
+    out["serve_threads_capped"] = set_threads(args.threads, engine.llm.backend)
+    srv = ServerThread(engine).start()
+    try:
+        # One untimed request: JIT compilation and first-touch allocations.
+        _stream_times(srv.url, engine.llm.name, prompt, 4)
+        out["serve"] = {"inferdesk": measure(srv.url, engine.llm.name, prompt,
+                                             args.decode_tokens)}
+    finally:
+        srv.stop()
+    if args.compare:
+        with _llama_cpp_server(str(engine.llm.spec.path), args.threads) as url:
+            if url is None:
+                out["serve"]["llama-cpp-python"] = "not installed"
+            else:
+                out["serve"]["llama-cpp-python"] = measure(url, "model", prompt,
+                                                           args.decode_tokens)

@@ -1,0 +1,41 @@
+"""`inferdesk serve`: its arguments and command (added to the CLI by inference.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from inference.server.scheduler import MAX_PARALLEL
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from inference.server.run import check_exposure, load_engine, serve
+
+    key = args.api_key or os.environ.get("INFERDESK_API_KEY") or None
+    check_exposure(args.host, key)  # before minutes of loading, not after
+    engine = load_engine(args.model, args.embed_model, args.backend, args.parallel)
+    serve(engine, args.host, args.port, key)
+    return 0
+
+
+def _parallel(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= MAX_PARALLEL:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_PARALLEL}")
+    return n
+
+
+def add_parser(sub: Any, backends: list[str]) -> None:
+    s = sub.add_parser("serve", help="serve models over an OpenAI-compatible HTTP API")
+    s.add_argument("--model", help="chat model: store name or path")
+    s.add_argument("--embed-model", help="embedding model: store name or path")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (anything but loopback needs --api-key)")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' "
+                                     "(or set INFERDESK_API_KEY)")
+    s.add_argument("--parallel", type=_parallel, default=4,
+                   help=f"chat requests decoded together (1-{MAX_PARALLEL})")
+    s.add_argument("--backend", choices=backends, default="auto")
+    s.set_defaults(func=cmd_serve)

@@ -1,0 +1,135 @@
+"""Starting the server: the loopback/API-key rule, loading the models, and uvicorn (in
+the foreground for the CLI, or on a thread for the app and the tests)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from inference.errors import InvalidInputError
+from inference.server.app import Engine, create_app
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, api_key: str | None) -> None:
+    """Anything but loopback is reachable by other machines: it needs a key."""
+    if not is_loopback(host) and not api_key:
+        raise InvalidInputError(
+            f"Binding to {host} exposes the server to the network; set --api-key too.")
+
+
+def load_engine(model: str | None, embed_model: str | None, backend: str = "auto",
+                parallel: int = 4) -> Engine:
+    """Load the named chat model and/or encoder and start their batching threads."""
+    from inference.api import load_model
+    from inference.remote import is_url
+
+    if not model and not embed_model:
+        raise InvalidInputError("Give --model, --embed-model, or both.")
+    if is_url(model) or is_url(embed_model):
+        raise InvalidInputError("The server serves local models; point clients at the "
+                                "remote server itself.")
+    llm = enc = None
+    aliases: dict[str, str] = {}
+    for name, want in ((model, "causal"), (embed_model, "encoder")):
+        if not name:
+            continue
+        m = load_model(name, backend=backend)
+        if m.kind != want:
+            flag, what = ("--model", "a chat") if want == "causal" else (
+                "--embed-model", "an embedding")
+            raise InvalidInputError(f"{name} is not {what} model; it cannot be the server's "
+                                    f"{flag}.")
+        aliases[str(name)] = m.name
+        if want == "causal":
+            llm = m
+        else:
+            enc = m
+    return Engine(llm, enc, parallel=parallel, aliases=aliases)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise InvalidInputError(f"Cannot listen on {host}:{port}: {e.strerror}.") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+class ServerThread:
+    """uvicorn serving ``engine`` on a background thread; ``port=0`` takes a free port.
+    ``app`` serves another ASGI app instead (tests: a deliberately broken server)."""
+
+    def __init__(self, engine: Engine | None, host: str = "127.0.0.1", port: int = 0,
+                 api_key: str | None = None,
+                 log: Callable[[dict[str, Any]], None] | None = None, app: Any = None):
+        import uvicorn
+
+        check_exposure(host, api_key)
+        self.engine = engine
+        self.sock = _bind(host, port)
+        self.host, self.port = host, self.sock.getsockname()[1]
+        app = app if app is not None else create_app(engine, api_key, log)
+        config = uvicorn.Config(app, log_level="warning",
+                                lifespan="off", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run,
+                                        kwargs={"sockets": [self.sock]},
+                                        name="inferdesk-uvicorn", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        for _ in range(int(timeout / 0.05)):
+            if self.server.started or not self._thread.is_alive():
+                break
+            threading.Event().wait(0.05)
+        if not self.server.started:
+            raise InvalidInputError(f"The server did not start on {self.url}.")
+        return self
+
+    def stop(self, close_engine: bool = True) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+        self.sock.close()
+        if close_engine and self.engine is not None:
+            self.engine.close()
+
+
+def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8080,
+          api_key: str | None = None) -> None:
+    """Serve in the foreground until interrupted."""
+    import uvicorn
+
+    check_exposure(host, api_key)
+    sock = _bind(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"inferdesk: serving {', '.join(m.name for m in engine.models())} at "
+          f"http://{shown}:{sock.getsockname()[1]}/v1", flush=True)
+    try:
+        uvicorn.Server(uvicorn.Config(create_app(engine, api_key), log_level="info",
+                                      lifespan="off")).run(sockets=[sock])
+    finally:
+        sock.close()
+        engine.close()

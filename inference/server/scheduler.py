@@ -1,0 +1,227 @@
+"""Continuous batching: one thread steps every active sequence of one causal model.
+
+Each step (i) admits waiting requests while fewer than ``parallel`` run, (ii) drops the
+cancelled ones, (iii) runs one prefill chunk of at most ``prefill_chunk`` tokens for the
+oldest sequence still prefilling, and (iv) one decode step for every sequence that has a
+token to feed: a single forward call over all of them (:class:`BatchedCaches`), so the
+weights are read once per step whatever the number of streams. Sequences join and leave
+between steps; each keeps its own KV cache, position, sampler (seeded ``Generator``) and
+:class:`Generation` (text, stop strings, timings).
+
+Exactness: a sequence's tokens do not depend on what runs beside it. Prefill chunks are
+cut at fixed positions (0, C, 2C, ...) and run one sequence per call, so a prompt is
+prefilled by the same calls alone or in company (and a prompt of at most C tokens by the
+very call ``CausalLM.generate`` makes). In a batched decode step the weight ops compute
+each row on its own: on ``cpu`` the quantized mat-vec runs the same per-row loop for up to
+``MATVEC_ROWS`` (8) rows, hence ``MAX_PARALLEL``; norms, RoPE, SiLU and the embedding
+lookup are row-wise; attention runs per sequence, as alone. Sampling sees the same logits
+row, history and seeded generator. BLAS backends (numpy, mlx) may round a row of a
+multi-row product differently from a one-row product, so there the tokens agree to
+within such rounding, not bit for bit (docs/server.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from inference.backends.base import SamplingParams
+from inference.errors import InferdeskError, OutOfMemoryError
+from inference.events import GenerationEvent
+from inference.generate import Generation
+from inference.kv_cache import BatchedCaches, KVCache
+
+MAX_PARALLEL = 8  # cpu: rows the mat-vec computes one by one (cpu.MATVEC_ROWS)
+PREFILL_CHUNK = 128  # tokens of a newcomer's prompt per step: ~0.1 s of SmolLM2 on 2 cores
+
+
+class QueueFullError(InferdeskError):
+    """The scheduler holds as many requests as it may; the client should retry later."""
+
+
+@dataclass
+class TokenLogprobs:
+    """The sampled token's log-probability under the model, and the ``top`` most likely."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+# emit(event, logprobs) or emit(error, None); called from the scheduler thread.
+Emit = Callable[[GenerationEvent | BaseException, TokenLogprobs | None], None]
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    emit: Emit
+    stop: Sequence[str] = ()
+    top_logprobs: int | None = None  # None: no logprobs; k: the sampled one and k others
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Seq:
+    req: Request
+    gen: Generation
+    rng: np.random.Generator
+    history: list[int]
+    cache: KVCache
+    pos: int = 0  # prompt tokens prefilled
+    last: int | None = None  # sampled, not yet fed back
+
+
+class Scheduler:
+    def __init__(self, model: Any, parallel: int = 4, max_waiting: int = 16,
+                 prefill_chunk: int = PREFILL_CHUNK):
+        if not 1 <= parallel <= MAX_PARALLEL:
+            raise InferdeskError(f"parallel must be between 1 and {MAX_PARALLEL}.")
+        self.model = model  # a CausalLM
+        self.parallel = parallel
+        self.max_waiting = max_waiting
+        self.prefill_chunk = prefill_chunk
+        self.steps = 0  # forward calls made
+        self.max_rows = 0  # most sequences one decode step has served
+        self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._active: list[_Seq] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="inferdesk-scheduler",
+                                        daemon=True)
+        self._thread.start()
+
+    # --- called from any thread --------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        with self._cv:
+            if self._closed:
+                raise QueueFullError("The server is shutting down.")
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFullError(
+                    f"{self.parallel} requests are running and {len(self._waiting)} waiting; "
+                    "retry shortly.")
+            self._waiting.append(req)
+            self._cv.notify()
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) requests."""
+        with self._cv:
+            return len(self._active), len(self._waiting)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    # --- the scheduler thread ----------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._waiting and not self._active:
+                    self._cv.wait()
+                if self._closed:
+                    break
+                while self._waiting and len(self._active) < self.parallel:
+                    req = self._waiting.popleft()
+                    if req.cancel.is_set():
+                        self._close_request(req, "cancelled")
+                    else:
+                        self._active.append(self._start(req))
+            try:
+                self._step()
+            except MemoryError:
+                self._fail_all(OutOfMemoryError("Out of memory while generating; "
+                                                "fewer parallel requests may fit."))
+            except Exception as e:  # noqa: BLE001 - the requests in the step fail, not the server
+                self._fail_all(e)
+        for s in list(self._active):
+            self._finish(s, "cancelled")
+        while self._waiting:
+            self._close_request(self._waiting.popleft(), "cancelled")
+
+    def _start(self, req: Request) -> _Seq:
+        m = self.model
+        gen = Generation(m.tokenizer, len(req.prompt_ids), req.max_tokens, m.tokenizer.eos_ids,
+                         req.stop)
+        cache = m.model.make_cache(len(req.prompt_ids) + req.max_tokens)
+        return _Seq(req, gen, np.random.default_rng(req.sampling.seed),
+                    list(req.prompt_ids), cache)
+
+    def _step(self) -> None:
+        for s in [s for s in self._active if s.req.cancel.is_set()]:
+            self._finish(s, "cancelled")
+        M, B = self.model.model, self.model.backend
+        pre = next((s for s in self._active if s.pos < len(s.req.prompt_ids)), None)
+        if pre is not None:
+            chunk = pre.req.prompt_ids[pre.pos: pre.pos + self.prefill_chunk]
+            logits = M(B.array(np.asarray([chunk], dtype=np.int64)), pre.cache, last_only=True)
+            self.steps += 1
+            pre.pos += len(chunk)
+            if pre.pos == len(pre.req.prompt_ids):
+                self._accept(pre, logits, 0)
+        dec = [s for s in self._active if s.last is not None]
+        if dec:
+            ids = np.asarray([[s.last] for s in dec], dtype=np.int64)
+            cache = dec[0].cache if len(dec) == 1 else BatchedCaches([s.cache for s in dec])
+            logits = M(B.array(ids), cache, last_only=True)
+            self.steps += 1
+            self.max_rows = max(self.max_rows, len(dec))
+            for i, s in enumerate(dec):
+                self._accept(s, logits, i)
+
+    def _accept(self, s: _Seq, logits: Any, i: int) -> None:
+        """Sample row ``i`` of ``logits`` (1, vocab) for ``s`` and hand the result on."""
+        B = self.model.backend
+        s.last = None
+        if s.req.cancel.is_set():
+            self._finish(s, "cancelled")
+            return
+        row = B.reshape(B.narrow(logits, 0, i, 1), (logits.shape[-1],))
+        tok = B.sample(row, s.req.sampling, s.history, s.rng)
+        s.history.append(tok)
+        lp = None if s.req.top_logprobs is None else _logprobs(B.to_numpy(row), tok,
+                                                                 s.req.top_logprobs)
+        for ev in s.gen.push(tok):
+            s.req.emit(ev, lp)
+        if s.gen.finish is not None:
+            self._finish(s)
+        else:
+            s.last = tok
+
+    def _finish(self, s: _Seq, reason: str | None = None) -> None:
+        if s in self._active:
+            self._active.remove(s)
+        s.cache = None  # type: ignore[assignment]  # its memory goes now, not at the next GC
+        for ev in s.gen.close(reason, memory=None):
+            s.req.emit(ev, None)
+        self.finished.append((s.gen.finish or "", len(s.gen.ids)))
+
+    def _close_request(self, req: Request, reason: str) -> None:
+        """End a request that never started (cancelled while it waited)."""
+        for ev in Generation(self.model.tokenizer, len(req.prompt_ids), req.max_tokens,
+                             set()).close(reason):
+            req.emit(ev, None)
+        self.finished.append((reason, 0))
+
+    def _fail_all(self, error: BaseException) -> None:
+        for s in list(self._active):
+            self._active.remove(s)
+            s.cache = None  # type: ignore[assignment]
+            s.req.emit(error, None)
+
+
+def _logprobs(logits: np.ndarray, tok: int, k: int) -> TokenLogprobs:
+    z = logits.astype(np.float64)
+    lse = z.max() + np.log(np.exp(z - z.max()).sum())
+    top = np.argpartition(-z, k)[:k] if k else np.zeros(0, dtype=np.int64)
+    top = top[np.argsort(-z[top], kind="stable")]
+    return TokenLogprobs(tok, float(z[tok] - lse), [(int(j), float(z[j] - lse)) for j in top])

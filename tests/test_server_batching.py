@@ -1,0 +1,116 @@
+"""Continuous batching is exact on `cpu`: a request's tokens do not depend on what runs
+beside it. Each of 8 concurrent requests (greedy and seeded) yields the very tokens the
+same request yields alone (scheduler/module docstring: why bitwise equality holds here)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+from inference.backends.base import SamplingParams
+from inference.events import DoneEvent
+from inference.server.scheduler import Request, Scheduler
+from tests.server_support import alone, engine, server  # noqa: F401
+
+TOPICS = ["rivers", "owls", "bread", "chess", "rain", "glass", "tea", "maps"]
+
+
+def _messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Write one sentence about {TOPICS[i]}."}]
+
+
+def _sampling(i: int) -> SamplingParams:
+    # Even: greedy; odd: seeded sampling with a top-p cut.
+    return (SamplingParams(temperature=0.0) if i % 2 == 0
+            else SamplingParams(temperature=0.8, top_p=0.9, seed=100 + i))
+
+
+def _run_together(sched: Scheduler, prompts: list[list[int]], max_tokens: int,
+                  samplings: list[SamplingParams]) -> list[DoneEvent]:
+    done: list[DoneEvent | None] = [None] * len(prompts)
+    finished = [threading.Event() for _ in prompts]
+
+    def emit_for(i: int):
+        def emit(ev, _lp):
+            if isinstance(ev, BaseException) or isinstance(ev, DoneEvent):
+                done[i] = ev
+                finished[i].set()
+        return emit
+
+    for i, ids in enumerate(prompts):  # all queued before the first step can finish
+        sched.submit(Request(ids, max_tokens, samplings[i], emit_for(i)))
+    for f in finished:
+        assert f.wait(600)
+    for d in done:
+        assert isinstance(d, DoneEvent), d
+    return done  # type: ignore[return-value]
+
+
+def test_eight_concurrent_requests_equal_each_alone(engine):  # noqa: F811
+    llm = engine.llm
+    prompts = [llm.plan(messages=_messages(i), max_tokens=4)[0] for i in range(8)]
+    ref = [alone(llm, _messages(i), max_tokens=4, temperature=s.temperature, top_p=s.top_p,
+                 seed=s.seed).token_ids for i, s in enumerate(map(_sampling, range(8)))]
+    sched = Scheduler(llm, parallel=8)
+    try:
+        got = _run_together(sched, prompts, 4, [_sampling(i) for i in range(8)])
+    finally:
+        sched.close()
+    assert [d.token_ids for d in got] == ref
+    assert sched.max_rows >= 3  # the decode steps really were shared
+
+
+def test_chunked_prefill_is_the_same_alone_or_in_company(engine):  # noqa: F811
+    """A prompt longer than the chunk is prefilled in chunks at fixed positions, one
+    sequence per call, so company changes nothing (24-token chunks keep this cheap)."""
+    llm = engine.llm
+    long = [{"role": "user", "content": "List the planets of the solar system in order from "
+                                         "the sun, with one fact about each of them."}]
+    ids = llm.plan(messages=long, max_tokens=6)[0]
+    assert len(ids) > 2 * 24
+    others = [llm.plan(messages=_messages(i), max_tokens=6)[0] for i in range(3)]
+    samplings = [_sampling(1)] + [_sampling(i) for i in range(3)]
+    solo = Scheduler(llm, parallel=4, prefill_chunk=24)
+    try:
+        by_itself = _run_together(solo, [ids], 6, samplings[:1])[0]
+    finally:
+        solo.close()
+    mixed = Scheduler(llm, parallel=4, prefill_chunk=24)
+    try:
+        # The others go first, so the long prompt's chunks run between their decode steps.
+        together = _run_together(mixed, others + [ids], 6, samplings[1:] + samplings[:1])
+    finally:
+        mixed.close()
+    assert together[-1].token_ids == by_itself.token_ids
+    assert mixed.max_rows >= 2
+
+
+def test_concurrent_http_clients_get_what_they_get_alone(engine, server):  # noqa: F811
+    """Through the server: 8 clients at once, each answer equal to the same request made
+    through CausalLM.generate by itself."""
+    llm = engine.llm
+    ref = []
+    for i in range(8):
+        s = _sampling(i)
+        ref.append(alone(llm, _messages(i), max_tokens=4, temperature=s.temperature,
+                         top_p=s.top_p, seed=s.seed).text)
+    before = engine.scheduler.max_rows
+    engine.scheduler.max_rows = 0
+    barrier = threading.Barrier(8)
+
+    def ask(i: int) -> str:
+        s = _sampling(i)
+        with openai.OpenAI(base_url=server.url, api_key="x", max_retries=0, timeout=600) as c:
+            barrier.wait()
+            r = c.chat.completions.create(model=llm.name, messages=_messages(i), max_tokens=4,
+                                          temperature=s.temperature, top_p=s.top_p,
+                                          seed=s.seed)
+        return r.choices[0].message.content
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(ask, range(8)))
+    assert got == ref
+    assert engine.scheduler.max_rows >= 2
+    engine.scheduler.max_rows = max(before, engine.scheduler.max_rows)
