@@ -14,23 +14,46 @@ from inference.backends.base import SamplingParams
 from inference.events import DoneEvent, GenerationEvent, TokenEvent
 
 
+def prefill(model: Any, prompt_ids: Sequence[int], cache: Any) -> Any:
+    """Run the prompt through ``model`` in chunks of the backend's ``prefill_chunk``
+    (all at once if None); the last position's logits (1, 1, vocab)."""
+    B = model.B
+    chunk = B.prefill_chunk or len(prompt_ids)
+    logits = None
+    for start in range(0, len(prompt_ids), chunk):
+        piece = np.asarray([prompt_ids[start:start + chunk]], dtype=np.int64)
+        logits = model(B.array(piece), cache, last_only=True)
+        if start + chunk < len(prompt_ids):
+            B.end_chunk(logits)  # computed now, its scratch freed before the next chunk
+    return logits
+
+
 def generate_step(model: Any, prompt_ids: Sequence[int], sampling: SamplingParams,
                   rng: np.random.Generator, max_len: int | None = None) -> Iterator[int]:
     """Prefill the prompt, then yield one sampled token id per step, forever.
 
-    Inside the loop only the sampled id crosses from the device (backend.sample) and back
-    (as the next step's input); the KV cache and the causal mask stay with the backend.
+    Inside the loop only the sampled id crosses from the device (the sampler's ``read``)
+    and back (as the next step's input); the KV cache and the causal mask stay with the
+    backend. With a lazy sampler (MLX) the token stays on the device and step n+1 is
+    queued before step n is read, as mlx-lm's generate_step does, so the device never
+    waits for the host; the others sample synchronously.
     """
     B = model.B
-    cache = model.make_cache(max_len)
-    history = list(prompt_ids)
-    logits = model(B.array(np.asarray([prompt_ids], dtype=np.int64)), cache, last_only=True)
+    sampler = B.start_generation(sampling, prompt_ids, rng)
+    cache = model.make_cache(max_len if B.preallocate_kv else None)
+
+    def step(logits: Any) -> Any:
+        return sampler.sample(B.reshape(logits, (logits.shape[-1],)))
+
+    tok = step(prefill(model, prompt_ids, cache))
     while True:
-        row = B.reshape(logits, (logits.shape[-1],))
-        tok = B.sample(row, sampling, history, rng)
-        history.append(tok)
-        yield tok
-        logits = model(B.array(np.asarray([[tok]], dtype=np.int64)), cache, last_only=True)
+        if sampler.lazy:
+            nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+            yield sampler.read(tok)
+        else:
+            yield sampler.read(tok)
+            nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+        tok = nxt
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
