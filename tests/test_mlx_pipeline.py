@@ -234,3 +234,15 @@ def test_decode_memory_stays_flat_in_the_lazy_loop():
             before = mx.get_active_memory()
     mx.clear_cache()
     assert mx.get_active_memory() <= before + 64 * 1024
+
+
+@pytest.mark.parametrize("precision,bits_per_weight,norm_bytes", [("float32", 10, 4),
+                                                                  ("float16", 8, 2)])
+def test_bench_weight_bytes_per_token_from_the_layout(precision, bits_per_weight, norm_bytes):
+    from inference.bench import weight_bytes_per_token
+
+    h = 256  # tiny_llama's K-quant width; tied Q6_K embedding = the output head, once
+    model = _build(llama, tiny_llama("Q6_K", emb="Q6_K"), MlxBackend(precision))
+    weights = 2 * (2 * h * h + 2 * (h // 2) * h + 3 * 2 * h * h) + 96 * h
+    norms = (2 * 2 + 1) * h
+    assert weight_bytes_per_token(model) == weights * bits_per_weight // 8 + norms * norm_bytes
