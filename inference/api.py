@@ -78,8 +78,10 @@ class LoadedModel:
         return self.backend.memory()
 
     def close(self) -> None:
-        """Drop weights so their memory can be reclaimed."""
+        """Drop weights so their memory can be reclaimed, and what the backend holds for them
+        (MLX on Metal: the wired-memory limit)."""
         self.model = None
+        self.backend.close()
 
 
 class CausalLM(LoadedModel):

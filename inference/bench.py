@@ -74,6 +74,32 @@ def _import_backends(requested: str) -> None:
             pass
 
 
+def weight_bytes_per_token(model: Any) -> int:
+    """Bytes of weights one decode step reads, from the backend's own layout: every
+    matrix and vector the model holds, once (a tied embedding counts once, as the output
+    head it is); an untied embedding table counts one row. The KV cache is not included."""
+    seen: dict[int, int] = {}
+
+    def walk(o: Any) -> None:
+        if id(o) in seen or isinstance(o, (int, float, str, bool)) or o is None:
+            return
+        if hasattr(o, "nbytes"):
+            seen[id(o)] = int(o.nbytes)
+        elif isinstance(o, (list, tuple)):
+            for x in o:
+                walk(x)
+        elif type(o).__module__.startswith("inference.models"):
+            for x in vars(o).values():
+                walk(x)
+
+    walk(model)
+    total = sum(seen.values())
+    emb = model.embed_tokens
+    if emb is not getattr(model, "lm_head", emb):
+        total -= int(emb.nbytes) - int(emb.nbytes) // int(emb.shape[0])
+    return total
+
+
 class EngineLLM:
     name = "inferdesk"
 
@@ -205,6 +231,7 @@ def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
                    # the issue's rule: resident after load <= 1.5x the file + the KV cache
                    "rss_limit_bytes": int(1.5 * spec.file_size) + kv},
     }
+    res["weight_bytes_per_token"] = weight_bytes_per_token(model.model)
     runners: list[Any] = [EngineLLM(model)]
     if args.side == "engine":
         r = runners[0]
@@ -407,7 +434,8 @@ def _summary(out: dict[str, Any]) -> str:
     if llm:
         o = llm["inferdesk"]
         lines.append(f"LLM {llm['model']} on {llm['backend']}: prefill {o['prefill_tok_s']} tok/s, "
-                     f"decode {o['decode_tok_s']} tok/s")
+                     f"decode {o['decode_tok_s']} tok/s, "
+                     f"{llm['weight_bytes_per_token'] / 1e6:.1f} MB of weights read per token")
         p = llm.get("llama_cpp", {})
         if "ratio" in llm:
             lines.append(f"  llama.cpp: prefill {p['prefill_tok_s']}, decode {p['decode_tok_s']}"

@@ -15,8 +15,9 @@ from inference.errors import CancelledError, NumericalError
 from inference.events import DoneEvent, GenerationEvent, TokenEvent
 from inference.validate import first_bad_layer
 
-# Prompt tokens per forward call during prefill: cancel is checked between chunks, and
-# activations stay those of PREFILL_CHUNK tokens whatever the prompt's length.
+# Prompt tokens per forward call during prefill unless the backend sets its own
+# (``Backend.prefill_chunk``): cancel is checked between chunks, and activations stay those
+# of one chunk whatever the prompt's length.
 PREFILL_CHUNK = 512
 
 
@@ -25,7 +26,7 @@ def prefill(model: Any, prompt_ids: Sequence[int], cache: Any,
     """Run the prompt through ``model`` in chunks; the last position's logits (1, 1, vocab).
     Raises CancelledError between chunks once ``cancel`` is set."""
     B = model.B
-    chunk = chunk or PREFILL_CHUNK
+    chunk = chunk or B.prefill_chunk or PREFILL_CHUNK
     logits = None
     for start in range(0, len(prompt_ids), chunk):
         if cancel is not None and cancel.is_set():
@@ -33,7 +34,7 @@ def prefill(model: Any, prompt_ids: Sequence[int], cache: Any,
         piece = np.asarray([prompt_ids[start:start + chunk]], dtype=np.int64)
         logits = model(B.array(piece), cache, last_only=True)
         if start + chunk < len(prompt_ids):
-            B.synchronize(logits)  # a lazy backend computes this chunk now, not all at the end
+            B.end_chunk(logits)  # computed now, its scratch freed before the next chunk
     return logits
 
 
@@ -43,27 +44,42 @@ def generate_step(model: Any, prompt_ids: Sequence[int], sampling: SamplingParam
     """Prefill the prompt (in chunks, checking ``cancel``), then yield one sampled token id
     per step, forever. NumericalError if a step's logits hold NaN or Inf.
 
-    Inside the loop only the sampled id crosses from the device (backend.sample, which
-    returns -1 for a row that is not finite) and back (as the next step's input); the KV
-    cache and the causal mask stay with the backend.
+    Inside the loop only the sampled id crosses from the device (the sampler's ``read``,
+    -1 for a logits row that is not finite) and back (as the next step's input); the KV
+    cache and the causal mask stay with the backend. With a lazy sampler (MLX) the token
+    stays on the device and step n+1 is queued before step n is read, as mlx-lm's
+    generate_step does, so the device never waits for the host; the others sample
+    synchronously.
     """
     B = model.B
-    cache = model.make_cache(max_len)
-    history = list(prompt_ids)
-    logits = prefill(model, prompt_ids, cache, cancel)
-    while True:
-        row = B.reshape(logits, (logits.shape[-1],))
-        tok = B.sample(row, sampling, history, rng)
-        if tok < 0:
+    sampler = B.start_generation(sampling, prompt_ids, rng)
+    cache = model.make_cache(max_len if B.preallocate_kv else None)
+    seen = list(prompt_ids)
+
+    def step(logits: Any) -> Any:
+        return sampler.sample(B.reshape(logits, (logits.shape[-1],)))
+
+    def checked(tok: Any) -> int:
+        t = sampler.read(tok)
+        if t < 0:
             where = first_bad_layer(model, lambda: model(
-                B.array(np.asarray([history], dtype=np.int64)), model.make_cache(len(history)),
+                B.array(np.asarray([seen], dtype=np.int64)), model.make_cache(len(seen)),
                 last_only=True), B.to_numpy)
-            raise NumericalError(f"The logits after {len(history)} tokens contain NaN or "
+            raise NumericalError(f"The logits after {len(seen)} tokens contain NaN or "
                                  f"infinite values, first in {where}; the model weights or "
                                  f"its settings are broken.")
-        history.append(tok)
-        yield tok
-        logits = model(B.array(np.asarray([[tok]], dtype=np.int64)), cache, last_only=True)
+        seen.append(t)
+        return t
+
+    tok = step(prefill(model, prompt_ids, cache, cancel))
+    while True:
+        if sampler.lazy:
+            nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+            yield checked(tok)
+        else:
+            yield checked(tok)
+            nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+        tok = nxt
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:

@@ -82,7 +82,7 @@ def test_types_over_the_memory_rule_stay_raw(qtype):
 
 
 def test_mlx_affine_groups_of_64():
-    from inference.backends.mlx_repack import pack_codes
+    from inference.formats.affine import pack_codes
 
     r = np.random.default_rng(5)
     codes = r.integers(0, 16, size=(40, 256), dtype=np.uint8)

@@ -144,11 +144,48 @@ def trim_host_heap() -> None:
 _malloc_trim: Any = None
 
 
+class TokenSampler:
+    """Samples one generation's tokens: what :func:`inference.generate.generate_step` calls.
+
+    This default is synchronous: :meth:`sample` returns the id as an int (``backend.sample``
+    over a host history). A backend whose device runs ahead of the host returns a subclass
+    with ``lazy = True``: :meth:`sample` only queues the work and returns a device token,
+    :meth:`as_input` feeds it to the next step without leaving the device, and :meth:`read`
+    is the one host read per token, which generate_step makes after queueing the next step.
+    """
+
+    lazy = False
+
+    def __init__(self, backend: Backend, params: SamplingParams, prompt_ids: Sequence[int],
+                 rng: np.random.Generator):
+        self.B = backend
+        self.params = params
+        self.rng = rng
+        self.history = list(prompt_ids)
+
+    def sample(self, row: Any) -> Any:
+        """The next token from a ``(vocab,)`` logits row."""
+        tok = self.B.sample(row, self.params, self.history, self.rng)
+        self.history.append(tok)
+        return tok
+
+    def as_input(self, tok: Any) -> Any:
+        """A sampled token as the next forward call's ``(1, 1)`` input ids."""
+        return self.B.array(np.asarray([[tok]], dtype=np.int64))
+
+    def read(self, tok: Any) -> int:
+        return int(tok)
+
+
 class Backend:
     """Base class. Subclasses implement the ops they support; ``ops()`` reports them."""
 
     name: str = "base"
     device: str = "cpu"  # human-readable device, e.g. "NVIDIA RTX 4090", "Apple M2 (Metal)"
+    # Prompt tokens per prefill forward call (None: the whole prompt at once), and whether a
+    # generation's KV cache is allocated for prompt + max_tokens up front (else it grows).
+    prefill_chunk: int | None = None
+    preallocate_kv: bool = True
 
     # --- what this backend offers -------------------------------------------------
     def ops(self) -> set[str]:
@@ -173,6 +210,19 @@ class Backend:
     def synchronize(self, *outputs: Any) -> None:
         """Wait until ``outputs`` (or all queued device work) are computed; used by timing.
         Lazy backends (MLX) need the outputs to know what to evaluate."""
+
+    def end_chunk(self, *outputs: Any) -> None:
+        """A prefill chunk is queued: compute ``outputs`` and free its scratch memory."""
+        self.synchronize(*outputs)
+
+    def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
+                         rng: np.random.Generator) -> TokenSampler:
+        """Called once per generation, before prefill: per-generation state (peak memory)
+        is reset and the sampler for its tokens returned."""
+        return TokenSampler(self, params, prompt_ids, rng)
+
+    def close(self) -> None:
+        """The model using this backend is unloaded: give back what loading took."""
 
     # --- moving data ----------------------------------------------------------------
     def array(self, a: np.ndarray) -> Any:

@@ -1,6 +1,6 @@
 """Quantized weights for the CPU backend: GGML blocks / MLX groups -> lane layout.
 
-Codes, scales and biases per group of 32 come from :func:`mlx_repack.block_groups` (the
+Codes, scales and biases per group of 32 come from :func:`formats.affine.block_groups` (the
 one decoder of GGML blocks into affine groups, exact for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0/Q3_K);
 Q6_K, whose scales cover 16 weights, from ``quants.q6_k_fields`` (``SUB16``).
 4-bit types keep 4 bits a weight; other types take 8. Scales and biases stay float16 where
@@ -22,7 +22,7 @@ import numpy as np
 
 from inference.backends.cpu_kernels import AFFINE, AFFINE_F16, GROUP, LANES, SUB16, SYMMETRIC
 from inference.backends.cpu_raw import CODE, dequant_rows, run_size
-from inference.backends.mlx_repack import block_groups
+from inference.formats.affine import block_groups
 from inference.formats.quants import BLOCK_TYPES, dequantize_raw, q6_k_fields, unpack_mlx
 from inference.formats.tensor import TensorData
 

@@ -1,22 +1,33 @@
 """MLX backend: Metal on Apple silicon, MLX's CPU device elsewhere (so CI runs it).
 
-Quantized weights stay quantized: GGML blocks are repacked into MLX affine groups of 32
-(policy and exactness per type in :mod:`inference.backends.mlx_repack`) and multiplied
-with ``mx.quantized_matmul``; MLX-quantized safetensors keep their packed codes (scales
-widened to float32, exactly). Dense weights
-are float32 (the activation dtype of every backend, so parity holds on CPU and Metal).
+Weights: GGML blocks are repacked into MLX affine groups of 32, exactly, for every type
+(:mod:`inference.formats.affine`; Q2_K and Q6_K read an expanded activation, see there)
+and multiplied with ``mx.quantized_matmul``; MLX-quantized safetensors keep their codes.
 
-Ops use MLX's fused kernels (``mx.fast.rms_norm``/``layer_norm``/``rope``/
-``scaled_dot_product_attention``); masks are built from positions on the device.
-MLX is lazy: nothing runs until a value is needed. The token loop materialises once per
-step, in :meth:`MlxBackend.sample` (``.item()`` on the id), which evaluates every layer's
-KV-cache write too, so the graph never grows across tokens (tested).
+Precision: activations, dense weights, scales, biases and the KV cache share one dtype,
+``float16`` on Metal (half the bytes a token reads) and ``float32`` on the CPU device and
+in the parity tests; ``INFERDESK_MLX_DTYPE`` (float32, float16, bfloat16) overrides it, and
+the probe's reason names it. Sampling runs in float32 whatever the mode.
+
+The token loop follows mlx-lm's ``generate_step``: the sampler (:class:`MlxSampler`) is
+compiled, keeps the repetition history on the device, returns the token as an
+``mx.array`` and ``async_eval``s it; generate_step queues step n+1 before reading step n
+(one ``.item()`` per token). Evaluating the token evaluates every layer's KV-cache write,
+so the graph never grows across tokens (tested).
+
+Memory: prefill runs in chunks of :attr:`MlxBackend.prefill_chunk` tokens with
+``mx.clear_cache`` between them, the KV cache grows in steps, peak memory is reset per
+generation, and on Metal the wired limit is raised to the device's recommended working
+set while any model is loaded (restored when the last one closes).
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache, partial
 from typing import Any
 
 import mlx.core as mx
@@ -27,36 +38,67 @@ from inference.backends.base import (
     Backend,
     MemorySample,
     SamplingParams,
+    TokenSampler,
     host_rss,
     tiled_attention,
 )
-from inference.backends.mlx_repack import GROUP, repack
+from inference.errors import BackendUnavailableError
+from inference.formats.affine import GROUP, SUB, to_affine
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+DTYPE_ENV = "INFERDESK_MLX_DTYPE"
 
 
 @dataclass
 class QWeight:
-    """An (out, in) matrix in MLX affine layout: ``w`` packed uint32, per-group scales."""
+    """An (out, in) matrix in MLX affine layout: ``w`` packed uint32, per-group scales.
+
+    ``expand`` (``(div, mult)``, see :mod:`inference.formats.affine`) means each weight has
+    two codes and the activation is expanded per 16 inputs before the matmul."""
 
     w: mx.array
     scales: mx.array
     biases: mx.array
     group_size: int
     bits: int
+    expand: tuple[float, float] | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.w.shape[0], self.w.shape[1] * 32 // self.bits
+        codes = self.w.shape[1] * 32 // self.bits
+        return self.w.shape[0], codes // (1 if self.expand is None else 2)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.w.nbytes + self.scales.nbytes + self.biases.nbytes)
 
 
 def _metal() -> bool:
     return mx.metal.is_available()
 
 
+def _device_info() -> dict[str, Any]:
+    return dict(mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info())
+
+
+def _working_set() -> int:
+    """Bytes Metal recommends one process keep resident (the GPU's usable total)."""
+    return int(_device_info()["max_recommended_working_set_size"])
+
+
 def _device_name() -> str:
-    info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
-    return str(info.get("device_name", "unknown"))
+    return str(_device_info().get("device_name", "unknown"))
+
+
+def default_precision() -> str:
+    """float16 on Metal, float32 on the CPU device; the environment variable wins."""
+    name = os.environ.get(DTYPE_ENV) or ("float16" if _metal() else "float32")
+    if name not in DTYPES:
+        raise BackendUnavailableError(
+            f"{DTYPE_ENV}={name} is not a precision MLX runs in; use one of {', '.join(DTYPES)}.")
+    return name
 
 
 def _floats(a: Any) -> np.ndarray:
@@ -68,22 +110,68 @@ def _floats(a: Any) -> np.ndarray:
     return a.astype(np.float32)
 
 
+class _WiredLimit:
+    """``mx.set_wired_limit(max_recommended_working_set_size)`` while any MLX model is
+    loaded on Metal (weights stay resident instead of being paged between tokens); the
+    previous limit comes back when the last one closes."""
+
+    users = 0
+    previous = 0
+
+    @classmethod
+    def acquire(cls) -> None:
+        if cls.users == 0:
+            cls.previous = mx.set_wired_limit(_working_set())
+        cls.users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        cls.users -= 1
+        if cls.users == 0:
+            mx.synchronize()
+            mx.set_wired_limit(cls.previous)
+
+
+# Elementwise chains, each compiled into one fused kernel for any shape.
+@partial(mx.compile, shapeless=True)
+def _silu_mul(gate: mx.array, up: mx.array) -> mx.array:
+    return gate * mx.sigmoid(gate) * up
+
+
+@partial(mx.compile, shapeless=True)
+def _gelu(x: mx.array) -> mx.array:
+    return 0.5 * x * (1.0 + mx.erf(x * (1.0 / math.sqrt(2.0))))
+
+
 class MlxBackend(Backend):
     name = "mlx"
+    prefill_chunk = 2048  # as mlx-lm's prefill_step_size
+    preallocate_kv = False
 
-    def __init__(self) -> None:
+    def __init__(self, precision: str | None = None) -> None:
+        self.precision = precision or default_precision()
+        self.dtype = DTYPES[self.precision]
         self.device = f"{_device_name()} (Metal)" if _metal() else "CPU (MLX)"
+        self._expanded: tuple[Any, Any, mx.array] | None = None
+        self._wired = _metal()
+        if self._wired:
+            _WiredLimit.acquire()
+
+    def close(self) -> None:
+        if self._wired:
+            self._wired = False
+            _WiredLimit.release()
+        self._expanded = None
+        mx.clear_cache()
 
     def quant_types(self) -> set[str]:
         return set(QUANT_TYPES)
 
     def memory(self) -> MemorySample:
         # Active = bytes held by live arrays; MLX's buffer cache (mx.get_cache_memory) is
-        # reusable free space and not counted as used.
-        total = None
-        if _metal():
-            info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
-            total = int(info["memory_size"])
+        # reusable free space and not counted as used. The total is what Metal recommends
+        # one process keep resident, not the machine's RAM.
+        total = _working_set() if _metal() else None
         return MemorySample(int(mx.get_active_memory()), total, int(mx.get_peak_memory()),
                             host_rss())
 
@@ -95,13 +183,22 @@ class MlxBackend(Backend):
             mx.eval(*arrays)
         mx.synchronize()
 
+    def end_chunk(self, *outputs: Any) -> None:
+        mx.eval(*[o for o in outputs if isinstance(o, mx.array)])
+        mx.clear_cache()
+
+    def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
+                         rng: np.random.Generator) -> MlxSampler:
+        mx.reset_peak_memory()
+        return MlxSampler(params, prompt_ids, rng)
+
     # --- moving data ----------------------------------------------------------------
     def array(self, a: np.ndarray) -> mx.array:
         a = np.asarray(a)
         if a.dtype.kind in "iu":
             return mx.array(a.astype(np.int32, copy=False))  # token ids and positions
         if a.dtype.kind == "f":
-            return mx.array(a.astype(np.float32, copy=False))
+            return mx.array(a.astype(np.float32, copy=False)).astype(self.dtype)
         return mx.array(a)
 
     def to_numpy(self, x: mx.array) -> np.ndarray:
@@ -110,35 +207,61 @@ class MlxBackend(Backend):
     def weight(self, t: TensorData) -> mx.array | QWeight:
         if not t.is_quantized:
             return self.dense(t)
-        # Scales and biases in float32, the activations' dtype: quantized_matmul casts them
-        # to it on every call, so float16 would save memory at rest but add traffic per token.
+        # Scales and biases in the activations' dtype: quantized_matmul would cast them to
+        # it on every call otherwise.
         if t.qtype == "MLX":
             x = t.extra
             rows = int(np.prod(t.shape[:-1]))
             s, z = _floats(x["scales"]), _floats(x["biases"])
             return QWeight(mx.array(np.asarray(t.data).reshape(rows, -1).view(np.uint32)),
-                           mx.array(s.reshape(rows, -1)), mx.array(z.reshape(rows, -1)),
+                           self._scales(s.reshape(rows, -1)), self._scales(z.reshape(rows, -1)),
                            int(x["group_size"]), int(x["bits"]))
         raw = np.asarray(t.data).reshape(-1, t.data.shape[-1])
-        w, s, z, bits = repack(raw, t.qtype)
-        return QWeight(mx.array(w), mx.array(s), mx.array(z), GROUP, bits)
+        w, s, z, at = to_affine(raw, t.qtype)
+        return QWeight(mx.array(w), self._scales(s), self._scales(z), GROUP, at.bits, at.expand)
+
+    def _scales(self, a: np.ndarray) -> mx.array:
+        return mx.array(a).astype(self.dtype)
 
     def dense(self, t: TensorData) -> mx.array:
-        return mx.array(np.ascontiguousarray(dequantize(t), dtype=np.float32))
+        return mx.array(np.ascontiguousarray(dequantize(t), dtype=np.float32)).astype(self.dtype)
 
     # --- ops --------------------------------------------------------------------------
     def embedding(self, table: mx.array | QWeight, ids: mx.array) -> mx.array:
         if not isinstance(table, QWeight):
             return table[ids]
         rows = ids.reshape(-1)
-        # Gather the packed rows, then dequantize only those (float32 scales: exact).
-        out = mx.dequantize(table.w[rows], table.scales[rows], table.biases[rows],
-                            group_size=table.group_size, bits=table.bits)
+        w, s, z = table.w[rows], table.scales[rows], table.biases[rows]
+        if table.expand is None:  # gather the packed rows, dequantize only those
+            out = mx.dequantize(w, s, z, group_size=table.group_size, bits=table.bits)
+        else:
+            # Codes as exact integers, folded per weight: (s/div)*(lo + mult*hi) +
+            # b*(1+mult)/div; each factor and the result are exact in float32.
+            div, mult = table.expand
+            one = mx.ones(s.shape, dtype=mx.float32)
+            q = mx.dequantize(w, one, 0 * one, group_size=GROUP, bits=table.bits)
+            q = q.reshape(len(rows), -1, 2, SUB)
+            sf, zf = s.astype(mx.float32)[..., None], z.astype(mx.float32)[..., None]
+            out = ((sf / div) * (q[:, :, 0] + mult * q[:, :, 1]) + zf * ((1 + mult) / div))
+            out = out.reshape(len(rows), -1).astype(self.dtype)
         return out.reshape(*ids.shape, out.shape[-1])
+
+    def _expand(self, x: mx.array, expand: tuple[float, float]) -> mx.array:
+        """Each 16 inputs -> [x/div, mult*x/div]; reused while the same x feeds several
+        matrices (q/k/v, gate/up)."""
+        if self._expanded is not None and self._expanded[0] is x and self._expanded[1] == expand:
+            return self._expanded[2]
+        div, mult = expand
+        lo = (x / div).reshape(*x.shape[:-1], -1, 1, SUB)
+        xe = mx.concatenate([lo, lo * mult], axis=-2).reshape(*x.shape[:-1], 2 * x.shape[-1])
+        self._expanded = (x, expand, xe)
+        return xe
 
     def linear(self, x: mx.array, w: mx.array | QWeight, bias: mx.array | None = None
                ) -> mx.array:
         if isinstance(w, QWeight):
+            if w.expand is not None:
+                x = self._expand(x, w.expand)
             y = mx.quantized_matmul(x, w.w, w.scales, w.biases, transpose=True,
                                     group_size=w.group_size, bits=w.bits)
         else:
@@ -180,10 +303,10 @@ class MlxBackend(Backend):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
     def silu_mul(self, gate: mx.array, up: mx.array) -> mx.array:
-        return gate * mx.sigmoid(gate) * up
+        return _silu_mul(gate, up)
 
     def gelu(self, x: mx.array) -> mx.array:
-        return 0.5 * x * (1.0 + mx.erf(x * (1.0 / math.sqrt(2.0))))
+        return _gelu(x)
 
     def add(self, a: mx.array, b: mx.array) -> mx.array:
         return a + b
@@ -198,11 +321,11 @@ class MlxBackend(Backend):
         return x.transpose(axes)
 
     def zeros(self, shape: tuple[int, ...]) -> mx.array:
-        return mx.zeros(shape, dtype=mx.float32)
+        return mx.zeros(shape, dtype=self.dtype)
 
     def set_slice(self, dst: mx.array, src: mx.array, axis: int, start: int) -> mx.array:
         # Lazy slice update, like mlx-lm's cache; once the old buffer has no other user
-        # MLX writes in place. Materialised by the step's sample() (see module docstring).
+        # MLX writes in place. Materialised with the step's token (module docstring).
         idx = [slice(None)] * dst.ndim
         idx[axis] = slice(start, start + src.shape[axis])
         dst[tuple(idx)] = src
@@ -215,37 +338,92 @@ class MlxBackend(Backend):
 
     def sample(self, logits: mx.array, params: SamplingParams, history: list[int],
                rng: np.random.Generator) -> int:
-        # -1 if the row holds NaN or Inf, folded into the one value that leaves the device.
-        finite = mx.all(mx.isfinite(logits))
-        logits = penalize(logits, history, params.repetition_penalty, params.repetition_window)
-        if params.greedy:
-            return int(mx.where(finite, mx.argmax(logits).astype(mx.int32), -1).item())
-        probs = filtered_probs(logits, params)
-        # Same inverse-CDF draw as the NumPy sampler: count of cdf values <= u * total
-        # is searchsorted(cdf, u * total, side="right").
-        cdf = mx.cumsum(probs)
-        idx = mx.minimum(mx.sum(cdf <= rng.random() * cdf[-1]), probs.shape[0] - 1)
-        return int(mx.where(finite, idx.astype(mx.int32), -1).item())
+        s = MlxSampler(params, history, rng)
+        return s.read(s.sample(logits))
 
 
-def penalize(logits: mx.array, history: list[int], penalty: float, window: int) -> mx.array:
-    """CTRL repetition penalty of inference.sampling, on the device."""
-    if penalty == 1.0 or not history:
-        return logits
-    recent = mx.array(sorted(set(history[-window:])), dtype=mx.int32)
-    vals = logits[recent]
-    return mx.put_along_axis(logits, recent, mx.where(vals > 0, vals / penalty, vals * penalty),
-                             axis=0)
+class MlxSampler(TokenSampler):
+    """Device-side sampling for one generation: tokens stay ``mx.array``s.
+
+    The repetition history is a device array of the last ``repetition_window`` tokens
+    (-1 = empty slot), rolled by the compiled step. A draw takes one host uniform from
+    ``rng`` (uploaded, never read back), so draws equal the NumPy sampler's."""
+
+    lazy = True
+
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int],
+                 rng: np.random.Generator):
+        self.params = params
+        self.rng = rng
+        self.step = _compiled_sampler(params.temperature, params.top_k, params.top_p,
+                                      params.min_p, params.repetition_penalty)
+        w = max(1, params.repetition_window)
+        recent = list(prompt_ids)[-w:] if params.repetition_penalty != 1.0 else []
+        self.history = mx.array([-1] * (w - len(recent)) + recent, dtype=mx.int32)
+
+    def sample(self, row: mx.array) -> mx.array:
+        u = mx.array(0.0 if self.params.greedy else self.rng.random(), dtype=mx.float32)
+        tok, self.history = self.step(row, self.history, u)
+        mx.async_eval(tok, self.history)
+        return tok
+
+    def as_input(self, tok: mx.array) -> mx.array:
+        return tok.reshape(1, 1)
+
+    def read(self, tok: mx.array) -> int:
+        return int(tok.item())
+
+
+@lru_cache(maxsize=32)
+def _compiled_sampler(temperature: float, top_k: int, top_p: float, min_p: float,
+                      penalty: float) -> Any:
+    p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                       repetition_penalty=penalty)
+
+    def step(logits: mx.array, history: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
+        logits = logits.astype(mx.float32)
+        n = logits.shape[0]
+        finite = mx.all(mx.isfinite(logits))  # -1 below: the one value read tells NaN/Inf
+        if penalty != 1.0:
+            logits = penalize(logits, history, penalty)
+        if p.greedy:
+            tok = mx.argmax(logits)
+        else:
+            # Inverse-CDF draw, as the NumPy sampler: the count of cdf values <= u * total
+            # is searchsorted(cdf, u * total, side="right").
+            cdf = mx.cumsum(filtered_probs(logits, p))
+            tok = mx.minimum(mx.sum(cdf <= u * cdf[-1]), n - 1)
+        tok = mx.where(finite, tok.astype(mx.int32), -1)
+        if penalty != 1.0:
+            history = mx.concatenate([history[1:], tok[None]])
+        return tok, history
+
+    return mx.compile(step)
+
+
+def penalize(logits: mx.array, history: mx.array, penalty: float) -> mx.array:
+    """CTRL repetition penalty of inference.sampling, on the device. ``history`` holds
+    token ids, -1 for an empty slot; those write into a spare slot past the vocabulary."""
+    n = logits.shape[0]
+    ids = mx.where(history < 0, n, history)
+    padded = mx.concatenate([logits, mx.zeros((1,), dtype=logits.dtype)])
+    vals = padded[ids]
+    padded = mx.put_along_axis(padded, ids, mx.where(vals > 0, vals / penalty, vals * penalty),
+                               axis=0)
+    return padded[:n]
 
 
 def filtered_probs(logits: mx.array, p: SamplingParams) -> mx.array:
     """inference.sampling.filtered_probs on the device, in float32 (Metal has no float64):
-    temperature, then top-k, top-p, min-p as one kept prefix of the sorted order."""
+    temperature, then top-k, top-p, min-p as one kept prefix of the sorted order. With
+    temperature alone nothing is sorted."""
     z = logits.astype(mx.float32) / p.temperature
     probs = mx.softmax(z, axis=-1, precise=True)
+    n = probs.shape[0]
+    if not (0 < p.top_k < n) and p.top_p >= 1.0 and p.min_p <= 0.0:
+        return probs
     order = mx.argsort(-probs)
     sorted_p = probs[order]
-    n = sorted_p.shape[0]
     rank = mx.arange(n)
     keep = rank < (p.top_k if p.top_k > 0 else n)
     if p.top_p < 1.0:
@@ -258,9 +436,13 @@ def filtered_probs(logits: mx.array, p: SamplingParams) -> mx.array:
 
 
 def probe() -> tuple[bool, str]:
+    try:
+        precision = default_precision()
+    except BackendUnavailableError as e:
+        return False, str(e)
     if _metal():
-        return True, f"Metal GPU {_device_name()}"
-    return True, "Metal unavailable, MLX runs on CPU"
+        return True, f"Metal GPU {_device_name()}, {precision}"
+    return True, f"Metal unavailable, MLX runs on CPU, {precision}"
 
 
 def create() -> MlxBackend:
