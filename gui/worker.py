@@ -455,11 +455,40 @@ class WorkerHandle(QObject):
         if ev is not None:
             ev.set()
 
-    def shutdown(self, timeout_ms: int = 20000) -> None:
-        """Cancel what is running, close the models and stop the thread."""
+    def shutdown(self, timeout_ms: int = 20000) -> bool:
+        """Cancel what is running, close the models and stop the thread, waiting at most
+        ``timeout_ms``. A job that ignores its cancel is detached (see :func:`_detach`)
+        rather than waited for; False then."""
         for ev in self._cancels.values():
             ev.set()
         if self.thread.isRunning():
             self._shutdown.emit()
             if not self.thread.wait(timeout_ms):
-                log.warning("worker thread did not stop within %d ms", timeout_ms)
+                log.warning("worker thread did not stop within %d ms; detached", timeout_ms)
+                _detach(self.thread, self.worker)
+                return False
+        return True
+
+
+_DETACHED: list[tuple[QThread, QObject]] = []
+
+
+def _detach(thread: QThread, worker: QObject) -> None:
+    """Keep a still-running worker thread alive past its window. Qt aborts the process
+    ("QThread: Destroyed while thread is still running") if a running QThread is deleted,
+    so the objects stay referenced here, and at interpreter exit the process ends with
+    os._exit before anything would delete them."""
+    import atexit
+    import os
+    import sys
+
+    if not _DETACHED:
+        def hard_exit() -> None:
+            if any(t.isRunning() for t, _w in _DETACHED):
+                logging.shutdown()
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+                os._exit(0)
+
+        atexit.register(hard_exit)
+    _DETACHED.append((thread, worker))
