@@ -98,6 +98,8 @@ class MainWindow(QMainWindow):
         self.perf.profile_changed.connect(self._set_profile)
         self.perf.profile_box.setChecked(self.settings.get("perf/profile", False, bool))
         self._restore()
+        if self.store.notice:  # the chat's banner says what happened to the conversations
+            self.tabs.setCurrentWidget(self.chat)
         self.handle.probe()
         self.picker.refresh()
 

@@ -474,21 +474,10 @@ _DETACHED: list[tuple[QThread, QObject]] = []
 
 
 def _detach(thread: QThread, worker: QObject) -> None:
-    """Keep a still-running worker thread alive past its window. Qt aborts the process
+    """Let a still-running worker thread outlive its window. Qt aborts the process
     ("QThread: Destroyed while thread is still running") if a running QThread is deleted,
-    so the objects stay referenced here, and at interpreter exit the process ends with
-    os._exit before anything would delete them."""
-    import atexit
-    import os
-    import sys
-
-    if not _DETACHED:
-        def hard_exit() -> None:
-            if any(t.isRunning() for t, _w in _DETACHED):
-                logging.shutdown()
-                for stream in (sys.stdout, sys.stderr):
-                    stream.flush()
-                os._exit(0)
-
-        atexit.register(hard_exit)
+    and PySide deletes every object Python owns at exit; a QThread parented to the main
+    thread's own QThread object is owned by Qt instead, is never deleted, and the OS ends
+    the stuck job with the process."""
+    thread.setParent(QThread.currentThread())
     _DETACHED.append((thread, worker))
