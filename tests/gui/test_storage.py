@@ -143,6 +143,7 @@ def chat_window(make_window, tmp_path, qtbot):  # noqa: ANN001, ANN201
         wait_until(lambda: bool(w.picker.specs), 60_000)
         with qtbot.waitSignal(w.handle.loaded, timeout=LOAD_TIMEOUT_MS):
             w.picker.load(spec_of(w, "causal"))
+        w.tabs.setCurrentWidget(w.chat)
         w.chat.new_conversation()
         _quick(w)
         return w
@@ -162,13 +163,15 @@ LOCKER = textwrap.dedent("""
 
 def test_lock_held_across_the_end_of_a_reply(chat_window, tmp_path, qtbot) -> None:
     w = chat_window(tmp_path)
-    assert w.chat.send("Name three colours.")
+    _quick(w, 48)
+    assert w.chat.send("Name three colours and say why you like each.")
     wait_until(lambda: len(w.chat.views()) == 2 and w.chat.views()[1].msg_id is not None,
                GEN_TIMEOUT_MS, "the reply's first token")
     locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(w.store.path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert locker.stdout.readline().strip() == "locked"
+        assert w.chat.generating  # the lock is taken mid-reply and held past its end
         wait_until(lambda: not w.chat.generating, GEN_TIMEOUT_MS, "the reply to end")
         reply = w.chat.views()[1].text
         assert reply  # the view has the whole reply although the database is locked
@@ -195,10 +198,9 @@ def test_full_disk_keeps_the_reply_and_retry_saves_it(chat_window, tmp_path, qtb
         filler = data / "filler"
         if mounted:
             # Fill the filesystem to the last few KiB before the reply starts.
-            with open(filler, "wb") as f, contextlib.suppress(OSError):
+            with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
                 while True:
                     f.write(b"\0" * 4096)
-                    f.flush()
         else:  # no mount rights: SQLite's own limit gives the same SQLITE_FULL
             n = w.store._db.execute("PRAGMA page_count").fetchone()[0]
             w.store._db.execute(f"PRAGMA max_page_count={n}")
