@@ -1,0 +1,122 @@
+"""The app as people use it every day: exact text, nothing lost, layout that fits."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+
+from tests.gui.conftest import wait_until
+from tests.gui.test_render import CPP, shown
+
+GEN_TIMEOUT_MS = 240_000
+
+
+def _quick(w, n: int = 6) -> None:  # noqa: ANN001
+    w.chat.sampling.set_values({"max_tokens": n, "temperature": 0.0, "seed": 1})
+
+
+def test_angle_brackets_sent_to_the_real_model_are_shown_in_full(loaded_window, qtbot) -> None:
+    w = loaded_window
+    w.tabs.setCurrentWidget(w.chat)
+    w.chat.new_conversation()
+    _quick(w, 4)
+    w.chat.input.setPlainText(CPP)
+    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS):
+        QTest.keyClick(w.chat.input, Qt.Key.Key_Return)  # Enter sends (the default)
+    user = w.chat.views()[0]
+    assert user.text == CPP and CPP in shown(user)
+    assert w.store.messages(w.chat.conv_id)[0].content == CPP
+
+
+def test_shift_enter_adds_a_line_and_the_setting_switches_to_ctrl_enter(make_window) -> None:
+    w = make_window()
+    w.tabs.setCurrentWidget(w.chat)
+    box = w.chat.input
+    box.setFocus()
+    QTest.keyClicks(box, "one")
+    QTest.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    QTest.keyClicks(box, "two")
+    assert box.toPlainText() == "one\ntwo"
+    w.enter_action.trigger()  # Enter sends: off
+    assert not w.chat.enter_sends()
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    assert box.toPlainText() == "one\ntwo\n"
+
+
+def test_no_model_keeps_the_message_in_the_box(make_window) -> None:
+    w = make_window()
+    w.tabs.setCurrentWidget(w.chat)
+    w.chat.new_conversation()
+    w.chat.input.setPlainText("hello?")
+    assert not w.chat.send()
+    assert w.chat.input.toPlainText() == "hello?" and w.chat.views() == []
+    assert w.store.messages(w.chat.conv_id) == []  # no orphan turn
+    assert w.chat.banner.isVisible() and "Load SmolLM2…" in w.chat.banner.actions
+
+
+def test_system_prompt_is_per_chat_and_default_is_explicit(make_window) -> None:
+    w = make_window()
+    a = w.chat.new_conversation()
+    w.store.add_message(a, "user", "x")  # so the next New chat is a new one
+    w.chat.system_prompt.setPlainText("Talk like a pirate.")
+    b = w.chat.new_conversation()
+    assert b != a and w.chat.system_prompt.toPlainText() != "Talk like a pirate."
+    w.chat.open_conversation(a)
+    assert w.chat.system_prompt.toPlainText() == "Talk like a pirate."
+    w.chat.default_button.click()
+    w.store.add_message(b, "user", "y")
+    c = w.chat.new_conversation()
+    assert c not in (a, b) and w.chat.system_prompt.toPlainText() == "Talk like a pirate."
+
+
+def test_ctrl_n_reuses_the_empty_chat(make_window) -> None:
+    w = make_window()
+    w.activateWindow()
+    for _ in range(3):
+        w.new_chat_action.trigger()
+    assert len(w.store.conversations()) == 1 and w.chat.conv_list.count() == 1
+
+
+def test_delete_is_undoable(make_window) -> None:
+    w = make_window()
+    a = w.chat.new_conversation()
+    w.store.add_message(a, "user", "keep me")
+    w.store.add_message(a, "assistant", "kept")
+    w.chat.open_conversation(a)
+    w.chat.delete_button.click()
+    assert w.store.get(a) is None and w.undo_button.isVisibleTo(w)
+    w.undo_action.trigger()  # Ctrl+Z
+    assert w.chat.conv_id == a and [v.text for v in w.chat.views()] == ["keep me", "kept"]
+    assert not w.undo_button.isVisibleTo(w)
+
+
+def test_rename_search_and_dates(make_window) -> None:
+    w = make_window()
+    a = w.chat.new_conversation()
+    w.store.add_message(a, "user", "about tigers")
+    b = w.store.create("Other")
+    w.store.add_message(b, "user", "about lions")
+    w.chat.refresh_list()
+    w.chat.rename_conversation(a, "Big cats")
+    wait_until(lambda: any(w.chat.conv_list.item(i).text() == "Big cats"
+                           for i in range(w.chat.conv_list.count())), 5000)
+    w.chat.search.setText("tiger")
+    assert [w.chat.conv_list.item(i).text() for i in range(w.chat.conv_list.count())] \
+        == ["Big cats"]
+    assert "20" in w.chat.conv_list.item(0).toolTip()  # the date is shown
+    w.chat.search.setText("")
+    assert w.chat.conv_list.count() == 2
+
+
+def test_usable_at_800x600_with_collapsible_panels(make_window, tmp_path) -> None:
+    w = make_window()
+    assert w.minimumSizeHint().width() <= 800 and w.minimumSizeHint().height() <= 600
+    w.resize(800, 600)
+    w.tabs.setCurrentWidget(w.chat)
+    assert w.width() == 800
+    w.chat.toggle_panel(0)
+    w.chat.toggle_panel(2)
+    assert w.chat.split.sizes()[0] == 0 and w.chat.split.sizes()[2] == 0
+    w.close()
+    w2 = make_window(tmp_path)  # remembered
+    assert w2.chat.split.sizes()[0] == 0 and w2.chat.split.sizes()[2] == 0
