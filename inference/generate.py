@@ -15,22 +15,34 @@ from inference.events import DoneEvent, GenerationEvent, TokenEvent
 
 
 def generate_step(model: Any, prompt_ids: Sequence[int], sampling: SamplingParams,
-                  rng: np.random.Generator, max_len: int | None = None) -> Iterator[int]:
+                  rng: np.random.Generator, max_len: int | None = None,
+                  prompt_cache: Any = None) -> Iterator[int]:
     """Prefill the prompt, then yield one sampled token id per step, forever.
 
     Inside the loop only the sampled id crosses from the device (backend.sample) and back
     (as the next step's input); the KV cache and the causal mask stay with the backend.
     """
     B = model.B
-    cache = model.make_cache(max_len)
-    history = list(prompt_ids)
-    logits = model(B.array(np.asarray([prompt_ids], dtype=np.int64)), cache, last_only=True)
-    while True:
-        row = B.reshape(logits, (logits.shape[-1],))
-        tok = B.sample(row, sampling, history, rng)
-        history.append(tok)
-        yield tok
-        logits = model(B.array(np.asarray([[tok]], dtype=np.int64)), cache, last_only=True)
+    owned = False
+    if prompt_cache is not None:  # a PromptCache: prefill only what the last turn lacks
+        cache, skip, owned = prompt_cache.begin(model, prompt_ids, max_len)
+    else:
+        cache, skip = model.make_cache(max_len), 0
+    try:
+        history = list(prompt_ids)
+        logits = model(B.array(np.asarray([prompt_ids[skip:]], dtype=np.int64)), cache,
+                       last_only=True)
+        while True:
+            row = B.reshape(logits, (logits.shape[-1],))
+            tok = B.sample(row, sampling, history, rng)
+            history.append(tok)
+            yield tok
+            logits = model(B.array(np.asarray([[tok]], dtype=np.int64)), cache, last_only=True)
+            if owned:
+                prompt_cache.fed(tok)
+    finally:
+        if owned:
+            prompt_cache.end()
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
@@ -55,6 +67,7 @@ def stream_generate(
     stop: Sequence[str] = (),
     cancel: threading.Event | None = None,
     max_len: int | None = None,
+    prompt_cache: Any = None,
 ) -> Iterator[GenerationEvent]:
     """Yield a TokenEvent per generated token, then one DoneEvent.
 
@@ -70,7 +83,7 @@ def stream_generate(
     finish = "length"
     ttft = prefill_tps = decode_tps = 0.0
     t_first = t0
-    steps = generate_step(model, prompt_ids, sampling, rng, max_len)
+    steps = generate_step(model, prompt_ids, sampling, rng, max_len, prompt_cache)
     try:
         for i in range(max_tokens):
             if cancel is not None and cancel.is_set():
@@ -111,5 +124,6 @@ def stream_generate(
         text=text, token_ids=ids, n_prompt=len(prompt_ids), n_generated=len(ids),
         finish_reason=finish, ttft_s=ttft, prefill_tok_s=prefill_tps, decode_tok_s=decode_tps,
         total_s=time.perf_counter() - t0, memory=model.B.memory(),
+        n_cached=prompt_cache.reused if prompt_cache is not None else 0,
     )
     yield done
