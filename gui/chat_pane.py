@@ -177,12 +177,17 @@ class ChatPane(QWidget):
         menu.addAction("Markdown…", lambda: self._export_dialog("md"))
         menu.addAction("JSON…", lambda: self._export_dialog("json"))
         self.export_button.setMenu(menu)
+        self.context_label = QLabel("")
+        self.context_label.setObjectName("Hint")
+        self.context_label.setToolTip("How full the model's context is after the last reply")
+        self.context_length: int | None = None
         self.model_label = QLabel("No chat model loaded")
         self.model_label.setObjectName("Hint")
         self.model_label.setMinimumWidth(40)
         for b in (self.send_button, self.stop_button, self.regen_button, self.edit_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
+        buttons.addWidget(self.context_label)
         buttons.addWidget(self.model_label)
         buttons.addWidget(self.export_button)
         mv.addWidget(self.banner)
@@ -418,6 +423,7 @@ class ChatPane(QWidget):
         self._show_messages(self._safe(self.store.messages, conv_id) or [])
         self.refresh_list()
         self._update_buttons()
+        self._update_context()
 
     def delete_conversation(self) -> None:
         """Delete the open chat; :meth:`undo_delete` (Ctrl+Z) brings it back this session."""
@@ -690,6 +696,7 @@ class ChatPane(QWidget):
                     self._persist(r)
         finally:
             self.generating = False
+            self._update_context()
             self._update_versions()
             self._update_buttons()
             self.generation_finished.emit(done)
@@ -720,6 +727,23 @@ class ChatPane(QWidget):
         self.edit_button.setEnabled(not self.generating and has_msgs and self._editing is None)
         self.export_button.setEnabled(self.conv_id is not None)
         self.delete_button.setEnabled(self.conv_id is not None)
+
+    def set_context_length(self, n: int | None) -> None:
+        self.context_length = n
+        self._update_context()
+
+    def _update_context(self) -> None:
+        """'1.2K / 8.2K tokens': prompt plus reply of the last turn against the context."""
+        from gui.format import human_count
+
+        last = next((v.stats for v in reversed(self.views())
+                     if v.role == "assistant" and v.stats), None) if self.views() else None
+        used = (last.get("n_prompt", 0) + last.get("n_generated", 0)) if last else 0
+        if not self.context_length:
+            self.context_label.setText("")
+            return
+        used_text = human_count(used) if used else "0"
+        self.context_label.setText(f"{used_text} / {human_count(self.context_length)} tokens")
 
     def set_model(self, name: str) -> None:
         self.model_name = name

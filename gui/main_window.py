@@ -200,6 +200,7 @@ class MainWindow(QMainWindow):
             gc_guard.freeze_heap()
         if info.kind == "causal":
             self.chat.set_model(info.name)
+            self.chat.set_context_length(info.context_length)
         self.banner.hide()
         self._update_models()
 

@@ -22,6 +22,7 @@ class MessageView(QFrame):
         self.role = role
         self.msg_id = msg_id
         self.text = ""
+        self.stats: dict = {}
         self.setObjectName("UserMessage" if role == "user" else "AssistantMessage")
         self.setMaximumWidth(READING_WIDTH)
         layout = QVBoxLayout(self)
@@ -71,6 +72,7 @@ class MessageView(QFrame):
             self.body.setText(assistant_html(text))
 
     def set_stats(self, stats: dict) -> None:
+        self.stats = stats
         line = message_stats(stats)
         self.stats_label.setText(line)
         self.stats_label.setVisible(bool(line))

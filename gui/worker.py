@@ -43,6 +43,7 @@ class LoadedInfo:
     reason: str
     est_memory: int | None
     used_memory: int | None  # measured growth of device (or host) memory during the load
+    context_length: int | None = None  # tokens a conversation can hold (chat models)
 
 
 @dataclass
@@ -211,7 +212,8 @@ class Worker(QObject):
             spec = model.spec
             self.loaded.emit(LoadedInfo(
                 model.kind, spec.name, str(spec.path), model.backend.name,
-                model.backend_reason, spec.est_memory, used))
+                model.backend_reason, spec.est_memory, used,
+                getattr(model, "context_length", None)))
             self._sample_memory(force=True, model=model)
 
         self._run("load", job)

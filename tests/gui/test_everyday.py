@@ -26,6 +26,10 @@ def test_angle_brackets_sent_to_the_real_model_are_shown_in_full(loaded_window, 
     user = w.chat.views()[0]
     assert user.text == CPP and CPP in shown(user)
     assert w.store.messages(w.chat.conv_id)[0].content == CPP
+    # The context indicator: prompt + reply of the last turn against the model's context.
+    stats = w.chat.views()[1].stats
+    used = stats["n_prompt"] + stats["n_generated"]
+    assert w.chat.context_label.text() == f"{used} / 8.2K tokens"
 
 
 def test_shift_enter_adds_a_line_and_the_setting_switches_to_ctrl_enter(make_window) -> None:
