@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QSpinBox,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -138,9 +139,15 @@ class EmbedPane(QWidget):
         self.query_box = QLineEdit()
         self.query_box.setPlaceholderText("Type a query and press Enter")
         self.query_box.returnPressed.connect(lambda: self.query())
+        self.k_box = QSpinBox()
+        self.k_box.setRange(1, 1)
+        self.k_box.setPrefix("k = ")
+        self.k_box.setToolTip("How many neighbours to show (at most one fewer than the "
+                              "sentences embedded)")
         self.query_button = QPushButton("Search")
         self.query_button.clicked.connect(lambda: self.query())
         qrow.addWidget(self.query_box, 1)
+        qrow.addWidget(self.k_box)
         qrow.addWidget(self.query_button)
         self.results = QListWidget()
         sv.addLayout(qrow)
@@ -179,11 +186,13 @@ class EmbedPane(QWidget):
         if self.embedding:
             self.handle.cancel("embed")
 
-    def query(self, text: str | None = None, k: int = 10) -> bool:
+    def query(self, text: str | None = None, k: int | None = None) -> bool:
+        """Search the embedded sentences; ``k`` defaults to the box (at most n - 1)."""
         text = (self.query_box.text() if text is None else text).strip()
         if not text or self.result is None:
             return False
-        self.handle.query(text, k)
+        n = len(self.result.sentences)
+        self.handle.query(text, max(1, min(k or self.k_box.value(), n - 1)))
         return True
 
     def export(self, path: str) -> None:
@@ -206,7 +215,8 @@ class EmbedPane(QWidget):
             w.setEnabled(have)
 
     def _count(self) -> None:
-        self.count_label.setText(f"{len(self.sentences())} sentences")
+        n = len(self.sentences())
+        self.count_label.setText(f"{n} sentence" + ("" if n == 1 else "s"))
 
     # --- results ---------------------------------------------------------------------
     def _on_progress(self, done: int, total: int) -> None:
@@ -216,6 +226,8 @@ class EmbedPane(QWidget):
     def _on_embedded(self, result: EmbedResult) -> None:
         self.result = result
         n = len(result.sentences)
+        self.k_box.setRange(1, max(1, n - 1))
+        self.k_box.setValue(min(5, max(1, n - 1)))
         lo = float(np.min(result.heatmap))
         self.heat_item.setImage(result.heatmap, levels=(lo, 1.0))
         self.heat_item.setRect(0, 0, n, n)  # axes in sentences even when pixels are blocks

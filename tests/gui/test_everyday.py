@@ -124,3 +124,18 @@ def test_usable_at_800x600_with_collapsible_panels(make_window, tmp_path) -> Non
     w.close()
     w2 = make_window(tmp_path)  # remembered
     assert w2.chat.split.sizes()[0] == 0 and w2.chat.split.sizes()[2] == 0
+
+
+def test_neighbours_count_adapts_and_counts_read_right(loaded_window, qtbot) -> None:
+    w = loaded_window
+    pane = w.embed
+    pane.set_sentences(["only one"])
+    assert pane.count_label.text() == "1 sentence"
+    pane.set_sentences(["a cat sleeps", "a dog barks", "stock prices fell"])
+    assert pane.count_label.text() == "3 sentences"
+    with qtbot.waitSignal(w.handle.embedded, timeout=GEN_TIMEOUT_MS):
+        pane.embed()
+    assert pane.k_box.maximum() == 2  # k <= n - 1: never every point circled
+    with qtbot.waitSignal(w.handle.neighbours, timeout=GEN_TIMEOUT_MS) as got:
+        assert pane.query("a kitten naps", k=10)
+    assert len(got.args[0]) == 2
