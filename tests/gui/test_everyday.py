@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
@@ -139,3 +141,20 @@ def test_neighbours_count_adapts_and_counts_read_right(loaded_window, qtbot) -> 
     with qtbot.waitSignal(w.handle.neighbours, timeout=GEN_TIMEOUT_MS) as got:
         assert pane.query("a kitten naps", k=10)
     assert len(got.args[0]) == 2
+
+
+def test_adding_a_file_asks_before_replacing_a_loaded_model(loaded_window, monkeypatch
+                                                            ) -> None:
+    from tests.gui.conftest import spec_of
+
+    w = loaded_window
+    path = str(spec_of(w, "causal").path)
+    asked: list[str] = []
+    monkeypatch.setattr(w.picker, "confirm_replace", lambda name: asked.append(name) or False)
+    loads: list[object] = []
+    monkeypatch.setattr(w.handle, "load", lambda *a: loads.append(a))
+    try:
+        w.picker.add_files([path])
+        assert asked and not loads  # "No": listed, not loaded
+    finally:
+        w.settings.remove_extra_path(str(Path(path).resolve()))
