@@ -158,3 +158,17 @@ def test_adding_a_file_asks_before_replacing_a_loaded_model(loaded_window, monke
         assert asked and not loads  # "No": listed, not loaded
     finally:
         w.settings.remove_extra_path(str(Path(path).resolve()))
+
+
+def test_memory_graph_shows_only_series_with_data(make_window) -> None:
+    w = make_window()
+    w.tabs.setCurrentWidget(w.perf)
+    w.perf.sample()
+    names = [label.text for _item, label in w.perf.mem_legend.items]
+    assert names == ["host RSS"] and not w.perf.curves["device_used"].isVisible()
+    assert "no GPU device: showing process RAM" in w.perf.mem_plot.titleLabel.text
+    assert w.perf.mem_plot.getAxis("left").labelText == "MiB"
+    w.perf.device = (100 * 2**20, 120 * 2**20)  # a backend that reports device memory
+    w.perf.sample()
+    assert [label.text for _i, label in w.perf.mem_legend.items] == \
+        ["host RSS", "device used", "device peak"]
