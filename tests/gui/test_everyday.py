@@ -172,3 +172,29 @@ def test_memory_graph_shows_only_series_with_data(make_window) -> None:
     w.perf.sample()
     assert [label.text for _i, label in w.perf.mem_legend.items] == \
         ["host RSS", "device used", "device peak"]
+
+
+def test_embedding_pane_glitches(make_window) -> None:
+    import numpy as np
+    from PySide6.QtCore import QEvent, QPointF
+    from PySide6.QtGui import QEnterEvent  # noqa: F401 - Leave is a plain QEvent
+    from PySide6.QtWidgets import QApplication
+
+    from gui import analysis
+    from gui.worker import EmbedResult
+
+    w = make_window()
+    pane = w.embed
+    w.tabs.setCurrentWidget(pane)
+    axis = pane.heat_plot.getAxis("bottom")
+    assert not axis.autoSIPrefix  # empty state: "sentence", never "sentence (x0.001)"
+    v = np.ones((1, 4), np.float32) / 2
+    heat, block = analysis.heatmap(v)
+    pane._on_embedded(EmbedResult(["alone"], v, heat, block, np.zeros((1, 2)), 0.1))
+    lo, hi = pane.colorbar.levels()
+    assert (lo, hi) == (0.0, 1.0)  # self-similarity 1.0 is the top of the scale
+    pane.heat_label.setVisible(True)
+    QApplication.sendEvent(pane.heat_plot, QEvent(QEvent.Type.Leave))
+    assert not pane.heat_label.isVisible()
+    pane._hover_heatmap(QPointF(-1e6, -1e6))
+    assert not pane.heat_label.isVisible()
