@@ -2,18 +2,26 @@
 
 Tokens arrive as queued signals; the reply is re-rendered and saved at most every
 RENDER_MS, not per token, so a fast model cannot flood the event loop with layouts.
+
+Nothing typed or generated is lost: the view is updated before the database, and a write
+that fails (lock, full disk) leaves a :class:`PendingWrite` in memory, a banner naming
+what is unsaved with Retry / Save as…, and a chat that keeps working.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QFileDialog,
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMenu,
@@ -25,7 +33,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.conversations import ConversationStore, Message
+from gui.conversations import (
+    ConversationStore,
+    DeletedConversation,
+    Message,
+    StorageError,
+    conversation_markdown,
+    write_atomic,
+)
+from gui.error_banner import ErrorBanner
 from gui.message_view import MessageView
 from gui.sampling_panel import SamplingPanel
 from gui.settings import DEFAULT_SYSTEM_PROMPT, Settings
@@ -34,11 +50,29 @@ from gui.worker import GenerateRequest, WorkerHandle
 
 RENDER_MS = 50
 TITLE_CHARS = 48
+NEW_TITLE = "New chat"
+
+
+@dataclass
+class PendingWrite:
+    """A message the window shows that the database does not hold (yet)."""
+    conv_id: int
+    role: str
+    content: str
+    stats: dict | None = None
+    msg_id: int | None = None  # None: its row was never inserted
+    view: MessageView | None = None
+
+    def describe(self) -> str:
+        who = "your message" if self.role == "user" else "the reply"
+        return f"{who} ({len(self.content):,} characters)"
 
 
 class ChatPane(QWidget):
     generation_started = Signal()
     generation_finished = Signal(object)  # DoneEvent, or None after a failure
+    load_requested = Signal()  # the banner's "Load SmolLM2…" action
+    deleted = Signal(str)  # title of a conversation just deleted (undo is offered)
 
     def __init__(self, handle: WorkerHandle, store: ConversationStore, settings: Settings,
                  parent: QWidget | None = None):
@@ -49,10 +83,10 @@ class ChatPane(QWidget):
         self.model_name = ""
         self.profile = False
         self.generating = False
-        self._reply: MessageView | None = None  # the streaming reply's view, if shown
-        self._reply_id: int | None = None  # its row in the store
-        self._reply_conv: int | None = None
-        self._reply_text = ""
+        self.pending: list[PendingWrite] = []
+        self._undo: list[DeletedConversation] = []
+        self._editing: tuple[int, str] | None = None  # (user message id, draft it replaced)
+        self._reply: PendingWrite | None = None  # the streaming reply (text kept in memory)
         self._dirty = False
         self._render_timer = QTimer(self, interval=RENDER_MS)
         self._render_timer.timeout.connect(self._render_reply)
@@ -60,15 +94,20 @@ class ChatPane(QWidget):
         handle.token.connect(self._on_token)
         handle.generated.connect(self._on_done)
         handle.failed.connect(self._on_failed)
+        handle.cancelled.connect(self._on_cancelled)
         self.refresh_list()
-        convs = store.conversations()
+        convs = self._safe(store.conversations) or []
         if convs:
             self.open_conversation(convs[0].id)
+        if store.notice:
+            self.banner.show_error(store.notice, [("Save as…", self._save_as_dialog)]
+                                   if store.read_only else [])
         self._update_buttons()
 
     # --- layout ----------------------------------------------------------------------
     def _build(self) -> None:
-        split = QSplitter(Qt.Orientation.Horizontal, self)
+        self.split = split = QSplitter(Qt.Orientation.Horizontal, self)
+        split.setChildrenCollapsible(True)
         outer = QHBoxLayout(self)
         outer.setContentsMargins(6, 6, 6, 6)
         outer.addWidget(split)
@@ -79,25 +118,36 @@ class ChatPane(QWidget):
         self.new_button = QPushButton(icon("new-chat"), "New chat")
         self.new_button.setToolTip("New chat (Ctrl+N)")
         self.new_button.clicked.connect(self.new_conversation)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats…")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(lambda _t: self.refresh_list())
         self.conv_list = QListWidget()
         self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.conv_list.setEditTriggers(QListWidget.EditTrigger.EditKeyPressed
+                                       | QListWidget.EditTrigger.DoubleClicked)
         self.conv_list.currentItemChanged.connect(self._on_pick)
+        self.conv_list.itemChanged.connect(self._on_renamed)
         self.delete_button = QPushButton(icon("trash"), "Delete")
+        self.delete_button.setToolTip("Delete this chat (Ctrl+Z undoes it)")
         self.delete_button.clicked.connect(self.delete_conversation)
         lv.addWidget(self.new_button)
+        lv.addWidget(self.search)
         lv.addWidget(self.conv_list, 1)
         lv.addWidget(self.delete_button)
 
         middle = QWidget()
         mv = QVBoxLayout(middle)
         mv.setContentsMargins(0, 0, 0, 0)
+        self.banner = ErrorBanner()
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.messages_box = QWidget()
         self.messages_layout = QVBoxLayout(self.messages_box)
         self.messages_layout.setSpacing(8)
+        self.messages_layout.setAlignment(Qt.AlignmentFlag.AlignHCenter)
         self.messages_layout.addStretch(1)
         self.scroll.setWidget(self.messages_box)
         bar = self.scroll.verticalScrollBar()
@@ -106,33 +156,41 @@ class ChatPane(QWidget):
         bar.valueChanged.connect(
             lambda v: setattr(self, "_at_bottom", v >= bar.maximum() - 4))
         self.input = QPlainTextEdit()
-        self.input.setPlaceholderText("Message the model… (Ctrl+Enter sends, Esc stops)")
         self.input.setMaximumHeight(110)
+        self.input.installEventFilter(self)
         buttons = QHBoxLayout()
         self.send_button = QPushButton(icon("send"), "Send")
         self.send_button.setObjectName("Primary")
-        self.send_button.setToolTip("Send (Ctrl+Enter)")
         self.send_button.clicked.connect(lambda: self.send())
         self.stop_button = QPushButton(icon("stop"), "Stop")
         self.stop_button.setToolTip("Stop generating (Esc)")
         self.stop_button.clicked.connect(self.stop)
         self.regen_button = QPushButton(icon("regenerate"), "Regenerate")
+        self.regen_button.setToolTip("A new version of the last reply (earlier ones are kept)")
         self.regen_button.clicked.connect(self.regenerate)
         self.edit_button = QPushButton(icon("edit"), "Edit last")
-        self.edit_button.setToolTip("Move your last message back into the input box")
+        self.edit_button.setToolTip("Edit your last message: it is replaced when you send "
+                                    "(Esc puts things back)")
         self.edit_button.clicked.connect(self.edit_last)
         self.export_button = QPushButton(icon("export"), "Export")
         menu = QMenu(self.export_button)
         menu.addAction("Markdown…", lambda: self._export_dialog("md"))
         menu.addAction("JSON…", lambda: self._export_dialog("json"))
         self.export_button.setMenu(menu)
+        self.context_label = QLabel("")
+        self.context_label.setObjectName("Hint")
+        self.context_label.setToolTip("How full the model's context is after the last reply")
+        self.context_length: int | None = None
         self.model_label = QLabel("No chat model loaded")
         self.model_label.setObjectName("Hint")
+        self.model_label.setMinimumWidth(40)
         for b in (self.send_button, self.stop_button, self.regen_button, self.edit_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
+        buttons.addWidget(self.context_label)
         buttons.addWidget(self.model_label)
         buttons.addWidget(self.export_button)
+        mv.addWidget(self.banner)
         mv.addWidget(self.scroll, 1)
         mv.addWidget(self.input)
         mv.addLayout(buttons)
@@ -140,12 +198,16 @@ class ChatPane(QWidget):
         right = QWidget()
         rv = QVBoxLayout(right)
         rv.setContentsMargins(0, 0, 0, 0)
-        sys_box = QGroupBox("System prompt")
+        sys_box = QGroupBox("System prompt (this chat)")
         sv = QVBoxLayout(sys_box)
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setMaximumHeight(120)
         self.system_prompt.textChanged.connect(self._save_system_prompt)
+        self.default_button = QPushButton("Make this the default")
+        self.default_button.setToolTip("New chats start with this system prompt")
+        self.default_button.clicked.connect(self.make_default_prompt)
         sv.addWidget(self.system_prompt)
+        sv.addWidget(self.default_button)
         samp_box = QGroupBox("Sampling")
         sb = QVBoxLayout(samp_box)
         self.sampling = SamplingPanel(self.settings.sampling())
@@ -155,72 +217,261 @@ class ChatPane(QWidget):
         rv.addWidget(samp_box)
         rv.addStretch(1)
 
+        for w in (left, right):
+            w.setMinimumWidth(150)
+        middle.setMinimumWidth(300)
         split.addWidget(left)
         split.addWidget(middle)
         split.addWidget(right)
         split.setStretchFactor(1, 1)
-        split.setSizes([180, 640, 240])
+        state = self.settings.get("chat/splitter")
+        if state is None or not split.restoreState(state):
+            split.setSizes([180, 640, 240])
+        split.splitterMoved.connect(
+            lambda *_: self.settings.set("chat/splitter", split.saveState()))
+        self._apply_enter_setting()
+
+    def toggle_panel(self, index: int) -> None:
+        """Collapse or reopen side panel ``index`` (0 chats, 2 settings); remembered."""
+        sizes = self.split.sizes()
+        if sizes[index] > 0:
+            sizes[1] += sizes[index]
+            sizes[index] = 0
+        else:
+            give = 180 if index == 0 else 240
+            sizes[index], sizes[1] = give, max(0, sizes[1] - give)
+        self.split.setSizes(sizes)
+        self.settings.set("chat/splitter", self.split.saveState())
+
+    # --- Enter sends (a setting) -----------------------------------------------------
+    def enter_sends(self) -> bool:
+        return bool(self.settings.get("chat/enter_sends", True, bool))
+
+    def set_enter_sends(self, on: bool) -> None:
+        self.settings.set("chat/enter_sends", bool(on))
+        self._apply_enter_setting()
+
+    def _apply_enter_setting(self) -> None:
+        if self.enter_sends():
+            hint, tip = "Enter sends, Shift+Enter adds a line", "Send (Enter or Ctrl+Enter)"
+        else:
+            hint, tip = "Ctrl+Enter sends", "Send (Ctrl+Enter)"
+        self.input.setPlaceholderText(f"Message the model… ({hint}; Esc stops)")
+        self.send_button.setToolTip(tip)
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
+        if obj is self.input and event.type() == QEvent.Type.KeyPress:
+            key: QKeyEvent = event  # type: ignore[assignment]
+            mods = key.modifiers()
+            if key.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+                plain = not (mods & (Qt.KeyboardModifier.ShiftModifier
+                                     | Qt.KeyboardModifier.ControlModifier
+                                     | Qt.KeyboardModifier.AltModifier
+                                     | Qt.KeyboardModifier.MetaModifier))
+                if plain and self.enter_sends():
+                    self.send()
+                    return True
+            elif key.key() == Qt.Key.Key_Escape and self._editing and not self.generating:
+                self.cancel_edit()
+                return True
+        return super().eventFilter(obj, event)
+
+    # --- storage that degrades -------------------------------------------------------
+    def _safe(self, fn, *args, what: str = ""):  # noqa: ANN001, ANN202
+        """Run a store call; a failure goes to the banner (naming ``what``), not a trace."""
+        try:
+            return fn(*args)
+        except StorageError as exc:
+            self._storage_failed(exc, what)
+            return None
+
+    def _ok(self, fn, *args, what: str = "") -> bool:  # noqa: ANN001
+        """:meth:`_safe` for calls that return nothing: True when the call succeeded."""
+        try:
+            fn(*args)
+            return True
+        except StorageError as exc:
+            self._storage_failed(exc, what)
+            return False
+
+    def _persist(self, pw: PendingWrite) -> bool:
+        """Write one message (insert or update). On failure it joins :attr:`pending`;
+        while anything is pending, later writes queue behind it to keep their order."""
+        if pw in self.pending:
+            return False
+        if self.pending:
+            self.pending.append(pw)
+            self._show_pending()
+            return False
+        try:
+            self._write(pw)
+            return True
+        except StorageError as exc:
+            self.pending.append(pw)
+            self._storage_failed(exc)
+            return False
+
+    def _write(self, pw: PendingWrite) -> None:
+        if pw.msg_id is None:
+            pw.msg_id = self.store.add_message(pw.conv_id, pw.role, pw.content, pw.stats)
+            if pw.view is not None:
+                pw.view.msg_id = pw.msg_id
+        else:
+            self.store.update_message(pw.msg_id, pw.content, pw.stats)
+
+    def retry_pending(self) -> bool:
+        """Write what is pending, in order; True when nothing is left unsaved."""
+        while self.pending:
+            try:
+                self._write(self.pending[0])
+            except StorageError as exc:
+                self._storage_failed(exc)
+                return False
+            self.pending.pop(0)
+        self.banner.hide()
+        self.refresh_list()
+        return True
+
+    def _storage_failed(self, exc: StorageError, what: str = "") -> None:
+        self._last_storage_error = str(exc)
+        if what and not self.pending:
+            self.banner.show_error(f"{exc} Not saved: {what}.",
+                                   [("Save as…", self._save_as_dialog)])
+        else:
+            self._show_pending()
+
+    def _show_pending(self) -> None:
+        if not self.pending:
+            return
+        items = ", ".join(pw.describe() for pw in self.pending)
+        reason = getattr(self, "_last_storage_error", "")
+        self.banner.show_error(
+            f"{reason} Not saved: {items}. It is kept in this window until you quit: "
+            "Retry, or Save as… to keep the chat in a file.",
+            [("Retry", self.retry_pending), ("Save as…", self._save_as_dialog)])
+
+    def save_as(self, path: str | Path) -> Path:
+        """Write the open chat as shown (saved or not) to ``path`` as Markdown."""
+        conv = self._safe(self.store.get, self.conv_id) if self.conv_id is not None else None
+        system = self.system_prompt.toPlainText()
+        return write_atomic(path, conversation_markdown(
+            conv.title if conv else "Chat", system,
+            [(v.role, v.text, {}) for v in self.views()]))
+
+    def _save_as_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save chat as", "chat.md",
+                                              "Markdown (*.md)")
+        if path:
+            try:
+                self.save_as(path)
+            except OSError as exc:
+                self.banner.show_error(f"Could not write {path}: {exc.strerror or exc}.",
+                                       [("Save as…", self._save_as_dialog)])
 
     # --- conversations ---------------------------------------------------------------
     def refresh_list(self) -> None:
+        convs = self._safe(self.store.conversations, self.search.text().strip()) or []
         self.conv_list.blockSignals(True)
         self.conv_list.clear()
-        for conv in self.store.conversations():
+        for conv in convs:
             item = QListWidgetItem(conv.title)
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
-            item.setToolTip(conv.title)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(conv.updated))
+            item.setToolTip(f"{conv.title}\n{when} (F2 or double-click renames)")
             self.conv_list.addItem(item)
             if conv.id == self.conv_id:
                 self.conv_list.setCurrentItem(item)
         self.conv_list.blockSignals(False)
 
-    def new_conversation(self) -> int:
+    def _on_renamed(self, item: QListWidgetItem) -> None:
+        title = " ".join(item.text().split())
+        if title:
+            self.rename_conversation(int(item.data(Qt.ItemDataRole.UserRole)), title)
+
+    def rename_conversation(self, conv_id: int, title: str) -> None:
+        self._ok(self.store.rename, conv_id, title, what=f'the new name "{title}"')
+        QTimer.singleShot(0, self.refresh_list)  # not inside the list's own signal
+
+    def new_conversation(self) -> int | None:
+        """Open an empty chat: the existing empty one if there is one, else a new one."""
         if self.generating:
             self.stop()
-        prompt = self.settings.get("chat/system_prompt", DEFAULT_SYSTEM_PROMPT, str)
-        conv_id = self.store.create("New chat", prompt)
+        conv_id = self._safe(self.store.find_empty)
+        if conv_id is None:
+            prompt = self.settings.get("chat/system_prompt", DEFAULT_SYSTEM_PROMPT, str)
+            conv_id = self._safe(self.store.create, NEW_TITLE, prompt, what="the new chat")
+        if conv_id is None:
+            return None
+        self.search.clear()
         self.open_conversation(conv_id)
         self.input.setFocus()
         return conv_id
 
     def open_conversation(self, conv_id: int) -> None:
-        conv = self.store.get(conv_id)
+        conv = self._safe(self.store.get, conv_id)
         if conv is None:
             return
         if self.generating and conv_id != self.conv_id:
             self.stop()
+        if conv_id != self.conv_id:
+            self.cancel_edit()
         self.conv_id = conv_id
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(conv.system_prompt)
         self.system_prompt.blockSignals(False)
-        self._show_messages(self.store.messages(conv_id))
+        self._show_messages(self._safe(self.store.messages, conv_id) or [])
         self.refresh_list()
         self._update_buttons()
+        self._update_context()
 
     def delete_conversation(self) -> None:
+        """Delete the open chat; :meth:`undo_delete` (Ctrl+Z) brings it back this session."""
         if self.conv_id is None:
             return
         if self.generating:
             self.stop()
-        self.store.delete(self.conv_id)
+        conv = self._safe(self.store.get, self.conv_id)
+        record = self._safe(self.store.delete, self.conv_id, what="the deletion")
+        if record is None:
+            return
+        self._undo.append(record)
         self.conv_id = None
         self._show_messages([])
-        convs = self.store.conversations()
+        convs = self._safe(self.store.conversations) or []
         if convs:
             self.open_conversation(convs[0].id)
         else:
             self.refresh_list()
         self._update_buttons()
+        self.deleted.emit(conv.title if conv else "")
+
+    def can_undo(self) -> bool:
+        return bool(self._undo)
+
+    def undo_delete(self) -> int | None:
+        if not self._undo:
+            return None
+        record = self._undo[-1]
+        conv_id = self._safe(self.store.restore, record, what="the restored chat")
+        if conv_id is None:
+            return None
+        self._undo.pop()
+        self.open_conversation(conv_id)
+        return conv_id
 
     def _on_pick(self, item: QListWidgetItem | None, _prev: object = None) -> None:
         if item is not None:
             self.open_conversation(int(item.data(Qt.ItemDataRole.UserRole)))
 
     def _save_system_prompt(self) -> None:
-        text = self.system_prompt.toPlainText()
-        self.settings.set("chat/system_prompt", text)
+        """The prompt belongs to this chat only; the default changes only on request."""
         if self.conv_id is not None:
-            self.store.set_system_prompt(self.conv_id, text)
+            self._ok(self.store.set_system_prompt, self.conv_id,
+                     self.system_prompt.toPlainText(), what="the system prompt")
+
+    def make_default_prompt(self) -> None:
+        self.settings.set("chat/system_prompt", self.system_prompt.toPlainText())
 
     def views(self) -> list[MessageView]:
         return [w for i in range(self.messages_layout.count())
@@ -233,12 +484,27 @@ class ChatPane(QWidget):
             self.messages_layout.removeWidget(view)
             view.hide()
             view.deleteLater()
-        self._reply = None
         for m in messages:
             self._append_view(MessageView(m.role, m.content, m.stats, m.id))
+        # What this chat holds in memory but not in the database is shown too (shown ==
+        # kept): rows never inserted are appended, rows whose update failed overlaid.
+        by_id = {v.msg_id: v for v in self.views()}
+        for pw in self.pending:
+            if pw.conv_id != self.conv_id:
+                pw.view = None
+            elif pw.msg_id is None:
+                pw.view = self._append_view(MessageView(pw.role, pw.content, pw.stats))
+            elif pw.msg_id in by_id:
+                pw.view = by_id[pw.msg_id]
+                pw.view.set_text(pw.content)
+        r = self._reply
+        if r is not None and r not in self.pending:
+            r.view = by_id.get(r.msg_id) if r.conv_id == self.conv_id else None
+        self._update_versions()
 
     def _append_view(self, view: MessageView) -> MessageView:
         self.messages_layout.insertWidget(self.messages_layout.count() - 1, view)
+        view.version_step.connect(self._step_version)
         self._at_bottom = True
         return view
 
@@ -248,34 +514,55 @@ class ChatPane(QWidget):
 
     # --- generation ------------------------------------------------------------------
     def send(self, text: str | None = None) -> bool:
-        """Send ``text`` (default: the input box). False if nothing was sent."""
-        text = (self.input.toPlainText() if text is None else text).strip()
+        """Send ``text`` (default: the input box). False if nothing was sent; without a
+        chat model the text stays where it is and the banner offers to load one."""
+        from_box = text is None
+        text = (self.input.toPlainText() if from_box else text).strip()
         if not text or self.generating:
             return False
-        if self.conv_id is None:
-            self.new_conversation()
-        conv = self.store.get(self.conv_id)
-        if conv is not None and conv.title == "New chat":
+        if not self.model_name:
+            if not from_box and not self.input.toPlainText().strip():
+                self.input.setPlainText(text)
+            self.banner.show_error("No chat model is loaded: your message is still in the box.",
+                                   [("Load SmolLM2…", self.load_requested.emit)])
+            return False
+        if self._editing is not None:
+            msg_id, _draft = self._editing
+            self._editing = None
+            if not self._ok(self.store.delete_from, self.conv_id, msg_id, what="the edit"):
+                self._editing = (msg_id, _draft)
+                return False
+            self._show_messages(self._safe(self.store.messages, self.conv_id) or [])
+        if self.conv_id is None and self.new_conversation() is None:
+            return False
+        conv = self._safe(self.store.get, self.conv_id)
+        if conv is not None and conv.title == NEW_TITLE:
             title = " ".join(text.split())
-            self.store.rename(self.conv_id, title[:TITLE_CHARS] + ("…" if len(title) >
-                                                                   TITLE_CHARS else ""))
-        msg_id = self.store.add_message(self.conv_id, "user", text)
-        self._append_view(MessageView("user", text, msg_id=msg_id))
-        self.input.clear()
+            self._ok(self.store.rename, self.conv_id, title[:TITLE_CHARS]
+                       + ("…" if len(title) > TITLE_CHARS else ""))
+        view = self._append_view(MessageView("user", text))
+        self._persist(PendingWrite(self.conv_id, "user", text, view=view))
+        if from_box:
+            self.input.clear()
         self.refresh_list()
         self._start()
         return True
 
+    def _history(self) -> list[dict]:
+        """The messages the model sees: this chat's prompt and what the window shows."""
+        system = self.system_prompt.toPlainText()
+        messages = [{"role": "system", "content": system}] if system.strip() else []
+        return messages + [{"role": v.role, "content": v.text} for v in self.views()
+                           if v.text]
+
     def _start(self) -> None:
-        conv = self.store.get(self.conv_id)
-        messages = [{"role": "system", "content": conv.system_prompt}] \
-            if conv and conv.system_prompt.strip() else []
-        messages += [{"role": m.role, "content": m.content}
-                     for m in self.store.messages(self.conv_id)]
         sampling, max_tokens = self.sampling.sampling_params()
+        messages = self._history()
         self.generating = True
-        self._reply, self._reply_id, self._reply_text, self._dirty = None, None, "", False
+        self._reply, self._dirty = None, False
         self._reply_conv = self.conv_id
+        if not self.pending:
+            self.banner.hide()
         self.handle.generate(GenerateRequest(messages, max_tokens, sampling, self.profile))
         self._render_timer.start()
         self._update_buttons()
@@ -287,93 +574,182 @@ class ChatPane(QWidget):
             self.handle.cancel("generate")
 
     def regenerate(self) -> None:
+        """A new version of the last reply; the earlier versions stay (‹ 1/2 ›)."""
         msgs = self._current_messages()
         if self.generating or not msgs:
             return
         if msgs[-1].role == "assistant":
-            self.store.delete_from(self.conv_id, msgs[-1].id)
-            self._show_messages(self.store.messages(self.conv_id))
-        if self.store.messages(self.conv_id):
+            users = [m for m in msgs if m.role == "user"]
+            after = users[-1].id if users else 0
+            if not self._ok(self.store.choose_version, self.conv_id, after, None,
+                            what="the regenerate"):
+                return
+            self._show_messages(self._current_messages())
+        if self.views():
             self._start()
 
+    def _last_user_id(self) -> int:
+        users = [v.msg_id for v in self.views() if v.role == "user" and v.msg_id is not None]
+        return users[-1] if users else 0
+
+    def _update_versions(self) -> None:
+        views = self.views()
+        if not views or views[-1].role != "assistant" or views[-1].msg_id is None \
+                or self.conv_id is None:
+            return
+        ids = self._safe(self.store.versions, self.conv_id, self._last_user_id()) or []
+        if views[-1].msg_id in ids:
+            views[-1].set_versions(ids.index(views[-1].msg_id) + 1, len(ids))
+
+    def _step_version(self, step: int) -> None:
+        views = self.views()
+        if self.generating or not views or views[-1].msg_id is None:
+            return
+        after = self._last_user_id()
+        ids = self._safe(self.store.versions, self.conv_id, after) or []
+        if views[-1].msg_id not in ids:
+            return
+        i = ids.index(views[-1].msg_id) + step
+        if 0 <= i < len(ids):
+            self._ok(self.store.choose_version, self.conv_id, after, ids[i])
+            self._show_messages(self._current_messages())
+
     def edit_last(self) -> None:
-        """Put the last user message back into the input and drop it and its reply."""
-        msgs = self._current_messages()
-        users = [m for m in msgs if m.role == "user"]
-        if self.generating or not users:
+        """Put the last user message in the box for editing. Nothing is removed until the
+        edited text is sent; Esc (or :meth:`cancel_edit`) puts the draft back."""
+        if self.generating or self._editing is not None:
+            return
+        users = [v for v in self.views() if v.role == "user" and v.msg_id is not None]
+        if not users:
             return
         last = users[-1]
-        self.store.delete_from(self.conv_id, last.id)
-        self._show_messages(self.store.messages(self.conv_id))
-        self.input.setPlainText(last.content)
+        self._editing = (last.msg_id, self.input.toPlainText())
+        self.input.setPlainText(last.text)
         self.input.setFocus()
+        self.banner.show_error("Editing your last message: sending replaces it and the "
+                               "replies after it; Esc cancels.", [("Cancel edit",
+                                                                   self.cancel_edit)])
+        self._update_buttons()
+
+    def cancel_edit(self) -> None:
+        if self._editing is None:
+            return
+        _msg_id, draft = self._editing
+        self._editing = None
+        self.input.setPlainText(draft)
+        self.banner.hide()
+        self._show_pending()
         self._update_buttons()
 
     def _current_messages(self) -> list[Message]:
-        return self.store.messages(self.conv_id) if self.conv_id is not None else []
+        return (self._safe(self.store.messages, self.conv_id) or []) \
+            if self.conv_id is not None else []
 
     def _ensure_reply(self) -> None:
-        """The reply's row exists from its first token on (so a kill keeps it)."""
-        if self._reply_id is None:
-            self._reply_id = self.store.add_message(self._reply_conv, "assistant", "")
-            if self._reply_conv == self.conv_id:
-                self._reply = self._append_view(MessageView("assistant", msg_id=self._reply_id))
+        """The reply's view, then its row, exist from its first token on (a kill keeps it)."""
+        if self._reply is None:
+            view = self._append_view(MessageView("assistant")) \
+                if self._reply_conv == self.conv_id else None
+            self._reply = PendingWrite(self._reply_conv, "assistant", "", view=view)
+            self._persist(self._reply)
 
     def _on_token(self, ev: object) -> None:
         if not self.generating:
             return
         self._ensure_reply()
-        self._reply_text += ev.text
+        self._reply.content += ev.text
         self._dirty = True
 
     def _render_reply(self) -> None:
-        if self._dirty and self._reply_id is not None:
-            self.store.update_message(self._reply_id, self._reply_text)
-            if self._reply is not None:
-                self._reply.set_text(self._reply_text)
-            self._dirty = False
+        """View first, then the database (a failed write never holds the view back)."""
+        r = self._reply
+        if not self._dirty or r is None:
+            return
+        self._dirty = False
+        if r.view is not None:
+            r.view.set_text(r.content)
+        if r not in self.pending and not self.pending:
+            self._persist(r)
 
     def _on_done(self, done: object) -> None:
         if not self.generating:
             return
-        self._render_timer.stop()
-        stats = {
-            "n_prompt": done.n_prompt, "n_generated": done.n_generated,
-            "ttft_s": done.ttft_s, "prefill_tok_s": done.prefill_tok_s,
-            "decode_tok_s": done.decode_tok_s, "total_s": done.total_s,
-            "finish_reason": done.finish_reason, "model": self.model_name,
-        }
-        if done.text or done.n_generated:
-            self._ensure_reply()
-        if self._reply_id is not None:
-            self.store.update_message(self._reply_id, done.text, stats)
-        if self._reply is not None:
-            self._reply.set_text(done.text)
-            self._reply.set_stats(stats)
-        self.generating = False
-        self._update_buttons()
-        self.generation_finished.emit(done)
+        try:
+            self._render_timer.stop()
+            stats = {
+                "n_prompt": done.n_prompt, "n_generated": done.n_generated,
+                "ttft_s": done.ttft_s, "prefill_tok_s": done.prefill_tok_s,
+                "decode_tok_s": done.decode_tok_s, "total_s": done.total_s,
+                "finish_reason": done.finish_reason, "model": self.model_name,
+            }
+            if done.text or done.n_generated:
+                self._ensure_reply()
+            r = self._reply
+            if r is not None:
+                r.content, r.stats, self._dirty = done.text, stats, False
+                if r.view is not None:
+                    r.view.set_text(done.text)
+                    r.view.set_stats(stats)
+                if r in self.pending:
+                    self.retry_pending()  # one more try now the reply is complete
+                else:
+                    self._persist(r)
+        finally:
+            self.generating = False
+            self._update_context()
+            self._update_versions()
+            self._update_buttons()
+            self.generation_finished.emit(done)
+
+    def _end_without_reply(self) -> None:
+        if self.generating:
+            try:
+                self._render_timer.stop()
+                self._render_reply()
+            finally:
+                self.generating = False
+                self._update_buttons()
+                self.generation_finished.emit(None)
 
     def _on_failed(self, kind: str, _message: str) -> None:
-        if kind == "generate" and self.generating:
-            self._render_timer.stop()
-            self._render_reply()
-            self.generating = False
-            self._update_buttons()
-            self.generation_finished.emit(None)
+        if kind == "generate":
+            self._end_without_reply()
+
+    def _on_cancelled(self, kind: str) -> None:
+        if kind == "generate":
+            self._end_without_reply()
 
     def _update_buttons(self) -> None:
-        has_msgs = bool(self._current_messages())
+        has_msgs = bool(self.views())
         self.send_button.setEnabled(not self.generating)
         self.stop_button.setEnabled(self.generating)
         self.regen_button.setEnabled(not self.generating and has_msgs)
-        self.edit_button.setEnabled(not self.generating and has_msgs)
+        self.edit_button.setEnabled(not self.generating and has_msgs and self._editing is None)
         self.export_button.setEnabled(self.conv_id is not None)
         self.delete_button.setEnabled(self.conv_id is not None)
+
+    def set_context_length(self, n: int | None) -> None:
+        self.context_length = n
+        self._update_context()
+
+    def _update_context(self) -> None:
+        """'1.2K / 8.2K tokens': prompt plus reply of the last turn against the context."""
+        from gui.format import human_count
+
+        last = next((v.stats for v in reversed(self.views())
+                     if v.role == "assistant" and v.stats), None) if self.views() else None
+        used = (last.get("n_prompt", 0) + last.get("n_generated", 0)) if last else 0
+        if not self.context_length:
+            self.context_label.setText("")
+            return
+        used_text = human_count(used) if used else "0"
+        self.context_label.setText(f"{used_text} / {human_count(self.context_length)} tokens")
 
     def set_model(self, name: str) -> None:
         self.model_name = name
         self.model_label.setText(f"Model: {name}" if name else "No chat model loaded")
+        if name and self.banner.actions.keys() == {"Load SmolLM2…"}:
+            self.banner.hide()
 
     # --- export ----------------------------------------------------------------------
     def export(self, path: str | Path) -> Path:
@@ -383,11 +759,10 @@ class ChatPane(QWidget):
             raise ValueError("no conversation open")
         text = self.store.export_json(self.conv_id) if path.suffix == ".json" \
             else self.store.export_markdown(self.conv_id)
-        path.write_text(text, encoding="utf-8")
-        return path
+        return write_atomic(path, text)
 
     def _export_dialog(self, fmt: str) -> None:
-        conv = self.store.get(self.conv_id) if self.conv_id is not None else None
+        conv = self._safe(self.store.get, self.conv_id) if self.conv_id is not None else None
         if conv is None:
             return
         stem = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title).strip()
@@ -395,4 +770,7 @@ class ChatPane(QWidget):
         path, _ = QFileDialog.getSaveFileName(self, "Export conversation",
                                               f"{stem or 'conversation'}.{fmt}", filt)
         if path:
-            self.export(path)
+            try:
+                self.export(path)
+            except (OSError, StorageError) as exc:
+                self.banner.show_error(f"Could not export to {path}: {exc}.")

@@ -2,17 +2,30 @@
 
 Every message is written when it is shown (and a streaming reply is rewritten as it grows),
 so killing the app loses nothing already on screen. WAL with synchronous=NORMAL makes each
-commit a plain write() into the OS page cache: durable against a process kill, and cheap
-enough (well under a millisecond) to run on the GUI thread.
+commit a plain write() into the OS page cache: durable against a process kill, and cheap.
+
+Storage degrades, never breaks the app:
+- a write that fails (another process holds the lock, the disk is full) raises
+  :class:`StorageError` with one sentence after at most ``BUSY_MS``; the caller keeps the
+  data in memory and offers Retry / Save as…;
+- a damaged file is moved aside as ``conversations.corrupt-<date>.sqlite3``, the rows that
+  can still be read are copied into a fresh database, and :attr:`notice` says so;
+- a read-only data folder opens an in-memory copy (:attr:`read_only`): the app works, and
+  :attr:`notice` says that nothing from this session is saved.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+BUSY_MS = 200  # a locked database costs the GUI thread at most this per write
+OPEN_TIMEOUT_S = 2.0  # opening (once, at start) may wait a little longer for a lock
+SALVAGE_MISSES = 2000  # consecutive unreadable ids after which salvage stops probing
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -28,10 +41,17 @@ CREATE TABLE IF NOT EXISTS messages (
     role TEXT NOT NULL,
     content TEXT NOT NULL,
     stats TEXT NOT NULL DEFAULT '{}',
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    active INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
+CONV_COLS = "id, title, system_prompt, created, updated"
+MSG_COLS = "id, conversation_id, role, content, stats, created, active"
+
+
+class StorageError(Exception):
+    """A read or write of the conversations database failed; ``str()`` is one sentence."""
 
 
 @dataclass
@@ -50,6 +70,13 @@ class Conversation:
     updated: float
 
 
+@dataclass
+class DeletedConversation:
+    """Everything needed to put a deleted conversation back (undo), ids included."""
+    conv: tuple
+    messages: list[tuple]
+
+
 def default_db_path() -> Path:
     """``<AppDataLocation>/conversations.sqlite3`` (e.g. ~/.local/share/Inferdesk/Inferdesk)."""
     from PySide6.QtCore import QStandardPaths
@@ -58,80 +85,233 @@ def default_db_path() -> Path:
     return base / "conversations.sqlite3"
 
 
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text[0].lower() + text[1:] if text else text
+
+
+def _writable(path: Path) -> bool:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    if not os.access(path.parent, os.W_OK):
+        return False
+    return not path.exists() or os.access(path, os.W_OK)
+
+
 class ConversationStore:
-    """All reads and writes happen on the GUI thread, one short transaction each."""
+    """All reads and writes happen on the GUI thread, one short transaction each; a lock
+    held elsewhere delays one of them at most ``BUSY_MS`` before it fails."""
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None)  # autocommit
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self.read_only = False
+        self.notice = ""  # one paragraph for the window when the store opened degraded
+        self.moved_to: Path | None = None
+        if not _writable(self.path):
+            self._open_memory_copy(
+                f"The data folder {self.path.parent} is read-only: your conversations are "
+                "shown, but nothing from this session will be saved (use Save as… to keep a "
+                "chat elsewhere).")
+            return
+        try:
+            self._db = self._open(self.path)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                self._recover(exc)
+                return
+            self._open_memory_copy(
+                f"The conversations database is locked by another program ({_reason(exc)}): "
+                "nothing from this session will be saved; close the other program and "
+                "restart to save again.")
+        except sqlite3.DatabaseError as exc:
+            self._recover(exc)
+
+    # --- opening ---------------------------------------------------------------------
+    @staticmethod
+    def _open(path: Path | str, uri: bool = False) -> sqlite3.Connection:
+        db = sqlite3.connect(path, timeout=OPEN_TIMEOUT_S, isolation_level=None, uri=uri)
+        try:
+            if str(path) != ":memory:":
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                check = db.execute("PRAGMA quick_check").fetchone()[0]
+                if check != "ok":
+                    raise sqlite3.DatabaseError(f"the integrity check failed ({check})")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.executescript(SCHEMA)
+            cols = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
+            if "active" not in cols:  # databases written before reply versions existed
+                db.execute("ALTER TABLE messages ADD COLUMN active INTEGER NOT NULL DEFAULT 1")
+            db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _open_memory_copy(self, notice: str) -> None:
+        """Read-only mode: the file's contents (if readable) in an in-memory database."""
+        self.read_only, self.notice = True, notice
+        self._db = sqlite3.connect(":memory:", isolation_level=None)
+        if self.path.exists():
+            try:
+                src = sqlite3.connect(f"file:{self.path}?mode=ro&immutable=1", uri=True)
+                src.backup(self._db)
+                src.close()
+            except sqlite3.Error as exc:
+                self.notice += f" The existing conversations could not be read ({_reason(exc)})."
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+
+    def _recover(self, exc: BaseException) -> None:
+        """Move the damaged file aside, start a fresh one, copy in what can still be read."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest = self.path.with_name(f"{self.path.stem}.corrupt-{stamp}{self.path.suffix}")
+        os.replace(self.path, dest)
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(self.path) + suffix)
+            if side.exists():
+                os.replace(side, Path(str(dest) + suffix))
+        self.moved_to = dest
+        convs, msgs = salvage(dest)
+        self._db = self._open(self.path)
+        with self._db:
+            self._db.executemany(
+                f"INSERT INTO conversations ({CONV_COLS}) VALUES (?, ?, ?, ?, ?)", convs)
+            self._db.executemany(
+                f"INSERT INTO messages ({MSG_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)", msgs)
+        self.notice = (
+            f"The conversations database was damaged ({_reason(exc)}) and has been moved to "
+            f"{dest.name}; {len(convs)} conversations and {len(msgs)} messages were "
+            "recovered from it.")
 
     def close(self) -> None:
         self._db.close()
 
+    # --- guarded access --------------------------------------------------------------
+    def _write(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise StorageError(f"Could not save to {self.path.name}: {_reason(exc)}.") from exc
+
+    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StorageError(f"Could not read {self.path.name}: {_reason(exc)}.") from exc
+
     # --- conversations ---------------------------------------------------------------
     def create(self, title: str = "New chat", system_prompt: str = "") -> int:
         now = time.time()
-        cur = self._db.execute(
+        cur = self._write(
             "INSERT INTO conversations (title, system_prompt, created, updated)"
             " VALUES (?, ?, ?, ?)", (title, system_prompt, now, now))
         return int(cur.lastrowid)
 
-    def conversations(self) -> list[Conversation]:
-        """Most recently updated first."""
-        rows = self._db.execute(
-            "SELECT id, title, system_prompt, updated FROM conversations"
-            " ORDER BY updated DESC, id DESC").fetchall()
+    def conversations(self, query: str = "") -> list[Conversation]:
+        """Most recently updated first; ``query`` matches titles and message text."""
+        if not query:
+            rows = self._read("SELECT id, title, system_prompt, updated FROM conversations"
+                              " ORDER BY updated DESC, id DESC")
+        else:
+            like = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            rows = self._read(
+                "SELECT id, title, system_prompt, updated FROM conversations c"
+                " WHERE title LIKE ?1 ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
+                "  WHERE m.conversation_id = c.id AND m.content LIKE ?1 ESCAPE '\\')"
+                " ORDER BY updated DESC, id DESC", (like,))
         return [Conversation(*row) for row in rows]
 
     def get(self, conv_id: int) -> Conversation | None:
-        row = self._db.execute(
+        rows = self._read(
             "SELECT id, title, system_prompt, updated FROM conversations WHERE id = ?",
-            (conv_id,)).fetchone()
-        return Conversation(*row) if row else None
+            (conv_id,))
+        return Conversation(*rows[0]) if rows else None
+
+    def find_empty(self) -> int | None:
+        """The newest conversation with no messages (reused instead of another 'New chat')."""
+        rows = self._read(
+            "SELECT id FROM conversations c WHERE NOT EXISTS (SELECT 1 FROM messages m"
+            " WHERE m.conversation_id = c.id) ORDER BY updated DESC, id DESC LIMIT 1")
+        return int(rows[0][0]) if rows else None
 
     def rename(self, conv_id: int, title: str) -> None:
-        self._db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conv_id))
+        self._write("UPDATE conversations SET title = ? WHERE id = ?", (title, conv_id))
 
     def set_system_prompt(self, conv_id: int, text: str) -> None:
-        self._db.execute(
-            "UPDATE conversations SET system_prompt = ? WHERE id = ?", (text, conv_id))
+        self._write("UPDATE conversations SET system_prompt = ? WHERE id = ?", (text, conv_id))
 
-    def delete(self, conv_id: int) -> None:
-        self._db.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
+    def delete(self, conv_id: int) -> DeletedConversation | None:
+        """Delete a conversation; the returned record puts it back with :meth:`restore`."""
+        conv = self._read(f"SELECT {CONV_COLS} FROM conversations WHERE id = ?", (conv_id,))
+        if not conv:
+            return None
+        msgs = self._read(f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ?"
+                          " ORDER BY id", (conv_id,))
+        self._write("DELETE FROM conversations WHERE id = ?", (conv_id,))
+        return DeletedConversation(conv[0], msgs)
+
+    def restore(self, deleted: DeletedConversation) -> int:
+        try:
+            with self._db:
+                self._db.execute(
+                    f"INSERT INTO conversations ({CONV_COLS}) VALUES (?, ?, ?, ?, ?)",
+                    deleted.conv)
+                self._db.executemany(
+                    f"INSERT INTO messages ({MSG_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    deleted.messages)
+        except sqlite3.Error as exc:
+            raise StorageError(f"Could not save to {self.path.name}: {_reason(exc)}.") from exc
+        return int(deleted.conv[0])
 
     # --- messages --------------------------------------------------------------------
     def messages(self, conv_id: int) -> list[Message]:
-        rows = self._db.execute(
+        """The conversation as shown: each reply's chosen version only."""
+        rows = self._read(
             "SELECT id, role, content, stats FROM messages WHERE conversation_id = ?"
-            " ORDER BY id", (conv_id,)).fetchall()
+            " AND active = 1 ORDER BY id", (conv_id,))
         return [Message(i, role, content, json.loads(stats or "{}"))
                 for i, role, content, stats in rows]
 
     def add_message(self, conv_id: int, role: str, content: str, stats: dict | None = None) -> int:
         now = time.time()
-        with self._db:
-            cur = self._db.execute(
-                "INSERT INTO messages (conversation_id, role, content, stats, created)"
-                " VALUES (?, ?, ?, ?, ?)", (conv_id, role, content, json.dumps(stats or {}), now))
-            self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conv_id))
+        try:
+            with self._db:
+                cur = self._db.execute(
+                    "INSERT INTO messages (conversation_id, role, content, stats, created)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (conv_id, role, content, json.dumps(stats or {}), now))
+                self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?",
+                                 (now, conv_id))
+        except sqlite3.Error as exc:
+            raise StorageError(f"Could not save to {self.path.name}: {_reason(exc)}.") from exc
         return int(cur.lastrowid)
 
     def update_message(self, msg_id: int, content: str, stats: dict | None = None) -> None:
         if stats is None:
-            self._db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, msg_id))
+            self._write("UPDATE messages SET content = ? WHERE id = ?", (content, msg_id))
         else:
-            self._db.execute("UPDATE messages SET content = ?, stats = ? WHERE id = ?",
-                             (content, json.dumps(stats), msg_id))
+            self._write("UPDATE messages SET content = ?, stats = ? WHERE id = ?",
+                        (content, json.dumps(stats), msg_id))
 
     def delete_from(self, conv_id: int, msg_id: int) -> None:
-        """Delete message ``msg_id`` and every later one (regenerate, edit last message)."""
-        self._db.execute(
-            "DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conv_id, msg_id))
+        """Delete message ``msg_id`` and every later one, all versions (edit a message)."""
+        self._write("DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
+                    (conv_id, msg_id))
+
+    # --- reply versions (regenerate keeps the earlier ones) -----------------------------
+    def versions(self, conv_id: int, after_id: int) -> list[int]:
+        """Ids of every version of the reply to user message ``after_id``, oldest first."""
+        rows = self._read("SELECT id FROM messages WHERE conversation_id = ? AND id > ?"
+                          " AND role = 'assistant' ORDER BY id", (conv_id, after_id))
+        return [int(r[0]) for r in rows]
+
+    def choose_version(self, conv_id: int, after_id: int, msg_id: int | None) -> None:
+        """Show version ``msg_id`` of that reply (None hides them all, before a regenerate)."""
+        self._write("UPDATE messages SET active = (id IS ?) WHERE conversation_id = ?"
+                    " AND id > ? AND role = 'assistant'", (msg_id, conv_id, after_id))
 
     # --- export ----------------------------------------------------------------------
     def export_json(self, conv_id: int) -> str:
@@ -147,16 +327,85 @@ class ConversationStore:
         return json.dumps(doc, indent=2, ensure_ascii=False)
 
     def export_markdown(self, conv_id: int) -> str:
-        from gui.format import message_stats
-
         conv = self.get(conv_id)
         if conv is None:
             raise KeyError(conv_id)
-        out = [f"# {conv.title}", ""]
-        if conv.system_prompt:
-            out += ["**System:** " + conv.system_prompt, ""]
-        for m in self.messages(conv_id):
-            out += [f"## {m.role.capitalize()}", "", m.content, ""]
-            if m.stats:
-                out += [f"*{message_stats(m.stats)}*", ""]
-        return "\n".join(out)
+        return conversation_markdown(conv.title, conv.system_prompt,
+                                     [(m.role, m.content, m.stats)
+                                      for m in self.messages(conv_id)])
+
+
+def conversation_markdown(title: str, system_prompt: str,
+                          messages: list[tuple[str, str, dict]]) -> str:
+    """A conversation as Markdown (export, and Save as… of what a window shows)."""
+    from gui.format import message_stats
+
+    out = [f"# {title}", ""]
+    if system_prompt:
+        out += ["**System:** " + system_prompt, ""]
+    for role, content, stats in messages:
+        out += [f"## {role.capitalize()}", "", content, ""]
+        if stats:
+            out += [f"*{message_stats(stats)}*", ""]
+    return "\n".join(out)
+
+
+def write_atomic(path: Path | str, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path`` and rename it into place, so a
+    full disk leaves the old file whole rather than a truncated one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _rows(db: sqlite3.Connection, table: str, cols: str) -> list[tuple]:
+    """Every readable row of ``table``: all at once, else id by id around bad pages."""
+    try:
+        return db.execute(f"SELECT {cols} FROM {table} ORDER BY id").fetchall()
+    except sqlite3.Error:
+        pass
+    out, misses, i = [], 0, 0
+    while misses < SALVAGE_MISSES:
+        i += 1
+        try:
+            row = db.execute(f"SELECT {cols} FROM {table} WHERE id = ?", (i,)).fetchone()
+        except sqlite3.Error:
+            row = None
+        if row is None:
+            misses += 1
+        else:
+            out.append(row)
+            misses = 0
+    return out
+
+
+def salvage(path: Path) -> tuple[list[tuple], list[tuple]]:
+    """(conversation rows, message rows) still readable in a damaged database file."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        db.execute("SELECT 1 FROM sqlite_master").fetchall()
+    except sqlite3.Error:
+        return [], []  # the header itself is gone
+    try:
+        convs = _rows(db, "conversations", CONV_COLS)
+        try:
+            db.execute("SELECT active FROM messages LIMIT 0")
+            msgs = _rows(db, "messages", MSG_COLS)
+        except sqlite3.Error:
+            msgs = _rows(db, "messages", MSG_COLS.replace("active", "1"))
+    finally:
+        db.close()
+    known = {c[0] for c in convs}
+    now = time.time()
+    for conv_id in sorted({m[1] for m in msgs} - known):  # its conversation row was lost
+        convs.append((conv_id, "Recovered chat", "", now, now))
+    return convs, msgs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtWidgets import (
     QFileDialog,
     QGroupBox,
@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QSpinBox,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -105,6 +106,9 @@ class EmbedPane(QWidget):
         self.heat_plot.invertY(True)
         self.heat_plot.setLabel("bottom", "sentence")
         self.heat_plot.setLabel("left", "sentence")
+        for side in ("bottom", "left"):  # sentence numbers, never "(x0.001)"
+            self.heat_plot.getAxis(side).enableAutoSIPrefix(False)
+        self.heat_plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.heat_item = pg.ImageItem(axisOrder="row-major")
         self.heat_plot.addItem(self.heat_item)
         self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("viridis"),
@@ -115,6 +119,7 @@ class EmbedPane(QWidget):
         self.heat_label.setVisible(False)
         self.heat_plot.addItem(self.heat_label)
         self.heat_plot.scene().sigMouseMoved.connect(self._hover_heatmap)
+        self.heat_plot.installEventFilter(self)  # hide the hover label when the mouse leaves
 
         self.scatter_plot = pg.PlotWidget(title="2-D projection (PCA)", background="w")
         self.scatter = pg.ScatterPlotItem(size=7, pen=pg.mkPen("#1e3a8a", width=0.5),
@@ -138,9 +143,15 @@ class EmbedPane(QWidget):
         self.query_box = QLineEdit()
         self.query_box.setPlaceholderText("Type a query and press Enter")
         self.query_box.returnPressed.connect(lambda: self.query())
+        self.k_box = QSpinBox()
+        self.k_box.setRange(1, 1)
+        self.k_box.setPrefix("k = ")
+        self.k_box.setToolTip("How many neighbours to show (at most one fewer than the "
+                              "sentences embedded)")
         self.query_button = QPushButton("Search")
         self.query_button.clicked.connect(lambda: self.query())
         qrow.addWidget(self.query_box, 1)
+        qrow.addWidget(self.k_box)
         qrow.addWidget(self.query_button)
         self.results = QListWidget()
         sv.addLayout(qrow)
@@ -179,11 +190,13 @@ class EmbedPane(QWidget):
         if self.embedding:
             self.handle.cancel("embed")
 
-    def query(self, text: str | None = None, k: int = 10) -> bool:
+    def query(self, text: str | None = None, k: int | None = None) -> bool:
+        """Search the embedded sentences; ``k`` defaults to the box (at most n - 1)."""
         text = (self.query_box.text() if text is None else text).strip()
         if not text or self.result is None:
             return False
-        self.handle.query(text, k)
+        n = len(self.result.sentences)
+        self.handle.query(text, max(1, min(k or self.k_box.value(), n - 1)))
         return True
 
     def export(self, path: str) -> None:
@@ -206,7 +219,8 @@ class EmbedPane(QWidget):
             w.setEnabled(have)
 
     def _count(self) -> None:
-        self.count_label.setText(f"{len(self.sentences())} sentences")
+        n = len(self.sentences())
+        self.count_label.setText(f"{n} sentence" + ("" if n == 1 else "s"))
 
     # --- results ---------------------------------------------------------------------
     def _on_progress(self, done: int, total: int) -> None:
@@ -216,7 +230,11 @@ class EmbedPane(QWidget):
     def _on_embedded(self, result: EmbedResult) -> None:
         self.result = result
         n = len(result.sentences)
+        self.k_box.setRange(1, max(1, n - 1))
+        self.k_box.setValue(min(5, max(1, n - 1)))
         lo = float(np.min(result.heatmap))
+        if lo > 0.999:  # one sentence (or identical ones): not the darkest colour
+            lo = 0.0
         self.heat_item.setImage(result.heatmap, levels=(lo, 1.0))
         self.heat_item.setRect(0, 0, n, n)  # axes in sentences even when pixels are blocks
         self.colorbar.setLevels((lo, 1.0))
@@ -259,13 +277,24 @@ class EmbedPane(QWidget):
             return
         p = points[0]
         self.scatter_label.setText(_snip(self.result.sentences[int(p.data())]))
-        self.scatter_label.setPos(p.pos())
+        # Open the label towards the middle of the view, so it is never cut at an edge.
+        (x0, x1), (y0, y1) = self.scatter_plot.getPlotItem().vb.viewRange()
+        pos = p.pos()
+        self.scatter_label.setAnchor((1 if pos.x() > (x0 + x1) / 2 else 0,
+                                      0 if pos.y() > (y0 + y1) / 2 else 1))
+        self.scatter_label.setPos(pos)
         self.scatter_label.setVisible(True)
+
+    def eventFilter(self, obj: object, event: QEvent) -> bool:  # noqa: N802 - Qt override
+        if obj is self.heat_plot and event.type() == QEvent.Type.Leave:
+            self.heat_label.setVisible(False)
+        return super().eventFilter(obj, event)
 
     def _hover_heatmap(self, scene_pos: object) -> None:
         r = self.result
         vb = self.heat_plot.getPlotItem().vb
         if r is None or not self.heat_plot.sceneBoundingRect().contains(scene_pos):
+            self.heat_label.setVisible(False)
             return
         pt = vb.mapSceneToView(scene_pos)
         n = len(r.sentences)

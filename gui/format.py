@@ -4,15 +4,15 @@ from __future__ import annotations
 
 
 def human_bytes(n: int | float | None) -> str:
-    """1536 -> '1.5 KB'; None -> '—' (the backend cannot know)."""
+    """1536 -> '1.5 KiB' (binary units, labelled as such); None -> '—' (unknown)."""
     if n is None:
         return "—"
     size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(size) < 1024 or unit == "TB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    return f"{size:.1f} TB"
+    return f"{size:.1f} TiB"
 
 
 def human_count(n: int | None) -> str:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import psutil
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
-from PySide6.QtWidgets import QLabel, QMainWindow, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QLabel,
+    QMainWindow,
+    QPushButton,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from gui import gc_guard
 from gui.chat_pane import ChatPane
@@ -23,6 +30,9 @@ from gui.worker import LoadedInfo, WorkerHandle
 BUSY_TEXT = {"load": "Loading model…", "generate": "Generating…", "embed": "Embedding…",
              "discover": "Looking for models…", "probe": "Checking backends…",
              "query": "Searching…", "export": "Saving…"}
+
+
+CLOSE_WAIT_MS = 2000
 
 
 class MainWindow(QMainWindow):
@@ -64,7 +74,14 @@ class MainWindow(QMainWindow):
         self.status_backend = QLabel("Backend: —")
         self.status_model = QLabel("Model: —")
         self.status_memory = QLabel("")
+        self.undo_button = QPushButton("Undo delete")
+        self.undo_button.setFlat(True)
+        self.undo_button.setToolTip("Bring back the chat just deleted (Ctrl+Z)")
+        self.undo_button.clicked.connect(self.undo_delete)
+        self.undo_button.hide()
+        self.statusBar().addWidget(self.undo_button)
         for w in (self.status_backend, self.status_model, self.status_memory):
+            w.setMinimumWidth(20)
             self.statusBar().addPermanentWidget(w)
         self._mem_timer = QTimer(self, interval=1000)
         self._mem_timer.timeout.connect(self._update_memory)
@@ -79,9 +96,13 @@ class MainWindow(QMainWindow):
         self.handle.loaded.connect(self._on_loaded)
         self.handle.unloaded.connect(lambda _k: self._update_models())
         self.handle.discovered.connect(self._maybe_autoload)
+        self.chat.load_requested.connect(self.load_bundled_chat)
+        self.chat.deleted.connect(self._on_chat_deleted)
         self.perf.profile_changed.connect(self._set_profile)
         self.perf.profile_box.setChecked(self.settings.get("perf/profile", False, bool))
         self._restore()
+        if self.store.notice:  # the chat's banner says what happened to the conversations
+            self.tabs.setCurrentWidget(self.chat)
         self.handle.probe()
         self.picker.refresh()
 
@@ -110,10 +131,19 @@ class MainWindow(QMainWindow):
         self.stop_action = action(chat, "Stop", self.stop, ["Esc"], "stop")
         action(chat, "Regenerate", self.chat.regenerate, [], "regenerate")
         action(chat, "Edit last message", self.chat.edit_last, [], "edit")
+        self.undo_action = action(chat, "Undo delete", self.undo_delete, ["Ctrl+Z"])
+        chat.addSeparator()
+        self.enter_action = action(chat, "Enter sends (Shift+Enter adds a line)",
+                                   self.chat.set_enter_sends)
+        self.enter_action.setCheckable(True)
+        self.enter_action.setChecked(self.chat.enter_sends())
         view = bar.addMenu("&View")
         for i in range(self.tabs.count()):
             action(view, self.tabs.tabText(i), lambda _=False, i=i: self.tabs.setCurrentIndex(i),
                    [f"Ctrl+{i + 1}"])
+        view.addSeparator()
+        action(view, "Chats panel", lambda: self.chat.toggle_panel(0), ["Ctrl+Shift+L"])
+        action(view, "Settings panel", lambda: self.chat.toggle_panel(2), ["Ctrl+Shift+R"])
 
     def new_chat(self) -> None:
         self.tabs.setCurrentWidget(self.chat)
@@ -128,9 +158,30 @@ class MainWindow(QMainWindow):
             self.chat.send()
 
     def stop(self) -> None:
-        """Esc: stop generation (within one token) and cancel embedding."""
+        """Esc: stop generation (within one token), cancel embedding, or end an edit."""
+        if not self.chat.generating:
+            self.chat.cancel_edit()
         self.chat.stop()
         self.embed.cancel()
+
+    def undo_delete(self) -> None:
+        if self.chat.undo_delete() is not None:
+            self.tabs.setCurrentWidget(self.chat)
+            self.statusBar().showMessage("Chat restored.", 4000)
+        self.undo_button.setVisible(self.chat.can_undo())
+
+    def _on_chat_deleted(self, title: str) -> None:
+        self.statusBar().showMessage(f'Deleted "{title}".', 8000)
+        self.undo_button.show()
+
+    def load_bundled_chat(self) -> None:
+        """The chat banner's "Load SmolLM2…": the bundled chat model (or the Models tab)."""
+        spec = next((s for s in self.picker.specs
+                     if s.kind == "causal" and s.source == "bundled"), None)
+        if spec is None:
+            self.tabs.setCurrentWidget(self.picker)
+        else:
+            self.picker.load(spec)
 
     def _set_profile(self, on: bool) -> None:
         self.chat.profile = on
@@ -152,6 +203,7 @@ class MainWindow(QMainWindow):
             gc_guard.freeze_heap()
         if info.kind == "causal":
             self.chat.set_model(info.name)
+            self.chat.set_context_length(info.context_length)
         self.banner.hide()
         self._update_models()
 
@@ -192,7 +244,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geometry)
         else:
             self.resize(1280, 800)
-        self.tabs.setCurrentIndex(self.settings.get("window/tab", 0, int))
+        self.tabs.setCurrentIndex(self.settings.number("window/tab", 0, 0, self.tabs.count() - 1))
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt override
         if self._closed:
@@ -205,8 +257,9 @@ class MainWindow(QMainWindow):
         self.perf.timer.stop()
         self._mem_timer.stop()
         self.chat._render_reply()  # flush the streaming reply before the worker stops
-        self.handle.shutdown()
-        self.downloads.shutdown()
+        # A job that ignores its cancel must not hold the window: 2 s each, then detach.
+        self.handle.shutdown(CLOSE_WAIT_MS)
+        self.downloads.shutdown(CLOSE_WAIT_MS)
         self.server.shutdown()
         self.store.close()
         super().closeEvent(event)

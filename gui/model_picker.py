@@ -154,9 +154,21 @@ class ModelPicker(QWidget):
             return
         for p in paths:
             self.settings.add_extra_path(p)
-        self._pending_path = paths[0]
-        self.load(paths[0])
+        if not self.loaded or self.confirm_replace(Path(paths[0]).name):
+            self._pending_path = paths[0]
+            self.load(paths[0])
         self.refresh()
+
+    def confirm_replace(self, name: str) -> bool:
+        """Ask before a new file takes the place of a loaded model (No: only list it)."""
+        from PySide6.QtWidgets import QMessageBox
+
+        loaded = ", ".join(i.name for i in self.loaded.values())
+        answer = QMessageBox.question(
+            self, "Load the added model?",
+            f"Load {name} now? It replaces the loaded model of the same kind ({loaded}). "
+            "Choose No to only add it to the list.")
+        return answer == QMessageBox.StandardButton.Yes
 
     def add_file_dialog(self) -> None:
         paths, _ = QFileDialog.getOpenFileNames(self, "Add model file", str(Path.home()),
@@ -275,6 +287,8 @@ class ModelPicker(QWidget):
 
     def _on_unloaded(self, kind: str) -> None:
         self.loaded.pop(kind, None)
+        if self.load_status.text().startswith("Loaded") and not self.loading:
+            self.load_status.setText("")  # no stale "Loaded …" line after an unload
         self._show_loaded()
         self._mark_loaded()
         self._update_buttons()

@@ -129,11 +129,14 @@ class PerfPane(QWidget):
         self.ttft_bars = pg.BarGraphItem(x=[], height=[], width=0.6,
                                          brush=COLORS["ttft"], pen=None)
         self.ttft_plot.addItem(self.ttft_bars)
-        mem = time_plot(1, 1, "Memory", "MB", ("device_used", "device_peak", "host_rss"))
-        mem.addLegend(offset=(-5, 5))
+        mem = time_plot(1, 1, "Memory", "MiB", ("device_used", "device_peak", "host_rss"))
+        self.mem_legend = mem.addLegend(offset=(-5, 5))
         curve(mem, "device_used", "device used")
         curve(mem, "device_peak", "device peak")
         curve(mem, "host_rss", "host RSS")
+        self.mem_plot = mem
+        self.has_device = True
+        self._show_device(False)  # until a backend reports device memory
         split.addWidget(self.graphs)
 
         ops = QGroupBox("Per-op timing (last message)")
@@ -163,12 +166,26 @@ class PerfPane(QWidget):
         s["t"].append(time.monotonic() - self.t0)
         s["decode"].append(self.decode if self.generating else math.nan)
         s["prefill"].append(self.prefill if self.generating else math.nan)
+        self._show_device(self.device[0] is not None)
         s["device_used"].append(_mb(self.device[0]))
         s["device_peak"].append(_mb(self.device[1]))
         s["host_rss"].append(self._proc.memory_info().rss / MB)
         if not self.isVisible():
             return  # keep collecting, skip drawing while hidden
         self.redraw()
+
+    def _show_device(self, on: bool) -> None:
+        """Device series appear only with data; without, the title says what is shown."""
+        if on == self.has_device:
+            return
+        self.has_device = on
+        for key, name in (("device_used", "device used"), ("device_peak", "device peak")):
+            self.curves[key].setVisible(on)
+            if on:
+                self.mem_legend.addItem(self.curves[key], name)
+            else:
+                self.mem_legend.removeItem(self.curves[key])
+        self.mem_plot.setTitle("Memory" if on else "Memory (no GPU device: showing process RAM)")
 
     def redraw(self) -> None:
         t = np.fromiter(self.series["t"], float)

@@ -5,17 +5,17 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QSpinBox, QWidget
 
-from gui.settings import SAMPLING_DEFAULTS
+from gui.settings import SAMPLING_DEFAULTS, SAMPLING_RANGES
 
-# key: (label, minimum, maximum, step, decimals or None for an int box, tooltip)
+# key: (label, step, decimals or None for an int box, tooltip); ranges: SAMPLING_RANGES
 FIELDS = {
-    "temperature": ("Temperature", 0.0, 2.0, 0.05, 2, "0 = greedy (always the likeliest token)"),
-    "top_k": ("Top-k", 0, 1000, 1, None, "Keep the k likeliest tokens; 0 = off"),
-    "top_p": ("Top-p", 0.0, 1.0, 0.01, 2, "Keep the smallest set with this total probability"),
-    "min_p": ("Min-p", 0.0, 1.0, 0.01, 2, "Drop tokens below this fraction of the top one"),
-    "repetition_penalty": ("Repetition penalty", 1.0, 2.0, 0.01, 2, "1 = off"),
-    "max_tokens": ("Max tokens", 1, 32768, 16, None, "Longest reply"),
-    "seed": ("Seed", -1, 2**31 - 1, 1, None, "-1 = random each time"),
+    "temperature": ("Temperature", 0.05, 2, "0 = greedy (always the likeliest token)"),
+    "top_k": ("Top-k", 1, None, "Keep the k likeliest tokens; 0 = off"),
+    "top_p": ("Top-p", 0.01, 2, "Keep the smallest set with this total probability"),
+    "min_p": ("Min-p", 0.01, 2, "Drop tokens below this fraction of the top one"),
+    "repetition_penalty": ("Repetition penalty", 0.01, 2, "1 = off"),
+    "max_tokens": ("Max tokens", 16, None, "Longest reply"),
+    "seed": ("Seed", 1, None, "-1 = random each time"),
 }
 
 
@@ -27,7 +27,8 @@ class SamplingPanel(QWidget):
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
         self.boxes: dict[str, QSpinBox | QDoubleSpinBox] = {}
-        for key, (label, lo, hi, step, decimals, tip) in FIELDS.items():
+        for key, (label, step, decimals, tip) in FIELDS.items():
+            lo, hi = SAMPLING_RANGES[key]
             box = QSpinBox() if decimals is None else QDoubleSpinBox()
             if decimals is not None:
                 box.setDecimals(decimals)

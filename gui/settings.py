@@ -13,6 +13,16 @@ SAMPLING_DEFAULTS: dict[str, float | int] = {
     "max_tokens": 256,
     "seed": -1,  # -1 = a new random seed each time
 }
+# Valid range of each sampling value; the sampling panel's boxes use the same bounds.
+SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 2.0),
+    "top_k": (0, 1000),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "repetition_penalty": (1.0, 2.0),
+    "max_tokens": (1, 32768),
+    "seed": (-1, 2**31 - 1),
+}
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 
@@ -38,8 +48,21 @@ class Settings:
     def set(self, key: str, value) -> None:  # noqa: ANN001
         self.q.setValue(key, value)
 
+    def number(self, key: str, default: float | int, lo: float, hi: float) -> float | int:
+        """A number clamped to [lo, hi]; unreadable or NaN values give ``default`` (a
+        hand-edited settings file must never stop the app from starting)."""
+        try:
+            value = float(self.q.value(key, default))
+        except (TypeError, ValueError):
+            return default
+        if value != value:  # NaN
+            return default
+        value = min(max(value, lo), hi)
+        return int(value) if isinstance(default, int) else value
+
     def sampling(self) -> dict[str, float | int]:
-        return {k: self.get(f"sampling/{k}", v, type(v)) for k, v in SAMPLING_DEFAULTS.items()}
+        return {k: self.number(f"sampling/{k}", v, *SAMPLING_RANGES[k])
+                for k, v in SAMPLING_DEFAULTS.items()}
 
     def set_sampling(self, values: dict[str, float | int]) -> None:
         for k, v in values.items():

@@ -43,6 +43,7 @@ class LoadedInfo:
     reason: str
     est_memory: int | None
     used_memory: int | None  # measured growth of device (or host) memory during the load
+    context_length: int | None = None  # tokens a conversation can hold (chat models)
 
 
 @dataclass
@@ -211,7 +212,8 @@ class Worker(QObject):
             spec = model.spec
             self.loaded.emit(LoadedInfo(
                 model.kind, spec.name, str(spec.path), model.backend.name,
-                model.backend_reason, spec.est_memory, used))
+                model.backend_reason, spec.est_memory, used,
+                getattr(model, "context_length", None)))
             self._sample_memory(force=True, model=model)
 
         self._run("load", job)
@@ -455,11 +457,29 @@ class WorkerHandle(QObject):
         if ev is not None:
             ev.set()
 
-    def shutdown(self, timeout_ms: int = 20000) -> None:
-        """Cancel what is running, close the models and stop the thread."""
+    def shutdown(self, timeout_ms: int = 20000) -> bool:
+        """Cancel what is running, close the models and stop the thread, waiting at most
+        ``timeout_ms``. A job that ignores its cancel is detached (see :func:`_detach`)
+        rather than waited for; False then."""
         for ev in self._cancels.values():
             ev.set()
         if self.thread.isRunning():
             self._shutdown.emit()
             if not self.thread.wait(timeout_ms):
-                log.warning("worker thread did not stop within %d ms", timeout_ms)
+                log.warning("worker thread did not stop within %d ms; detached", timeout_ms)
+                _detach(self.thread, self.worker)
+                return False
+        return True
+
+
+_DETACHED: list[tuple[QThread, QObject]] = []
+
+
+def _detach(thread: QThread, worker: QObject) -> None:
+    """Let a still-running worker thread outlive its window. Qt aborts the process
+    ("QThread: Destroyed while thread is still running") if a running QThread is deleted,
+    and PySide deletes every object Python owns at exit; a QThread parented to the main
+    thread's own QThread object is owned by Qt instead, is never deleted, and the OS ends
+    the stuck job with the process."""
+    thread.setParent(QThread.currentThread())
+    _DETACHED.append((thread, worker))

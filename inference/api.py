@@ -28,6 +28,7 @@ from inference.formats.tensor import Checkpoint
 from inference.generate import stream_generate
 from inference.models import CAUSAL, architecture
 from inference.models.common import Weights
+from inference.prompt_cache import PromptCache
 from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
 from inference.sampling import check_params
 from inference.store import ModelSpec, resolve
@@ -101,6 +102,7 @@ class CausalLM(LoadedModel):
             self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer, strict=True)
         except UnsupportedModelError as e:
             self.template, self.template_error = None, e
+        self.prompt_cache = PromptCache()  # the last turn's KV cache, reused by the next
         self.context_length = int(self.args.max_position_embeddings)
         # We attend over the whole context; a sliding-window model (Mistral v0.1, Qwen2 with
         # use_sliding_window) is only right while everything fits in its window.
@@ -217,7 +219,7 @@ class CausalLM(LoadedModel):
             for ev in stream_generate(
                 self.model, self.tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
                 eos_ids=self.tokenizer.eos_ids, stop=stop, cancel=cancel,
-                max_len=len(ids) + max_tokens,
+                max_len=len(ids) + max_tokens, prompt_cache=self.prompt_cache,
             ):
                 if prof is not None and isinstance(ev, DoneEvent):
                     ev.op_times_s = dict(prof.totals)

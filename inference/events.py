@@ -37,6 +37,7 @@ class DoneEvent:
     total_s: float
     memory: MemorySample | None = None
     op_times_s: dict[str, float] = field(default_factory=dict)  # filled when profiling
+    n_cached: int = 0  # prompt tokens whose K/V came from the previous turn (not prefilled)
 
 
 GenerationEvent = TokenEvent | DoneEvent

@@ -40,9 +40,11 @@ def prefill(model: Any, prompt_ids: Sequence[int], cache: Any,
 
 def generate_step(model: Any, prompt_ids: Sequence[int], sampling: SamplingParams,
                   rng: np.random.Generator, max_len: int | None = None,
-                  cancel: threading.Event | None = None) -> Iterator[int]:
-    """Prefill the prompt (in chunks, checking ``cancel``), then yield one sampled token id
-    per step, forever. NumericalError if a step's logits hold NaN or Inf.
+                  cancel: threading.Event | None = None, prompt_cache: Any = None
+                  ) -> Iterator[int]:
+    """Prefill the prompt (in chunks, checking ``cancel``; with a ``PromptCache``, only what
+    the last turn's cache lacks), then yield one sampled token id per step, forever.
+    NumericalError if a step's logits hold NaN or Inf.
 
     Inside the loop only the sampled id crosses from the device (the sampler's ``read``,
     -1 for a logits row that is not finite) and back (as the next step's input); the KV
@@ -53,7 +55,11 @@ def generate_step(model: Any, prompt_ids: Sequence[int], sampling: SamplingParam
     """
     B = model.B
     sampler = B.start_generation(sampling, prompt_ids, rng)
-    cache = model.make_cache(max_len if B.preallocate_kv else None)
+    owned = False
+    if prompt_cache is not None:  # a PromptCache: prefill only what the last turn lacks
+        cache, skip, owned = prompt_cache.begin(model, prompt_ids, max_len)
+    else:
+        cache, skip = model.make_cache(max_len if B.preallocate_kv else None), 0
     seen = list(prompt_ids)
 
     def step(logits: Any) -> Any:
@@ -71,15 +77,25 @@ def generate_step(model: Any, prompt_ids: Sequence[int], sampling: SamplingParam
         seen.append(t)
         return t
 
-    tok = step(prefill(model, prompt_ids, cache, cancel))
-    while True:
-        if sampler.lazy:
-            nxt = step(model(sampler.as_input(tok), cache, last_only=True))
-            yield checked(tok)
-        else:
-            yield checked(tok)
-            nxt = step(model(sampler.as_input(tok), cache, last_only=True))
-        tok = nxt
+    try:
+        tok = step(prefill(model, prompt_ids[skip:], cache, cancel))
+        while True:
+            if sampler.lazy:
+                nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+                t = checked(tok)
+                if owned:
+                    prompt_cache.fed(t)  # already fed to the model above
+                yield t
+            else:
+                t = checked(tok)
+                yield t
+                nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+                if owned:
+                    prompt_cache.fed(t)
+            tok = nxt
+    finally:
+        if owned:
+            prompt_cache.end()
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
@@ -148,7 +164,8 @@ class Generation:
         return [TokenEvent(delta, tok, i, now - self.t0, self.ttft, self.prefill_tps,
                            self.decode_tps)]
 
-    def close(self, reason: str | None = None, memory: Any = None) -> list[GenerationEvent]:
+    def close(self, reason: str | None = None, memory: Any = None, n_cached: int = 0
+              ) -> list[GenerationEvent]:
         """End the sequence (``reason`` if it had not finished by itself, e.g. "cancelled"):
         the held-back tail as a last TokenEvent if any, then the DoneEvent."""
         self.finish = self.finish or reason or "length"
@@ -166,7 +183,7 @@ class Generation:
             text=self.text, token_ids=self.ids, n_prompt=self.n_prompt,
             n_generated=len(self.ids), finish_reason=self.finish, ttft_s=self.ttft,
             prefill_tok_s=self.prefill_tps, decode_tok_s=self.decode_tps,
-            total_s=time.perf_counter() - self.t0, memory=memory,
+            total_s=time.perf_counter() - self.t0, memory=memory, n_cached=n_cached,
         ))
         return out
 
@@ -182,11 +199,12 @@ def stream_generate(
     stop: Sequence[str] = (),
     cancel: threading.Event | None = None,
     max_len: int | None = None,
+    prompt_cache: Any = None,
 ) -> Iterator[GenerationEvent]:
     """Yield a TokenEvent per generated token, then one DoneEvent (see :class:`Generation`)."""
     gen = Generation(tokenizer, len(prompt_ids), max_tokens, eos_ids, stop)
     rng = np.random.default_rng(sampling.seed)
-    steps = generate_step(model, prompt_ids, sampling, rng, max_len, cancel)
+    steps = generate_step(model, prompt_ids, sampling, rng, max_len, cancel, prompt_cache)
     try:
         while gen.finish is None:
             if cancel is not None and cancel.is_set():
@@ -200,4 +218,5 @@ def stream_generate(
             yield from gen.push(tok)
     finally:
         steps.close()
-    yield from gen.close(memory=model.B.memory())
+    yield from gen.close(memory=model.B.memory(),
+                         n_cached=prompt_cache.reused if prompt_cache is not None else 0)

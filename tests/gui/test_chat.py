@@ -79,12 +79,26 @@ def test_regenerate_edit_last_and_export(loaded_window, qtbot, tmp_path) -> None
     again = w.store.messages(w.chat.conv_id)
     assert [m.role for m in again] == ["user", "assistant"]
     assert again[0].id == first[0].id and again[1].id != first[1].id
+    # Regenerate kept the first reply as version 1 of 2.
+    last = w.chat.views()[-1]
+    assert last.version_label.text() == "2/2" and last.prev_button.isVisible()
+    last.prev_button.click()
+    assert w.chat.views()[-1].text == first[1].content
+    assert w.chat.views()[-1].version_label.text() == "1/2"
+    w.chat.input.setPlainText("a draft")
     w.chat.edit_last()
     assert w.chat.input.toPlainText() == "Name a colour."
-    assert w.store.messages(w.chat.conv_id) == [] and w.chat.views() == []
+    # Nothing is removed until the edit is sent; Esc puts the draft back.
+    assert len(w.store.messages(w.chat.conv_id)) == 2 and len(w.chat.views()) == 2
+    QTest.keyClick(w.chat.input, Qt.Key.Key_Escape)
+    assert w.chat.input.toPlainText() == "a draft" and len(w.chat.views()) == 2
+    w.chat.edit_last()
+    w.chat.input.setPlainText("Name a fruit.")
     _quick(w, 6)
     with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS):
-        w.chat.send("Name a fruit.")
+        assert w.chat.send()
+    assert [v.text for v in w.chat.views()][0] == "Name a fruit."
+    assert len(w.store.messages(w.chat.conv_id)) == 2
     md = w.chat.export(tmp_path / "chat.md").read_text()
     doc = json.loads(w.chat.export(tmp_path / "chat.json").read_text())
     assert "Name a fruit." in md and "## Assistant" in md

@@ -66,7 +66,7 @@ def test_store_roundtrip_truncate_and_export(tmp_path) -> None:
 
 def test_format_helpers() -> None:
     assert human_bytes(None) == "—" and human_bytes(512) == "512 B"
-    assert human_bytes(1536) == "1.5 KB" and human_bytes(3 * 1024**3) == "3.0 GB"
+    assert human_bytes(1536) == "1.5 KiB" and human_bytes(3 * 1024**3) == "3.0 GiB"
     assert human_count(134_515_008) == "135M" and human_count(22_713_216) == "23M"
     line = message_stats({"n_generated": 10, "ttft_s": 0.5, "decode_tok_s": 20.0,
                           "total_s": 1.0, "finish_reason": "cancelled"})
