@@ -128,7 +128,7 @@ def test_pooling_ignores_padding():
     np.testing.assert_allclose(np.linalg.norm(l2_normalize(pooled), axis=1), 1, rtol=1e-6)
 
 
-def test_scaled_rope_is_refused_not_ignored():
+def test_unsupported_rope_scaling_is_refused_not_ignored():
     import pytest
 
     from inference.errors import UnsupportedModelError
@@ -138,5 +138,7 @@ def test_scaled_rope_is_refused_not_ignored():
             "intermediate_size": 16, "num_attention_heads": 2, "vocab_size": 10}
     assert ModelArgs.from_dict({**base, "rope_parameters": {"rope_type": "default",
                                                             "rope_theta": 5e5}}).rope_theta == 5e5
-    with pytest.raises(UnsupportedModelError, match="llama3"):
-        ModelArgs.from_dict({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    llama3 = {"rope_type": "llama3", "factor": 8.0}
+    assert ModelArgs.from_dict({**base, "rope_scaling": llama3}).rope_scaling == llama3
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        ModelArgs.from_dict({**base, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})

@@ -10,7 +10,8 @@ Array conventions (every backend):
   attention tensors are ``(batch, heads, seq, head_dim)``;
 - linear weights are ``(out_features, in_features)``: ``linear(x, w) = x @ w.T + b``;
 - ``rope`` uses the Hugging Face (NeoX, half-split) pairing unless ``traditional=True``
-  (adjacent pairs, GGML's "normal" mode);
+  (adjacent pairs, GGML's "normal" mode); scaled RoPE divides each pair's frequency by
+  ``freq_factors[i]`` (GGML's ``rope_freqs``; see :mod:`inference.models.rope`);
 - ``attention(..., causal_offset=o)`` lets query ``i`` see keys ``0 .. o + i``; the mask is
   computed from positions by the backend, never shipped from the host;
   ``key_mask`` is a ``(batch, seq_k)`` native array, 1 for tokens and 0 for padding.
@@ -167,7 +168,10 @@ class Backend:
     def layer_norm(self, x: Any, w: Any, b: Any, eps: float) -> Any:
         raise NotImplementedError
 
-    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False) -> Any:
+    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False, *,
+             freq_factors: Any | None = None) -> Any:
+        """Pair ``i`` at position ``p`` turns by ``p * theta^(-2i/d) / freq_factors[i]``;
+        ``freq_factors`` is a native ``(d/2,)`` float32 array (scaled RoPE) or None (all 1)."""
         raise NotImplementedError
 
     def attention(

@@ -135,15 +135,17 @@ class CudaBackend(Backend):
     def layer_norm(self, x: Any, w: Any, b: Any, eps: float) -> Any:
         return ops.layer_norm(self.dev, self._c(x), w, b, eps)
 
-    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False) -> Any:
+    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False, *,
+             freq_factors: Any | None = None) -> Any:
         # The models pass (b, h, t, d) views of contiguous (b, t, h, d) projections: rotate
         # those in place of a copy, positions running along axis 1.
+        kw = dict(neox=not traditional, freq_factors=freq_factors)
         if x.ndim == 4:
             base = self.xp.transpose(x, (0, 2, 1, 3))
             if base.flags.c_contiguous:
-                y = ops.rope(self.dev, base, offset, theta, neox=not traditional, seq_axis=1)
+                y = ops.rope(self.dev, base, offset, theta, seq_axis=1, **kw)
                 return self.xp.transpose(y, (0, 2, 1, 3))
-        return ops.rope(self.dev, self._c(x), offset, theta, neox=not traditional, seq_axis=-2)
+        return ops.rope(self.dev, self._c(x), offset, theta, seq_axis=-2, **kw)
 
     def attention(self, q: Any, k: Any, v: Any, scale: float, *,
                   causal_offset: int | None = None, key_mask: Any | None = None) -> Any:

@@ -144,11 +144,17 @@ class MlxBackend(Backend):
     def layer_norm(self, x: mx.array, w: mx.array, b: mx.array, eps: float) -> mx.array:
         return mx.fast.layer_norm(x, w, b, eps)
 
-    def rope(self, x: mx.array, offset: int, theta: float, traditional: bool = False
-             ) -> mx.array:
+    def rope(self, x: mx.array, offset: int, theta: float, traditional: bool = False, *,
+             freq_factors: mx.array | None = None) -> mx.array:
         # MLX's traditional=False is the Hugging Face half-split pairing, as ours.
-        return mx.fast.rope(x, x.shape[-1], traditional=traditional, base=theta, scale=1.0,
-                            offset=offset)
+        d = x.shape[-1]
+        if freq_factors is None:
+            return mx.fast.rope(x, d, traditional=traditional, base=theta, scale=1.0,
+                                offset=offset)
+        # MLX takes periods (1 / frequency): theta^(2i/d) * factor[i].
+        periods = mx.power(theta, mx.arange(0, d, 2, dtype=mx.float32) / d) * freq_factors
+        return mx.fast.rope(x, d, traditional=traditional, base=None, scale=1.0,
+                            offset=offset, freqs=periods)
 
     def attention(self, q: mx.array, k: mx.array, v: mx.array, scale: float, *,
                   causal_offset: int | None = None, key_mask: mx.array | None = None

@@ -22,9 +22,12 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return (sign * (1.0 - poly * np.exp(-a * a))).astype(x.dtype, copy=False)
 
 
-def rope_angles(n: int, offset: int, dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+def rope_angles(n: int, offset: int, dim: int, theta: float,
+                freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin tables (n, dim/2) for positions offset..offset+n-1, as Hugging Face builds them."""
     inv_freq = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
     ang = np.arange(offset, offset + n, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
@@ -65,10 +68,10 @@ class NumpyBackend(Backend):
         var = np.mean(np.square(d), axis=-1, keepdims=True)
         return d / np.sqrt(var + eps) * w + b
 
-    def rope(self, x: np.ndarray, offset: int, theta: float,
-             traditional: bool = False) -> np.ndarray:
+    def rope(self, x: np.ndarray, offset: int, theta: float, traditional: bool = False, *,
+             freq_factors: np.ndarray | None = None) -> np.ndarray:
         dim = x.shape[-1]
-        cos, sin = rope_angles(x.shape[-2], offset, dim, theta)
+        cos, sin = rope_angles(x.shape[-2], offset, dim, theta, freq_factors)
         if traditional:
             x1, x2 = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)

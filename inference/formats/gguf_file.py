@@ -7,7 +7,7 @@ llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (and their bias
 llama-arch models so that GGML's adjacent-pair RoPE rotates the right pairs. We undo that
 permutation here, on whole (raw, still quantized) rows, so every checkpoint reaches the
 model code in Hugging Face order and the model can use the NeoX half-split RoPE always.
-Qwen2 files are not permuted (llama.cpp runs Qwen2 with NeoX RoPE).
+Qwen2 and Qwen3 files are not permuted (llama.cpp runs them with NeoX RoPE).
 
 Tensor names without a Hugging Face equivalent (e.g. ``rope_freqs.weight``) keep their
 GGUF name. BERT names are the bare ``embeddings.*``/``encoder.*`` form (no ``bert.``
@@ -32,6 +32,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "mistral": ("mistral", "MistralForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "bert": ("bert", "BertModel"),
 }
 
@@ -49,6 +50,8 @@ _DECODER_BLOCK = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",

@@ -11,9 +11,10 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama,
     "mistral": llama,
     "qwen2": llama,
+    "qwen3": llama,
     "bert": bert,
 }
-CAUSAL = {"llama", "mistral", "qwen2"}
+CAUSAL = {"llama", "mistral", "qwen2", "qwen3"}
 
 
 def architecture(model_type: str, where: str = "this model") -> ModuleType:

@@ -1,4 +1,17 @@
-"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2), written against backend ops."""
+"""The decoder-only transformer family, one configurable block, written against backend ops.
+
+Llama (1-3.x, SmolLM2), Mistral, Qwen2 and Qwen3 differ only in switches of one block:
+
+    model_type   q/k/v bias   per-head q/k RMSNorm   RoPE
+    llama        no           no                     default, linear, llama3 scaling
+    mistral      no           no                     default
+    qwen2        yes          no                     default
+    qwen3        no           yes                    default
+
+Every switch is a Hugging Face config field (or implied by ``model_type``, as the HF classes
+do), so a checkpoint's config.json builds the model unchanged. Tied embeddings: no
+``lm_head.weight`` (or ``tie_word_embeddings``) reuses the embedding table.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +19,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.backends.base import Backend
-from inference.errors import UnsupportedModelError
 from inference.kv_cache import KVCache
+from inference.models import rope
 from inference.models.common import Weights, config_from_dict
 
 REQUIRED_OPS = frozenset({
     "embedding", "linear", "rms_norm", "rope", "attention", "silu_mul", "add",
     "reshape", "transpose", "zeros", "set_slice", "narrow", "sample",
 })
+
+_BIASED = {"qwen2"}  # q/k/v biases whatever the config says (HF hard-codes them)
+_QK_NORM = {"qwen3"}  # RMSNorm over each head's q and k before RoPE
 
 
 @dataclass
@@ -28,7 +44,9 @@ class ModelArgs:
     head_dim: int | None = None
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    attention_bias: bool = False  # Qwen2 has q/k/v biases
+    rope_scaling: dict[str, Any] | None = None
+    attention_bias: bool = False
+    qk_norm: bool = False
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 2048
 
@@ -37,53 +55,58 @@ class ModelArgs:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.model_type == "qwen2":
-            self.attention_bias = True
+        self.attention_bias = self.attention_bias or self.model_type in _BIASED
+        self.qk_norm = self.qk_norm or self.model_type in _QK_NORM
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelArgs:
-        # transformers >= 5 writes rope_theta inside "rope_parameters", not at the top level.
-        rope = d.get("rope_parameters")
-        if d.get("rope_theta") is None and isinstance(rope, dict) and "rope_theta" in rope:
-            d = {**d, "rope_theta": rope["rope_theta"]}
-        # Scaled RoPE (llama3, yarn, linear, ...) changes every angle: refuse rather than run
-        # with plain RoPE and produce fluent nonsense past the original context.
-        for scaling in (d.get("rope_scaling"), rope):
-            kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) \
-                else None
-            if kind not in (None, "default"):
-                raise UnsupportedModelError(
-                    f"This {d.get('model_type', 'llama')} model uses RoPE scaling '{kind}', "
-                    "which Inferdesk does not support yet.")
+        # transformers >= 5 writes the RoPE settings inside "rope_parameters" (theta and
+        # scaling in one dict); earlier versions write rope_theta and rope_scaling.
+        params = d.get("rope_parameters")
+        if isinstance(params, dict):
+            d = {**d, "rope_theta": d.get("rope_theta") or params.get("rope_theta"),
+                 "rope_scaling": d.get("rope_scaling") or params}
+        scaling = d.get("rope_scaling")
+        rope.check_supported(scaling, d.get("model_type", "llama"))
+        if rope.rope_kind(scaling) == "default":
+            d = {**d, "rope_scaling": None}
         return config_from_dict(cls, d)
 
 
 class Attention:
-    def __init__(self, args: ModelArgs, B: Backend, w: Weights, p: str):
+    def __init__(self, args: ModelArgs, B: Backend, w: Weights, p: str, freq_factors: Any):
         self.B = B
         self.n_heads = args.num_attention_heads
         self.n_kv = args.num_key_value_heads
         self.head_dim = args.head_dim
         self.scale = self.head_dim ** -0.5
         self.theta = args.rope_theta
-        # (weight, bias-or-None): Qwen2 carries q/k/v biases, Llama does not.
-        self.q = (w.linear(p + "q_proj.weight"), w.optional_dense(p + "q_proj.bias"))
-        self.k = (w.linear(p + "k_proj.weight"), w.optional_dense(p + "k_proj.bias"))
-        self.v = (w.linear(p + "v_proj.weight"), w.optional_dense(p + "v_proj.bias"))
+        self.freq_factors = freq_factors
+        self.eps = args.rms_norm_eps
+        bias = w.optional_dense if args.attention_bias else (lambda name: None)
+        self.q = (w.linear(p + "q_proj.weight"), bias(p + "q_proj.bias"))
+        self.k = (w.linear(p + "k_proj.weight"), bias(p + "k_proj.bias"))
+        self.v = (w.linear(p + "v_proj.weight"), bias(p + "v_proj.bias"))
         self.o_proj = w.linear(p + "o_proj.weight")
+        self.q_norm = w.dense(p + "q_norm.weight") if args.qk_norm else None
+        self.k_norm = w.dense(p + "k_norm.weight") if args.qk_norm else None
 
-    def _heads(self, x: Any, n: int) -> Any:
+    def _heads(self, x: Any, n: int, norm: Any = None) -> Any:
+        B = self.B
         b, t, _ = x.shape
-        return self.B.transpose(self.B.reshape(x, (b, t, n, self.head_dim)), (0, 2, 1, 3))
+        x = B.reshape(x, (b, t, n, self.head_dim))
+        if norm is not None:
+            x = B.rms_norm(x, norm, self.eps)
+        return B.transpose(x, (0, 2, 1, 3))
 
     def __call__(self, x: Any, cache: KVCache, layer: int) -> Any:
         B = self.B
         b, t, _ = x.shape
-        q = self._heads(B.linear(x, *self.q), self.n_heads)
-        k = self._heads(B.linear(x, *self.k), self.n_kv)
+        q = self._heads(B.linear(x, *self.q), self.n_heads, self.q_norm)
+        k = self._heads(B.linear(x, *self.k), self.n_kv, self.k_norm)
         v = self._heads(B.linear(x, *self.v), self.n_kv)
-        q = B.rope(q, cache.offset, self.theta)
-        k = B.rope(k, cache.offset, self.theta)
+        q = B.rope(q, cache.offset, self.theta, freq_factors=self.freq_factors)
+        k = B.rope(k, cache.offset, self.theta, freq_factors=self.freq_factors)
         k, v = cache.update(layer, k, v)
         out = B.attention(q, k, v, self.scale, causal_offset=cache.offset)
         out = B.reshape(B.transpose(out, (0, 2, 1, 3)), (b, t, self.n_heads * self.head_dim))
@@ -103,12 +126,12 @@ class MLP:
 
 
 class TransformerBlock:
-    def __init__(self, args: ModelArgs, B: Backend, w: Weights, i: int):
+    def __init__(self, args: ModelArgs, B: Backend, w: Weights, i: int, freq_factors: Any):
         p = f"model.layers.{i}."
         self.B = B
         self.eps = args.rms_norm_eps
         self.index = i
-        self.attn = Attention(args, B, w, p + "self_attn.")
+        self.attn = Attention(args, B, w, p + "self_attn.", freq_factors)
         self.mlp = MLP(B, w, p + "mlp.")
         self.input_norm = w.dense(p + "input_layernorm.weight")
         self.post_norm = w.dense(p + "post_attention_layernorm.weight")
@@ -119,6 +142,14 @@ class TransformerBlock:
         return B.add(h, self.mlp(B.rms_norm(h, self.post_norm, self.eps)))
 
 
+def _freq_factors(args: ModelArgs, B: Backend, w: Weights) -> Any:
+    """GGUF files carry llama3's factors as ``rope_freqs.weight``; HF configs describe them."""
+    if w.has("rope_freqs.weight"):
+        return w.dense("rope_freqs.weight")
+    f = rope.freq_factors(args.rope_scaling, args.head_dim, args.rope_theta)
+    return None if f is None else B.array(f)
+
+
 class Model:
     """Token ids in, logits out; the KV cache carries state between calls."""
 
@@ -126,7 +157,9 @@ class Model:
         self.args = args
         self.B = B
         self.embed_tokens = w.linear("model.embed_tokens.weight")
-        self.layers = [TransformerBlock(args, B, w, i) for i in range(args.num_hidden_layers)]
+        ff = _freq_factors(args, B, w)
+        self.layers = [TransformerBlock(args, B, w, i, ff)
+                       for i in range(args.num_hidden_layers)]
         self.norm = w.dense("model.norm.weight")
         tied = args.tie_word_embeddings or not w.has("lm_head.weight")
         self.lm_head = self.embed_tokens if tied else w.linear("lm_head.weight")

@@ -153,12 +153,17 @@ def softmax(dev: Device, scores: Any, scale: float = 1.0, *, nq: int | None = No
 
 
 def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
-         seq_axis: int = -2) -> Any:
+         seq_axis: int = -2, freq_factors: Any | None = None) -> Any:
     """Rotate head vectors of a contiguous (..., seq, ..., head_dim) array; positions are
-    offset + index along seq_axis."""
+    offset + index along seq_axis. freq_factors (head_dim/2,) divides each pair's frequency
+    (scaled RoPE); None means all ones."""
     _f32_contig(x, "x")
     d = x.shape[-1]
     _need(d % 2 == 0, f"rope needs an even head_dim, got {d}")
+    if freq_factors is not None:
+        _f32_contig(freq_factors, "freq_factors")
+        _need(freq_factors.shape == (d // 2,),
+              f"freq_factors {freq_factors.shape} != ({d // 2},)")
     axis = seq_axis % x.ndim
     _need(axis < x.ndim - 1, "seq_axis must not be the head_dim axis")
     seq = x.shape[axis]
@@ -167,7 +172,7 @@ def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
     y = dev.empty(x.shape, np.float32)
     dev.launch("rope", "rope_f32", plan.plan_elementwise(pairs, dev.limits),
                (x, y, i32(d), i64(pairs), i32(seq), i32(seq_div), i32(offset), f32(theta),
-                i32(1 if neox else 0)))
+                i32(1 if neox else 0), freq_factors))
     return y
 
 
