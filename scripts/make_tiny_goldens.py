@@ -24,6 +24,13 @@ ship in the repo (hidden 64, 2 layers, 4 heads, 2 KV heads, MLP 128, vocab 320):
                   tied embeddings, float32 safetensors, the qwen tokenizer
     qwen3_f16.gguf, qwen3_q4_0.gguf  qwen3/ as GGUF (arch qwen3, no permutation), matrices
                   F16 or Q4_0, norms F32
+    gemma/        Gemma's shape: (1 + w) RMSNorm, embeddings x sqrt(hidden), GELU-tanh MLP,
+                  1 KV head, head_dim 32 != 64/4, tied, float32 safetensors
+    gemma_q8_0.gguf  gemma/ as llama.cpp writes it: norms stored as 1 + w, Q8_0 matrices
+    phi3/         Phi-3.5's shape: fused qkv_proj and gate_up_proj, LongRoPE (short/long
+                  factors, original context 4096 of 131072), float32 safetensors
+    phi3_q4_0.gguf  phi3/ as GGUF: fused attn_qkv / ffn_up, rope_factors_short/long tensors,
+                  the attention factor in metadata, Q4_0 matrices
 
 Every golden from llama3/ on also records transformers' greedy continuation: ``greedy.prompt``
 and the ``greedy.tokens`` it generates (GREEDY_TOKENS, do_sample=False).
@@ -471,7 +478,8 @@ def quantize_q4_k(a: np.ndarray) -> np.ndarray:
 
 
 def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
-               extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+               extra: dict[str, np.ndarray] | None = None,
+               metadata: dict[str, float | int] | None = None) -> dict[str, np.ndarray]:
     """src/ (HF safetensors) as a llama.cpp-layout GGUF: matrices in ``qtype``, 1-D tensors
     F32, q/k rows permuted for arch llama. Returns the HF state transformers should get
     (the file's weights dequantized by gguf-py, un-permuted)."""
@@ -515,8 +523,12 @@ def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
             add(vocab[tk_cfg[key]])
     w.add_add_bos_token(bool(tk_cfg.get("add_bos_token", False)))
     w.add_chat_template(tk_cfg["chat_template"])
+    for key, value in (metadata or {}).items():
+        (w.add_uint32 if isinstance(value, int) else w.add_float32)(f"{arch}.{key}", value)
 
     block = {**GGUF_BLOCK, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+    if arch == "phi3":  # fused projections keep one tensor each
+        block |= {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
     state = {}
     names = [(f"{g}.weight", f"{h}.weight") for g, h in GGUF_TOP.items()]
     names += [(f"blk.{i}.{g}.weight", f"model.layers.{i}.{h}.weight")
@@ -529,6 +541,8 @@ def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
         n_head = n_head if arch == "llama" else None
         if n_head:
             a = permute(a, n_head)
+        if arch == "gemma" and a.ndim == 1:  # convert_hf_to_gguf.py stores 1 + w
+            a = a + np.float32(1.0)
         if a.ndim == 2 and qtype == "F16":
             w.add_tensor(gname, a.astype(np.float16))
             a = a.astype(np.float16).astype(np.float32)
@@ -538,6 +552,8 @@ def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
             a = gguf.quants.dequantize(q, T[qtype]).reshape(a.shape)
         else:
             w.add_tensor(gname, a)
+        if arch == "gemma" and a.ndim == 1:
+            a = a - np.float32(1.0)  # transformers adds the 1 itself
         state[hname] = unpermute(a, n_head) if n_head else a
     for gname, a in (extra or {}).items():
         w.add_tensor(gname, a)
@@ -556,9 +572,10 @@ def _load_f32(src: Path) -> dict[str, np.ndarray]:
 
 
 def make_gguf_golden(src: Path, out: Path, name: str, arch: str, qtype: str, tk_pre: str,
-                     seed: int, versions: dict, extra: dict | None = None) -> None:
+                     seed: int, versions: dict, extra: dict | None = None,
+                     metadata: dict | None = None) -> None:
     path = out / f"{name}.gguf"
-    state = write_gguf(src, path, arch, qtype, tk_pre, extra)
+    state = write_gguf(src, path, arch, qtype, tk_pre, extra, metadata)
     seqs, tg = sequences(src, VOCAB, seed)
     ref = load_ref(src, state)
     logits = reference_logits(ref, seqs)
@@ -605,6 +622,28 @@ def make_new_families(out: Path, v: dict) -> None:
         qwen_tk, qwen_cfg, out, SEED + 5, v, with_greedy=True)
     make_gguf_golden(qwen3, out, "qwen3_f16", "qwen3", "F16", "qwen2", SEED + 6, v)
     make_gguf_golden(qwen3, out, "qwen3_q4_0", "qwen3", "Q4_0", "qwen2", SEED + 7, v)
+    gemma = make_hf("gemma", "GemmaForCausalLM", dict(
+        num_key_value_heads=1, head_dim=32, hidden_activation="gelu_pytorch_tanh",
+        rope_theta=10000.0, bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
+        pad_token_id=0), llama_tk, llama_cfg, out, SEED + 8, v, with_greedy=True)
+    make_gguf_golden(gemma, out, "gemma_q8_0", "gemma", "Q8_0", "gpt2", SEED + 9, v)
+    rng = np.random.default_rng(SEED + 10)
+    half = COMMON["hidden_size"] // COMMON["num_attention_heads"] // 2
+    longrope = {"rope_type": "longrope", "rope_theta": 10000.0,
+                "short_factor": (1 + rng.uniform(0, 2, half)).round(4).tolist(),
+                "long_factor": (1 + rng.uniform(0, 30, half)).round(4).tolist(),
+                "original_max_position_embeddings": 4096}
+    phi3 = make_hf("phi3", "Phi3ForCausalLM", dict(
+        max_position_embeddings=131072, original_max_position_embeddings=4096,
+        rope_parameters=longrope, tie_word_embeddings=False, bos_token_id=ids["<s>"],
+        eos_token_id=ids["</s>"], pad_token_id=0), llama_tk, llama_cfg, out, SEED + 11, v,
+        with_greedy=True)
+    factor = 131072 / 4096
+    make_gguf_golden(phi3, out, "phi3_q4_0", "phi3", "Q4_0", "gpt2", SEED + 12, v, extra={
+        "rope_factors_short.weight": np.asarray(longrope["short_factor"], np.float32),
+        "rope_factors_long.weight": np.asarray(longrope["long_factor"], np.float32)},
+        metadata={"rope.scaling.attn_factor": float(np.sqrt(1 + np.log(factor) / np.log(4096))),
+                  "rope.scaling.original_context_length": 4096})
 
 
 # --- main ------------------------------------------------------------------------------------

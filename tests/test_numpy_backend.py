@@ -77,6 +77,9 @@ def test_norms_and_activations():
     erf = np.vectorize(math.erf)
     np.testing.assert_allclose(B.gelu(x), 0.5 * x * (1 + erf(x / math.sqrt(2))), atol=1e-6)
     np.testing.assert_allclose(B.silu_mul(x, w), x / (1 + np.exp(-x)) * w, rtol=1e-6)
+    xd = x.astype(np.float64)  # PyTorch's gelu(approximate="tanh"), in float64
+    ref = 0.5 * xd * (1 + np.tanh(math.sqrt(2 / math.pi) * (xd + 0.044715 * xd ** 3))) * w
+    np.testing.assert_allclose(B.gelu_tanh_mul(x, w), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_kv_cache_grows_and_keeps_history():

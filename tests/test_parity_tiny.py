@@ -7,7 +7,10 @@ Mistral (head_dim 32 != hidden/heads, bfloat16 safetensors), the Llama MLX-quant
 The references for the quantized two are transformers with the dequantized weights.
 Llama 3 (llama3 RoPE scaling, GQA 4, head_dim 64, tied; bf16 safetensors and a Q4_K GGUF
 carrying rope_freqs.weight) and Qwen 3 (per-head q/k RMSNorm, head_dim 32 != 64/4; f32
-safetensors, F16 and Q4_0 GGUFs) also record transformers' greedy 32-token continuation.
+safetensors, F16 and Q4_0 GGUFs), Gemma (1 + w norms, scaled embeddings, GELU-tanh MLP;
+f32 safetensors, a Q8_0 GGUF with 1 + w stored) and Phi-3 (fused qkv/gate_up, LongRoPE
+short factors and attention factor; f32 safetensors, a Q4_0 GGUF with rope_factors
+tensors) also record transformers' greedy 32-token continuation.
 
 Bars, per sequence, on every backend (numpy, cpu, mlx on its CPU device, cuda through the
 host emulator; cuda has no MLX-quantized weights): max |engine - reference| <= 1e-3 and
@@ -41,8 +44,12 @@ MODELS = {  # golden name -> what load_model gets
     "qwen3": "qwen3",
     "qwen3_f16": "qwen3_f16.gguf",
     "qwen3_q4_0": "qwen3_q4_0.gguf",
+    "gemma": "gemma",
+    "gemma_q8_0": "gemma_q8_0.gguf",
+    "phi3": "phi3",
+    "phi3_q4_0": "phi3_q4_0.gguf",
 }
-GREEDY = [n for n in MODELS if n.startswith(("llama3", "qwen3"))]
+GREEDY = [n for n in MODELS if n.startswith(("llama3", "qwen3", "gemma", "phi3"))]
 BACKENDS = ["numpy", "cpu", "mlx", "cuda"]
 REL_TOL = 1e-4
 ABS_TOL = 1e-3

@@ -40,6 +40,7 @@ OPS: tuple[str, ...] = (
     "rope",
     "attention",
     "silu_mul",
+    "gelu_tanh_mul",
     "gelu",
     "add",
     "mul",
@@ -181,6 +182,10 @@ class Backend:
         raise NotImplementedError
 
     def silu_mul(self, gate: Any, up: Any) -> Any:
+        raise NotImplementedError
+
+    def gelu_tanh_mul(self, gate: Any, up: Any) -> Any:
+        """``gelu_tanh(gate) * up``: Gemma's gated MLP (PyTorch's GELU, approximate="tanh")."""
         raise NotImplementedError
 
     def gelu(self, x: Any) -> Any:

@@ -166,6 +166,9 @@ class CudaBackend(Backend):
     def silu_mul(self, gate: Any, up: Any) -> Any:
         return ops.silu_mul(self.dev, self._c(gate), self._c(up))
 
+    def gelu_tanh_mul(self, gate: Any, up: Any) -> Any:
+        return ops.gelu_tanh_mul(self.dev, self._c(gate), self._c(up))
+
     def gelu(self, x: Any) -> Any:
         return ops.gelu(self.dev, self._c(x))
 

@@ -177,6 +177,10 @@ class MlxBackend(Backend):
     def silu_mul(self, gate: mx.array, up: mx.array) -> mx.array:
         return gate * mx.sigmoid(gate) * up
 
+    def gelu_tanh_mul(self, gate: mx.array, up: mx.array) -> mx.array:
+        inner = math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate ** 3)
+        return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
+
     def gelu(self, x: mx.array) -> mx.array:
         return 0.5 * x * (1.0 + mx.erf(x * (1.0 / math.sqrt(2.0))))
 

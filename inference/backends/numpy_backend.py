@@ -106,6 +106,10 @@ class NumpyBackend(Backend):
         # sigmoid via tanh: no exp overflow for large |gate|.
         return gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up
 
+    def gelu_tanh_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        inner = np.float32(math.sqrt(2.0 / math.pi)) * (gate + np.float32(0.044715) * gate ** 3)
+        return np.float32(0.5) * gate * (1.0 + np.tanh(inner)) * up
+
     def gelu(self, x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
 

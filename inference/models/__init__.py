@@ -12,9 +12,11 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "mistral": llama,
     "qwen2": llama,
     "qwen3": llama,
+    "gemma": llama,
+    "phi3": llama,
     "bert": bert,
 }
-CAUSAL = {"llama", "mistral", "qwen2", "qwen3"}
+CAUSAL = {"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"}
 
 
 def architecture(model_type: str, where: str = "this model") -> ModuleType:

@@ -1,16 +1,21 @@
 """The decoder-only transformer family, one configurable block, written against backend ops.
 
-Llama (1-3.x, SmolLM2), Mistral, Qwen2 and Qwen3 differ only in switches of one block:
+Llama (1-3.x, SmolLM2), Mistral, Qwen2, Qwen3, Gemma (1) and Phi-3 differ only in switches
+of one block:
 
-    model_type   q/k/v bias   per-head q/k RMSNorm   RoPE
-    llama        no           no                     default, linear, llama3 scaling
-    mistral      no           no                     default
-    qwen2        yes          no                     default
-    qwen3        no           yes                    default
+    model_type  q/k/v bias  q/k RMSNorm  MLP        norms         other
+    llama       no          no           SiLU       w             RoPE linear/llama3 scaling
+    mistral     no          no           SiLU       w
+    qwen2       yes         no           SiLU       w
+    qwen3       no          per head     SiLU       w
+    gemma       no          no           GELU-tanh  (1 + w)       embeddings x sqrt(hidden)
+    phi3        no          no           SiLU       w             fused qkv / gate_up, LongRoPE
 
 Every switch is a Hugging Face config field (or implied by ``model_type``, as the HF classes
 do), so a checkpoint's config.json builds the model unchanged. Tied embeddings: no
-``lm_head.weight`` (or ``tie_word_embeddings``) reuses the embedding table.
+``lm_head.weight`` (or ``tie_word_embeddings``) reuses the embedding table. GGUF files of
+Gemma store ``1 + w`` already (llama.cpp's converter adds it): their config says
+``norm_weight_offset`` 0.
 """
 
 from __future__ import annotations
@@ -18,18 +23,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from inference.backends.base import Backend
+from inference.errors import UnsupportedModelError
 from inference.kv_cache import KVCache
 from inference.models import rope
 from inference.models.common import Weights, config_from_dict
 
 REQUIRED_OPS = frozenset({
-    "embedding", "linear", "rms_norm", "rope", "attention", "silu_mul", "add",
-    "reshape", "transpose", "zeros", "set_slice", "narrow", "sample",
+    "embedding", "linear", "rms_norm", "rope", "attention", "silu_mul", "gelu_tanh_mul", "add",
+    "mul", "reshape", "transpose", "zeros", "set_slice", "narrow", "sample",
 })
 
 _BIASED = {"qwen2"}  # q/k/v biases whatever the config says (HF hard-codes them)
 _QK_NORM = {"qwen3"}  # RMSNorm over each head's q and k before RoPE
+_GEMMA = {"gemma"}  # (1 + w) norms, embeddings scaled by sqrt(hidden), tied lm_head
+_FUSED = {"phi3"}  # qkv_proj = [q; k; v] rows, gate_up_proj = [gate; up] rows
+_ACTIVATIONS = {"silu": "silu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul",
+                "gelu_tanh": "gelu_tanh_mul"}
 
 
 @dataclass
@@ -49,6 +61,13 @@ class ModelArgs:
     qk_norm: bool = False
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 2048
+    hidden_act: str = "silu"
+    hidden_activation: str | None = None  # Gemma's name for hidden_act
+    partial_rotary_factor: float = 1.0
+    norm_weight_offset: float | None = None  # not HF: 1.0 for Gemma safetensors, 0 in GGUF
+    embed_scale: bool = False
+    fused_projections: bool = False
+    attention_factor: float = 1.0  # LongRoPE's cos/sin scale (set by from_dict)
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -57,6 +76,26 @@ class ModelArgs:
             self.head_dim = self.hidden_size // self.num_attention_heads
         self.attention_bias = self.attention_bias or self.model_type in _BIASED
         self.qk_norm = self.qk_norm or self.model_type in _QK_NORM
+        gemma = self.model_type in _GEMMA
+        self.embed_scale = self.embed_scale or gemma
+        self.tie_word_embeddings = self.tie_word_embeddings or gemma
+        self.fused_projections = self.fused_projections or self.model_type in _FUSED
+        if self.norm_weight_offset is None:
+            self.norm_weight_offset = 1.0 if gemma else 0.0
+        act = self.hidden_activation or self.hidden_act
+        if act not in _ACTIVATIONS:
+            raise UnsupportedModelError(
+                f"This {self.model_type} model uses the activation '{act}', which Inferdesk "
+                f"does not support (supported: {', '.join(_ACTIVATIONS)}).")
+        if self.partial_rotary_factor != 1.0:
+            raise UnsupportedModelError(
+                f"This {self.model_type} model rotates only part of each head "
+                f"(partial_rotary_factor {self.partial_rotary_factor}), which Inferdesk does "
+                "not support yet.")
+
+    @property
+    def mlp_op(self) -> str:
+        return _ACTIVATIONS[self.hidden_activation or self.hidden_act]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelArgs:
@@ -70,6 +109,11 @@ class ModelArgs:
         rope.check_supported(scaling, d.get("model_type", "llama"))
         if rope.rope_kind(scaling) == "default":
             d = {**d, "rope_scaling": None}
+        d = {**d, "attention_factor": rope.attention_factor(scaling, d)}
+        original = rope.original_context(scaling, d)
+        if original is not None:  # LongRoPE runs to its original context (short factors)
+            d["max_position_embeddings"] = min(original, d.get("max_position_embeddings",
+                                                                 original))
         return config_from_dict(cls, d)
 
 
@@ -79,14 +123,21 @@ class Attention:
         self.n_heads = args.num_attention_heads
         self.n_kv = args.num_key_value_heads
         self.head_dim = args.head_dim
-        self.scale = self.head_dim ** -0.5
+        # LongRoPE scales cos and sin, so q.k by the factor's square.
+        self.scale = self.head_dim ** -0.5 * args.attention_factor ** 2
         self.theta = args.rope_theta
         self.freq_factors = freq_factors
         self.eps = args.rms_norm_eps
         bias = w.optional_dense if args.attention_bias else (lambda name: None)
-        self.q = (w.linear(p + "q_proj.weight"), bias(p + "q_proj.bias"))
-        self.k = (w.linear(p + "k_proj.weight"), bias(p + "k_proj.bias"))
-        self.v = (w.linear(p + "v_proj.weight"), bias(p + "v_proj.bias"))
+        if args.fused_projections:
+            q, k, v = w.linear_split(p + "qkv_proj.weight", [
+                self.n_heads * self.head_dim, self.n_kv * self.head_dim,
+                self.n_kv * self.head_dim])
+        else:
+            q, k, v = (w.linear(p + f"{n}_proj.weight") for n in "qkv")
+        self.q = (q, bias(p + "q_proj.bias"))
+        self.k = (k, bias(p + "k_proj.bias"))
+        self.v = (v, bias(p + "v_proj.bias"))
         self.o_proj = w.linear(p + "o_proj.weight")
         self.q_norm = w.dense(p + "q_norm.weight") if args.qk_norm else None
         self.k_norm = w.dense(p + "k_norm.weight") if args.qk_norm else None
@@ -114,15 +165,20 @@ class Attention:
 
 
 class MLP:
-    def __init__(self, B: Backend, w: Weights, p: str):
+    def __init__(self, args: ModelArgs, B: Backend, w: Weights, p: str):
         self.B = B
-        self.gate = w.linear(p + "gate_proj.weight")
-        self.up = w.linear(p + "up_proj.weight")
+        self.act = getattr(B, args.mlp_op)  # act(gate) * up, fused
+        if args.fused_projections:
+            n = args.intermediate_size
+            self.gate, self.up = w.linear_split(p + "gate_up_proj.weight", [n, n])
+        else:
+            self.gate = w.linear(p + "gate_proj.weight")
+            self.up = w.linear(p + "up_proj.weight")
         self.down = w.linear(p + "down_proj.weight")
 
     def __call__(self, x: Any) -> Any:
         B = self.B
-        return B.linear(B.silu_mul(B.linear(x, self.gate), B.linear(x, self.up)), self.down)
+        return B.linear(self.act(B.linear(x, self.gate), B.linear(x, self.up)), self.down)
 
 
 class TransformerBlock:
@@ -132,9 +188,9 @@ class TransformerBlock:
         self.eps = args.rms_norm_eps
         self.index = i
         self.attn = Attention(args, B, w, p + "self_attn.", freq_factors)
-        self.mlp = MLP(B, w, p + "mlp.")
-        self.input_norm = w.dense(p + "input_layernorm.weight")
-        self.post_norm = w.dense(p + "post_attention_layernorm.weight")
+        self.mlp = MLP(args, B, w, p + "mlp.")
+        self.input_norm = w.norm(p + "input_layernorm.weight", args.norm_weight_offset)
+        self.post_norm = w.norm(p + "post_attention_layernorm.weight", args.norm_weight_offset)
 
     def __call__(self, x: Any, cache: KVCache) -> Any:
         B = self.B
@@ -143,9 +199,11 @@ class TransformerBlock:
 
 
 def _freq_factors(args: ModelArgs, B: Backend, w: Weights) -> Any:
-    """GGUF files carry llama3's factors as ``rope_freqs.weight``; HF configs describe them."""
-    if w.has("rope_freqs.weight"):
-        return w.dense("rope_freqs.weight")
+    """GGUF files carry the factors as tensors (llama3: ``rope_freqs``, Phi-3 LongRoPE:
+    ``rope_factors_short``); HF configs describe them."""
+    for name in ("rope_freqs.weight", "rope_factors_short.weight"):
+        if w.has(name):
+            return w.dense(name)
     f = rope.freq_factors(args.rope_scaling, args.head_dim, args.rope_theta)
     return None if f is None else B.array(f)
 
@@ -160,7 +218,10 @@ class Model:
         ff = _freq_factors(args, B, w)
         self.layers = [TransformerBlock(args, B, w, i, ff)
                        for i in range(args.num_hidden_layers)]
-        self.norm = w.dense("model.norm.weight")
+        self.norm = w.norm("model.norm.weight", args.norm_weight_offset)
+        # Gemma: x sqrt(hidden), rounded to float32 as transformers does.
+        self.embed_scale = float(np.float32(args.hidden_size ** 0.5)) if args.embed_scale \
+            else None
         tied = args.tie_word_embeddings or not w.has("lm_head.weight")
         self.lm_head = self.embed_tokens if tied else w.linear("lm_head.weight")
 
@@ -171,6 +232,8 @@ class Model:
         """ids: native int array (batch, seq). Returns logits (batch, seq or 1, vocab)."""
         B = self.B
         h = B.embedding(self.embed_tokens, ids)
+        if self.embed_scale is not None:
+            h = B.mul(h, self.embed_scale)
         t = h.shape[1]
         for layer in self.layers:
             h = layer(h, cache)

@@ -211,6 +211,16 @@ def silu_mul(dev: Device, gate: Any, up: Any) -> Any:
     return y
 
 
+def gelu_tanh_mul(dev: Device, gate: Any, up: Any) -> Any:
+    _f32_contig(gate, "gate")
+    _f32_contig(up, "up")
+    _need(gate.shape == up.shape, f"gate {gate.shape} != up {up.shape}")
+    y = dev.empty(gate.shape, np.float32)
+    dev.launch("unary", "gelu_tanh_mul_f32", plan.plan_elementwise(gate.size, dev.limits),
+               (gate, up, y, i64(gate.size)))
+    return y
+
+
 def gelu(dev: Device, x: Any) -> Any:
     _f32_contig(x, "x")
     y = dev.empty(x.shape, np.float32)

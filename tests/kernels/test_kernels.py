@@ -230,6 +230,10 @@ def test_silu_mul_and_gelu(dev: Device, rng: np.random.Generator) -> None:
         got = host(dev, ops.gelu(dev, dev.to_device(g)))
         np.testing.assert_allclose(got, 0.5 * gd * (1 + erf(gd / math.sqrt(2))), rtol=1e-6,
                                    atol=1e-6)
+        got = host(dev, ops.gelu_tanh_mul(dev, dev.to_device(g), dev.to_device(u)))
+        inner = math.sqrt(2 / math.pi) * (gd + 0.044715 * gd ** 3)
+        np.testing.assert_allclose(got, 0.5 * gd * (1 + np.tanh(inner)) * u, rtol=1e-5,
+                                   atol=1e-5)
 
 
 def test_argmax(dev: Device, rng: np.random.Generator) -> None:
