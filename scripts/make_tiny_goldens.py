@@ -261,8 +261,9 @@ def make_hf(name: str, cls_name: str, cfg: dict, tk, tk_config: dict, out: Path,
     import transformers
 
     cls = getattr(transformers, cls_name)
-    config = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))(**{**COMMON,
-                                                                               **cfg})
+    config_cls = {"Gemma3ForCausalLM": "Gemma3TextConfig"}.get(
+        cls_name, cls_name.replace("ForCausalLM", "Config"))
+    config = getattr(transformers, config_cls)(**{**COMMON, **cfg})
     torch.manual_seed(seed)
     model = cls(config)
     init_weights(model, seed)
@@ -627,6 +628,22 @@ def make_new_families(out: Path, v: dict) -> None:
         rope_theta=10000.0, bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
         pad_token_id=0), llama_tk, llama_cfg, out, SEED + 8, v, with_greedy=True)
     make_gguf_golden(gemma, out, "gemma_q8_0", "gemma", "Q8_0", "gpt2", SEED + 9, v)
+    gemma2 = make_hf("gemma2", "Gemma2ForCausalLM", dict(
+        head_dim=32, query_pre_attn_scalar=24, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], rope_theta=10000.0,
+        bos_token_id=ids["<s>"], eos_token_id=ids["</s>"], pad_token_id=0),
+        llama_tk, llama_cfg, out, SEED + 13, v, with_greedy=True)
+    make_hf("gemma3_text", "Gemma3ForCausalLM", dict(
+        num_hidden_layers=3, num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32,
+        sliding_window=8, layer_types=["sliding_attention", "sliding_attention",
+                                       "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1000000.0}},
+        bos_token_id=ids["<s>"], eos_token_id=ids["</s>"], pad_token_id=0),
+        llama_tk, llama_cfg, out, SEED + 14, v, with_greedy=True)
+    del gemma2
     rng = np.random.default_rng(SEED + 10)
     half = COMMON["hidden_size"] // COMMON["num_attention_heads"] // 2
     longrope = {"rope_type": "longrope", "rope_theta": 10000.0,

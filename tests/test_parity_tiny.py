@@ -48,6 +48,8 @@ MODELS = {  # golden name -> what load_model gets
     "gemma_q8_0": "gemma_q8_0.gguf",
     "phi3": "phi3",
     "phi3_q4_0": "phi3_q4_0.gguf",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3_text",
 }
 GREEDY = [n for n in MODELS if n.startswith(("llama3", "qwen3", "gemma", "phi3"))]
 BACKENDS = ["numpy", "cpu", "mlx", "cuda"]

@@ -12,8 +12,10 @@ Array conventions (every backend):
 - ``rope`` uses the Hugging Face (NeoX, half-split) pairing unless ``traditional=True``
   (adjacent pairs, GGML's "normal" mode); scaled RoPE divides each pair's frequency by
   ``freq_factors[i]`` (GGML's ``rope_freqs``; see :mod:`inference.models.rope`);
-- ``attention(..., causal_offset=o)`` lets query ``i`` see keys ``0 .. o + i``; the mask is
-  computed from positions by the backend, never shipped from the host;
+- ``attention(..., causal_offset=o)`` lets query ``i`` see keys ``0 .. o + i``; with
+  ``window=w`` only the last ``w`` of them (keys ``o + i - w + 1 .. o + i``: sliding-window
+  layers); ``softcap=c`` maps each scaled score ``s`` to ``c * tanh(s / c)`` before masking
+  (Gemma 2). The mask is computed from positions by the backend, never shipped from the host;
   ``key_mask`` is a ``(batch, seq_k)`` native array, 1 for tokens and 0 for padding.
 """
 
@@ -42,6 +44,7 @@ OPS: tuple[str, ...] = (
     "silu_mul",
     "gelu_tanh_mul",
     "gelu",
+    "softcap",
     "add",
     "mul",
     "reshape",
@@ -177,8 +180,12 @@ class Backend:
 
     def attention(
         self, q: Any, k: Any, v: Any, scale: float, *, causal_offset: int | None = None,
-        key_mask: Any | None = None,
+        key_mask: Any | None = None, window: int | None = None, softcap: float | None = None,
     ) -> Any:
+        raise NotImplementedError
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        """``cap * tanh(x / cap)`` (Gemma 2's final-logit soft-capping)."""
         raise NotImplementedError
 
     def silu_mul(self, gate: Any, up: Any) -> Any:

@@ -219,10 +219,15 @@ class CpuBackend(NumpyBackend):
         return out.reshape(b, h, t, d)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
-                  causal_offset: int | None = None,
-                  key_mask: np.ndarray | None = None) -> np.ndarray:
+                  causal_offset: int | None = None, key_mask: np.ndarray | None = None,
+                  window: int | None = None, softcap: float | None = None) -> np.ndarray:
         b, hq, t, d = q.shape
         s = k.shape[2]
+        if softcap is not None or (window is not None and s > window):
+            # Soft-capped or window-limited scores: the NumPy path (the fused kernels
+            # implement the plain causal mask only).
+            return super().attention(q, k, v, scale, causal_offset=causal_offset,
+                                     key_mask=key_mask, window=window, softcap=softcap)
         # One new token that sees every cached key: the decode step.
         if b == 1 and t == 1 and key_mask is None and causal_offset == s - 1:
             out = np.empty((hq, d), dtype=np.float32)

@@ -148,19 +148,25 @@ class CudaBackend(Backend):
         return ops.rope(self.dev, self._c(x), offset, theta, seq_axis=-2, **kw)
 
     def attention(self, q: Any, k: Any, v: Any, scale: float, *,
-                  causal_offset: int | None = None, key_mask: Any | None = None) -> Any:
+                  causal_offset: int | None = None, key_mask: Any | None = None,
+                  window: int | None = None, softcap: float | None = None) -> Any:
         xp = self.xp
         b, hq, t, d = q.shape
-        hk = k.shape[1]
+        hk, s = k.shape[1], k.shape[2]
         mask = None if key_mask is None else self._c(key_mask)
-        if t == 1 and d <= ATTN_MAX_HEAD_DIM and k.strides[-1] == 4 and v.strides == k.strides:
+        window = window if window is not None and s > window else None  # else it hides nothing
+        if (t == 1 and d <= ATTN_MAX_HEAD_DIM and k.strides[-1] == 4 and v.strides == k.strides
+                and window is None and softcap is None):
             return ops.attn_decode(self.dev, self._c(q), k, v, scale,
                                    causal_limit=causal_offset, key_mask=mask)
-        # Prefill: grouped queries fold into rows, two GEMMs around the masked softmax.
+        # Prefill (and windowed or soft-capped decode): grouped queries fold into rows, two
+        # GEMMs around the masked softmax; the window is applied in the softmax kernel.
         qg = xp.reshape(self._c(q), (b, hk, (hq // hk) * t, d))
         scores = xp.matmul(qg, xp.transpose(k, (0, 1, 3, 2)))
+        if softcap is not None:
+            scores, scale = self.softcap(scores * scale, softcap), 1.0
         p = ops.softmax(self.dev, self._c(scores), scale, nq=t, causal_offset=causal_offset,
-                        key_mask=mask)
+                        key_mask=mask, window=window)
         return xp.reshape(xp.matmul(p, v), (b, hq, t, d))
 
     def silu_mul(self, gate: Any, up: Any) -> Any:
@@ -171,6 +177,10 @@ class CudaBackend(Backend):
 
     def gelu(self, x: Any) -> Any:
         return ops.gelu(self.dev, self._c(x))
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        # Elementwise on the device (CuPy's fused tanh), like add and mul.
+        return (cap * self.xp.tanh(x / cap)).astype(self.xp.float32, copy=False)
 
     def add(self, a: Any, b: Any) -> Any:
         return a + b

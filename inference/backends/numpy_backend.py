@@ -83,16 +83,21 @@ class NumpyBackend(Backend):
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
-                  causal_offset: int | None = None,
-                  key_mask: np.ndarray | None = None) -> np.ndarray:
+                  causal_offset: int | None = None, key_mask: np.ndarray | None = None,
+                  window: int | None = None, softcap: float | None = None) -> np.ndarray:
         b, hq, t, d = q.shape
         hk, s = k.shape[1], k.shape[2]
         # Grouped-query attention without copying K/V: fold the query groups into rows.
         qg = q.reshape(b, hk, (hq // hk) * t, d)
         scores = (qg @ k.transpose(0, 1, 3, 2)) * scale  # (b, hk, g*t, s)
         scores = scores.reshape(b, hk, hq // hk, t, s)
+        if softcap is not None:
+            scores = self.softcap(scores, softcap)
         if causal_offset is not None:
-            allowed = np.arange(s)[None, :] <= (causal_offset + np.arange(t))[:, None]
+            last = causal_offset + np.arange(t)[:, None]
+            allowed = np.arange(s)[None, :] <= last
+            if window is not None:
+                allowed &= np.arange(s)[None, :] > last - window
             scores = np.where(allowed, scores, -np.inf)
         if key_mask is not None:
             scores = np.where(key_mask[:, None, None, None, :] > 0, scores, -np.inf)
@@ -112,6 +117,10 @@ class NumpyBackend(Backend):
 
     def gelu(self, x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        c = np.float32(cap)
+        return (c * np.tanh(x / c)).astype(np.float32, copy=False)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b

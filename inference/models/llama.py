@@ -9,7 +9,13 @@ of one block:
     qwen2       yes         no           SiLU       w
     qwen3       no          per head     SiLU       w
     gemma       no          no           GELU-tanh  (1 + w)       embeddings x sqrt(hidden)
+    gemma2      no          no           GELU-tanh  (1 + w), 4    + soft-caps, sliding layers
+    gemma3_text no          per head     GELU-tanh  (1 + w), 4    + local/global RoPE bases
     phi3        no          no           SiLU       w             fused qkv / gate_up, LongRoPE
+
+"4" norms: before and after attention and before and after the MLP (Gemma 2/3). Sliding
+layers (``layer_types``) attend to the last ``sliding_window`` positions and their cache
+keeps no more than that (:class:`~inference.kv_cache.KVCache`).
 
 Every switch is a Hugging Face config field (or implied by ``model_type``, as the HF classes
 do), so a checkpoint's config.json builds the model unchanged. Tied embeddings: no
@@ -33,12 +39,13 @@ from inference.models.common import Weights, config_from_dict
 
 REQUIRED_OPS = frozenset({
     "embedding", "linear", "rms_norm", "rope", "attention", "silu_mul", "gelu_tanh_mul", "add",
-    "mul", "reshape", "transpose", "zeros", "set_slice", "narrow", "sample",
+    "mul", "softcap", "reshape", "transpose", "zeros", "set_slice", "narrow", "sample",
 })
 
 _BIASED = {"qwen2"}  # q/k/v biases whatever the config says (HF hard-codes them)
-_QK_NORM = {"qwen3"}  # RMSNorm over each head's q and k before RoPE
-_GEMMA = {"gemma"}  # (1 + w) norms, embeddings scaled by sqrt(hidden), tied lm_head
+_QK_NORM = {"qwen3", "gemma3_text"}  # RMSNorm over each head's q and k before RoPE
+_GEMMA = {"gemma", "gemma2", "gemma3_text"}  # (1 + w) norms, x sqrt(hidden), tied lm_head
+_SANDWICH = {"gemma2", "gemma3_text"}  # norms after attention and MLP as well as before
 _FUSED = {"phi3"}  # qkv_proj = [q; k; v] rows, gate_up_proj = [gate; up] rows
 _ACTIVATIONS = {"silu": "silu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul",
                 "gelu_tanh": "gelu_tanh_mul"}
@@ -68,6 +75,13 @@ class ModelArgs:
     embed_scale: bool = False
     fused_projections: bool = False
     attention_factor: float = 1.0  # LongRoPE's cos/sin scale (set by from_dict)
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma)
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    sliding_window: int | None = None
+    layer_types: list[str] | None = None  # "sliding_attention" / "full_attention" per layer
+    rope_local_base_freq: float | None = None  # RoPE theta of sliding layers (Gemma 3)
+    sandwich_norms: bool = False
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -80,6 +94,11 @@ class ModelArgs:
         self.embed_scale = self.embed_scale or gemma
         self.tie_word_embeddings = self.tie_word_embeddings or gemma
         self.fused_projections = self.fused_projections or self.model_type in _FUSED
+        self.sandwich_norms = self.sandwich_norms or self.model_type in _SANDWICH
+        if self.layer_types is None or self.model_type not in _GEMMA:
+            # Windows only where a Gemma config declares them; Mistral/Qwen2 windows stay
+            # a context limit (CausalLM), as before.
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
         if self.norm_weight_offset is None:
             self.norm_weight_offset = 1.0 if gemma else 0.0
         act = self.hidden_activation or self.hidden_act
@@ -93,6 +112,15 @@ class ModelArgs:
                 f"(partial_rotary_factor {self.partial_rotary_factor}), which Inferdesk does "
                 "not support yet.")
 
+    def window(self, layer: int) -> int | None:
+        sliding = self.layer_types[layer] == "sliding_attention"
+        return self.sliding_window if sliding and self.sliding_window else None
+
+    def theta(self, layer: int) -> float:
+        if self.window(layer) is not None and self.rope_local_base_freq is not None:
+            return self.rope_local_base_freq
+        return self.rope_theta
+
     @property
     def mlp_op(self) -> str:
         return _ACTIVATIONS[self.hidden_activation or self.hidden_act]
@@ -102,6 +130,12 @@ class ModelArgs:
         # transformers >= 5 writes the RoPE settings inside "rope_parameters" (theta and
         # scaling in one dict); earlier versions write rope_theta and rope_scaling.
         params = d.get("rope_parameters")
+        if isinstance(params, dict) and "full_attention" in params:
+            # Gemma 3: one RoPE per layer type; scaling (linear) applies to the global layers.
+            local = params.get("sliding_attention", {})
+            d = {**d, "rope_local_base_freq": local.get("rope_theta")}
+            params = params["full_attention"]
+            d = {**d, "rope_parameters": params}
         if isinstance(params, dict):
             d = {**d, "rope_theta": d.get("rope_theta") or params.get("rope_theta"),
                  "rope_scaling": d.get("rope_scaling") or params}
@@ -118,14 +152,18 @@ class ModelArgs:
 
 
 class Attention:
-    def __init__(self, args: ModelArgs, B: Backend, w: Weights, p: str, freq_factors: Any):
+    def __init__(self, args: ModelArgs, B: Backend, w: Weights, p: str, freq_factors: Any,
+                 layer: int):
         self.B = B
         self.n_heads = args.num_attention_heads
         self.n_kv = args.num_key_value_heads
         self.head_dim = args.head_dim
         # LongRoPE scales cos and sin, so q.k by the factor's square.
-        self.scale = self.head_dim ** -0.5 * args.attention_factor ** 2
-        self.theta = args.rope_theta
+        base = args.query_pre_attn_scalar or self.head_dim
+        self.scale = base ** -0.5 * args.attention_factor ** 2
+        self.softcap = args.attn_logit_softcapping
+        self.window = args.window(layer)
+        self.theta = args.theta(layer)
         self.freq_factors = freq_factors
         self.eps = args.rms_norm_eps
         bias = w.optional_dense if args.attention_bias else (lambda name: None)
@@ -139,8 +177,9 @@ class Attention:
         self.k = (k, bias(p + "k_proj.bias"))
         self.v = (v, bias(p + "v_proj.bias"))
         self.o_proj = w.linear(p + "o_proj.weight")
-        self.q_norm = w.dense(p + "q_norm.weight") if args.qk_norm else None
-        self.k_norm = w.dense(p + "k_norm.weight") if args.qk_norm else None
+        off = args.norm_weight_offset
+        self.q_norm = w.norm(p + "q_norm.weight", off) if args.qk_norm else None
+        self.k_norm = w.norm(p + "k_norm.weight", off) if args.qk_norm else None
 
     def _heads(self, x: Any, n: int, norm: Any = None) -> Any:
         B = self.B
@@ -159,7 +198,8 @@ class Attention:
         q = B.rope(q, cache.offset, self.theta, freq_factors=self.freq_factors)
         k = B.rope(k, cache.offset, self.theta, freq_factors=self.freq_factors)
         k, v = cache.update(layer, k, v)
-        out = B.attention(q, k, v, self.scale, causal_offset=cache.offset)
+        out = B.attention(q, k, v, self.scale, causal_offset=cache.layer_offset(layer),
+                          window=self.window, softcap=self.softcap)
         out = B.reshape(B.transpose(out, (0, 2, 1, 3)), (b, t, self.n_heads * self.head_dim))
         return B.linear(out, self.o_proj)
 
@@ -187,15 +227,27 @@ class TransformerBlock:
         self.B = B
         self.eps = args.rms_norm_eps
         self.index = i
-        self.attn = Attention(args, B, w, p + "self_attn.", freq_factors)
+        self.attn = Attention(args, B, w, p + "self_attn.", freq_factors, i)
         self.mlp = MLP(args, B, w, p + "mlp.")
-        self.input_norm = w.norm(p + "input_layernorm.weight", args.norm_weight_offset)
-        self.post_norm = w.norm(p + "post_attention_layernorm.weight", args.norm_weight_offset)
+        off = args.norm_weight_offset
+        self.input_norm = w.norm(p + "input_layernorm.weight", off)
+        if args.sandwich_norms:  # Gemma 2/3: post_attention_layernorm follows attention
+            self.post_attn_norm = w.norm(p + "post_attention_layernorm.weight", off)
+            self.pre_mlp_norm = w.norm(p + "pre_feedforward_layernorm.weight", off)
+            self.post_mlp_norm = w.norm(p + "post_feedforward_layernorm.weight", off)
+        else:  # Llama: post_attention_layernorm is the norm before the MLP
+            self.post_attn_norm = self.post_mlp_norm = None
+            self.pre_mlp_norm = w.norm(p + "post_attention_layernorm.weight", off)
+
+    def _post(self, x: Any, norm: Any) -> Any:
+        return x if norm is None else self.B.rms_norm(x, norm, self.eps)
 
     def __call__(self, x: Any, cache: KVCache) -> Any:
         B = self.B
-        h = B.add(x, self.attn(B.rms_norm(x, self.input_norm, self.eps), cache, self.index))
-        return B.add(h, self.mlp(B.rms_norm(h, self.post_norm, self.eps)))
+        a = self.attn(B.rms_norm(x, self.input_norm, self.eps), cache, self.index)
+        h = B.add(x, self._post(a, self.post_attn_norm))
+        m = self.mlp(B.rms_norm(h, self.pre_mlp_norm, self.eps))
+        return B.add(h, self._post(m, self.post_mlp_norm))
 
 
 def _freq_factors(args: ModelArgs, B: Backend, w: Weights) -> Any:
@@ -215,8 +267,8 @@ class Model:
         self.args = args
         self.B = B
         self.embed_tokens = w.linear("model.embed_tokens.weight")
-        ff = _freq_factors(args, B, w)
-        self.layers = [TransformerBlock(args, B, w, i, ff)
+        ff = _freq_factors(args, B, w)  # scaled RoPE: the global layers' (Gemma 3)
+        self.layers = [TransformerBlock(args, B, w, i, None if args.window(i) else ff)
                        for i in range(args.num_hidden_layers)]
         self.norm = w.norm("model.norm.weight", args.norm_weight_offset)
         # Gemma: x sqrt(hidden), rounded to float32 as transformers does.
@@ -226,7 +278,8 @@ class Model:
         self.lm_head = self.embed_tokens if tied else w.linear("lm_head.weight")
 
     def make_cache(self, max_len: int | None = None) -> KVCache:
-        return KVCache(self.B, len(self.layers), max_len)
+        return KVCache(self.B, len(self.layers), max_len,
+                       windows=[layer.attn.window for layer in self.layers])
 
     def __call__(self, ids: Any, cache: KVCache, last_only: bool = False) -> Any:
         """ids: native int array (batch, seq). Returns logits (batch, seq or 1, vocab)."""
@@ -240,4 +293,6 @@ class Model:
         cache.advance(t)
         if last_only:
             h = B.narrow(h, 1, t - 1, 1)
-        return B.linear(B.rms_norm(h, self.norm, self.args.rms_norm_eps), self.lm_head)
+        logits = B.linear(B.rms_norm(h, self.norm, self.args.rms_norm_eps), self.lm_head)
+        cap = self.args.final_logit_softcapping
+        return logits if cap is None else B.softcap(logits, cap)

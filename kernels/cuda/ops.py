@@ -130,13 +130,17 @@ def layer_norm(dev: Device, x: Any, w: Any, b: Any | None, eps: float) -> Any:
 
 
 def softmax(dev: Device, scores: Any, scale: float = 1.0, *, nq: int | None = None,
-            causal_offset: int | None = None, key_mask: Any | None = None) -> Any:
+            causal_offset: int | None = None, key_mask: Any | None = None,
+            window: int | None = None) -> Any:
     """Softmax over the last axis of (batch, ..., q, keys) scores.
 
     Query i (= row index mod nq; nq defaults to scores.shape[-2]) sees keys j <=
-    causal_offset + i; key_mask is (batch, keys), 0 hides a key. Both are applied on the
-    device from these integers; no mask tensor is built.
+    causal_offset + i, and with a window only j > causal_offset + i - window; key_mask is
+    (batch, keys), 0 hides a key. All are applied on the device from these integers; no
+    mask tensor is built.
     """
+    _need(window is None or (window > 0 and causal_offset is not None),
+          "a window needs a causal offset and at least one key")
     _f32_contig(scores, "scores")
     keys = scores.shape[-1]
     rows = scores.size // keys
@@ -148,7 +152,8 @@ def softmax(dev: Device, scores: Any, scale: float = 1.0, *, nq: int | None = No
     y = dev.empty(scores.shape, np.float32)
     dev.launch("softmax", "softmax_f32", plan.plan_rows(keys, rows, dev.limits),
                (scores, y, i32(keys), i32(rows), i32(rows // batch), i32(nq), f32(scale),
-                i32(-1 if causal_offset is None else causal_offset), key_mask))
+                i32(-1 if causal_offset is None else causal_offset), key_mask,
+                i32(0 if window is None else window)))
     return y
 
 

@@ -163,6 +163,15 @@ def test_softmax_causal_and_padding(dev: Device, rng: np.random.Generator) -> No
             visible = causal[None, None] & (mask[:, None, None, :] != 0)
             np.testing.assert_allclose(got, _softmax_ref(s * scale, visible), rtol=1e-5,
                                        atol=1e-7, err_msg=f"keys={keys} nq={nq}")
+            if offset is None:
+                continue
+            for window in (1, 3, keys):  # sliding window: the last `window` keys only
+                got = host(dev, ops.softmax(dev, dev.to_device(s), scale, causal_offset=offset,
+                                            key_mask=dev.to_device(mask), window=window))
+                recent = j[None, :] > offset + np.arange(nq)[:, None] - window
+                vis = (causal & recent)[None, None] & (mask[:, None, None, :] != 0)
+                np.testing.assert_allclose(got, _softmax_ref(s * scale, vis), rtol=1e-5,
+                                           atol=1e-7, err_msg=f"keys={keys} window={window}")
 
 
 @pytest.mark.parametrize("neox", [True, False])
