@@ -106,8 +106,11 @@ class CausalLM(LoadedModel):
         self.context_length = int(self.args.max_position_embeddings)
         # We attend over the whole context; a sliding-window model (Mistral v0.1, Qwen2 with
         # use_sliding_window) is only right while everything fits in its window.
+        # (Models whose layers declare their windows, Gemma 2/3, attend within them exactly.)
         window = ckpt.config.get("sliding_window")
-        if window and ckpt.config.get("use_sliding_window", ckpt.config["model_type"] != "qwen2"):
+        windowed = "sliding_attention" in (getattr(self.args, "layer_types", None) or [])
+        if window and not windowed and ckpt.config.get(
+                "use_sliding_window", ckpt.config["model_type"] != "qwen2"):
             if isinstance(window, bool) or not isinstance(window, int) or window < 1:
                 raise CorruptModelError(f"Config key sliding_window is {window!r}; expected a "
                                         f"whole number of at least 1.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from inference.backends.base import Backend
@@ -12,16 +13,28 @@ class KVCache:
 
     Capacity grows in ``step``-token chunks (or is fixed up front with ``max_len``) so a
     decode step writes one row instead of concatenating the whole history.
+
+    Sliding-window layers (``windows[layer] = w``) keep only what a later query can see:
+    when a write would not fit, the last ``w - 1`` rows move to the front and the older ones
+    are dropped, so such a layer holds at most ``w - 1 + max(step, tokens of one call)``
+    rows however long the context. ``start[layer]`` is the position of its row 0, and
+    :meth:`layer_offset` the row of the first new token (attention's causal offset).
     """
 
     step = 256
 
-    def __init__(self, backend: Backend, n_layers: int, max_len: int | None = None):
+    def __init__(self, backend: Backend, n_layers: int, max_len: int | None = None,
+                 windows: Sequence[int | None] | None = None):
         self.B = backend
         self.keys: list[Any] = [None] * n_layers
         self.values: list[Any] = [None] * n_layers
         self.offset = 0  # tokens already cached (same for every layer)
         self.max_len = max_len
+        self.windows = list(windows) if windows is not None else [None] * n_layers
+        self.start = [0] * n_layers
+
+    def layer_offset(self, layer: int) -> int:
+        return self.offset - self.start[layer]
 
     def _ensure(self, layer: int, like: Any, needed: int) -> None:
         cur = self.keys[layer]
@@ -29,22 +42,45 @@ class KVCache:
         if needed <= cap:
             return
         b, h, _, d = like.shape
-        new_cap = self.max_len or ((needed + self.step - 1) // self.step) * self.step
+        fixed = self.max_len if self.windows[layer] is None else None
+        new_cap = fixed or ((needed + self.step - 1) // self.step) * self.step
         new_cap = max(new_cap, needed)
+        rows = self.layer_offset(layer)
         for store in (self.keys, self.values):
             grown = self.B.zeros((b, h, new_cap, d))
-            if store[layer] is not None and self.offset:
-                kept = self.B.narrow(store[layer], 2, 0, self.offset)
+            if store[layer] is not None and rows:
+                kept = self.B.narrow(store[layer], 2, 0, rows)
                 grown = self.B.set_slice(grown, kept, 2, 0)
             store[layer] = grown
 
+    def _slide(self, layer: int, like: Any, t: int) -> None:
+        """Drop rows no query from position ``offset`` on can see, if the write needs room."""
+        rows = self.layer_offset(layer)
+        cur = self.keys[layer]
+        keep = min(rows, self.windows[layer] - 1)
+        if cur is None or rows + t <= cur.shape[2] or keep == rows:
+            return
+        b, h, _, d = like.shape
+        cap = max(keep + t, ((keep + t + self.step - 1) // self.step) * self.step)
+        for store in (self.keys, self.values):
+            moved = self.B.zeros((b, h, cap, d))
+            if keep:
+                moved = self.B.set_slice(moved, self.B.narrow(store[layer], 2, rows - keep,
+                                                              keep), 2, 0)
+            store[layer] = moved
+        self.start[layer] += rows - keep
+
     def update(self, layer: int, k: Any, v: Any) -> tuple[Any, Any]:
-        """Append this step's k/v (b, h, t, d) and return the cached (b, h, offset+t, d)."""
+        """Append this step's k/v (b, h, t, d) and return the cached rows (b, h, n, d): every
+        token so far, or on a sliding-window layer those from ``start[layer]`` on."""
         t = k.shape[2]
-        self._ensure(layer, k, self.offset + t)
-        self.keys[layer] = self.B.set_slice(self.keys[layer], k, 2, self.offset)
-        self.values[layer] = self.B.set_slice(self.values[layer], v, 2, self.offset)
-        n = self.offset + t
+        if self.windows[layer] is not None:
+            self._slide(layer, k, t)
+        row = self.layer_offset(layer)
+        self._ensure(layer, k, row + t)
+        self.keys[layer] = self.B.set_slice(self.keys[layer], k, 2, row)
+        self.values[layer] = self.B.set_slice(self.values[layer], v, 2, row)
+        n = row + t
         return self.B.narrow(self.keys[layer], 2, 0, n), self.B.narrow(self.values[layer], 2, 0, n)
 
     def advance(self, t: int) -> None:
@@ -52,8 +88,16 @@ class KVCache:
         self.offset += t
 
     def trim(self, n: int) -> None:
-        """Forget everything after the first ``n`` tokens (reuse a shared prompt prefix)."""
-        self.offset = min(self.offset, n)
+        """Forget everything after the first ``n`` tokens (reuse a shared prompt prefix).
+        A sliding-window layer that already dropped rows the next query needs cannot
+        go back: then the whole cache is forgotten (the caller recomputes from 0)."""
+        n = min(self.offset, n)
+        pairs = zip(self.windows, self.start, strict=True)
+        if any(w is not None and s > max(0, n - w + 1) for w, s in pairs):
+            n = 0
+        self.offset = n
+        if n == 0:
+            self.start = [0] * len(self.start)
 
 
 class BatchedCaches:

@@ -47,7 +47,8 @@ class PromptCache:
             self.cache = model.make_cache(max_len)
             n = 0
         else:
-            self.cache.trim(n)
+            self.cache.trim(n)  # a sliding-window cache may have to forget everything
+            n = self.cache.offset
             self.cache.max_len = None  # grow in steps from here, never one row at a time
         self.ids = list(prompt_ids)
         self.reused = n

@@ -14,6 +14,26 @@ ship in the repo (hidden 64, 2 layers, 4 heads, 2 KV heads, MLP 128, vocab 320):
     llama_q4_0.gguf  llama/ written by gguf.GGUFWriter in llama.cpp's layout: q/k rows
                   permuted as convert_hf_to_gguf.py does, 2-D tensors Q4_0, norms F32,
                   the llama/ tokenizer as tokenizer.ggml.* (gpt2 BPE)
+    llama3/       Llama 3.2's shape: hidden 256, 4 heads of 64, 1 KV head (GQA 4), tied
+                  embeddings, rope_theta 5e5 with "llama3" rope_scaling (factor 32, low 1,
+                  high 4, original context 8192), bfloat16 safetensors
+    llama3_q4_k.gguf  llama3/ in llama.cpp's layout: permuted q/k, every matrix Q4_K
+                  (quantized here: gguf-py only dequantizes K-quants), the scaling as a
+                  rope_freqs.weight tensor as convert_hf_to_gguf.py writes it
+    qwen3/        Qwen3's shape: per-head q/k RMSNorm, no biases, head_dim 32 != 64/4,
+                  tied embeddings, float32 safetensors, the qwen tokenizer
+    qwen3_f16.gguf, qwen3_q4_0.gguf  qwen3/ as GGUF (arch qwen3, no permutation), matrices
+                  F16 or Q4_0, norms F32
+    gemma/        Gemma's shape: (1 + w) RMSNorm, embeddings x sqrt(hidden), GELU-tanh MLP,
+                  1 KV head, head_dim 32 != 64/4, tied, float32 safetensors
+    gemma_q8_0.gguf  gemma/ as llama.cpp writes it: norms stored as 1 + w, Q8_0 matrices
+    phi3/         Phi-3.5's shape: fused qkv_proj and gate_up_proj, LongRoPE (short/long
+                  factors, original context 4096 of 131072), float32 safetensors
+    phi3_q4_0.gguf  phi3/ as GGUF: fused attn_qkv / ffn_up, rope_factors_short/long tensors,
+                  the attention factor in metadata, Q4_0 matrices
+
+Every golden from llama3/ on also records transformers' greedy continuation: ``greedy.prompt``
+and the ``greedy.tokens`` it generates (GREEDY_TOKENS, do_sample=False).
 
 Weights: every matrix N(0, 0.2), biases N(0, 0.1), norm weights 1 + N(0, 0.1), drawn in
 sorted-name order from numpy's default_rng(seed), so logits spread over several units.
@@ -57,6 +77,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED = 20240611
 VOCAB = 320
 SEQ_LEN = {"chat": 40, "random": 32}
+GREEDY_TOKENS = 32
 MLX_GROUP, MLX_BITS = 32, 4
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=128, vocab_size=VOCAB, rms_norm_eps=1e-5,
@@ -206,8 +227,24 @@ def sequences(tok_dir: Path, vocab: int, seed: int) -> tuple[dict[str, list[int]
     return seqs, {"toks": toks, "info": info}
 
 
-def save_golden(path: Path, seqs: dict, logits: dict, toks: dict, meta: dict) -> None:
+def greedy(model, prompt: list[int]) -> list[int]:
+    """transformers' greedy continuation of ``prompt`` (GREEDY_TOKENS new ids)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=GREEDY_TOKENS,
+                             min_new_tokens=GREEDY_TOKENS, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def save_golden(path: Path, seqs: dict, logits: dict, toks: dict, meta: dict,
+                model=None) -> None:
     arrays = {}
+    if model is not None:
+        prompt = seqs["chat"][:8]
+        arrays["greedy.prompt"] = np.asarray(prompt, dtype=np.int32)
+        arrays["greedy.tokens"] = np.asarray(greedy(model, prompt), dtype=np.int32)
     for name, ids in seqs.items():
         arrays[f"{name}.ids"] = np.asarray(ids, dtype=np.int32)
         arrays[f"{name}.logits"] = logits[name]
@@ -218,12 +255,15 @@ def save_golden(path: Path, seqs: dict, logits: dict, toks: dict, meta: dict) ->
 
 
 def make_hf(name: str, cls_name: str, cfg: dict, tk, tk_config: dict, out: Path,
-            seed: int, versions: dict, save_dtype: str = "float32") -> Path:
+            seed: int, versions: dict, save_dtype: str = "float32",
+            with_greedy: bool = False) -> Path:
     import torch
     import transformers
 
     cls = getattr(transformers, cls_name)
-    config = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))(**COMMON, **cfg)
+    config_cls = {"Gemma3ForCausalLM": "Gemma3TextConfig"}.get(
+        cls_name, cls_name.replace("ForCausalLM", "Config"))
+    config = getattr(transformers, config_cls)(**{**COMMON, **cfg})
     torch.manual_seed(seed)
     model = cls(config)
     init_weights(model, seed)
@@ -233,10 +273,12 @@ def make_hf(name: str, cls_name: str, cfg: dict, tk, tk_config: dict, out: Path,
     model.to(getattr(torch, save_dtype)).save_pretrained(d, safe_serialization=True)
     write_tokenizer(tk, tk_config, d)
     seqs, tg = sequences(d, VOCAB, seed)
-    logits = reference_logits(load_ref(d), seqs)
+    ref = load_ref(d)
+    logits = reference_logits(ref, seqs)
     save_golden(out / f"{name}.npz", seqs, logits, tg["toks"],
                 {**tg["info"], "texts": TOKENIZER_TEXTS, "reference": f"transformers {cls_name} "
-                 f"float32 eager, weights stored as {save_dtype}", "versions": versions})
+                 f"float32 eager, weights stored as {save_dtype}", "versions": versions},
+                ref if with_greedy else None)
     return d
 
 
@@ -404,6 +446,223 @@ def make_gguf(llama: Path, out: Path, versions: dict) -> None:
     save_golden(out / "llama_q4_0.npz", seqs, logits, tg["toks"], meta)
 
 
+def quantize_q4_k(a: np.ndarray) -> np.ndarray:
+    """(rows, cols) float32 -> GGML Q4_K blocks (rows, cols / 256 * 144) uint8.
+
+    A block is d, dmin (float16), 12 bytes of 6-bit scales/mins for its eight 32-element
+    sub-blocks (ggml's get_scale_min_k4 packing), then 128 bytes of 4-bit codes: byte
+    32 c + l holds element 64 c + l (low nibble) and 64 c + 32 + l (high). Each value is
+    d * sc * q - dmin * m. Round-to-nearest over each sub-block's [min(x, 0), max(x)]
+    (not ggml's search): the reference dequantizes these very bytes with gguf-py, so only
+    the layout must be ggml's. MLX repacks Q4_K exactly, unlike Q6_K and Q2_K.
+    """
+    rows, cols = a.shape
+    x = a.astype(np.float32).reshape(-1, 8, 32)  # (blocks, sub-blocks, 32)
+    lo = np.minimum(x.min(-1), 0.0)
+    step = (x.max(-1) - lo) / 15.0
+    d = (step.max(-1) / 63.0).astype(np.float16)
+    dmin = ((-lo).max(-1) / 63.0).astype(np.float16)
+    df, mf = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    sc = np.clip(np.rint(step / np.where(df > 0, df, 1)), 1, 63).astype(np.uint8)
+    m = np.clip(np.rint(-lo / np.where(mf > 0, mf, 1)), 0, 63).astype(np.uint8)
+    scale = (df * sc)[:, :, None]
+    q = np.rint((x + (mf * m)[:, :, None]) / np.where(scale > 0, scale, 1))
+    q = np.clip(q, 0, 15).astype(np.uint8).reshape(-1, 4, 2, 32)  # (blocks, c, half, l)
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
+    packed = np.empty((x.shape[0], 12), np.uint8)
+    packed[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    packed[:, 4:8] = m[:, 0:4] | ((m[:, 4:8] >> 4) << 6)
+    packed[:, 8:12] = (sc[:, 4:8] & 0xF) | ((m[:, 4:8] & 0xF) << 4)
+    blocks = np.concatenate([d.reshape(-1, 1).view(np.uint8), dmin.reshape(-1, 1).view(np.uint8),
+                             packed, qs], axis=1)
+    return blocks.reshape(rows, cols // 256 * 144)
+
+
+def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
+               extra: dict[str, np.ndarray] | None = None,
+               metadata: dict[str, float | int] | None = None) -> dict[str, np.ndarray]:
+    """src/ (HF safetensors) as a llama.cpp-layout GGUF: matrices in ``qtype``, 1-D tensors
+    F32, q/k rows permuted for arch llama. Returns the HF state transformers should get
+    (the file's weights dequantized by gguf-py, un-permuted)."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    cfg = json.loads((src / "config.json").read_text())
+    tk_json = json.loads((src / "tokenizer.json").read_text())
+    tk_cfg = json.loads((src / "tokenizer_config.json").read_text())
+    weights = {k: np.asarray(v, dtype=np.float32) for k, v in _load_f32(src).items()}
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    rope = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta") or rope.get("rope_theta")
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(theta)
+    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(cfg["vocab_size"])
+    vocab = tk_json["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {a["content"] for a in tk_json["added_tokens"] if a["special"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(tk_pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in special else 1 for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m)
+                        for m in tk_json["model"]["merges"]])
+    for key, add in (("bos_token", w.add_bos_token_id), ("eos_token", w.add_eos_token_id)):
+        if tk_cfg.get(key):
+            add(vocab[tk_cfg[key]])
+    w.add_add_bos_token(bool(tk_cfg.get("add_bos_token", False)))
+    w.add_chat_template(tk_cfg["chat_template"])
+    for key, value in (metadata or {}).items():
+        (w.add_uint32 if isinstance(value, int) else w.add_float32)(f"{arch}.{key}", value)
+
+    block = {**GGUF_BLOCK, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+    if arch == "phi3":  # fused projections keep one tensor each
+        block |= {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+    state = {}
+    names = [(f"{g}.weight", f"{h}.weight") for g, h in GGUF_TOP.items()]
+    names += [(f"blk.{i}.{g}.weight", f"model.layers.{i}.{h}.weight")
+              for i in range(cfg["num_hidden_layers"]) for g, h in block.items()]
+    for gname, hname in names:
+        if hname not in weights:
+            continue  # tied lm_head, or no q/k norms
+        a = weights[hname]
+        n_head = heads if "attn_q." in gname else kv if "attn_k." in gname else None
+        n_head = n_head if arch == "llama" else None
+        if n_head:
+            a = permute(a, n_head)
+        if arch == "gemma" and a.ndim == 1:  # convert_hf_to_gguf.py stores 1 + w
+            a = a + np.float32(1.0)
+        if a.ndim == 2 and qtype == "F16":
+            w.add_tensor(gname, a.astype(np.float16))
+            a = a.astype(np.float16).astype(np.float32)
+        elif a.ndim == 2 and qtype != "F32":
+            q = quantize_q4_k(a) if qtype == "Q4_K" else gguf.quants.quantize(a, T[qtype])
+            w.add_tensor(gname, q, raw_dtype=T[qtype])
+            a = gguf.quants.dequantize(q, T[qtype]).reshape(a.shape)
+        else:
+            w.add_tensor(gname, a)
+        if arch == "gemma" and a.ndim == 1:
+            a = a - np.float32(1.0)  # transformers adds the 1 itself
+        state[hname] = unpermute(a, n_head) if n_head else a
+    for gname, a in (extra or {}).items():
+        w.add_tensor(gname, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return state
+
+
+def _load_f32(src: Path) -> dict[str, np.ndarray]:
+    """A directory's safetensors as float32 (bfloat16 widened), via torch."""
+    from safetensors.torch import load_file
+
+    return {k: v.float().numpy() for k, v in load_file(src / "model.safetensors").items()}
+
+
+def make_gguf_golden(src: Path, out: Path, name: str, arch: str, qtype: str, tk_pre: str,
+                     seed: int, versions: dict, extra: dict | None = None,
+                     metadata: dict | None = None) -> None:
+    path = out / f"{name}.gguf"
+    state = write_gguf(src, path, arch, qtype, tk_pre, extra, metadata)
+    seqs, tg = sequences(src, VOCAB, seed)
+    ref = load_ref(src, state)
+    logits = reference_logits(ref, seqs)
+    meta = {**tg["info"], "texts": TOKENIZER_TEXTS, "versions": versions,
+            "reference": f"transformers float32 eager with the {src.name}/ weights after "
+                         f"{qtype} quantization, dequantized by gguf.quants"}
+    save_golden(out / f"{name}.npz", seqs, logits, tg["toks"], meta, ref)
+
+
+def llama3_freq_factors(cfg: dict) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf.py writes it: base / scaled frequency."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    conf = AutoConfig.for_model(**cfg)
+    inv, _ = ROPE_INIT_FUNCTIONS["llama3"](conf, torch.device("cpu"))
+    head_dim = cfg["head_dim"]
+    base = 1.0 / cfg["rope_parameters"]["rope_theta"] ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    return (base / inv).numpy().astype(np.float32)
+
+
+def make_new_families(out: Path, v: dict) -> None:
+    """llama3/, qwen3/ and their GGUF forms (see the module docstring)."""
+    qwen_tk, qwen_cfg = train_tokenizer("qwen")
+    llama_tk, llama_cfg = train_tokenizer("llama")
+    ids = {t: llama_tk.token_to_id(t) for t in ("<s>", "</s>")}
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    llama3 = make_hf("llama3", "LlamaForCausalLM", dict(
+        hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=64, tie_word_embeddings=True,
+        rope_parameters={"rope_theta": 500000.0, **scaling}, bos_token_id=ids["<s>"],
+        eos_token_id=ids["</s>"]), llama_tk, llama_cfg, out, SEED + 3, v,
+        save_dtype="bfloat16", with_greedy=True)
+    cfg = json.loads((llama3 / "config.json").read_text())
+    make_gguf_golden(llama3, out, "llama3_q4_k", "llama", "Q4_K", "gpt2", SEED + 4, v,
+                     extra={"rope_freqs.weight": llama3_freq_factors(cfg)})
+    specials = {t: qwen_tk.token_to_id(t) for t in ("<|endoftext|>", "<|im_end|>")}
+    qwen3 = make_hf("qwen3", "Qwen3ForCausalLM", dict(
+        head_dim=32, tie_word_embeddings=True, rope_theta=1000000.0, bos_token_id=None,
+        eos_token_id=specials["<|im_end|>"], pad_token_id=specials["<|endoftext|>"]),
+        qwen_tk, qwen_cfg, out, SEED + 5, v, with_greedy=True)
+    make_gguf_golden(qwen3, out, "qwen3_f16", "qwen3", "F16", "qwen2", SEED + 6, v)
+    make_gguf_golden(qwen3, out, "qwen3_q4_0", "qwen3", "Q4_0", "qwen2", SEED + 7, v)
+    gemma = make_hf("gemma", "GemmaForCausalLM", dict(
+        num_key_value_heads=1, head_dim=32, hidden_activation="gelu_pytorch_tanh",
+        rope_theta=10000.0, bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
+        pad_token_id=0), llama_tk, llama_cfg, out, SEED + 8, v, with_greedy=True)
+    make_gguf_golden(gemma, out, "gemma_q8_0", "gemma", "Q8_0", "gpt2", SEED + 9, v)
+    gemma2 = make_hf("gemma2", "Gemma2ForCausalLM", dict(
+        head_dim=32, query_pre_attn_scalar=24, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], rope_theta=10000.0,
+        bos_token_id=ids["<s>"], eos_token_id=ids["</s>"], pad_token_id=0),
+        llama_tk, llama_cfg, out, SEED + 13, v, with_greedy=True)
+    make_hf("gemma3_text", "Gemma3ForCausalLM", dict(
+        num_hidden_layers=3, num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32,
+        sliding_window=8, layer_types=["sliding_attention", "sliding_attention",
+                                       "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1000000.0}},
+        bos_token_id=ids["<s>"], eos_token_id=ids["</s>"], pad_token_id=0),
+        llama_tk, llama_cfg, out, SEED + 14, v, with_greedy=True)
+    del gemma2
+    rng = np.random.default_rng(SEED + 10)
+    half = COMMON["hidden_size"] // COMMON["num_attention_heads"] // 2
+    longrope = {"rope_type": "longrope", "rope_theta": 10000.0,
+                "short_factor": (1 + rng.uniform(0, 2, half)).round(4).tolist(),
+                "long_factor": (1 + rng.uniform(0, 30, half)).round(4).tolist(),
+                "original_max_position_embeddings": 4096}
+    phi3 = make_hf("phi3", "Phi3ForCausalLM", dict(
+        max_position_embeddings=131072, original_max_position_embeddings=4096,
+        rope_parameters=longrope, tie_word_embeddings=False, bos_token_id=ids["<s>"],
+        eos_token_id=ids["</s>"], pad_token_id=0), llama_tk, llama_cfg, out, SEED + 11, v,
+        with_greedy=True)
+    factor = 131072 / 4096
+    make_gguf_golden(phi3, out, "phi3_q4_0", "phi3", "Q4_0", "gpt2", SEED + 12, v, extra={
+        "rope_factors_short.weight": np.asarray(longrope["short_factor"], np.float32),
+        "rope_factors_long.weight": np.asarray(longrope["long_factor"], np.float32)},
+        metadata={"rope.scaling.attn_factor": float(np.sqrt(1 + np.log(factor) / np.log(4096))),
+                  "rope.scaling.original_context_length": 4096})
+
+
 # --- main ------------------------------------------------------------------------------------
 
 def versions() -> dict[str, str]:
@@ -419,6 +678,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "goldens" / "tiny")
     ap.add_argument("--mlx-python", default=str(ROOT / ".venv" / "bin" / "python"),
                     help="a Python with mlx installed, for the quantization step")
+    ap.add_argument("--only-new", action="store_true",
+                    help="write only the llama3/qwen3 goldens (the others stay as they are)")
     ap.add_argument("--mlx-quantize", nargs=3, type=Path, metavar=("SRC", "OUT_DIR", "DQ"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -432,6 +693,9 @@ def main() -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     v = versions()
+    make_new_families(out, v)
+    if args.only_new:
+        return
     qwen_tk, qwen_cfg = train_tokenizer("qwen")
     llama_tk, llama_cfg = train_tokenizer("llama")
     specials = {t: qwen_tk.token_to_id(t) for t in ("<|endoftext|>", "<|im_end|>")}

@@ -27,6 +27,8 @@ from inference.models import ARCHITECTURES, llama
 _DECODER = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
             "MLX"}
 USUAL_QUANT_TYPES = {"llama": _DECODER, "mistral": _DECODER, "qwen2": _DECODER,
+                     "qwen3": _DECODER, "gemma": _DECODER, "gemma2": _DECODER,
+                     "gemma3_text": _DECODER, "phi3": _DECODER,
                      "bert": {"F32", "F16", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}}
 
 BACKENDS = [p.name for p in backends.probe_all()]

@@ -169,6 +169,7 @@ def test_attention_key_mask_and_both():
 def test_elementwise_and_shape_ops():
     a, b = randn(2, 3, 8), randn(2, 3, 8, seed=1)
     close(M.silu_mul(M.array(a), M.array(b)), N.silu_mul(a, b))
+    close(M.gelu_tanh_mul(M.array(a), M.array(b)), N.gelu_tanh_mul(a, b), atol=1e-5)
     x = randn(4, 64) * 4
     close(M.gelu(M.array(x)), N.gelu(x), atol=1e-6 * 4)
     close(M.add(M.array(a), M.array(b)), a + b)

@@ -77,6 +77,9 @@ def test_norms_and_activations():
     erf = np.vectorize(math.erf)
     np.testing.assert_allclose(B.gelu(x), 0.5 * x * (1 + erf(x / math.sqrt(2))), atol=1e-6)
     np.testing.assert_allclose(B.silu_mul(x, w), x / (1 + np.exp(-x)) * w, rtol=1e-6)
+    xd = x.astype(np.float64)  # PyTorch's gelu(approximate="tanh"), in float64
+    ref = 0.5 * xd * (1 + np.tanh(math.sqrt(2 / math.pi) * (xd + 0.044715 * xd ** 3))) * w
+    np.testing.assert_allclose(B.gelu_tanh_mul(x, w), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_kv_cache_grows_and_keeps_history():
@@ -128,7 +131,7 @@ def test_pooling_ignores_padding():
     np.testing.assert_allclose(np.linalg.norm(l2_normalize(pooled), axis=1), 1, rtol=1e-6)
 
 
-def test_scaled_rope_is_refused_not_ignored():
+def test_unsupported_rope_scaling_is_refused_not_ignored():
     import pytest
 
     from inference.errors import UnsupportedModelError
@@ -138,5 +141,7 @@ def test_scaled_rope_is_refused_not_ignored():
             "intermediate_size": 16, "num_attention_heads": 2, "vocab_size": 10}
     assert ModelArgs.from_dict({**base, "rope_parameters": {"rope_type": "default",
                                                             "rope_theta": 5e5}}).rope_theta == 5e5
-    with pytest.raises(UnsupportedModelError, match="llama3"):
-        ModelArgs.from_dict({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    llama3 = {"rope_type": "llama3", "factor": 8.0}
+    assert ModelArgs.from_dict({**base, "rope_scaling": llama3}).rope_scaling == llama3
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        ModelArgs.from_dict({**base, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})

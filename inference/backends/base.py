@@ -10,9 +10,12 @@ Array conventions (every backend):
   attention tensors are ``(batch, heads, seq, head_dim)``;
 - linear weights are ``(out_features, in_features)``: ``linear(x, w) = x @ w.T + b``;
 - ``rope`` uses the Hugging Face (NeoX, half-split) pairing unless ``traditional=True``
-  (adjacent pairs, GGML's "normal" mode);
-- ``attention(..., causal_offset=o)`` lets query ``i`` see keys ``0 .. o + i``; the mask is
-  computed from positions by the backend, never shipped from the host;
+  (adjacent pairs, GGML's "normal" mode); scaled RoPE divides each pair's frequency by
+  ``freq_factors[i]`` (GGML's ``rope_freqs``; see :mod:`inference.models.rope`);
+- ``attention(..., causal_offset=o)`` lets query ``i`` see keys ``0 .. o + i``; with
+  ``window=w`` only the last ``w`` of them (keys ``o + i - w + 1 .. o + i``: sliding-window
+  layers); ``softcap=c`` maps each scaled score ``s`` to ``c * tanh(s / c)`` before masking
+  (Gemma 2). The mask is computed from positions by the backend, never shipped from the host;
   ``key_mask`` is a ``(batch, seq_k)`` native array, 1 for tokens and 0 for padding.
 """
 
@@ -39,7 +42,9 @@ OPS: tuple[str, ...] = (
     "rope",
     "attention",
     "silu_mul",
+    "gelu_tanh_mul",
     "gelu",
+    "softcap",
     "add",
     "mul",
     "reshape",
@@ -71,10 +76,13 @@ def query_tiles(batch: int, heads: int, t: int, s: int,
 
 
 def tiled_attention(attend: Any, q: Any, k: Any, v: Any, scale: float,
-                    causal_offset: int | None, key_mask: Any, concat: Any) -> Any | None:
+                    causal_offset: int | None, key_mask: Any, concat: Any,
+                    **options: Any) -> Any | None:
     """Attention over query tiles when one call's scores would pass the scratch budget, else
     None (the caller attends in one go). A causal tile sees only the keys up to its last
-    row, so each tile is cut to them. ``concat(parts)`` joins outputs along the query axis."""
+    row, so each tile is cut to them (key positions keep their indices, so a sliding
+    window in ``options`` masks the same keys). ``concat(parts)`` joins outputs along the
+    query axis; ``options`` (window, softcap) go to every tile's call."""
     b, hq, t, _ = q.shape
     s = k.shape[2]
     tiles = query_tiles(b, hq, t, s)
@@ -88,7 +96,8 @@ def tiled_attention(attend: Any, q: Any, k: Any, v: Any, scale: float,
             n = min(s, causal_offset + r1)
             kk, vv, off = k[:, :, :n], v[:, :, :n], causal_offset + r0
         mask = None if key_mask is None else key_mask[:, :kk.shape[2]]
-        parts.append(attend(q[:, :, r0:r1], kk, vv, scale, causal_offset=off, key_mask=mask))
+        parts.append(attend(q[:, :, r0:r1], kk, vv, scale, causal_offset=off, key_mask=mask,
+                            **options))
     return concat(parts)
 
 
@@ -253,16 +262,27 @@ class Backend:
     def layer_norm(self, x: Any, w: Any, b: Any, eps: float) -> Any:
         raise NotImplementedError
 
-    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False) -> Any:
+    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False, *,
+             freq_factors: Any | None = None) -> Any:
+        """Pair ``i`` at position ``p`` turns by ``p * theta^(-2i/d) / freq_factors[i]``;
+        ``freq_factors`` is a native ``(d/2,)`` float32 array (scaled RoPE) or None (all 1)."""
         raise NotImplementedError
 
     def attention(
         self, q: Any, k: Any, v: Any, scale: float, *, causal_offset: int | None = None,
-        key_mask: Any | None = None,
+        key_mask: Any | None = None, window: int | None = None, softcap: float | None = None,
     ) -> Any:
         raise NotImplementedError
 
+    def softcap(self, x: Any, cap: float) -> Any:
+        """``cap * tanh(x / cap)`` (Gemma 2's final-logit soft-capping)."""
+        raise NotImplementedError
+
     def silu_mul(self, gate: Any, up: Any) -> Any:
+        raise NotImplementedError
+
+    def gelu_tanh_mul(self, gate: Any, up: Any) -> Any:
+        """``gelu_tanh(gate) * up``: Gemma's gated MLP (PyTorch's GELU, approximate="tanh")."""
         raise NotImplementedError
 
     def gelu(self, x: Any) -> Any:

@@ -42,7 +42,7 @@ class CpuBackend(NumpyBackend):
         import numba
 
         self._local = threading.local()  # dequant scratch: one per thread (map_calls)
-        self._rope: dict[tuple[float, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._rope: dict[tuple[float, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
         self._threads = numba.get_num_threads()
         self._blas: Any = None
 
@@ -198,29 +198,36 @@ class CpuBackend(NumpyBackend):
         K.silu_mul_flat(g, np.ascontiguousarray(up, dtype=np.float32).reshape(-1), out)
         return out.reshape(gate.shape)
 
-    def _rope_tables(self, end: int, dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-        cos, sin = self._rope.get((theta, dim), (np.empty((0, dim // 2)),) * 2)
+    def _rope_tables(self, end: int, dim: int, theta: float, freq_factors: np.ndarray | None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        key = (theta, dim, b"" if freq_factors is None else freq_factors.tobytes())
+        cos, sin = self._rope.get(key, (np.empty((0, dim // 2)),) * 2)
         if len(cos) < end:  # grow in 1024-position steps; same float64 angles as NumPy
-            cos, sin = rope_angles(-(-end // 1024) * 1024, 0, dim, theta)
-            self._rope[(theta, dim)] = (cos, sin)
+            cos, sin = rope_angles(-(-end // 1024) * 1024, 0, dim, theta, freq_factors)
+            self._rope[key] = (cos, sin)
         return cos, sin
 
-    def rope(self, x: np.ndarray, offset: int, theta: float,
-             traditional: bool = False) -> np.ndarray:
+    def rope(self, x: np.ndarray, offset: int, theta: float, traditional: bool = False, *,
+             freq_factors: np.ndarray | None = None) -> np.ndarray:
         if traditional or x.ndim != 4:
-            return super().rope(x, offset, theta, traditional)
+            return super().rope(x, offset, theta, traditional, freq_factors=freq_factors)
         b, h, t, d = x.shape
-        cos, sin = self._rope_tables(offset + t, d, theta)
+        cos, sin = self._rope_tables(offset + t, d, theta, freq_factors)
         xr = np.ascontiguousarray(x, dtype=np.float32).reshape(b * h, t, d)
         out = np.empty_like(xr)
         K.rope_rows(xr, cos[offset:offset + t], sin[offset:offset + t], out)
         return out.reshape(b, h, t, d)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
-                  causal_offset: int | None = None,
-                  key_mask: np.ndarray | None = None) -> np.ndarray:
+                  causal_offset: int | None = None, key_mask: np.ndarray | None = None,
+                  window: int | None = None, softcap: float | None = None) -> np.ndarray:
         b, hq, t, d = q.shape
         s = k.shape[2]
+        if softcap is not None or (window is not None and s > window):
+            # Soft-capped or window-limited scores: the NumPy path (the fused kernels
+            # implement the plain causal mask only).
+            return super().attention(q, k, v, scale, causal_offset=causal_offset,
+                                     key_mask=key_mask, window=window, softcap=softcap)
         # One new token that sees every cached key: the decode step.
         if b == 1 and t == 1 and key_mask is None and causal_offset == s - 1:
             out = np.empty((hq, d), dtype=np.float32)

@@ -135,37 +135,52 @@ class CudaBackend(Backend):
     def layer_norm(self, x: Any, w: Any, b: Any, eps: float) -> Any:
         return ops.layer_norm(self.dev, self._c(x), w, b, eps)
 
-    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False) -> Any:
+    def rope(self, x: Any, offset: int, theta: float, traditional: bool = False, *,
+             freq_factors: Any | None = None) -> Any:
         # The models pass (b, h, t, d) views of contiguous (b, t, h, d) projections: rotate
         # those in place of a copy, positions running along axis 1.
+        kw = dict(neox=not traditional, freq_factors=freq_factors)
         if x.ndim == 4:
             base = self.xp.transpose(x, (0, 2, 1, 3))
             if base.flags.c_contiguous:
-                y = ops.rope(self.dev, base, offset, theta, neox=not traditional, seq_axis=1)
+                y = ops.rope(self.dev, base, offset, theta, seq_axis=1, **kw)
                 return self.xp.transpose(y, (0, 2, 1, 3))
-        return ops.rope(self.dev, self._c(x), offset, theta, neox=not traditional, seq_axis=-2)
+        return ops.rope(self.dev, self._c(x), offset, theta, seq_axis=-2, **kw)
 
     def attention(self, q: Any, k: Any, v: Any, scale: float, *,
-                  causal_offset: int | None = None, key_mask: Any | None = None) -> Any:
+                  causal_offset: int | None = None, key_mask: Any | None = None,
+                  window: int | None = None, softcap: float | None = None) -> Any:
         xp = self.xp
         b, hq, t, d = q.shape
-        hk = k.shape[1]
+        hk, s = k.shape[1], k.shape[2]
         mask = None if key_mask is None else self._c(key_mask)
-        if t == 1 and d <= ATTN_MAX_HEAD_DIM and k.strides[-1] == 4 and v.strides == k.strides:
+        window = window if window is not None and s > window else None  # else it hides nothing
+        if (t == 1 and d <= ATTN_MAX_HEAD_DIM and k.strides[-1] == 4 and v.strides == k.strides
+                and window is None and softcap is None):
             return ops.attn_decode(self.dev, self._c(q), k, v, scale,
                                    causal_limit=causal_offset, key_mask=mask)
-        # Prefill: grouped queries fold into rows, two GEMMs around the masked softmax.
+        # Prefill (and windowed or soft-capped decode): grouped queries fold into rows, two
+        # GEMMs around the masked softmax; the window is applied in the softmax kernel.
         qg = xp.reshape(self._c(q), (b, hk, (hq // hk) * t, d))
         scores = xp.matmul(qg, xp.transpose(k, (0, 1, 3, 2)))
+        if softcap is not None:
+            scores, scale = self.softcap(scores * scale, softcap), 1.0
         p = ops.softmax(self.dev, self._c(scores), scale, nq=t, causal_offset=causal_offset,
-                        key_mask=mask)
+                        key_mask=mask, window=window)
         return xp.reshape(xp.matmul(p, v), (b, hq, t, d))
 
     def silu_mul(self, gate: Any, up: Any) -> Any:
         return ops.silu_mul(self.dev, self._c(gate), self._c(up))
 
+    def gelu_tanh_mul(self, gate: Any, up: Any) -> Any:
+        return ops.gelu_tanh_mul(self.dev, self._c(gate), self._c(up))
+
     def gelu(self, x: Any) -> Any:
         return ops.gelu(self.dev, self._c(x))
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        # Elementwise on the device (CuPy's fused tanh), like add and mul.
+        return (cap * self.xp.tanh(x / cap)).astype(self.xp.float32, copy=False)
 
     def add(self, a: Any, b: Any) -> Any:
         return a + b

@@ -274,20 +274,30 @@ class MlxBackend(Backend):
     def layer_norm(self, x: mx.array, w: mx.array, b: mx.array, eps: float) -> mx.array:
         return mx.fast.layer_norm(x, w, b, eps)
 
-    def rope(self, x: mx.array, offset: int, theta: float, traditional: bool = False
-             ) -> mx.array:
+    def rope(self, x: mx.array, offset: int, theta: float, traditional: bool = False, *,
+             freq_factors: mx.array | None = None) -> mx.array:
         # MLX's traditional=False is the Hugging Face half-split pairing, as ours.
-        return mx.fast.rope(x, x.shape[-1], traditional=traditional, base=theta, scale=1.0,
-                            offset=offset)
+        d = x.shape[-1]
+        if freq_factors is None:
+            return mx.fast.rope(x, d, traditional=traditional, base=theta, scale=1.0,
+                                offset=offset)
+        # MLX takes periods (1 / frequency): theta^(2i/d) * factor[i].
+        periods = mx.power(theta, mx.arange(0, d, 2, dtype=mx.float32) / d) * freq_factors
+        return mx.fast.rope(x, d, traditional=traditional, base=None, scale=1.0,
+                            offset=offset, freqs=periods)
 
     def attention(self, q: mx.array, k: mx.array, v: mx.array, scale: float, *,
-                  causal_offset: int | None = None, key_mask: mx.array | None = None
-                  ) -> mx.array:
+                  causal_offset: int | None = None, key_mask: mx.array | None = None,
+                  window: int | None = None, softcap: float | None = None) -> mx.array:
         tiled = tiled_attention(self.attention, q, k, v, scale, causal_offset, key_mask,
-                                lambda parts: mx.concatenate(parts, axis=2))
+                                lambda parts: mx.concatenate(parts, axis=2),
+                                window=window, softcap=softcap)
         if tiled is not None:
             return tiled
         t, s = q.shape[2], k.shape[2]
+        if softcap is not None or (window is not None and s > window):
+            return self._attention_explicit(q, k, v, scale, causal_offset, key_mask, window,
+                                            softcap)
         mask: Any = None
         if causal_offset is not None:
             if causal_offset + t == s:
@@ -302,8 +312,41 @@ class MlxBackend(Backend):
             mask = keep if mask is None else mx.logical_and(mask, keep)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
+    def _attention_explicit(self, q: mx.array, k: mx.array, v: mx.array, scale: float,
+                            causal_offset: int | None, key_mask: mx.array | None,
+                            window: int | None, softcap: float | None) -> mx.array:
+        """Scores, soft-cap, window mask, softmax as separate MLX ops (SDPA has neither
+        soft-capping nor a window); GQA folds query groups into rows as NumPy does."""
+        b, hq, t, d = q.shape
+        hk, s = k.shape[1], k.shape[2]
+        qg = q.reshape(b, hk, (hq // hk) * t, d)
+        scores = (qg @ k.transpose(0, 1, 3, 2)) * scale
+        scores = scores.reshape(b, hk, hq // hk, t, s)
+        if softcap is not None:
+            scores = self.softcap(scores, softcap)
+        keep: Any = None
+        if causal_offset is not None:
+            last = causal_offset + mx.arange(t)[:, None]
+            keep = mx.arange(s)[None, :] <= last
+            if window is not None:
+                keep = mx.logical_and(keep, mx.arange(s)[None, :] > last - window)
+        if key_mask is not None:
+            km = (key_mask > 0)[:, None, None, None, :]
+            keep = km if keep is None else mx.logical_and(keep, km)
+        if keep is not None:
+            scores = mx.where(keep, scores, -mx.inf)
+        p = mx.softmax(scores, axis=-1, precise=True).reshape(b, hk, (hq // hk) * t, s)
+        return (p @ v).reshape(b, hq, t, d)
+
+    def softcap(self, x: mx.array, cap: float) -> mx.array:
+        return cap * mx.tanh(x / cap)
+
     def silu_mul(self, gate: mx.array, up: mx.array) -> mx.array:
         return _silu_mul(gate, up)
+
+    def gelu_tanh_mul(self, gate: mx.array, up: mx.array) -> mx.array:
+        inner = math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate ** 3)
+        return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
 
     def gelu(self, x: mx.array) -> mx.array:
         return _gelu(x)

@@ -22,9 +22,12 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return (sign * (1.0 - poly * np.exp(-a * a))).astype(x.dtype, copy=False)
 
 
-def rope_angles(n: int, offset: int, dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+def rope_angles(n: int, offset: int, dim: int, theta: float,
+                freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin tables (n, dim/2) for positions offset..offset+n-1, as Hugging Face builds them."""
     inv_freq = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
     ang = np.arange(offset, offset + n, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
@@ -65,10 +68,10 @@ class NumpyBackend(Backend):
         var = np.mean(np.square(d), axis=-1, keepdims=True)
         return d / np.sqrt(var + eps) * w + b
 
-    def rope(self, x: np.ndarray, offset: int, theta: float,
-             traditional: bool = False) -> np.ndarray:
+    def rope(self, x: np.ndarray, offset: int, theta: float, traditional: bool = False, *,
+             freq_factors: np.ndarray | None = None) -> np.ndarray:
         dim = x.shape[-1]
-        cos, sin = rope_angles(x.shape[-2], offset, dim, theta)
+        cos, sin = rope_angles(x.shape[-2], offset, dim, theta, freq_factors)
         if traditional:
             x1, x2 = x[..., 0::2], x[..., 1::2]
             out = np.empty_like(x)
@@ -80,10 +83,11 @@ class NumpyBackend(Backend):
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
-                  causal_offset: int | None = None,
-                  key_mask: np.ndarray | None = None) -> np.ndarray:
+                  causal_offset: int | None = None, key_mask: np.ndarray | None = None,
+                  window: int | None = None, softcap: float | None = None) -> np.ndarray:
         tiled = tiled_attention(self.attention, q, k, v, scale, causal_offset, key_mask,
-                                lambda parts: np.concatenate(parts, axis=2))
+                                lambda parts: np.concatenate(parts, axis=2),
+                                window=window, softcap=softcap)
         if tiled is not None:
             return tiled
         b, hq, t, d = q.shape
@@ -92,8 +96,13 @@ class NumpyBackend(Backend):
         qg = q.reshape(b, hk, (hq // hk) * t, d)
         scores = (qg @ k.transpose(0, 1, 3, 2)) * scale  # (b, hk, g*t, s)
         scores = scores.reshape(b, hk, hq // hk, t, s)
+        if softcap is not None:
+            scores = self.softcap(scores, softcap)
         if causal_offset is not None:
-            allowed = np.arange(s)[None, :] <= (causal_offset + np.arange(t))[:, None]
+            last = causal_offset + np.arange(t)[:, None]
+            allowed = np.arange(s)[None, :] <= last
+            if window is not None:
+                allowed &= np.arange(s)[None, :] > last - window
             scores = np.where(allowed, scores, -np.inf)
         if key_mask is not None:
             scores = np.where(key_mask[:, None, None, None, :] > 0, scores, -np.inf)
@@ -107,8 +116,16 @@ class NumpyBackend(Backend):
         # sigmoid via tanh: no exp overflow for large |gate|.
         return gate * (0.5 + 0.5 * np.tanh(0.5 * gate)) * up
 
+    def gelu_tanh_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        inner = np.float32(math.sqrt(2.0 / math.pi)) * (gate + np.float32(0.044715) * gate ** 3)
+        return np.float32(0.5) * gate * (1.0 + np.tanh(inner)) * up
+
     def gelu(self, x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1.0 + _erf(x / np.float32(math.sqrt(2.0))))
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        c = np.float32(cap)
+        return (c * np.tanh(x / c)).astype(np.float32, copy=False)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b

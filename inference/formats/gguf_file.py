@@ -7,7 +7,7 @@ llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (and their bias
 llama-arch models so that GGML's adjacent-pair RoPE rotates the right pairs. We undo that
 permutation here, on whole (raw, still quantized) rows, so every checkpoint reaches the
 model code in Hugging Face order and the model can use the NeoX half-split RoPE always.
-Qwen2 files are not permuted (llama.cpp runs Qwen2 with NeoX RoPE).
+Qwen2 and Qwen3 files are not permuted (llama.cpp runs them with NeoX RoPE).
 
 Tensor names without a Hugging Face equivalent (e.g. ``rope_freqs.weight``) keep their
 GGUF name. BERT names are the bare ``embeddings.*``/``encoder.*`` form (no ``bert.``
@@ -33,6 +33,9 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "mistral": ("mistral", "MistralForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "gemma": ("gemma", "GemmaForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
     "bert": ("bert", "BertModel"),
 }
 
@@ -50,6 +53,8 @@ _DECODER_BLOCK = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
@@ -71,6 +76,10 @@ _BERT_BLOCK = {
     "ffn_up": "intermediate.dense",
     "ffn_down": "output.dense",
     "layer_output_norm": "output.LayerNorm",
+}
+# Per-architecture differences from _DECODER_BLOCK: Phi-3 keeps its fused projections.
+_ARCH_BLOCK = {
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
@@ -302,6 +311,16 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
     )
     if arch == "qwen2":
         cfg["attention_bias"] = True  # Qwen2 always has q/k/v biases
+    if arch == "gemma":
+        cfg["norm_weight_offset"] = 0.0  # llama.cpp's converter stored 1 + w already
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+    if arch == "phi3" and "rope_factors_short.weight" in tensors:
+        original = get("rope.scaling.original_context_length")
+        cfg["rope_scaling"] = {  # the factors themselves are read from the tensors
+            "rope_type": "longrope", "short_factor": [1.0] * (int(head_dim) // 2),
+            "long_factor": [1.0] * (int(head_dim) // 2),
+            "original_max_position_embeddings": int(original or cfg["max_position_embeddings"]),
+            "attention_factor": float(get("rope.scaling.attn_factor", 1.0))}
     scaling = get("rope.scaling.type")
     if scaling and scaling != "none":
         cfg["rope_scaling"] = {"rope_type": scaling, "type": scaling,
@@ -337,8 +356,9 @@ def hf_name(arch: str, name: str) -> str:
         layer, part, kind = m.groups()
         if arch == "bert" and part in _BERT_BLOCK:
             return f"encoder.layer.{layer}.{_BERT_BLOCK[part]}.{kind}"
-        if arch != "bert" and part in _DECODER_BLOCK:
-            return f"model.layers.{layer}.{_DECODER_BLOCK[part]}.{kind}"
+        block = {**_DECODER_BLOCK, **_ARCH_BLOCK.get(arch, {})}
+        if arch != "bert" and part in block:
+            return f"model.layers.{layer}.{block[part]}.{kind}"
     return name
 
 

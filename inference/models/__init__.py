@@ -11,9 +11,14 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama,
     "mistral": llama,
     "qwen2": llama,
+    "qwen3": llama,
+    "gemma": llama,
+    "gemma2": llama,
+    "gemma3_text": llama,
+    "phi3": llama,
     "bert": bert,
 }
-CAUSAL = {"llama", "mistral", "qwen2"}
+CAUSAL = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"}
 
 
 def architecture(model_type: str, where: str = "this model") -> ModuleType:

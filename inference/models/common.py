@@ -6,8 +6,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from inference.backends.base import Backend
 from inference.errors import CancelledError, UnsupportedModelError
+from inference.formats.quants import dequantize
 from inference.formats.tensor import Checkpoint, TensorData
 from inference.validate import config_values
 
@@ -64,3 +67,30 @@ class Weights:
 
     def optional_dense(self, name: str) -> Any | None:
         return self.dense(name) if self.has(name) else None
+
+    def norm(self, name: str, offset: float = 0.0) -> Any:
+        """A norm weight plus ``offset`` (Gemma's ``(1 + w)`` RMSNorm stores ``w``)."""
+        if not offset:
+            return self.dense(name)
+        return self._convert(name, lambda t: self.B.dense(TensorData(
+            t.name, t.shape, "F32", dequantize(t).astype(np.float32) + np.float32(offset))))
+
+    def linear_split(self, name: str, sizes: list[int]) -> list[Any]:
+        """A fused weight (Phi-3's qkv_proj, gate_up_proj) as one linear per block of rows;
+        rows are independent in every layout, so quantized blocks are sliced, not decoded."""
+        def split(t: TensorData) -> list[Any]:
+            if sum(sizes) != t.shape[0]:
+                raise UnsupportedModelError(
+                    f"{self.ckpt.path.name}: {name} has {t.shape[0]} rows, expected "
+                    f"{' + '.join(map(str, sizes))}.")
+            out, r = [], 0
+            for n in sizes:
+                extra = {k: v[r:r + n] if isinstance(v, np.ndarray) else v
+                         for k, v in t.extra.items()}
+                out.append(self.B.weight(TensorData(f"{t.name}[{r}:{r + n}]",
+                                                    (n, *t.shape[1:]), t.qtype,
+                                                    t.data[r:r + n], extra)))
+                r += n
+            return out
+
+        return self._convert(name, split)

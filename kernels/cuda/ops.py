@@ -130,13 +130,17 @@ def layer_norm(dev: Device, x: Any, w: Any, b: Any | None, eps: float) -> Any:
 
 
 def softmax(dev: Device, scores: Any, scale: float = 1.0, *, nq: int | None = None,
-            causal_offset: int | None = None, key_mask: Any | None = None) -> Any:
+            causal_offset: int | None = None, key_mask: Any | None = None,
+            window: int | None = None) -> Any:
     """Softmax over the last axis of (batch, ..., q, keys) scores.
 
     Query i (= row index mod nq; nq defaults to scores.shape[-2]) sees keys j <=
-    causal_offset + i; key_mask is (batch, keys), 0 hides a key. Both are applied on the
-    device from these integers; no mask tensor is built.
+    causal_offset + i, and with a window only j > causal_offset + i - window; key_mask is
+    (batch, keys), 0 hides a key. All are applied on the device from these integers; no
+    mask tensor is built.
     """
+    _need(window is None or (window > 0 and causal_offset is not None),
+          "a window needs a causal offset and at least one key")
     _f32_contig(scores, "scores")
     keys = scores.shape[-1]
     rows = scores.size // keys
@@ -148,17 +152,23 @@ def softmax(dev: Device, scores: Any, scale: float = 1.0, *, nq: int | None = No
     y = dev.empty(scores.shape, np.float32)
     dev.launch("softmax", "softmax_f32", plan.plan_rows(keys, rows, dev.limits),
                (scores, y, i32(keys), i32(rows), i32(rows // batch), i32(nq), f32(scale),
-                i32(-1 if causal_offset is None else causal_offset), key_mask))
+                i32(-1 if causal_offset is None else causal_offset), key_mask,
+                i32(0 if window is None else window)))
     return y
 
 
 def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
-         seq_axis: int = -2) -> Any:
+         seq_axis: int = -2, freq_factors: Any | None = None) -> Any:
     """Rotate head vectors of a contiguous (..., seq, ..., head_dim) array; positions are
-    offset + index along seq_axis."""
+    offset + index along seq_axis. freq_factors (head_dim/2,) divides each pair's frequency
+    (scaled RoPE); None means all ones."""
     _f32_contig(x, "x")
     d = x.shape[-1]
     _need(d % 2 == 0, f"rope needs an even head_dim, got {d}")
+    if freq_factors is not None:
+        _f32_contig(freq_factors, "freq_factors")
+        _need(freq_factors.shape == (d // 2,),
+              f"freq_factors {freq_factors.shape} != ({d // 2},)")
     axis = seq_axis % x.ndim
     _need(axis < x.ndim - 1, "seq_axis must not be the head_dim axis")
     seq = x.shape[axis]
@@ -167,7 +177,7 @@ def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
     y = dev.empty(x.shape, np.float32)
     dev.launch("rope", "rope_f32", plan.plan_elementwise(pairs, dev.limits),
                (x, y, i32(d), i64(pairs), i32(seq), i32(seq_div), i32(offset), f32(theta),
-                i32(1 if neox else 0)))
+                i32(1 if neox else 0), freq_factors))
     return y
 
 
@@ -202,6 +212,16 @@ def silu_mul(dev: Device, gate: Any, up: Any) -> Any:
     _need(gate.shape == up.shape, f"gate {gate.shape} != up {up.shape}")
     y = dev.empty(gate.shape, np.float32)
     dev.launch("unary", "silu_mul_f32", plan.plan_elementwise(gate.size, dev.limits),
+               (gate, up, y, i64(gate.size)))
+    return y
+
+
+def gelu_tanh_mul(dev: Device, gate: Any, up: Any) -> Any:
+    _f32_contig(gate, "gate")
+    _f32_contig(up, "up")
+    _need(gate.shape == up.shape, f"gate {gate.shape} != up {up.shape}")
+    y = dev.empty(gate.shape, np.float32)
+    dev.launch("unary", "gelu_tanh_mul_f32", plan.plan_elementwise(gate.size, dev.limits),
                (gate, up, y, i64(gate.size)))
     return y
 

@@ -1,6 +1,7 @@
 // Rotary position embedding. x is contiguous (..., seq, ..., head_dim); row r (one head
 // vector) has position offset + (r / seq_div) % seq, so (B, H, S, D) uses seq_div = 1 and
-// (B, S, H, D) uses seq_div = H. Pair i rotates by pos * theta^(-2i/D):
+// (B, S, H, D) uses seq_div = H. Pair i rotates by pos * theta^(-2i/D) / ff[i], where the
+// optional freq_factors ff (D/2 floats; scaled RoPE such as Llama 3's) default to 1:
 //   neox (Hugging Face): elements (i, i + D/2);  normal (GGML): elements (2i, 2i + 1).
 #include "common.cuh"
 
@@ -8,7 +9,7 @@
 extern "C" __global__ void __launch_bounds__(256) rope_f32(
         const float * __restrict__ x, float * __restrict__ y, const int head_dim,
         const long long npairs, const int seq, const int seq_div, const int offset,
-        const float theta, const int neox) {
+        const float theta, const int neox, const float * __restrict__ freq_factors) {
     const long long p = (long long) blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= npairs) {
         return;
@@ -17,7 +18,8 @@ extern "C" __global__ void __launch_bounds__(256) rope_f32(
     const long long row = p / half;
     const int i = (int) (p % half);
     const int pos = offset + (int) ((row / seq_div) % seq);
-    const float freq = powf(theta, -2.0f * i / head_dim);
+    const float ff = freq_factors ? freq_factors[i] : 1.0f;
+    const float freq = powf(theta, -2.0f * i / head_dim) / ff;
     float s, c;
     sincosf(pos * freq, &s, &c);
     const long long i0 = row * head_dim + (neox ? i : 2 * i);

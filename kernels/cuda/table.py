@@ -76,6 +76,7 @@ BUDGETS: dict[str, KernelBudget] = {
     "rope_f32": KernelBudget(256, 64, 0),
     "silu_mul_f32": KernelBudget(256, 64, 0),
     "gelu_f32": KernelBudget(256, 64, 0),
+    "gelu_tanh_mul_f32": KernelBudget(256, 64, 0),
     "attn_decode_f32": KernelBudget(256, 96, 8 * 256 * 4 + 64),
     "type_info": KernelBudget(32, 64, 0),
 }

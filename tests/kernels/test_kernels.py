@@ -163,20 +163,35 @@ def test_softmax_causal_and_padding(dev: Device, rng: np.random.Generator) -> No
             visible = causal[None, None] & (mask[:, None, None, :] != 0)
             np.testing.assert_allclose(got, _softmax_ref(s * scale, visible), rtol=1e-5,
                                        atol=1e-7, err_msg=f"keys={keys} nq={nq}")
+            if offset is None:
+                continue
+            for window in (1, 3, keys):  # sliding window: the last `window` keys only
+                got = host(dev, ops.softmax(dev, dev.to_device(s), scale, causal_offset=offset,
+                                            key_mask=dev.to_device(mask), window=window))
+                recent = j[None, :] > offset + np.arange(nq)[:, None] - window
+                vis = (causal & recent)[None, None] & (mask[:, None, None, :] != 0)
+                np.testing.assert_allclose(got, _softmax_ref(s * scale, vis), rtol=1e-5,
+                                           atol=1e-7, err_msg=f"keys={keys} window={window}")
 
 
 @pytest.mark.parametrize("neox", [True, False])
 def test_rope(dev: Device, neox: bool, rng: np.random.Generator) -> None:
     # atol 1e-5 + 2e-7 * position * |x|max: float32 angles drift with the position.
-    for d, s, offset in [(2, 1, 0), (32, 5, 7), (64, 3, 1000), (128, 33, 0), (80, 2, 4096)]:
+    # Scaled RoPE: per-pair frequency divisors (Llama 3's rope_freqs) on some cases.
+    for d, s, offset, scaled in [(2, 1, 0, False), (32, 5, 7, True), (64, 3, 1000, False),
+                                 (128, 33, 0, False), (80, 2, 4096, True)]:
+        ff = rng.uniform(1.0, 32.0, d // 2).astype(np.float32) if scaled else None
         for layout in ("bhsd", "bshd"):
             shape = (2, 3, s, d) if layout == "bhsd" else (2, s, 3, d)
             x = rng.standard_normal(shape, dtype=np.float32)
             theta = 10000.0
             got = host(dev, ops.rope(dev, dev.to_device(x), offset, theta, neox=neox,
-                                     seq_axis=2 if layout == "bhsd" else 1))
+                                     seq_axis=2 if layout == "bhsd" else 1,
+                                     freq_factors=None if ff is None else dev.to_device(ff)))
             pos = offset + np.arange(s, dtype=np.float64)
             ang = pos[:, None] * theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+            if ff is not None:
+                ang = ang / ff.astype(np.float64)
             c, sn = np.cos(ang), np.sin(ang)
             if layout == "bshd":
                 c, sn = c[:, None, :], sn[:, None, :]
@@ -224,6 +239,10 @@ def test_silu_mul_and_gelu(dev: Device, rng: np.random.Generator) -> None:
         got = host(dev, ops.gelu(dev, dev.to_device(g)))
         np.testing.assert_allclose(got, 0.5 * gd * (1 + erf(gd / math.sqrt(2))), rtol=1e-6,
                                    atol=1e-6)
+        got = host(dev, ops.gelu_tanh_mul(dev, dev.to_device(g), dev.to_device(u)))
+        inner = math.sqrt(2 / math.pi) * (gd + 0.044715 * gd ** 3)
+        np.testing.assert_allclose(got, 0.5 * gd * (1 + np.tanh(inner)) * u, rtol=1e-5,
+                                   atol=1e-5)
 
 
 def test_argmax(dev: Device, rng: np.random.Generator) -> None:

@@ -84,7 +84,7 @@ def test_dequantize_planner() -> None:
 def test_elementwise_and_argmax_planners() -> None:
     for n in [1, 31, 32, 33, 255, 256, 257, 10**6, 2**31]:
         lp = plan.plan_elementwise(n)
-        for kernel in ("rope_f32", "silu_mul_f32", "gelu_f32"):
+        for kernel in ("rope_f32", "silu_mul_f32", "gelu_tanh_mul_f32", "gelu_f32"):
             _limits_ok(lp, kernel)
         assert lp.grid[0] * lp.block[0] >= n > (lp.grid[0] - 1) * lp.block[0]
     for ncols, nrows in itertools.product(COLS, [1, 2, 64]):
