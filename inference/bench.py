@@ -372,6 +372,7 @@ def bench_embed(args: argparse.Namespace, out: dict[str, Any]) -> None:
 def _embed_side(args: argparse.Namespace, spec: Any, sentences: list[str],
                 out: dict[str, Any]) -> None:
     """One side's round in this process; the vectors go to --vectors-file for the cosine."""
+    backend = None
     if args.side == "peer":
         from inference.bench_peers import st_runner
 
@@ -384,14 +385,12 @@ def _embed_side(args: argparse.Namespace, spec: Any, sentences: list[str],
 
         model = load_model(spec, backend=args.backend)
         out["threads_capped"] = set_threads(args.threads, model.backend)
-        runner = EngineEmbed(model)
+        runner, backend = EngineEmbed(model), model.backend.name
     runner.run(sentences[:64], BATCH_SIZE)
     rate, vecs = runner.run(sentences, BATCH_SIZE)
     np.save(args.vectors_file, vecs)
     out["embed"] = {"sentences_s": rate, "version": getattr(runner, "version", None),
-                    "pid": os.getpid(),
-                    "backend": getattr(getattr(runner, "model", None), "backend", None)
-                    and runner.model.backend.name}
+                    "pid": os.getpid(), "backend": backend}
 
 
 def _embed_compare(args: argparse.Namespace, spec: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ def fake_peer(tmp: Path) -> Path:
         class SentenceTransformer:
             def __init__(self, path, device):
                 self.path = path
+                self.backend = "torch"  # as the real one: a string, not an engine backend
 
             def encode(self, sentences, batch_size, convert_to_numpy, show_progress_bar):
                 out = np.zeros((len(sentences), 384), dtype=np.float32)

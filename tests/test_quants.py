@@ -148,8 +148,9 @@ def test_whole_smollm2_dequantizes_fast_and_exactly() -> None:
     outs = {t.name: dequantize_raw(t.data, t.tensor_type.name) for t in reader.tensors}
     elapsed = time.perf_counter() - t0
     assert sum(o.size for o in outs.values()) == 134_515_008
-    # Measured ~0.6 s on 2 cores; the bound only catches a return to per-block Python.
-    assert elapsed < 6.0, f"dequantizing SmolLM2 took {elapsed:.2f} s"
+    # Measured ~0.6 s on a quiet 2-core machine; the sanity bound is far above what a busy
+    # machine adds and only catches a return to per-block Python (minutes).
+    assert elapsed < 60.0, f"dequantizing SmolLM2 took {elapsed:.2f} s"
     for t in reader.tensors:
         if t.name in ("blk.3.attn_q.weight", "blk.29.ffn_down.weight", "output_norm.weight"):
             assert np.array_equal(outs[t.name], oracle(t.data, t.tensor_type))
