@@ -81,6 +81,20 @@ def spec_of(window: MainWindow, kind: str) -> object:
     return next(s for s in window.picker.specs if s.kind == kind and s.source == "bundled")
 
 
+@pytest.fixture(autouse=True)
+def no_modal_dialogs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A modal dialog offscreen waits forever for a click no test makes: fail at once,
+    naming it, so a test patches the question it means to answer."""
+    from PySide6.QtWidgets import QMessageBox
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        text = " / ".join(str(a) for a in args[1:3])
+        pytest.fail(f"a modal QMessageBox opened in a test ({text}); patch what asks it")
+
+    for name in ("question", "warning", "information", "critical"):
+        monkeypatch.setattr(QMessageBox, name, refuse)
+
+
 @pytest.fixture(scope="package", autouse=True)
 def gc_back_to_automatic(app: QApplication) -> Iterator[None]:
     """The window moves cyclic GC onto the GUI thread (gui.gc_guard); after the GUI tests,

@@ -9,8 +9,9 @@ from tests.gui.conftest import spin
 
 
 def test_corrupt_gguf_shows_a_message_and_the_app_keeps_working(loaded_window, qtbot,
-                                                                  tmp_path) -> None:
+                                                                  tmp_path, monkeypatch) -> None:
     w = loaded_window
+    monkeypatch.setattr(w.picker, "confirm_replace", lambda name: True)  # "Yes, load it"
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + struct.pack("<I", 3) + os.urandom(256))
     with qtbot.waitSignal(w.handle.failed, timeout=60_000) as failed:
