@@ -80,17 +80,10 @@ def _record(r: Any, attr: str, index: int) -> Any:
 
 
 def free_memory(backend: str) -> int | None:
-    """Free memory for ``backend``: the engine's answer if it has one, else free host RAM."""
+    """Memory a model may still take on this machine: available host RAM (on a GPU backend
+    the device's own figure comes with the loaded model's memory sample)."""
     import psutil
 
-    import inference.backends as backends
-
-    ask = getattr(backends, "free_memory", None)
-    if ask is not None:
-        try:
-            return ask(backend)
-        except Exception:  # noqa: BLE001 - fall back to host memory
-            log.debug("free_memory(%s) failed", backend, exc_info=True)
     return int(psutil.virtual_memory().available)
 
 
@@ -233,9 +226,9 @@ class Worker(QObject):
     @Slot(object)
     def generate(self, req: GenerateRequest) -> None:
         def job() -> None:
-            from inference.backends.base import SamplingParams
             from inference.errors import InvalidInputError
             from inference.events import DoneEvent
+            from inference.sampling import SamplingParams
 
             model = self.models.get("causal")
             if model is None:

@@ -16,7 +16,7 @@ Public API (used by the CLI, the GUI and outside scripts)::
 
 from inference.api import CausalLM, Encoder, load_model
 from inference.backends import probe_all
-from inference.backends.base import SamplingParams
+from inference.sampling import SamplingParams
 from inference.store import ModelSpec, discover
 
 __all__ = ["CausalLM", "Encoder", "ModelSpec", "SamplingParams", "discover", "load_model",

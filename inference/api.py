@@ -12,17 +12,11 @@ from typing import Any
 import numpy as np
 
 from inference.backends import select_backend
-from inference.backends.base import (
-    Backend,
-    MemorySample,
-    OpProfiler,
-    SamplingParams,
-    trim_host_heap,
-)
+from inference.backends.base import Backend, OpProfiler, trim_host_heap
 from inference.chat_template import ChatTemplate
 from inference.embed import BatchLimits, embed_ids
 from inference.errors import CorruptModelError, InvalidInputError, UnsupportedModelError
-from inference.events import DoneEvent, GenerationEvent
+from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.formats import read_checkpoint
 from inference.formats.tensor import Checkpoint
 from inference.generate import stream_generate
@@ -30,7 +24,7 @@ from inference.models import CAUSAL, architecture
 from inference.models.common import Weights
 from inference.prompt_cache import PromptCache
 from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
-from inference.sampling import check_params
+from inference.sampling import SamplingParams, check_params
 from inference.store import ModelSpec, resolve
 from inference.tokenizer import Tokenizer
 from inference.tokenizer.bounded import encode_bounded

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 
 import resources
-from inference.backends.base import SamplingParams, host_rss
+from inference.backends.base import host_rss
 from inference.generate import generate_step
+from inference.sampling import SamplingParams
 
 BENCH_DIR = Path(resources.__file__).parent / "bench"
 LLM_MODEL = "SmolLM2-135M-Instruct.Q4_1"

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends.base import SamplingParams
 from inference.errors import InferdeskError, InvalidInputError
 from inference.events import DoneEvent, TokenEvent
+from inference.sampling import SamplingParams
 
 BACKEND_CHOICES = ["auto", "cuda", "mlx", "cpu", "numpy"]
 

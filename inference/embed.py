@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from inference.errors import CancelledError
+from inference.models.protocol import EncoderModel
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
 
 
 def embed_ids(
-    model: Any,
+    model: EncoderModel,
     token_ids: Sequence[Sequence[int]],
     *,
     pad_id: int,

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inference.backends.base import MemorySample
+
+@dataclass
+class MemorySample:
+    """Same shape on every backend; bytes, ``None`` where the backend cannot know."""
+
+    device_used: int | None
+    device_total: int | None
+    device_peak: int | None
+    host_rss: int
 
 
 @dataclass

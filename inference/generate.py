@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends.base import SamplingParams
 from inference.errors import CancelledError, NumericalError
 from inference.events import DoneEvent, GenerationEvent, TokenEvent
+from inference.models.protocol import CausalModel
+from inference.sampling import SamplingParams
 from inference.validate import first_bad_layer
 
 # Prompt tokens per forward call during prefill unless the backend sets its own
@@ -21,7 +22,7 @@ from inference.validate import first_bad_layer
 PREFILL_CHUNK = 512
 
 
-def prefill(model: Any, prompt_ids: Sequence[int], cache: Any,
+def prefill(model: CausalModel, prompt_ids: Sequence[int], cache: Any,
             cancel: threading.Event | None = None, chunk: int | None = None) -> Any:
     """Run the prompt through ``model`` in chunks; the last position's logits (1, 1, vocab).
     Raises CancelledError between chunks once ``cancel`` is set."""
@@ -38,7 +39,7 @@ def prefill(model: Any, prompt_ids: Sequence[int], cache: Any,
     return logits
 
 
-def generate_step(model: Any, prompt_ids: Sequence[int], sampling: SamplingParams,
+def generate_step(model: CausalModel, prompt_ids: Sequence[int], sampling: SamplingParams,
                   rng: np.random.Generator, max_len: int | None = None,
                   cancel: threading.Event | None = None, prompt_cache: Any = None
                   ) -> Iterator[int]:
@@ -189,7 +190,7 @@ class Generation:
 
 
 def stream_generate(
-    model: Any,
+    model: CausalModel,
     tokenizer: Any,
     prompt_ids: Sequence[int],
     *,

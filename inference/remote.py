@@ -25,7 +25,7 @@ from urllib.parse import urldefrag, urlsplit
 
 import numpy as np
 
-from inference.backends.base import Backend, MemorySample, SamplingParams, host_rss
+from inference.backends.base import Backend, host_rss
 from inference.errors import (
     BackendUnavailableError,
     CancelledError,
@@ -33,8 +33,9 @@ from inference.errors import (
     InvalidInputError,
     ModelNotFoundError,
 )
-from inference.events import DoneEvent, GenerationEvent
+from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.generate import Generation
+from inference.sampling import SamplingParams
 from inference.store import ModelSpec
 
 TIMEOUT_S = 600.0  # one request, stream included; a token may take long on a busy server

@@ -10,12 +10,27 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from inference.backends.base import SamplingParams
 from inference.errors import InvalidInputError
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.7
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    repetition_window: int = 64
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
 
 
 def _number(name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
@@ -55,12 +70,12 @@ def check_params(p: Any) -> SamplingParams:
     )
 
 
-def apply_repetition_penalty(xp: Any, logits: Any, history: list[int], penalty: float,
-                             window: int) -> Any:
-    """CTRL-style penalty: divide positive logits, multiply negative ones, of recent tokens."""
-    if penalty == 1.0 or not history:
+def apply_repetition_penalty(xp: Any, logits: Any, recent: Any, penalty: float) -> Any:
+    """CTRL-style penalty: divide positive logits, multiply negative ones, of the ids in
+    ``recent`` (a device array; a repeated id writes the same value twice, so no unique(),
+    which would sync a GPU)."""
+    if penalty == 1.0 or recent is None or not len(recent):
         return logits
-    recent = xp.asarray(sorted(set(history[-window:])), dtype=xp.int64)
     vals = logits[recent]
     logits = logits.copy()
     logits[recent] = xp.where(vals > 0, vals / penalty, vals * penalty)
@@ -92,17 +107,26 @@ def filtered_probs(xp: Any, logits: Any, p: SamplingParams) -> Any:
     return out / out.sum()
 
 
+def sample_on_device(xp: Any, row: Any, p: SamplingParams, recent: Any, u: float,
+                     argmax: Any = None) -> Any:
+    """The next id as a 0-d device array, -1 if the row holds NaN or Inf; nothing is read
+    back, so a GPU namespace (CuPy) copies only the id the caller reads. ``recent``: the
+    window of previous ids as a device array (None: no penalty); ``u``: one host uniform
+    for the inverse-CDF draw; ``argmax``: the backend's own kernel, if it has one."""
+    finite = xp.isfinite(row).all()
+    row = apply_repetition_penalty(xp, row, recent, p.repetition_penalty)
+    if p.greedy:
+        idx = (argmax or xp.argmax)(row)
+    else:
+        probs = filtered_probs(xp, row, p)
+        idx = xp.minimum(xp.searchsorted(xp.cumsum(probs), u * probs.sum(), side="right"),
+                         probs.shape[0] - 1)
+    return xp.where(finite, idx, -1)
+
+
 def sample_row(xp: Any, logits: Any, p: SamplingParams, history: list[int],
                rng: np.random.Generator) -> int:
     """The next id, or -1 if the row holds NaN or Inf (the caller reports it)."""
-    if not bool(xp.isfinite(logits).all()):
-        return -1
-    logits = apply_repetition_penalty(xp, logits, history, p.repetition_penalty,
-                                      p.repetition_window)
-    if p.greedy:
-        return int(xp.argmax(logits))
-    probs = filtered_probs(xp, logits, p)
-    # Inverse-CDF draw with one host random number: the uniform goes in, the id comes out.
-    u = rng.random()
-    idx = int(xp.searchsorted(xp.cumsum(probs), u * float(probs.sum()), side="right"))
-    return min(idx, probs.shape[0] - 1)
+    recent = xp.asarray(history[-p.repetition_window:], dtype=xp.int64) if history else None
+    u = 0.0 if p.greedy else rng.random()
+    return int(sample_on_device(xp, logits, p, recent, u))

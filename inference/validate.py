@@ -123,6 +123,9 @@ def _kinds(annotation: Any) -> tuple[type, ...]:
         return tuple(k for a in typing.get_args(annotation) for k in _kinds(a))
     if annotation is None:
         return (type(None),)
+    origin = typing.get_origin(annotation)  # list[str] -> list, dict[str, Any] -> dict
+    if isinstance(origin, type):
+        return (origin,)
     return (annotation,) if isinstance(annotation, type) else ()
 
 
@@ -315,18 +318,26 @@ def first_bad_layer(model: Any, run: Callable[[], Any], to_numpy: Callable[[Any]
         return "the output"
     found: list[str] = []
 
-    def checked(layer: Any, i: int) -> Callable[..., Any]:
-        def call(*a: Any, **k: Any) -> Any:
-            if not found and i == 0 and a and not np.isfinite(to_numpy(a[0])).all():
+    class Checked:
+        """The layer, with its input and output checked; its attributes stay visible (the
+        model reads them, e.g. each layer's attention window when it makes a cache)."""
+
+        def __init__(self, layer: Any, i: int):
+            self.layer, self.i = layer, i
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.layer, name)
+
+        def __call__(self, *a: Any, **k: Any) -> Any:
+            if not found and self.i == 0 and a and not np.isfinite(to_numpy(a[0])).all():
                 found.append("the embeddings")
-            out = layer(*a, **k)
+            out = self.layer(*a, **k)
             if not found and not np.isfinite(to_numpy(out)).all():
-                found.append(f"layer {i}")
+                found.append(f"layer {self.i}")
             return out
-        return call
 
     original = list(layers)
-    layers[:] = [checked(layer, i) for i, layer in enumerate(original)]
+    layers[:] = [Checked(layer, i) for i, layer in enumerate(original)]
     try:
         run()
     finally:

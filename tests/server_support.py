@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from inference.backends.base import SamplingParams
 from inference.events import DoneEvent
+from inference.sampling import SamplingParams
 
 
 @pytest.fixture(scope="session")

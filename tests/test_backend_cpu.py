@@ -217,8 +217,8 @@ def test_smollm2_logits_match_numpy(smollm2_cpu, smollm2):
 
 
 def test_smollm2_decode_steps_match_numpy(smollm2_cpu, smollm2):
-    from inference.backends.base import SamplingParams
     from inference.generate import generate_step
+    from inference.sampling import SamplingParams
 
     ids = smollm2.tokenize("The three primary colours are")
     steps = [generate_step(m.model, ids, SamplingParams(temperature=0.0),

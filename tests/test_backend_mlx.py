@@ -21,7 +21,6 @@ mx = pytest.importorskip("mlx.core")
 import gguf.quants as gq  # noqa: E402
 from gguf import GGMLQuantizationType  # noqa: E402
 
-from inference.backends.base import SamplingParams  # noqa: E402
 from inference.backends.mlx_backend import MlxBackend, QWeight, filtered_probs, probe  # noqa: E402
 from inference.backends.numpy_backend import NumpyBackend  # noqa: E402
 from inference.formats.affine import AFFINE_TYPES, pack_codes  # noqa: E402
@@ -30,6 +29,7 @@ from inference.formats.tensor import Checkpoint, TensorData  # noqa: E402
 from inference.generate import generate_step  # noqa: E402
 from inference.models import bert, llama  # noqa: E402
 from inference.models.common import Weights  # noqa: E402
+from inference.sampling import SamplingParams  # noqa: E402
 from inference.sampling import filtered_probs as np_filtered_probs  # noqa: E402
 from tests.bundled import load_bundled, random_tensor  # noqa: E402
 

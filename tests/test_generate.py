@@ -5,9 +5,9 @@ import threading
 import numpy as np
 import pytest
 
-from inference.backends.base import SamplingParams
 from inference.errors import InvalidInputError
 from inference.events import DoneEvent, TokenEvent
+from inference.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]

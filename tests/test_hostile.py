@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from inference import load_model
-from inference.backends.base import SamplingParams
 from inference.errors import (
     CancelledError,
     CorruptModelError,
@@ -23,6 +22,7 @@ from inference.errors import (
     NumericalError,
     UnsupportedModelError,
 )
+from inference.sampling import SamplingParams
 from tests.hostile_models import FF, TINY, VOCAB, H, tiny_copy, write_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -452,3 +452,20 @@ def test_template_that_does_not_compile_is_reported_not_replaced(tmp_path: Path)
     with pytest.raises(UnsupportedModelError) as e:
         m.generate(messages=[{"role": "user", "content": "hi"}])
     assert "does not compile" in one_sentence(e.value)
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [
+    ("hidden_act", "relu", "'relu'"), ("pooling_type", 2, "'cls'"), ("pooling_type", 3, "'last'"),
+])
+def test_bert_settings_it_cannot_compute_are_refused_by_name(key, value, named):
+    """hidden_act and GGUF's pooling_type were read and ignored: a ReLU or CLS-pooled
+    encoder would have produced plausible, wrong vectors."""
+    from inference.errors import UnsupportedModelError
+    from inference.models import bert
+
+    cfg = {"model_type": "bert", "hidden_size": 8, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "intermediate_size": 16, "vocab_size": 10, key: value}
+    with pytest.raises(UnsupportedModelError, match=named):
+        bert.ModelArgs.from_dict(cfg)
+    cfg[key] = "gelu" if key == "hidden_act" else 1
+    assert bert.ModelArgs.from_dict(cfg).model_type == "bert"

@@ -17,11 +17,12 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 
 from inference.backends import mlx_backend  # noqa: E402
-from inference.backends.base import SamplingParams, TokenSampler  # noqa: E402
+from inference.backends.base import TokenSampler  # noqa: E402
 from inference.backends.mlx_backend import MlxBackend, MlxSampler  # noqa: E402
 from inference.backends.numpy_backend import NumpyBackend  # noqa: E402
 from inference.generate import generate_step  # noqa: E402
 from inference.models import llama  # noqa: E402
+from inference.sampling import SamplingParams  # noqa: E402
 from tests.test_backend_mlx import _build, tiny_llama  # noqa: E402
 
 PROMPT = [1, 5, 9, 33, 2, 70, 11, 4, 5, 9]

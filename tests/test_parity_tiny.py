@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 from inference import load_model
-from inference.backends.base import SamplingParams
 from inference.generate import generate_step
+from inference.sampling import SamplingParams
 
 TINY = Path(__file__).resolve().parent / "goldens" / "tiny"
 MODELS = {  # golden name -> what load_model gets

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import inference
-from inference.backends.base import SamplingParams
 from inference.events import DoneEvent
 from inference.generate import stream_generate
 from inference.prompt_cache import PromptCache, common_prefix
+from inference.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, seed=1)
 

@@ -11,10 +11,10 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from inference import load_model
-from inference.backends.base import SamplingParams
 from inference.errors import BackendUnavailableError, InvalidInputError, ModelNotFoundError
 from inference.events import DoneEvent, TokenEvent
 from inference.remote import RemoteEncoder, RemoteError, RemoteLM
+from inference.sampling import SamplingParams
 from inference.server.run import ServerThread
 from tests.server_support import alone, engine, server  # noqa: F401
 

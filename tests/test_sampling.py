@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from inference.backends.base import SamplingParams
-from inference.sampling import apply_repetition_penalty, filtered_probs, sample_row
+from inference.sampling import SamplingParams, apply_repetition_penalty, filtered_probs, sample_row
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03]))
 
@@ -40,7 +39,7 @@ def test_temperature_sharpens():
 
 def test_repetition_penalty_signs():
     logits = np.array([2.0, -2.0, 1.0])
-    out = apply_repetition_penalty(np, logits, [0, 1], 2.0, 64)
+    out = apply_repetition_penalty(np, logits, np.array([0, 1, 0]), 2.0)  # 0 twice: once
     np.testing.assert_allclose(out, [1.0, -4.0, 1.0])
     assert logits[0] == 2.0  # input untouched
 

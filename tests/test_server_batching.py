@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
-from inference.backends.base import SamplingParams
 from inference.events import DoneEvent
+from inference.sampling import SamplingParams
 from inference.server.scheduler import Request, Scheduler
 from tests.server_support import alone, engine, server  # noqa: F401
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
+from inference.events import MemorySample
 from inference.formats.tensor import TensorData
+from inference.sampling import SamplingParams
 
 T = TypeVar("T")  # map_calls: item and result types
 R = TypeVar("R")
@@ -54,6 +55,17 @@ OPS: tuple[str, ...] = (
     "narrow",
     "sample",
 )
+
+# Ops the base class implements for every backend (array operators, methods and slicing).
+GENERIC_OPS = frozenset({"add", "mul", "reshape", "transpose", "set_slice", "narrow"})
+
+
+def _along(ndim: int, axis: int, start: int, stop: int) -> tuple[slice, ...]:
+    """An index selecting ``start:stop`` along ``axis`` and everything on the other axes."""
+    idx = [slice(None)] * ndim
+    idx[axis] = slice(start, stop)
+    return tuple(idx)
+
 
 # Quant types a backend may accept in weight(); F32/F16/BF16 are always accepted.
 QUANT_TYPES: tuple[str, ...] = (
@@ -101,29 +113,8 @@ def tiled_attention(attend: Any, q: Any, k: Any, v: Any, scale: float,
     return concat(parts)
 
 
-@dataclass
-class MemorySample:
-    """Same shape on every backend; bytes, ``None`` where the backend cannot know."""
-
-    device_used: int | None
-    device_total: int | None
-    device_peak: int | None
-    host_rss: int
 
 
-@dataclass
-class SamplingParams:
-    temperature: float = 0.7
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    min_p: float = 0.0  # 0 = off
-    repetition_penalty: float = 1.0  # 1 = off
-    repetition_window: int = 64
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
 
 
 def host_rss() -> int:
@@ -198,7 +189,8 @@ class Backend:
 
     # --- what this backend offers -------------------------------------------------
     def ops(self) -> set[str]:
-        return {op for op in OPS if getattr(type(self), op, None) is not getattr(Backend, op)}
+        return {op for op in OPS
+                if op in GENERIC_OPS or getattr(type(self), op, None) is not getattr(Backend, op)}
 
     def quant_types(self) -> set[str]:
         return set()
@@ -288,27 +280,31 @@ class Backend:
     def gelu(self, x: Any) -> Any:
         raise NotImplementedError
 
+    # The ops below are the same on every array library we use (NumPy, CuPy and MLX share
+    # these operators, methods and slicing), so they are written once, here.
     def add(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
+        return a + b
 
     def mul(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
+        return a * b
 
     def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
-        raise NotImplementedError
+        return x.reshape(shape)
 
     def transpose(self, x: Any, axes: tuple[int, ...]) -> Any:
-        raise NotImplementedError
+        return x.transpose(axes)
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
         raise NotImplementedError
 
     def set_slice(self, dst: Any, src: Any, axis: int, start: int) -> Any:
-        """Write ``src`` into ``dst`` at ``start`` along ``axis``; returns the result."""
-        raise NotImplementedError
+        """Write ``src`` into ``dst`` at ``start`` along ``axis``; returns the result (MLX
+        records the write lazily and writes in place once the old buffer has no user)."""
+        dst[_along(dst.ndim, axis, start, start + src.shape[axis])] = src
+        return dst
 
     def narrow(self, x: Any, axis: int, start: int, length: int) -> Any:
-        raise NotImplementedError
+        return x[_along(x.ndim, axis, start, start + length)]
 
     def sample(self, logits: Any, params: SamplingParams, history: list[int],
                rng: np.random.Generator) -> int:

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends.base import Backend, MemorySample, SamplingParams, host_rss
+from inference.backends.base import Backend, host_rss
+from inference.events import MemorySample
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
-from inference.sampling import filtered_probs
+from inference.sampling import SamplingParams, sample_on_device
 from kernels.cuda import ops
 from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason
 from kernels.cuda.ops import QuantMatrix
@@ -182,31 +183,8 @@ class CudaBackend(Backend):
         # Elementwise on the device (CuPy's fused tanh), like add and mul.
         return (cap * self.xp.tanh(x / cap)).astype(self.xp.float32, copy=False)
 
-    def add(self, a: Any, b: Any) -> Any:
-        return a + b
-
-    def mul(self, a: Any, b: Any) -> Any:
-        return a * b
-
-    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
-        return self.xp.reshape(x, shape)
-
-    def transpose(self, x: Any, axes: tuple[int, ...]) -> Any:
-        return self.xp.transpose(x, axes)
-
     def zeros(self, shape: tuple[int, ...]) -> Any:
         return self.dev.zeros(shape, np.float32)
-
-    def set_slice(self, dst: Any, src: Any, axis: int, start: int) -> Any:
-        idx = [slice(None)] * dst.ndim
-        idx[axis] = slice(start, start + src.shape[axis])
-        dst[tuple(idx)] = src
-        return dst
-
-    def narrow(self, x: Any, axis: int, start: int, length: int) -> Any:
-        idx = [slice(None)] * x.ndim
-        idx[axis] = slice(start, start + length)
-        return x[tuple(idx)]
 
     # --- sampling on the device --------------------------------------------------------
     def _history(self, history: list[int]) -> Any:
@@ -230,22 +208,13 @@ class CudaBackend(Backend):
                rng: np.random.Generator) -> int:
         xp = self.xp
         row = self._c(xp.reshape(logits, (-1,)))
-        finite = xp.isfinite(row).all()  # -1 for a NaN/Inf row, in the one id copied back
-        if params.repetition_penalty != 1.0 and history:
-            # Repeated ids write the same penalised value twice: no unique() (a device sync).
-            recent = self._history(history)[-params.repetition_window:]
-            vals = row[recent]
-            row = row.copy()
-            row[recent] = xp.where(vals > 0, vals / params.repetition_penalty,
-                                   vals * params.repetition_penalty)
-        if params.greedy:
-            dev_id = ops.argmax(self.dev, xp.reshape(row, (1, -1)))
-        else:
-            probs = filtered_probs(xp, row, params)
-            u = rng.random()  # a kernel argument, not a copy
-            idx = xp.searchsorted(xp.cumsum(probs), u * probs.sum(), side="right")
-            dev_id = xp.reshape(xp.minimum(idx, probs.shape[0] - 1).astype(xp.int32), (1,))
-        dev_id = xp.where(finite, dev_id, -1).astype(xp.int32)
+        recent = (self._history(history)[-params.repetition_window:]
+                  if params.repetition_penalty != 1.0 and history else None)
+        u = 0.0 if params.greedy else rng.random()  # a kernel argument, not a copy
+        dev_id = sample_on_device(
+            xp, row, params, recent, u,
+            argmax=lambda r: xp.reshape(ops.argmax(self.dev, xp.reshape(r, (1, -1))), ()))
+        dev_id = xp.reshape(dev_id.astype(xp.int32), (1,))
         tok = int(self.dev.to_host(dev_id, "sampled id")[0])
         self._last_id = (tok, dev_id)
         return tok

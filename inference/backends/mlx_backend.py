@@ -33,19 +33,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from inference.backends.base import (
-    QUANT_TYPES,
-    Backend,
-    MemorySample,
-    SamplingParams,
-    TokenSampler,
-    host_rss,
-    tiled_attention,
-)
+from inference.backends.base import QUANT_TYPES, Backend, TokenSampler, host_rss, tiled_attention
 from inference.errors import BackendUnavailableError
+from inference.events import MemorySample
 from inference.formats.affine import GROUP, SUB, to_affine
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
+from inference.sampling import SamplingParams
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 DTYPE_ENV = "INFERDESK_MLX_DTYPE"
@@ -351,33 +345,8 @@ class MlxBackend(Backend):
     def gelu(self, x: mx.array) -> mx.array:
         return _gelu(x)
 
-    def add(self, a: mx.array, b: mx.array) -> mx.array:
-        return a + b
-
-    def mul(self, a: mx.array, b: mx.array) -> mx.array:
-        return a * b
-
-    def reshape(self, x: mx.array, shape: tuple[int, ...]) -> mx.array:
-        return x.reshape(shape)
-
-    def transpose(self, x: mx.array, axes: tuple[int, ...]) -> mx.array:
-        return x.transpose(axes)
-
     def zeros(self, shape: tuple[int, ...]) -> mx.array:
         return mx.zeros(shape, dtype=self.dtype)
-
-    def set_slice(self, dst: mx.array, src: mx.array, axis: int, start: int) -> mx.array:
-        # Lazy slice update, like mlx-lm's cache; once the old buffer has no other user
-        # MLX writes in place. Materialised with the step's token (module docstring).
-        idx = [slice(None)] * dst.ndim
-        idx[axis] = slice(start, start + src.shape[axis])
-        dst[tuple(idx)] = src
-        return dst
-
-    def narrow(self, x: mx.array, axis: int, start: int, length: int) -> mx.array:
-        idx = [slice(None)] * x.ndim
-        idx[axis] = slice(start, start + length)
-        return x[tuple(idx)]
 
     def sample(self, logits: mx.array, params: SamplingParams, history: list[int],
                rng: np.random.Generator) -> int:

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
-from inference.backends.base import QUANT_TYPES, Backend, SamplingParams, tiled_attention
+from inference.backends.base import QUANT_TYPES, Backend, tiled_attention
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
-from inference.sampling import sample_row
+from inference.sampling import SamplingParams, sample_row
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -127,31 +127,8 @@ class NumpyBackend(Backend):
         c = np.float32(cap)
         return (c * np.tanh(x / c)).astype(np.float32, copy=False)
 
-    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return a + b
-
-    def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return a * b
-
-    def reshape(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        return x.reshape(shape)
-
-    def transpose(self, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-        return x.transpose(axes)
-
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, dtype=np.float32)
-
-    def set_slice(self, dst: np.ndarray, src: np.ndarray, axis: int, start: int) -> np.ndarray:
-        idx = [slice(None)] * dst.ndim
-        idx[axis] = slice(start, start + src.shape[axis])
-        dst[tuple(idx)] = src
-        return dst
-
-    def narrow(self, x: np.ndarray, axis: int, start: int, length: int) -> np.ndarray:
-        idx = [slice(None)] * x.ndim
-        idx[axis] = slice(start, start + length)
-        return x[tuple(idx)]
 
     def sample(self, logits: np.ndarray, params: SamplingParams, history: list[int],
                rng: np.random.Generator) -> int:

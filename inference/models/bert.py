@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.backends.base import Backend
+from inference.errors import UnsupportedModelError
 from inference.models.common import Weights, config_from_dict
 
 REQUIRED_OPS = frozenset({
@@ -25,6 +26,22 @@ class ModelArgs:
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
+    # GGUF's pooling enum (llama.cpp): -1 unset, 0 none, 1 mean, 2 cls, 3 last, 4 rank.
+    pooling_type: int = -1
+
+    def __post_init__(self) -> None:
+        # The encoder computes erf GELU and the embedder mean-pools; anything else would
+        # give vectors that look fine and are wrong, so it is refused by name.
+        if self.hidden_act != "gelu":
+            raise UnsupportedModelError(
+                f"This {self.model_type} model uses activation '{self.hidden_act}'; Inferdesk's "
+                "BERT encoder computes only 'gelu'.")
+        if self.pooling_type not in (-1, 1):
+            kind = {0: "none", 2: "cls", 3: "last", 4: "rank"}.get(self.pooling_type,
+                                                                  str(self.pooling_type))
+            raise UnsupportedModelError(
+                f"This {self.model_type} model pools its embeddings by '{kind}'; Inferdesk's "
+                "BERT embedder mean-pools only.")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelArgs:

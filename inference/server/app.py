@@ -18,8 +18,8 @@ import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from inference.backends.base import SamplingParams
 from inference.events import DoneEvent, TokenEvent
+from inference.sampling import SamplingParams
 from inference.server import errors
 from inference.server.embed_batcher import EmbedBatcher
 from inference.server.errors import APIError

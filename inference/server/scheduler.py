@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends.base import SamplingParams
 from inference.errors import InferdeskError, OutOfMemoryError
 from inference.events import GenerationEvent
 from inference.generate import Generation
 from inference.kv_cache import BatchedCaches, KVCache
+from inference.sampling import SamplingParams
 
 MAX_PARALLEL = 8  # cpu: rows the mat-vec computes one by one (cpu.MATVEC_ROWS)
 PREFILL_CHUNK = 128  # tokens of a newcomer's prompt per step: ~0.1 s of SmolLM2 on 2 cores

@@ -19,13 +19,14 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from inference.backends import probe
-from inference.backends.base import OPS, SamplingParams
+from inference.backends.base import OPS
 from inference.backends.cuda import CudaBackend
 from inference.backends.numpy_backend import NumpyBackend
 from inference.formats.tensor import Checkpoint, TensorData
 from inference.generate import generate_step
 from inference.models import bert, llama
 from inference.models.common import Weights
+from inference.sampling import SamplingParams
 from kernels.cuda.device import Device, EmulatedDevice
 from tests.bundled import minilm_dir, smollm2_gguf
 from tests.kernels.quantdata import make_weight
