@@ -229,7 +229,7 @@ def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
         "memory": {"file_bytes": spec.file_size, "rss_load_delta_bytes": rss1 - rss0,
                    "kv_cache_bytes": kv,
                    "rss_load_delta_over_file": round((rss1 - rss0) / spec.file_size, 3),
-                   # the rule: resident after load <= 1.5x the file + the KV cache
+                   # the memory rule: resident after load <= 1.5x the file + the KV cache
                    "rss_limit_bytes": int(1.5 * spec.file_size) + kv},
     }
     res["weight_bytes_per_token"] = weight_bytes_per_token(model.model)
