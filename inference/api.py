@@ -24,7 +24,7 @@ from inference.models import CAUSAL, architecture
 from inference.models.common import Weights
 from inference.prompt_cache import PromptCache
 from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
-from inference.sampling import SamplingParams, check_params
+from inference.sampling import SamplingParams
 from inference.store import ModelSpec, resolve
 from inference.tokenizer import Tokenizer
 from inference.tokenizer.bounded import encode_bounded
@@ -32,6 +32,7 @@ from inference.validate import (
     check_finite,
     check_tensors,
     first_bad_layer,
+    generate_args,
     int_arg,
     messages_arg,
     sentences_arg,
@@ -187,13 +188,9 @@ class CausalLM(LoadedModel):
         profile: bool = False,
     ) -> Iterator[GenerationEvent]:
         """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front."""
-        sampling = check_params(SamplingParams() if sampling is None else sampling)
-        if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
-            raise InvalidInputError("stop must be a list of strings.")
-        if cancel is not None and not hasattr(cancel, "is_set"):
-            raise InvalidInputError("cancel must be a threading.Event.")
-        ids, max_tokens = self.plan(prompt, messages, max_tokens, cancel)
-        return self._stream(ids, max_tokens, sampling, list(stop), cancel, profile)
+        a = generate_args(prompt, messages, max_tokens, sampling, stop, cancel)
+        ids, n = self.plan(a.prompt, a.messages, a.max_tokens, cancel)
+        return self._stream(ids, n, a.sampling, a.stop, cancel, profile)
 
     def plan(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
              max_tokens: int = 256, cancel: threading.Event | None = None

@@ -37,6 +37,7 @@ from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.generate import Generation
 from inference.sampling import SamplingParams
 from inference.store import ModelSpec
+from inference.validate import generate_args
 
 TIMEOUT_S = 600.0  # one request, stream included; a token may take long on a busy server
 
@@ -131,14 +132,9 @@ class RemoteLM(_Remote):
         profile: bool = False,
     ) -> Iterator[GenerationEvent]:
         """As CausalLM.generate: TokenEvents then one DoneEvent; bad input raises here."""
-        if messages is not None:
-            if not messages or not any(m.get("content", "").strip() for m in messages):
-                raise InvalidInputError("The conversation is empty: write a message first.")
-        elif prompt is None or not prompt.strip():
-            raise InvalidInputError("The prompt is empty: write something to continue.")
-        if max_tokens < 1:
-            raise InvalidInputError("max_tokens must be at least 1.")
-        sp = sampling or SamplingParams()
+        a = generate_args(prompt, messages, max_tokens, sampling, stop, cancel)
+        prompt, messages, max_tokens, sp, stop = (a.prompt, a.messages, a.max_tokens,
+                                                  a.sampling, a.stop)
         if sp.top_k or sp.min_p or sp.repetition_penalty != 1.0:
             # The OpenAI API has no such fields; say so rather than sample differently.
             raise InvalidInputError("A remote engine takes temperature, top-p and seed only; "

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from inference.errors import CorruptModelError, InvalidInputError, NumericalError
+from inference.sampling import SamplingParams, check_params
 
 
 @dataclass(frozen=True)
@@ -351,3 +352,36 @@ def check_finite(values: np.ndarray, what: str, where: Callable[[], str] | None 
         place = f", first in {where()}" if where is not None else ""
         raise NumericalError(f"The {what} contain NaN or infinite values{place}; the model "
                              f"weights or its settings are broken.")
+
+
+@dataclass
+class GenerateArgs:
+    """A generate() call's arguments after the checks every engine makes."""
+
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    max_tokens: int
+    sampling: SamplingParams
+    stop: list[str]
+
+
+def generate_args(prompt: Any, messages: Any, max_tokens: Any, sampling: Any, stop: Any,
+                  cancel: Any) -> GenerateArgs:
+    """The checks before any generation starts, local or remote: one sentence for each
+    wrong type, empty input, bad sampling parameter or bad stop list."""
+    sampling = check_params(SamplingParams() if sampling is None else sampling)
+    if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+        raise InvalidInputError("stop must be a list of strings.")
+    if cancel is not None and not hasattr(cancel, "is_set"):
+        raise InvalidInputError("cancel must be a threading.Event.")
+    if prompt is not None and messages is not None:
+        raise InvalidInputError("Pass either prompt or messages, not both.")
+    max_tokens = int_arg(max_tokens, "max_tokens", 1)
+    if messages is not None:
+        chat = messages_arg(messages)
+        if not any(m["content"].strip() for m in chat):
+            raise InvalidInputError("The conversation is empty: write a message first.")
+        return GenerateArgs(None, chat, max_tokens, sampling, list(stop))
+    if prompt is None or not text_arg(prompt, "prompt").strip():
+        raise InvalidInputError("The prompt is empty: write something to continue.")
+    return GenerateArgs(prompt, None, max_tokens, sampling, list(stop))

@@ -46,8 +46,15 @@ def test_chat_on_a_remote_inferdesk(engine, server):  # noqa: F811
                                         sampling=SamplingParams(temperature=0.0)))
         assert plain.text == alone(engine.llm, prompt="The capital of France is",
                                    max_tokens=4).text
-        with pytest.raises(InvalidInputError):
-            remote.generate(messages=[])
+        # The same boundary checks as a local model, in the same words.
+        for bad in ({"messages": []}, {"messages": "hi"}, {"prompt": 123},
+                    {"messages": HI, "max_tokens": 0}, {"messages": HI, "stop": "x"},
+                    {"messages": HI, "sampling": SamplingParams(temperature=float("nan"))}):
+            with pytest.raises(InvalidInputError) as remote_err:
+                remote.generate(**bad)
+            with pytest.raises(InvalidInputError) as local_err:
+                engine.llm.generate(**bad)
+            assert str(remote_err.value) == str(local_err.value), bad
         with pytest.raises(InvalidInputError, match="top-k"):
             remote.generate(messages=HI, sampling=SamplingParams(top_k=5))
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gui.perf_pane import TTFT_KEEP
 from tests.gui.conftest import spin
 
 
@@ -26,9 +27,13 @@ def test_graphs_receive_points_while_generating(loaded_window, qtbot) -> None:
     # depends on the machine's load, so the suite checks the setting, not a measured rate.
     assert p.timer.isActive() and p.timer.interval() <= 250
     assert after["host_rss"] > 0 and p.n_samples > n0
-    assert after["ttft"] == before["ttft"] + 1
+    assert after["ttft"] == min(before["ttft"] + 1, TTFT_KEEP)  # a bounded chart
     if ev.total_s - ev.ttft_s > 0.5:  # long enough for a sample to land after token two
-        assert after["decode"] > before["decode"] and after["prefill"] > before["prefill"]
+        # Samples taken during this message (the series keep a bounded history, so counts
+        # of all finite points can fall on a slow machine while new ones arrive).
+        new = min(p.n_samples - n0, len(p.series["decode"]))
+        for name in ("decode", "prefill"):
+            assert np.isfinite(list(p.series[name])[-new:]).any(), name
     x, y = p.curves["host_rss"].getData()
     assert len(x) == len(y) > 0 and np.isfinite(y).any()
     backend = w.picker.loaded["causal"].backend
