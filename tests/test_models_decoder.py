@@ -91,3 +91,44 @@ def test_trim_past_dropped_rows_forgets_everything() -> None:
     assert cache.offset == 9
     cache.trim(2)  # keys 0..1 are gone from the local layer
     assert cache.offset == 0 and cache.start == [0, 0]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_stacked_linears_equal_separate_products(backend: str) -> None:
+    """q/k/v (and gate/up) stack into one weight per run of tensors of one type and width;
+    each output row is still its own dot product, so the split outputs equal the separate
+    products: bitwise on the cpu mat-vec, whose rows never mix; BLAS may block a wider GEMM
+    differently, so there a float32 sum of 64 terms in another order: a few ulps of the
+    largest term (1e-5 of the largest output)."""
+    from inference.backends import create
+    from inference.formats.quants import BLOCK_TYPES
+    from inference.formats.tensor import Checkpoint, TensorData
+
+    B = create(backend)
+    rng = np.random.default_rng(0)
+    k = 64
+
+    def q8_0(rows: int) -> TensorData:  # random blocks; & 0x3F keeps each float16 d finite
+        raw = rng.integers(0, 256, (rows, BLOCK_TYPES["Q8_0"].row_bytes(k)), dtype=np.uint8)
+        return TensorData("", (rows, k), "Q8_0", raw & 0x3F)
+
+    def f32(rows: int) -> TensorData:
+        return TensorData("", (rows, k), "F32", rng.standard_normal((rows, k), np.float32))
+
+    tensors = {"q": q8_0(96), "k": q8_0(40), "v": f32(40), "g": f32(24)}
+    tensors["k.bias"] = TensorData("k.bias", (40,), "F32", rng.standard_normal(40, np.float32))
+    w = Weights(Checkpoint(Path("m.gguf"), "gguf", {}, tensors), B)
+    lin = w.linears(["q", "k", "v", "g"], ["q.bias", "k.bias", "v.bias", "g.bias"])
+    assert [sizes for _, sizes, _ in lin.parts] == [[96, 40], [40, 24]]  # Q8_0, then F32
+    for rows in (1, 12):  # decode mat-vec, prefill GEMM
+        x = rng.standard_normal((1, rows, k)).astype(np.float32)
+        got = [B.to_numpy(y) for y in lin(B.array(x))]
+        for name, y in zip("qkvg", got):
+            want = B.to_numpy(B.linear(B.array(x), w.linear(name),
+                                       w.dense("k.bias") if name == "k" else None))
+            assert y.shape == want.shape
+            if backend == "cpu" and rows == 1:
+                assert np.array_equal(y, want), name
+            else:
+                np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max(),
+                                           err_msg=name)

@@ -58,4 +58,4 @@ def test_fused_weight_with_wrong_rows_names_the_tensor() -> None:
     t = TensorData("qkv", (10, 4), "F32", np.zeros((10, 4), np.float32))
     w = Weights(Checkpoint(Path("m.gguf"), "gguf", {}, {"qkv": t}), NumpyBackend())
     with pytest.raises(UnsupportedModelError, match="qkv has 10 rows, expected 4 \\+ 4"):
-        w.linear_split("qkv", [4, 4])
+        w.linears(["q", "k"], fused="qkv", sizes=[4, 4])

@@ -166,16 +166,11 @@ class Attention:
         self.theta = args.theta(layer)
         self.freq_factors = freq_factors
         self.eps = args.rms_norm_eps
-        bias = w.optional_dense if args.attention_bias else (lambda name: None)
-        if args.fused_projections:
-            q, k, v = w.linear_split(p + "qkv_proj.weight", [
-                self.n_heads * self.head_dim, self.n_kv * self.head_dim,
-                self.n_kv * self.head_dim])
-        else:
-            q, k, v = (w.linear(p + f"{n}_proj.weight") for n in "qkv")
-        self.q = (q, bias(p + "q_proj.bias"))
-        self.k = (k, bias(p + "k_proj.bias"))
-        self.v = (v, bias(p + "v_proj.bias"))
+        sizes = [n * self.head_dim for n in (self.n_heads, self.n_kv, self.n_kv)]
+        self.qkv = w.linears(
+            [p + f"{n}_proj.weight" for n in "qkv"],
+            [p + f"{n}_proj.bias" for n in "qkv"] if args.attention_bias else None,
+            fused=p + "qkv_proj.weight" if args.fused_projections else None, sizes=sizes)
         self.o_proj = w.linear(p + "o_proj.weight")
         off = args.norm_weight_offset
         self.q_norm = w.norm(p + "q_norm.weight", off) if args.qk_norm else None
@@ -200,9 +195,10 @@ class Attention:
     def __call__(self, x: Any, cache: KVCache | BatchedCaches, layer: int) -> Any:
         B = self.B
         b, t, _ = x.shape
-        q = self._heads(B.linear(x, *self.q), self.n_heads, self.q_norm)
-        k = self._heads(B.linear(x, *self.k), self.n_kv, self.k_norm)
-        v = self._heads(B.linear(x, *self.v), self.n_kv)
+        q, k, v = self.qkv(x)
+        q = self._heads(q, self.n_heads, self.q_norm)
+        k = self._heads(k, self.n_kv, self.k_norm)
+        v = self._heads(v, self.n_kv)
         if isinstance(cache, BatchedCaches):  # one sequence per row, each at its own position
             out = B.zeros((b, self.n_heads, t, self.head_dim))
             for i, c in enumerate(cache.caches):
@@ -218,17 +214,14 @@ class MLP:
     def __init__(self, args: ModelArgs, B: Backend, w: Weights, p: str):
         self.B = B
         self.act = getattr(B, args.mlp_op)  # act(gate) * up, fused
-        if args.fused_projections:
-            n = args.intermediate_size
-            self.gate, self.up = w.linear_split(p + "gate_up_proj.weight", [n, n])
-        else:
-            self.gate = w.linear(p + "gate_proj.weight")
-            self.up = w.linear(p + "up_proj.weight")
+        n = args.intermediate_size
+        self.gate_up = w.linears(
+            [p + "gate_proj.weight", p + "up_proj.weight"],
+            fused=p + "gate_up_proj.weight" if args.fused_projections else None, sizes=[n, n])
         self.down = w.linear(p + "down_proj.weight")
 
     def __call__(self, x: Any) -> Any:
-        B = self.B
-        return B.linear(self.act(B.linear(x, self.gate), B.linear(x, self.up)), self.down)
+        return self.B.linear(self.act(*self.gate_up(x)), self.down)
 
 
 class TransformerBlock:
