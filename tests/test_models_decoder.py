@@ -123,7 +123,7 @@ def test_stacked_linears_equal_separate_products(backend: str) -> None:
     for rows in (1, 12):  # decode mat-vec, prefill GEMM
         x = rng.standard_normal((1, rows, k)).astype(np.float32)
         got = [B.to_numpy(y) for y in lin(B.array(x))]
-        for name, y in zip("qkvg", got):
+        for name, y in zip("qkvg", got, strict=True):
             want = B.to_numpy(B.linear(B.array(x), w.linear(name),
                                        w.dense("k.bias") if name == "k" else None))
             assert y.shape == want.shape

@@ -119,7 +119,7 @@ class Weights:
         if any(x is not None for x in bias):  # absent biases are zeros
             host = np.concatenate([np.zeros(n, np.float32) if x is None else
                                    dequantize(self.tensor(x)).astype(np.float32).reshape(-1)
-                                   for x, n in zip(bias, sizes)])
+                                   for x, n in zip(bias, sizes, strict=True)])
             b = self.B.dense(TensorData("+".join(map(str, bias)), host.shape, "F32", host))
         return w, sizes, b
 
