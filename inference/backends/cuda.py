@@ -16,14 +16,16 @@ from typing import Any
 import numpy as np
 
 from inference.backends.base import Backend, host_rss
+from inference.errors import BackendUnavailableError
 from inference.events import MemorySample
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams, sample_on_device
 from kernels.cuda import ops
-from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason
+from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason, self_test
 from kernels.cuda.ops import QuantMatrix
 from kernels.cuda.table import ATTN_MAX_HEAD_DIM, TYPES
+from kernels.errors import KernelLoadError
 
 # Up to this many rows of x, linear() runs the quantized mat-vec once per row (reading the
 # quantized weight each time) instead of dequantizing to float32 for a GEMM (read quantized,
@@ -42,6 +44,10 @@ class CudaBackend(Backend):
         (half the weight traffic, ~1e-3 relative error); float32 (default) matches the
         NumPy reference to float32 rounding."""
         self.dev = device if device is not None else CupyDevice()
+        try:  # every module now: a missing NVRTC fails here, not mid-generation
+            self.dev.load_all()
+        except KernelLoadError as e:
+            raise BackendUnavailableError(f"The CUDA backend cannot start: {e}.") from e
         self.prefill_dtype = np.dtype(prefill_dtype)
         self.xp = self.dev.xp
         self.device = getattr(self.dev, "device_name", self.dev.name)
@@ -221,14 +227,20 @@ class CudaBackend(Backend):
 
 
 def probe() -> tuple[bool, str]:
-    """Never raises and never initialises a context beyond counting devices."""
+    """Available only if a tiny kernel compiles, launches and returns the right numbers on
+    the GPU (kernels/cuda/selftest.cu), so `auto` never picks a device it cannot run on:
+    no NVRTC, no CUDA headers, a driver too old for the toolkit. Never raises."""
     reason = cuda_unavailable_reason()
     if reason is not None:
         return False, reason
     try:
-        return True, f"NVIDIA GPU {CupyDevice().device_name}"
+        dev = CupyDevice()
     except Exception as e:  # a device that cannot be used after all
         return False, f"cuda: device unusable ({type(e).__name__}: {e})"
+    reason = self_test(dev)
+    if reason is not None:
+        return False, reason
+    return True, f"NVIDIA GPU {dev.device_name} (self-test kernel passed)"
 
 
 def create() -> CudaBackend:

@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 
 from kernels.cuda.plan import DEFAULT_LIMITS, DeviceLimits, Launch
+from kernels.errors import KernelLoadError
 
 CUDA_DIR = Path(__file__).resolve().parent
-MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "unary", "argmax")
+MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "unary", "argmax",
+           "selftest")
 
 
 def source_path(module: str) -> Path:
@@ -90,12 +92,25 @@ class Device:
     def _load(self, module: str) -> Any:
         raise NotImplementedError
 
+    def _module(self, module: str) -> Any:
+        if module not in self._module_cache:
+            try:
+                self._module_cache[module] = self._load(module)
+            except Exception as e:
+                raise KernelLoadError(f"the {module} kernels do not compile or load "
+                                      f"({_first_line(e)})") from e
+        return self._module_cache[module]
+
+    def load_all(self, modules: tuple[str, ...] = MODULES) -> None:
+        """Compile (or take from the compiler's cache) every module now, so a missing NVRTC
+        or header fails here, before any weight moves, not at a kernel's first launch."""
+        for m in modules:
+            self._module(m)
+
     def function(self, module: str, name: str) -> Any:
         key = (module, name)
         if key not in self._functions:
-            if module not in self._module_cache:
-                self._module_cache[module] = self._load(module)
-            self._functions[key] = self._module_cache[module].get_function(name)
+            self._functions[key] = self._module(module).get_function(name)
         return self._functions[key]
 
     def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
@@ -158,7 +173,12 @@ class CupyDevice(Device):
         self._total: int | None = None
 
     def _load(self, module: str) -> Any:
-        return self._cupy.RawModule(code=kernel_source(module), options=("-std=c++17",))
+        # RawModule compiles lazily at the first get_function; compile() makes it happen at
+        # load. CuPy keeps the cubin in its on-disk kernel cache (~/.cupy/kernel_cache), keyed
+        # by the source, so later runs skip NVRTC.
+        mod = self._cupy.RawModule(code=kernel_source(module), options=("-std=c++17",))
+        mod.compile()
+        return mod
 
     def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         # CuPy has no None for pointer parameters; an 8-byte zero is the null pointer.
@@ -194,6 +214,29 @@ class CupyDevice(Device):
             except Exception:  # nvidia-ml-py absent or NVML unusable: ask the runtime
                 self._total = int(self._cupy.cuda.runtime.memGetInfo()[1])
         return self._total
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
+
+
+def self_test(dev: Device) -> str | None:
+    """None if the self-test kernel (selftest.cu) compiles, launches and returns the right
+    numbers on `dev`; else one sentence why not. Never raises."""
+    from kernels.cuda import ops
+
+    x = np.linspace(-3.0, 1000.0, 32, dtype=np.float32)  # 1000.x rounds when made half
+    try:
+        got = dev.to_host(ops.self_test(dev, dev.to_device(x, "self-test")), "self-test")
+    except Exception as e:
+        cause = e.__cause__ if isinstance(e, KernelLoadError) and e.__cause__ else e
+        return f"cuda: the self-test kernel does not compile or run ({_first_line(cause)})"
+    want = x.astype(np.float16).astype(np.float32) * 2 + np.arange(32, dtype=np.float32) + 32
+    # float32 arithmetic of exactly representable values: equal up to one rounding.
+    if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=0):
+        return "cuda: the self-test kernel returned wrong numbers (a driver/toolkit mismatch?)"
+    return None
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -100,6 +100,16 @@ def plan_dequantize(t: KernelType, ncols: int, nrows: int,
     return Launch((_cdiv(slices, t.dequant_threads), 1, 1), (t.dequant_threads, 1, 1)).check(limits)
 
 
+# The probe's self-test: one warp, the smallest launch that exercises a shuffle.
+SELFTEST_THREADS = 32
+
+
+def plan_self_test(n: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    if not 0 < n <= SELFTEST_THREADS:
+        raise LaunchError(f"the self-test takes 1..{SELFTEST_THREADS} values, got {n}")
+    return Launch((1, 1, 1), (SELFTEST_THREADS, 1, 1)).check(limits)
+
+
 # Streaming elementwise kernels: 256 threads per block, one element (or pair) per thread.
 ELEMENTWISE_THREADS = 256
 

@@ -79,6 +79,7 @@ BUDGETS: dict[str, KernelBudget] = {
     "gelu_tanh_mul_f32": KernelBudget(256, 64, 0),
     "attn_decode_f32": KernelBudget(256, 96, 8 * 256 * 4 + 64),
     "type_info": KernelBudget(32, 64, 0),
+    "selftest_f16": KernelBudget(32, 32, 0),
 }
 
 
