@@ -162,12 +162,13 @@ class CudaBackend(Backend):
         hk, s = k.shape[1], k.shape[2]
         mask = None if key_mask is None else self._c(key_mask)
         window = window if window is not None and s > window else None  # else it hides nothing
-        if (t == 1 and d <= ATTN_MAX_HEAD_DIM and k.strides[-1] == 4 and v.strides == k.strides
-                and window is None and softcap is None):
-            return ops.attn_decode(self.dev, self._c(q), k, v, scale,
-                                   causal_limit=causal_offset, key_mask=mask)
-        # Prefill (and windowed or soft-capped decode): grouped queries fold into rows, two
-        # GEMMs around the masked softmax; the window is applied in the softmax kernel.
+        if d <= ATTN_MAX_HEAD_DIM and k.dtype == np.float32 and k.strides[-1] == 4 \
+                and v.strides == k.strides:
+            # Prefill and decode: the tiled kernel, no score matrix (split-K at long context).
+            return ops.attention(self.dev, self._c(q), k, v, scale, causal_offset=causal_offset,
+                                 key_mask=mask, window=window, softcap=softcap)
+        # Head dims past the kernel's limit, or K/V in other layouts: grouped queries fold
+        # into rows, two GEMMs around the masked softmax (a t x n_kv score matrix).
         qg = xp.reshape(self._c(q), (b, hk, (hq // hk) * t, d))
         scores = xp.matmul(qg, xp.transpose(k, (0, 1, 3, 2)))
         if softcap is not None:

@@ -166,6 +166,7 @@ class CupyDevice(Device):
             max_shared_per_block=int(props.get("sharedMemPerBlock", d.max_shared_per_block)),
             max_grid_x=int(grid[0]),
             max_grid_yz=int(min(grid[1], grid[2])),
+            sm_count=int(props.get("multiProcessorCount", d.sm_count)),
         )
         self.properties = props
         self._device_id = device_id
@@ -303,6 +304,7 @@ class EmulatedDevice(Device):
         self.check_races = check_races
         self._guarded: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self._spans: dict[int, tuple[int, int]] = {}
+        self.allocations: list[int] = []  # bytes of every buffer allocated, in order
 
     def _load(self, module: str) -> Any:
         from kernels.emulator.module import EmulatedModule
@@ -322,6 +324,7 @@ class EmulatedDevice(Device):
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.allocations.append(n)
         raw, start = _guarded(n)
         raw[start:start + n] = 0xFF  # NaN as float and half: unwritten outputs show
         self._guarded[id(raw)] = raw
