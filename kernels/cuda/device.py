@@ -290,9 +290,10 @@ class EmulatedDevice(Device):
     - New buffers are poisoned (NaN bytes), so an element no thread writes shows up.
     - Every buffer has canaries around it, checked after each launch: a kernel that writes
       past its output (a wrong block size or grid) is an error, not silent corruption.
-    - ``check_races=True`` runs each launch twice, threads first-to-last and last-to-first
-      between barriers, on copies of its buffers, and fails if the results differ: what a
-      missing __syncthreads or __syncwarp does.
+    - ``check_races=True`` runs each launch twice on copies of its buffers: threads
+      first-to-last between barriers with blocks in grid order, then threads last-to-first
+      with the blocks shuffled; it fails if the results differ. That is what a missing
+      __syncthreads or __syncwarp does, or a block reading what another block writes.
     """
 
     name = "cuda-emulator"
@@ -377,23 +378,24 @@ class EmulatedDevice(Device):
             return
         roots = {id(r): r for r in (self._root(a) for a in args if isinstance(a, np.ndarray))}
         before = {k: r.copy() for k, r in roots.items()}
-        saved = emu.schedule
+        saved = emu.schedule, emu.block_seed
         try:
-            emu.schedule = "forward"
+            emu.schedule, emu.block_seed = "forward", 0
             super().launch(module, name, launch, args)
             forward = {k: r.copy() for k, r in roots.items()}
             for k, r in roots.items():
                 r[...] = before[k]
-            emu.schedule = "reverse"
+            emu.schedule, emu.block_seed = "reverse", self.launches  # a new order per launch
             super().launch(module, name, launch, args)
         finally:
-            emu.schedule = saved
+            emu.schedule, emu.block_seed = saved
         self._check_guards(name, args)
         for k, r in roots.items():
             if not np.array_equal(r.view(np.uint8), forward[k].view(np.uint8)):
                 raise _emulator_error()(
-                    f"{name}: results depend on the order threads run between barriers "
-                    "(a missing __syncthreads/__syncwarp, or a race on shared or global memory)")
+                    f"{name}: results depend on the order threads run between barriers or "
+                    "blocks run in the grid (a missing __syncthreads/__syncwarp, or a race on "
+                    "shared or global memory)")
 
 
 def _emulator_error() -> type[Exception]:

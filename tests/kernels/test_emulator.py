@@ -53,8 +53,32 @@ def test_missing_syncthreads_is_a_race() -> None:
     dev = FaultyDevice(check_races=True)
     x = dev.to_device(np.ones(256, np.float32))
     out = dev.zeros((1,), np.float32)
-    with pytest.raises(EmulatorError, match="order threads run"):
+    with pytest.raises(EmulatorError, match="order threads run between barriers"):
         _launch(dev, "block_sum", 1, 256, (x, out, np.int32(0)))
+
+
+def test_block_that_reads_another_blocks_output_is_a_race() -> None:
+    dev = FaultyDevice()
+    y = dev.zeros((50,), np.float32)
+    _launch(dev, "chain_across_blocks", 50, 32, (y,))
+    np.testing.assert_array_equal(y, np.arange(1, 51))  # grid order happens to work
+    dev = FaultyDevice(check_races=True)
+    with pytest.raises(EmulatorError, match="blocks run in the grid"):
+        _launch(dev, "chain_across_blocks", 50, 32, (dev.zeros((50,), np.float32),))
+
+
+@pytest.mark.parametrize("grid", [(1, 1, 1), (7, 1, 1), (64, 1, 1), (5, 3, 2), (1, 9, 4)])
+def test_shuffled_block_order_runs_every_block_once(grid: tuple, monkeypatch: pytest.MonkeyPatch
+                                                    ) -> None:
+    from kernels.emulator import module as emu
+
+    n = int(np.prod(grid))
+    for seed in (1, 2, 977, 2**40 + 3):
+        monkeypatch.setattr(emu, "block_seed", seed)
+        dev = FaultyDevice()
+        y = dev.empty((n,), np.float32)
+        dev.launch("faulty", "block_ids", Launch(grid, (32, 1, 1)), (y,))
+        np.testing.assert_array_equal(y, np.arange(n))
 
 
 def test_right_block_size_covers_everything() -> None:
