@@ -284,6 +284,74 @@ def _guarded(nbytes: int) -> tuple[np.ndarray, int]:
     return pages, start
 
 
+class DeviceArray(np.ndarray):
+    """An emulated device buffer: a NumPy array whose host reads are logged.
+
+    On a GPU, float(), int(), bool(), .item(), .tolist(), .get() and printing of a CuPy
+    array each copy it to the host and wait for the device; here each records a d2h event
+    labelled "implicit ..." in the owning device's transfer log, so a test of what a token
+    loop moves sees them too. Results of NumPy operations on device arrays stay device
+    arrays, and indexing one element gives a 0-d device array, as CuPy does.
+    Not caught: np.asarray() of a device array (CuPy refuses it outright).
+    """
+
+    _log: TransferLog | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._log = getattr(obj, "_log", None)
+
+    def __array_wrap__(self, arr: np.ndarray, context: Any = None,
+                       return_scalar: bool = False) -> DeviceArray:
+        out = arr.view(DeviceArray)  # 0-d, never a NumPy scalar: reductions stay on device
+        out._log = self._log
+        return out
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        r = super().__array_function__(func, types, args, kwargs)  # concatenate, where, ...
+        if isinstance(r, np.ndarray) and not isinstance(r, DeviceArray):
+            r = r.view(DeviceArray)
+            r._log = self._log
+        return r
+
+    def __getitem__(self, key: Any) -> Any:
+        r = super().__getitem__(key)
+        if isinstance(r, np.ndarray):
+            return r
+        out = np.array(r).view(DeviceArray)
+        out._log = self._log
+        return out
+
+    def _read(self, what: str) -> np.ndarray:
+        if self._log is not None:
+            self._log.record("d2h", self.nbytes, f"implicit {what}")
+        return self.view(np.ndarray)
+
+    def __float__(self) -> float:
+        return float(self._read("float()"))
+
+    def __int__(self) -> int:
+        return int(self._read("int()"))
+
+    def __bool__(self) -> bool:
+        return bool(self._read("bool()"))
+
+    def item(self, *args: Any) -> Any:
+        return self._read("item()").item(*args)
+
+    def tolist(self) -> Any:
+        return self._read("tolist()").tolist()
+
+    def get(self) -> np.ndarray:
+        """CuPy's copy to the host."""
+        return np.array(self._read("get()"), copy=True)
+
+    def __repr__(self) -> str:
+        return repr(self._read("repr()"))
+
+    def __str__(self) -> str:
+        return str(self._read("str()"))
+
+
 class EmulatedDevice(Device):
     """The host emulator as a device: NumPy buffers are device memory.
 
@@ -330,7 +398,9 @@ class EmulatedDevice(Device):
         raw[start:start + n] = 0xFF  # NaN as float and half: unwritten outputs show
         self._guarded[id(raw)] = raw
         self._spans[id(raw)] = (start, n)
-        return raw[start:start + n].view(dtype).reshape(shape)
+        out = raw[start:start + n].view(dtype).reshape(shape).view(DeviceArray)
+        out._log = self.transfers
+        return out
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         a = self.empty(shape, dtype)
@@ -346,7 +416,7 @@ class EmulatedDevice(Device):
 
     def to_host(self, a: np.ndarray, label: str = "") -> np.ndarray:
         self.transfers.record("d2h", a.nbytes, label)
-        return np.array(a, copy=True)
+        return np.array(a, copy=True, subok=False)
 
     def memory(self) -> tuple[int | None, int | None, int | None]:
         return None, None, None

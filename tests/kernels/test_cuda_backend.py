@@ -139,6 +139,25 @@ def test_decode_loop_moves_only_the_sampled_id(device: Device) -> None:
         steps.close()
 
 
+def test_decode_loop_check_sees_an_implicit_read() -> None:
+    # The check above would catch a float() of a device array in the loop (on a GPU, a
+    # hidden synchronising copy): a backend that peeks at the top logit every token.
+    class Peeking(CudaBackend):
+        def sample(self, logits, params, history, rng):  # noqa: ANN001, ANN201
+            float(self.xp.max(logits))
+            return super().sample(logits, params, history, rng)
+
+    dev = EmulatedDevice()
+    model = _build(llama, tiny_llama("Q4_1"), Peeking(dev))
+    steps = generate_step(model, [1, 5, 9, 2], SamplingParams(temperature=0.0),
+                          np.random.default_rng(1), max_len=64)
+    next(steps)
+    dev.transfers.clear()
+    next(steps)
+    assert [label for _, _, label in dev.transfers.events] == ["implicit float()", "sampled id"]
+    steps.close()
+
+
 def test_sampling_matches_the_reference_distribution(device: Device) -> None:
     # Same filters, same inverse-CDF draw: the same ids for the same uniforms.
     C = CudaBackend(device)

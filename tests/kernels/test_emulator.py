@@ -223,3 +223,29 @@ def test_atomics_across_blocks(probes: EmulatedModule) -> None:
     hist, mx = np.zeros(17, np.int32), np.zeros(1, np.int32)
     probes.get_function("histogram")((-(-x.size // 128),), (128,), (x, hist, mx, np.int32(x.size)))
     assert np.array_equal(hist, np.bincount(x, minlength=17)) and mx[0] == x.max()
+
+
+# --- the host-transfer log ----------------------------------------------------------------
+
+def test_implicit_host_reads_of_device_arrays_are_logged() -> None:
+    # What CuPy turns into a synchronising device-to-host copy, the emulator logs, on
+    # buffers and on anything computed from them (views, ufuncs, reductions, concatenate).
+    dev = EmulatedDevice()
+    x = dev.to_device(np.arange(4, dtype=np.float32))
+    y = np.concatenate([x * 2, x[::-1]])
+    dev.transfers.clear()
+    assert float(x[1]) == 1.0
+    assert int(y.max()) == 6
+    assert y.tolist() == [0, 2, 4, 6, 3, 2, 1, 0]
+    assert x.reshape(2, 2).get().tolist() == [[0, 1], [2, 3]]  # .get() is the copy
+    assert bool(x[0] == 0)
+    assert x.sum().item() == 6
+    repr(x)
+    assert [(n, label) for _, n, label in dev.transfers.events] == [
+        (4, "implicit float()"), (4, "implicit int()"), (32, "implicit tolist()"),
+        (16, "implicit get()"), (1, "implicit bool()"), (4, "implicit item()"),
+        (16, "implicit repr()")]
+    dev.transfers.clear()
+    host = dev.to_host(x, "explicit")
+    float(host[0])  # a host copy is NumPy's: nothing more to log
+    assert dev.transfers.events == [("d2h", 16, "explicit")]
