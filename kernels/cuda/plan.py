@@ -135,12 +135,13 @@ def plan_argmax(ncols: int, nrows: int, limits: DeviceLimits = DEFAULT_LIMITS) -
 #
 # Split-K: launch enough blocks to keep every SM busy. An SM holds 16-32 blocks; 4 per SM
 # of up to 8 warps each gives it 4-32 warps to hide the K/V reads behind, and beyond that
-# more splits only add partial writes. A split covers at least 4 tiles (128 keys): its
-# partial (head_dim + 2 floats per row) and its share of the combine then cost about a
-# tenth of the K/V bytes it reads. Prefill rarely splits: its row tiles already fill the
-# device.
+# more splits only add partial writes. A split covers at least 2 tiles (64 keys): it reads
+# 2 * 64 * head_dim floats of K/V and writes (head_dim + 2) floats per row (rows = the
+# group, <= 8 in decode), so partials and the combine cost at most ~1/16 of its K/V
+# traffic; with fewer keys a small model (3 kv heads) could not fill a 132-SM device at
+# 4k context. Prefill rarely splits: its row tiles already fill the device.
 ATTN_BLOCKS_PER_SM = 4
-ATTN_MIN_KEYS_PER_SPLIT = 4 * table.ATTN_TILE
+ATTN_MIN_KEYS_PER_SPLIT = 2 * table.ATTN_TILE
 
 
 @dataclass(frozen=True)

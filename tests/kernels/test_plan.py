@@ -115,3 +115,15 @@ def test_planners_respect_smaller_device_limits() -> None:
     for ncols in COLS:
         assert plan.plan_rows(ncols, 3, small).threads <= 256
         assert plan.plan_argmax(ncols, 3, small).threads <= 256
+
+
+@pytest.mark.parametrize("sm_count", [40, 80, 128, 132])  # T4, default, RTX 4090, H100 SXM
+def test_decode_attention_fills_the_device_at_batch_one(sm_count: int) -> None:
+    # One token at 4k and 8k context for SmolLM2 (9/3 heads, d 64) and Llama 3 8B (32/8,
+    # d 128): split-K launches at least one block per SM, unlike a block per head.
+    limits = plan.DeviceLimits(sm_count=sm_count)
+    for heads, kv_heads, d in [(9, 3, 64), (32, 8, 128)]:
+        for n_kv in (4096, 8192):
+            p = plan.plan_attention(d, heads // kv_heads, n_kv, kv_heads, limits)
+            gx, gy, gz = p.main.grid
+            assert gx * gy * gz >= sm_count, (heads, n_kv, p.main.grid)
