@@ -70,7 +70,7 @@ def test_decode_attention_at_8k_context(masked: bool) -> None:
     p = plan.plan_attention(32, 2, n_kv, 2)
     blocks = p.main.grid[0] * p.main.grid[1] * p.main.grid[2]
     assert p.splits > 1 and blocks >= table.SM_COUNT, p
-    dev = EmulatedDevice(check_races=False)
+    dev = EmulatedDevice(check_races=True)  # both thread orders, blocks shuffled
     rng = np.random.default_rng(8)
     q, kc, vc = _qkv(dev, rng, 1, cap)
     mask = None

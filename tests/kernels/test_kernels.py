@@ -238,8 +238,22 @@ ATTN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: "d{}-t{}-kv{}-h{}/{}".format(*c))
+def _ids(c: tuple) -> str:
+    return "d{}-t{}-kv{}-h{}/{}".format(*c)
+
+
+@pytest.mark.parametrize("case", ATTN_CASES, ids=_ids)
 def test_attention(dev: Device, case: tuple, rng: np.random.Generator) -> None:
+    check_attention(dev, case, rng)
+
+
+@pytest.mark.parametrize("case", ATTN_CASES, ids=_ids)
+def test_attention_is_free_of_races(case: tuple, rng: np.random.Generator) -> None:
+    # Every case again with threads in both orders and the blocks shuffled (bitwise equal).
+    check_attention(EmulatedDevice(check_races=True), case, rng)
+
+
+def check_attention(dev: Device, case: tuple, rng: np.random.Generator) -> None:
     # rtol 1e-5, atol 1e-6 against float64. K/V are narrowed views of a larger cache; batch
     # 1 of the mask hides every key (its rows must come out as zeros).
     d, t, n_kv, hq, hkv, offset, window, softcap, masked = case
