@@ -7,3 +7,8 @@ from __future__ import annotations
 
 class LaunchError(ValueError):
     """A kernel launch outside what the kernel or the device supports."""
+
+
+class KernelLoadError(RuntimeError):
+    """A kernel module that does not compile or load on this device (no NVRTC, no CUDA
+    headers, a driver too old for the code), stated in one sentence."""

@@ -116,7 +116,7 @@ def cases(dev: Device, small: bool) -> list[tuple[str, str, int, Callable[[], An
         k = up(rng.standard_normal((1, kv_heads, n_kv, d), dtype=np.float32))
         nbytes = 2 * k.nbytes + 2 * q.nbytes
         out.append(("attn", f"attn_decode {heads}/{kv_heads} heads d{d} n_kv {n_kv}", nbytes,
-                    lambda q=q, k=k: ops.attn_decode(dev, q, k, k, 0.088)))
+                    lambda q=q, k=k: ops.attention(dev, q, k, k, 0.088)))
     sc = up(rng.standard_normal((1, 32, 64 // s, 2048 // s), dtype=np.float32))
     out.append(("softmax", f"softmax {sc.shape}", 2 * sc.nbytes,
                 lambda: ops.softmax(dev, sc, 0.088, causal_offset=0)))

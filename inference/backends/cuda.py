@@ -16,14 +16,16 @@ from typing import Any
 import numpy as np
 
 from inference.backends.base import Backend, host_rss
+from inference.errors import BackendUnavailableError
 from inference.events import MemorySample
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams, sample_on_device
 from kernels.cuda import ops
-from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason
+from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason, self_test
 from kernels.cuda.ops import QuantMatrix
 from kernels.cuda.table import ATTN_MAX_HEAD_DIM, TYPES
+from kernels.errors import KernelLoadError
 
 # Up to this many rows of x, linear() runs the quantized mat-vec once per row (reading the
 # quantized weight each time) instead of dequantizing to float32 for a GEMM (read quantized,
@@ -42,6 +44,10 @@ class CudaBackend(Backend):
         (half the weight traffic, ~1e-3 relative error); float32 (default) matches the
         NumPy reference to float32 rounding."""
         self.dev = device if device is not None else CupyDevice()
+        try:  # every module now: a missing NVRTC fails here, not mid-generation
+            self.dev.load_all()
+        except KernelLoadError as e:
+            raise BackendUnavailableError(f"The CUDA backend cannot start: {e}.") from e
         self.prefill_dtype = np.dtype(prefill_dtype)
         self.xp = self.dev.xp
         self.device = getattr(self.dev, "device_name", self.dev.name)
@@ -156,12 +162,13 @@ class CudaBackend(Backend):
         hk, s = k.shape[1], k.shape[2]
         mask = None if key_mask is None else self._c(key_mask)
         window = window if window is not None and s > window else None  # else it hides nothing
-        if (t == 1 and d <= ATTN_MAX_HEAD_DIM and k.strides[-1] == 4 and v.strides == k.strides
-                and window is None and softcap is None):
-            return ops.attn_decode(self.dev, self._c(q), k, v, scale,
-                                   causal_limit=causal_offset, key_mask=mask)
-        # Prefill (and windowed or soft-capped decode): grouped queries fold into rows, two
-        # GEMMs around the masked softmax; the window is applied in the softmax kernel.
+        if d <= ATTN_MAX_HEAD_DIM and k.dtype == np.float32 and k.strides[-1] == 4 \
+                and v.strides == k.strides:
+            # Prefill and decode: the tiled kernel, no score matrix (split-K at long context).
+            return ops.attention(self.dev, self._c(q), k, v, scale, causal_offset=causal_offset,
+                                 key_mask=mask, window=window, softcap=softcap)
+        # Head dims past the kernel's limit, or K/V in other layouts: grouped queries fold
+        # into rows, two GEMMs around the masked softmax (a t x n_kv score matrix).
         qg = xp.reshape(self._c(q), (b, hk, (hq // hk) * t, d))
         scores = xp.matmul(qg, xp.transpose(k, (0, 1, 3, 2)))
         if softcap is not None:
@@ -221,14 +228,20 @@ class CudaBackend(Backend):
 
 
 def probe() -> tuple[bool, str]:
-    """Never raises and never initialises a context beyond counting devices."""
+    """Available only if a tiny kernel compiles, launches and returns the right numbers on
+    the GPU (kernels/cuda/selftest.cu), so `auto` never picks a device it cannot run on:
+    no NVRTC, no CUDA headers, a driver too old for the toolkit. Never raises."""
     reason = cuda_unavailable_reason()
     if reason is not None:
         return False, reason
     try:
-        return True, f"NVIDIA GPU {CupyDevice().device_name}"
+        dev = CupyDevice()
     except Exception as e:  # a device that cannot be used after all
         return False, f"cuda: device unusable ({type(e).__name__}: {e})"
+    reason = self_test(dev)
+    if reason is not None:
+        return False, reason
+    return True, f"NVIDIA GPU {dev.device_name} (self-test kernel passed)"
 
 
 def create() -> CudaBackend:

@@ -1,5 +1,7 @@
-// Shared by every kernel: integer and half types, warp/block reductions.
+// Shared by every kernel: integer types, warp/block reductions.
 // Compiles three ways: nvcc, NVRTC (CuPy RawModule) and g++ with the host emulator.
+// Needs no CUDA header: a module that uses half includes half.cuh, the only file that
+// pulls in cuda_fp16.h (which NVRTC finds only with the toolkit headers installed).
 #pragma once
 
 #if defined(INFERDESK_EMULATOR)
@@ -14,10 +16,8 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
-#include <cuda_fp16.h>
 #else
 #include <stdint.h>
-#include <cuda_fp16.h>
 #endif
 
 #if defined(INFERDESK_EMULATOR)
@@ -79,11 +79,6 @@ static __device__ __forceinline__ float block_reduce_sum(float v, float * s) {
 }
 static __device__ __forceinline__ float block_reduce_max(float v, float * s) {
     return block_reduce<op_max>(v, s);
-}
-
-static __device__ __forceinline__ float load_f16(const uint8_t * p) {
-    CHECK_ALIGNED(p, 2);
-    return __half2float(__ushort_as_half(*(const uint16_t *) p));
 }
 
 // 16-byte aligned vector load of 4 floats.

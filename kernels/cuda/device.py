@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 
 from kernels.cuda.plan import DEFAULT_LIMITS, DeviceLimits, Launch
+from kernels.errors import KernelLoadError
 
 CUDA_DIR = Path(__file__).resolve().parent
-MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "unary", "argmax")
+MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "unary", "argmax",
+           "selftest")
 
 
 def source_path(module: str) -> Path:
@@ -90,12 +92,25 @@ class Device:
     def _load(self, module: str) -> Any:
         raise NotImplementedError
 
+    def _module(self, module: str) -> Any:
+        if module not in self._module_cache:
+            try:
+                self._module_cache[module] = self._load(module)
+            except Exception as e:
+                raise KernelLoadError(f"the {module} kernels do not compile or load "
+                                      f"({_first_line(e)})") from e
+        return self._module_cache[module]
+
+    def load_all(self, modules: tuple[str, ...] = MODULES) -> None:
+        """Compile (or take from the compiler's cache) every module now, so a missing NVRTC
+        or header fails here, before any weight moves, not at a kernel's first launch."""
+        for m in modules:
+            self._module(m)
+
     def function(self, module: str, name: str) -> Any:
         key = (module, name)
         if key not in self._functions:
-            if module not in self._module_cache:
-                self._module_cache[module] = self._load(module)
-            self._functions[key] = self._module_cache[module].get_function(name)
+            self._functions[key] = self._module(module).get_function(name)
         return self._functions[key]
 
     def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
@@ -151,6 +166,7 @@ class CupyDevice(Device):
             max_shared_per_block=int(props.get("sharedMemPerBlock", d.max_shared_per_block)),
             max_grid_x=int(grid[0]),
             max_grid_yz=int(min(grid[1], grid[2])),
+            sm_count=int(props.get("multiProcessorCount", d.sm_count)),
         )
         self.properties = props
         self._device_id = device_id
@@ -158,7 +174,12 @@ class CupyDevice(Device):
         self._total: int | None = None
 
     def _load(self, module: str) -> Any:
-        return self._cupy.RawModule(code=kernel_source(module), options=("-std=c++17",))
+        # RawModule compiles lazily at the first get_function; compile() makes it happen at
+        # load. CuPy keeps the cubin in its on-disk kernel cache (~/.cupy/kernel_cache), keyed
+        # by the source, so later runs skip NVRTC.
+        mod = self._cupy.RawModule(code=kernel_source(module), options=("-std=c++17",))
+        mod.compile()
+        return mod
 
     def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         # CuPy has no None for pointer parameters; an 8-byte zero is the null pointer.
@@ -194,6 +215,29 @@ class CupyDevice(Device):
             except Exception:  # nvidia-ml-py absent or NVML unusable: ask the runtime
                 self._total = int(self._cupy.cuda.runtime.memGetInfo()[1])
         return self._total
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
+
+
+def self_test(dev: Device) -> str | None:
+    """None if the self-test kernel (selftest.cu) compiles, launches and returns the right
+    numbers on `dev`; else one sentence why not. Never raises."""
+    from kernels.cuda import ops
+
+    x = np.linspace(-3.0, 1000.0, 32, dtype=np.float32)  # 1000.x rounds when made half
+    try:
+        got = dev.to_host(ops.self_test(dev, dev.to_device(x, "self-test")), "self-test")
+    except Exception as e:
+        cause = e.__cause__ if isinstance(e, KernelLoadError) and e.__cause__ else e
+        return f"cuda: the self-test kernel does not compile or run ({_first_line(cause)})"
+    want = x.astype(np.float16).astype(np.float32) * 2 + np.arange(32, dtype=np.float32) + 32
+    # float32 arithmetic of exactly representable values: equal up to one rounding.
+    if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=0):
+        return "cuda: the self-test kernel returned wrong numbers (a driver/toolkit mismatch?)"
+    return None
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -240,15 +284,84 @@ def _guarded(nbytes: int) -> tuple[np.ndarray, int]:
     return pages, start
 
 
+class DeviceArray(np.ndarray):
+    """An emulated device buffer: a NumPy array whose host reads are logged.
+
+    On a GPU, float(), int(), bool(), .item(), .tolist(), .get() and printing of a CuPy
+    array each copy it to the host and wait for the device; here each records a d2h event
+    labelled "implicit ..." in the owning device's transfer log, so a test of what a token
+    loop moves sees them too. Results of NumPy operations on device arrays stay device
+    arrays, and indexing one element gives a 0-d device array, as CuPy does.
+    Not caught: np.asarray() of a device array (CuPy refuses it outright).
+    """
+
+    _log: TransferLog | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._log = getattr(obj, "_log", None)
+
+    def __array_wrap__(self, arr: np.ndarray, context: Any = None,
+                       return_scalar: bool = False) -> DeviceArray:
+        out = arr.view(DeviceArray)  # 0-d, never a NumPy scalar: reductions stay on device
+        out._log = self._log
+        return out
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        r = super().__array_function__(func, types, args, kwargs)  # concatenate, where, ...
+        if isinstance(r, np.ndarray) and not isinstance(r, DeviceArray):
+            r = r.view(DeviceArray)
+            r._log = self._log
+        return r
+
+    def __getitem__(self, key: Any) -> Any:
+        r = super().__getitem__(key)
+        if isinstance(r, np.ndarray):
+            return r
+        out = np.array(r).view(DeviceArray)
+        out._log = self._log
+        return out
+
+    def _read(self, what: str) -> np.ndarray:
+        if self._log is not None:
+            self._log.record("d2h", self.nbytes, f"implicit {what}")
+        return self.view(np.ndarray)
+
+    def __float__(self) -> float:
+        return float(self._read("float()"))
+
+    def __int__(self) -> int:
+        return int(self._read("int()"))
+
+    def __bool__(self) -> bool:
+        return bool(self._read("bool()"))
+
+    def item(self, *args: Any) -> Any:
+        return self._read("item()").item(*args)
+
+    def tolist(self) -> Any:
+        return self._read("tolist()").tolist()
+
+    def get(self) -> np.ndarray:
+        """CuPy's copy to the host."""
+        return np.array(self._read("get()"), copy=True)
+
+    def __repr__(self) -> str:
+        return repr(self._read("repr()"))
+
+    def __str__(self) -> str:
+        return str(self._read("str()"))
+
+
 class EmulatedDevice(Device):
     """The host emulator as a device: NumPy buffers are device memory.
 
     - New buffers are poisoned (NaN bytes), so an element no thread writes shows up.
     - Every buffer has canaries around it, checked after each launch: a kernel that writes
       past its output (a wrong block size or grid) is an error, not silent corruption.
-    - ``check_races=True`` runs each launch twice, threads first-to-last and last-to-first
-      between barriers, on copies of its buffers, and fails if the results differ: what a
-      missing __syncthreads or __syncwarp does.
+    - ``check_races=True`` runs each launch twice on copies of its buffers: threads
+      first-to-last between barriers with blocks in grid order, then threads last-to-first
+      with the blocks shuffled; it fails if the results differ. That is what a missing
+      __syncthreads or __syncwarp does, or a block reading what another block writes.
     """
 
     name = "cuda-emulator"
@@ -260,6 +373,7 @@ class EmulatedDevice(Device):
         self.check_races = check_races
         self._guarded: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self._spans: dict[int, tuple[int, int]] = {}
+        self.allocations: list[int] = []  # bytes of every buffer allocated, in order
 
     def _load(self, module: str) -> Any:
         from kernels.emulator.module import EmulatedModule
@@ -279,11 +393,14 @@ class EmulatedDevice(Device):
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.allocations.append(n)
         raw, start = _guarded(n)
         raw[start:start + n] = 0xFF  # NaN as float and half: unwritten outputs show
         self._guarded[id(raw)] = raw
         self._spans[id(raw)] = (start, n)
-        return raw[start:start + n].view(dtype).reshape(shape)
+        out = raw[start:start + n].view(dtype).reshape(shape).view(DeviceArray)
+        out._log = self.transfers
+        return out
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         a = self.empty(shape, dtype)
@@ -299,7 +416,7 @@ class EmulatedDevice(Device):
 
     def to_host(self, a: np.ndarray, label: str = "") -> np.ndarray:
         self.transfers.record("d2h", a.nbytes, label)
-        return np.array(a, copy=True)
+        return np.array(a, copy=True, subok=False)
 
     def memory(self) -> tuple[int | None, int | None, int | None]:
         return None, None, None
@@ -331,23 +448,24 @@ class EmulatedDevice(Device):
             return
         roots = {id(r): r for r in (self._root(a) for a in args if isinstance(a, np.ndarray))}
         before = {k: r.copy() for k, r in roots.items()}
-        saved = emu.schedule
+        saved = emu.schedule, emu.block_seed
         try:
-            emu.schedule = "forward"
+            emu.schedule, emu.block_seed = "forward", 0
             super().launch(module, name, launch, args)
             forward = {k: r.copy() for k, r in roots.items()}
             for k, r in roots.items():
                 r[...] = before[k]
-            emu.schedule = "reverse"
+            emu.schedule, emu.block_seed = "reverse", self.launches  # a new order per launch
             super().launch(module, name, launch, args)
         finally:
-            emu.schedule = saved
+            emu.schedule, emu.block_seed = saved
         self._check_guards(name, args)
         for k, r in roots.items():
             if not np.array_equal(r.view(np.uint8), forward[k].view(np.uint8)):
                 raise _emulator_error()(
-                    f"{name}: results depend on the order threads run between barriers "
-                    "(a missing __syncthreads/__syncwarp, or a race on shared or global memory)")
+                    f"{name}: results depend on the order threads run between barriers or "
+                    "blocks run in the grid (a missing __syncthreads/__syncwarp, or a race on "
+                    "shared or global memory)")
 
 
 def _emulator_error() -> type[Exception]:

@@ -181,13 +181,23 @@ def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
     return y
 
 
-def attn_decode(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
-                causal_limit: int | None = None, key_mask: Any | None = None) -> Any:
-    """q (batch, heads, 1, D) against k, v (batch, kv_heads, n_kv, D) views of the cache
-    (any strides over batch/head/position, contiguous head_dim) -> (batch, heads, 1, D)."""
+def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
+              causal_offset: int | None = None, key_mask: Any | None = None,
+              window: int | None = None, softcap: float | None = None) -> Any:
+    """Masked softmax(q k^T * scale) v without a score matrix (see attention.cu).
+
+    q (batch, heads, t, D) contiguous; k, v (batch, kv_heads, n_kv, D) views of the cache
+    (any strides over batch/head/position, contiguous head_dim, the same layout for both);
+    key_mask (batch, n_kv), 0 hides a key. Query i sees keys j <= causal_offset + i (all
+    keys when None) and, with a window, only j > causal_offset + i - window. Returns
+    (batch, heads, t, D). Scratch: only split-K partials, plan.AttentionPlan.scratch_bytes,
+    which grows with t (rows) and never with t * n_kv.
+    """
     _f32_contig(q, "q")
-    b, h, one, d = q.shape
-    _need(one == 1, "decode attention takes one query per head")
+    _need(window is None or (window > 0 and causal_offset is not None),
+          "a window needs a causal offset and at least one key")
+    _need(softcap is None or softcap > 0, "softcap must be positive")
+    b, h, t, d = q.shape
     _need(k.shape == v.shape and k.strides == v.strides, "k and v must share shape and layout")
     _need(k.dtype == np.float32 and k.strides[-1] == 4,
           "k/v must be float32 with contiguous head_dim")
@@ -196,13 +206,22 @@ def attn_decode(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
     if key_mask is not None:
         _need(key_mask.dtype == np.float32 and key_mask.shape == (b, n_kv)
               and key_mask.strides[-1] == 4, "key_mask must be float32 (batch, n_kv)")
+    rows = (h // kvh) * t
+    p = plan.plan_attention(d, rows, n_kv, b * kvh, dev.limits)
     sb, sh, ss = (s // 4 for s in k.strides[:3])
     out = dev.empty(q.shape, np.float32)
-    limit = n_kv - 1 if causal_limit is None else min(causal_limit, n_kv - 1)
-    dev.launch("attention", "attn_decode_f32", plan.plan_attn_decode(d, n_kv, h, b, dev.limits),
-               (q, k, v, out, i32(d), i32(n_kv), i32(h), i32(h // kvh), i64(sb), i64(sh),
-                i64(ss), f32(scale), i32(limit), key_mask,
-                i64(0 if key_mask is None else key_mask.strides[0] // 4)))
+    part = part_ml = None
+    if p.combine is not None:
+        part = dev.empty((p.splits * b * kvh * rows * d,), np.float32)
+        part_ml = dev.empty((p.splits * b * kvh * rows * 2,), np.float32)
+    dev.launch("attention", "attn_f32", p.main,
+               (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(t), i32(n_kv), i32(kvh),
+                i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0),
+                i32(-1 if causal_offset is None else causal_offset), i32(window or 0),
+                key_mask, i64(0 if key_mask is None else key_mask.strides[0] // 4)))
+    if p.combine is not None:
+        dev.launch("attention", "attn_combine_f32", p.combine,
+                   (part, part_ml, out, i32(d), i32(rows), i32(p.splits)))
     return out
 
 
@@ -242,3 +261,13 @@ def argmax(dev: Device, x: Any) -> Any:
     dev.launch("argmax", "argmax_f32", plan.plan_argmax(cols, rows, dev.limits),
                (x, out, i32(cols)))
     return out
+
+
+def self_test(dev: Device, x: Any) -> Any:
+    """(n <= 32,) float32 -> float(half(x)) * 2 + index + 32: see selftest.cu."""
+    _f32_contig(x, "x")
+    _need(x.ndim == 1, "the self-test takes a vector")
+    y = dev.empty(x.shape, np.float32)
+    dev.launch("selftest", "selftest_f16", plan.plan_self_test(x.shape[0], dev.limits),
+               (x, y, i32(x.shape[0])))
+    return y

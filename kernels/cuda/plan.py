@@ -21,6 +21,7 @@ class DeviceLimits:
     max_shared_per_block: int = table.MAX_SHARED_PER_BLOCK
     max_grid_x: int = table.MAX_GRID_X
     max_grid_yz: int = table.MAX_GRID_YZ
+    sm_count: int = table.SM_COUNT
 
 
 DEFAULT_LIMITS = DeviceLimits()
@@ -100,6 +101,16 @@ def plan_dequantize(t: KernelType, ncols: int, nrows: int,
     return Launch((_cdiv(slices, t.dequant_threads), 1, 1), (t.dequant_threads, 1, 1)).check(limits)
 
 
+# The probe's self-test: one warp, the smallest launch that exercises a shuffle.
+SELFTEST_THREADS = 32
+
+
+def plan_self_test(n: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    if not 0 < n <= SELFTEST_THREADS:
+        raise LaunchError(f"the self-test takes 1..{SELFTEST_THREADS} values, got {n}")
+    return Launch((1, 1, 1), (SELFTEST_THREADS, 1, 1)).check(limits)
+
+
 # Streaming elementwise kernels: 256 threads per block, one element (or pair) per thread.
 ELEMENTWISE_THREADS = 256
 
@@ -118,18 +129,51 @@ def plan_argmax(ncols: int, nrows: int, limits: DeviceLimits = DEFAULT_LIMITS) -
     return Launch((nrows, 1, 1), (threads_per_row(ncols, limits), 1, 1)).check(limits)
 
 
-# Decode attention: each warp takes every nwarps-th key. A warp per 16 keys until 4 warps:
-# a short cache (the first decode steps) launches no idle warps, a long one keeps 4 keys in
-# flight per (head, batch) block. At most table.ATTN_MAX_WARPS (the combine buffer's size).
-ATTN_KEYS_PER_WARP = 16
-ATTN_WARPS = 4
+# Attention (attention.cu): one query row per warp, at most table.ATTN_MAX_ROWS per block, so
+# a block's K tile serves 8 rows; fewer rows (decode: the query heads of one kv head) get
+# exactly as many warps.
+#
+# Split-K: launch enough blocks to keep every SM busy. An SM holds 16-32 blocks; 4 per SM
+# of up to 8 warps each gives it 4-32 warps to hide the K/V reads behind, and beyond that
+# more splits only add partial writes. A split covers at least 2 tiles (64 keys): it reads
+# 2 * 64 * head_dim floats of K/V and writes (head_dim + 2) floats per row (rows = the
+# group, <= 8 in decode), so partials and the combine cost at most ~1/16 of its K/V
+# traffic; with fewer keys a small model (3 kv heads) could not fill a 132-SM device at
+# 4k context. Prefill rarely splits: its row tiles already fill the device.
+ATTN_BLOCKS_PER_SM = 4
+ATTN_MIN_KEYS_PER_SPLIT = 2 * table.ATTN_TILE
 
 
-def plan_attn_decode(head_dim: int, n_kv: int, n_heads: int, batch: int,
-                     limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+@dataclass(frozen=True)
+class AttentionPlan:
+    main: Launch  # attn_f32; main.grid[2] is the number of splits
+    combine: Launch | None  # attn_combine_f32, when there is more than one split
+    scratch_floats: int  # part + part_ml: splits * heads * rows * (head_dim + 2), or 0
+
+    @property
+    def splits(self) -> int:
+        return self.main.grid[2]
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 4 * self.scratch_floats
+
+
+def plan_attention(head_dim: int, rows: int, n_kv: int, kv_blocks: int,
+                   limits: DeviceLimits = DEFAULT_LIMITS) -> AttentionPlan:
+    """rows = query rows per kv head (group * positions); kv_blocks = batch * kv_heads."""
     if not 0 < head_dim <= table.ATTN_MAX_HEAD_DIM:
         raise LaunchError(f"head_dim {head_dim} outside 1..{table.ATTN_MAX_HEAD_DIM}")
-    if n_kv < 1 or n_heads < 1 or batch < 1:
-        raise LaunchError("decode attention over an empty cache")
-    warps = max(1, min(ATTN_WARPS, table.ATTN_MAX_WARPS, _cdiv(n_kv, ATTN_KEYS_PER_WARP)))
-    return Launch((n_heads, batch, 1), (32, warps, 1)).check(limits)
+    if n_kv < 1 or rows < 1 or kv_blocks < 1:
+        raise LaunchError("attention over an empty cache or no queries")
+    if kv_blocks > limits.max_grid_yz:
+        raise LaunchError(f"batch * kv_heads = {kv_blocks} exceeds the grid's y limit")
+    warps = min(table.ATTN_MAX_ROWS, rows)
+    row_tiles = _cdiv(rows, warps)
+    want = _cdiv(ATTN_BLOCKS_PER_SM * limits.sm_count, row_tiles * kv_blocks)
+    splits = max(1, min(want, _cdiv(n_kv, ATTN_MIN_KEYS_PER_SPLIT), limits.max_grid_yz))
+    main = Launch((row_tiles, kv_blocks, splits), (32, warps, 1)).check(limits)
+    if splits == 1:
+        return AttentionPlan(main, None, 0)
+    combine = Launch((row_tiles, kv_blocks, 1), (32, warps, 1)).check(limits)
+    return AttentionPlan(main, combine, splits * kv_blocks * rows * (head_dim + 2))

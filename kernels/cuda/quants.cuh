@@ -8,7 +8,7 @@
 // dq(b, sub, y) writes elements [sub*EPT, (sub+1)*EPT) of the block at b into y.
 // Blocks are only 2-byte aligned (18, 22, 34, 110, 210 bytes): quants load as half-words.
 #pragma once
-#include "common.cuh"
+#include "half.cuh"
 
 struct t_f32 {
     static constexpr int QK = 1, BYTES = 4, EPT = 1;

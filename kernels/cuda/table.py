@@ -77,8 +77,10 @@ BUDGETS: dict[str, KernelBudget] = {
     "silu_mul_f32": KernelBudget(256, 64, 0),
     "gelu_f32": KernelBudget(256, 64, 0),
     "gelu_tanh_mul_f32": KernelBudget(256, 64, 0),
-    "attn_decode_f32": KernelBudget(256, 96, 8 * 256 * 4 + 64),
+    "attn_f32": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
+    "attn_combine_f32": KernelBudget(256, 64, 0),
     "type_info": KernelBudget(32, 64, 0),
+    "selftest_f16": KernelBudget(32, 32, 0),
 }
 
 
@@ -95,5 +97,9 @@ MAX_SHARED_PER_BLOCK = 48 * 1024  # without cudaFuncAttributeMaxDynamicSharedMem
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_YZ = 65535
 WARP = 32
+# Streaming multiprocessors when the device does not say (the emulator): between a T4 (40)
+# and an RTX 4090 (128); sizes split-K only.
+SM_COUNT = 80
 ATTN_MAX_HEAD_DIM = 256  # ATTN_MAX_D in attention.cu
-ATTN_MAX_WARPS = 8  # ATTN_MAX_WARPS in attention.cu
+ATTN_MAX_ROWS = 8  # ATTN_MAX_ROWS in attention.cu: query rows (warps) per block
+ATTN_TILE = 32  # ATTN_TILE in attention.cu: keys per shared-memory tile

@@ -11,7 +11,8 @@
 //   - more threads than __launch_bounds__ or the device allows, too much shared memory.
 // Shared memory is poisoned with 0xFF bytes (NaN as float) before every block, so a read
 // that a missing __syncthreads lets run early sees NaN, not a plausible stale value.
-// Blocks run one after another on the calling OS thread; atomics are therefore plain.
+// Blocks run one after another on the calling OS thread (in grid order, or a shuffled order
+// for the race check); atomics are therefore plain.
 //
 // Limits: one sync group per warp at a time (masks must agree across the warp);
 // __shared__ arrays must be declared in non-template functions (g++ ignores the section
@@ -41,6 +42,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <numeric>
 #include <type_traits>
 #include <utility>
 
@@ -142,6 +144,7 @@ struct Cfg {  // filled by the Python launcher
     unsigned long long dyn_smem;
     int reverse;      // schedule threads last-to-first (race detection runs both orders)
     int max_threads;  // __launch_bounds__ of the kernel, 0 if none
+    unsigned long long block_seed;  // 0: blocks in x, y, z order; else a shuffled order
 };
 
 static const size_t kStack = 128 * 1024;
@@ -483,17 +486,27 @@ static int launch_grid(const Cfg* c) {
         f.lane = i % 32;
         f.warp = i / 32;
     }
-    for (unsigned z = 0; z < c->grid[2]; ++z)
-        for (unsigned y = 0; y < c->grid[1]; ++y)
-            for (unsigned x = 0; x < c->grid[0]; ++x) {
-                g.block_idx = {x, y, z};
-                if (static_smem) memset(__start_emu_shared, 0xff, static_smem);
-                memset(g.dyn_smem, 0xff, c->dyn_smem);
-                g.reverse = c->reverse != 0;
-                run_block(g.reverse);
-                g.cur = nullptr;
-                if (g.failed) return 1;
-            }
+    // Blocks of a grid may run in any order on a GPU. With a seed, block n of the launch is
+    // (a * n + b) mod N for an `a` coprime to N: a permutation that puts neighbouring blocks
+    // far apart, so a block that reads what another block writes gets a different answer
+    // than in x, y, z order (the race check compares the two).
+    const unsigned long long gx = c->grid[0], gy = c->grid[1], nblocks = gx * gy * c->grid[2];
+    unsigned long long a = 1, b = 0;
+    if (c->block_seed && nblocks > 1) {
+        a = (c->block_seed * 0x9E3779B97F4A7C15ull >> 17) % nblocks | 1;
+        while (std::gcd(a, nblocks) != 1) a += 2;
+        b = (c->block_seed * 0xD1B54A32D192ED03ull >> 7) % nblocks;
+    }
+    for (unsigned long long n = 0; n < nblocks; ++n) {
+        const unsigned long long i = (unsigned long long)(((unsigned __int128)a * n + b) % nblocks);
+        g.block_idx = {(unsigned)(i % gx), (unsigned)(i / gx % gy), (unsigned)(i / (gx * gy))};
+        if (static_smem) memset(__start_emu_shared, 0xff, static_smem);
+        memset(g.dyn_smem, 0xff, c->dyn_smem);
+        g.reverse = c->reverse != 0;
+        run_block(g.reverse);
+        g.cur = nullptr;
+        if (g.failed) return 1;
+    }
     return 0;
 }
 

@@ -33,6 +33,7 @@ class _Cfg(ctypes.Structure):
         ("dyn_smem", ctypes.c_ulonglong),
         ("reverse", ctypes.c_int),
         ("max_threads", ctypes.c_int),
+        ("block_seed", ctypes.c_ulonglong),
     ]
 
 
@@ -50,6 +51,8 @@ _LOCK = threading.Lock()
 
 # "forward" runs each block's threads first-to-last between barriers, "reverse" last-to-first.
 schedule = "forward"
+# 0 runs blocks in grid order (x fastest); any other value a permutation derived from it.
+block_seed = 0
 
 
 def _dim3(v: int | Sequence[int]) -> tuple[int, int, int]:
@@ -106,7 +109,7 @@ class EmulatedKernel:
         ptrs = (ctypes.c_void_p * max(1, len(packed)))(
             *[ctypes.addressof(p) for p in packed])
         cfg = _Cfg(_dim3(grid), _dim3(block), int(shared_mem), int(schedule == "reverse"),
-                   self.max_threads)
+                   self.max_threads, block_seed)
         with _LOCK:
             rc = self._launch(ctypes.byref(cfg), ptrs)
             if rc:

@@ -77,3 +77,19 @@ extern "C" __global__ void vector_load(const float * x, float * y, const int off
     const float4 v = load_float4(x + offset + 4 * threadIdx.x);
     y[threadIdx.x] = v.x + v.y + v.z + v.w;
 }
+
+// Block b reads what block b - 1 wrote: right only if blocks run in grid order, which CUDA
+// does not promise (an inter-block race).
+extern "C" __global__ void chain_across_blocks(float * y) {
+    if (threadIdx.x == 0) {
+        y[blockIdx.x] = blockIdx.x == 0 ? 1.0f : y[blockIdx.x - 1] + 1.0f;
+    }
+}
+
+// Each block writes its own linear index into its own slot (no race in any order).
+extern "C" __global__ void block_ids(float * y) {
+    if (threadIdx.x == 0) {
+        y[(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x] =
+            (float) ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
+    }
+}

@@ -4,7 +4,7 @@ The whole backend runs here: its launch plans, its chaining of kernels, its cuBL
 (NumPy matmul) and its host<->device copies, which the device counts.
 
 Tolerances: logits atol/rtol 2e-4 on tiny models (float32, other summation orders);
-SmolLM2 (2 of 30 layers) logits atol 2e-3 with the same greedy tokens; MiniLM hidden
+SmolLM2 (all 30 layers) logits atol 2e-3 with the same greedy tokens; MiniLM hidden
 states atol 1e-4 and cosine >= 0.99999 per token.
 """
 
@@ -139,6 +139,25 @@ def test_decode_loop_moves_only_the_sampled_id(device: Device) -> None:
         steps.close()
 
 
+def test_decode_loop_check_sees_an_implicit_read() -> None:
+    # The check above would catch a float() of a device array in the loop (on a GPU, a
+    # hidden synchronising copy): a backend that peeks at the top logit every token.
+    class Peeking(CudaBackend):
+        def sample(self, logits, params, history, rng):  # noqa: ANN001, ANN201
+            float(self.xp.max(logits))
+            return super().sample(logits, params, history, rng)
+
+    dev = EmulatedDevice()
+    model = _build(llama, tiny_llama("Q4_1"), Peeking(dev))
+    steps = generate_step(model, [1, 5, 9, 2], SamplingParams(temperature=0.0),
+                          np.random.default_rng(1), max_len=64)
+    next(steps)
+    dev.transfers.clear()
+    next(steps)
+    assert [label for _, _, label in dev.transfers.events] == ["implicit float()", "sampled id"]
+    steps.close()
+
+
 def test_sampling_matches_the_reference_distribution(device: Device) -> None:
     # Same filters, same inverse-CDF draw: the same ids for the same uniforms.
     C = CudaBackend(device)
@@ -154,11 +173,14 @@ def test_sampling_matches_the_reference_distribution(device: Device) -> None:
 # --- bundled models ----------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_smollm2_q4_1_two_layers_match_numpy() -> None:
+def test_smollm2_q4_1_all_layers_match_numpy() -> None:
+    # All 30 layers (~60 s on the emulator). Measured: logits within 7e-5 of NumPy's
+    # (largest |logit| 35) on the 10-token prompt; the bound below leaves float32 room.
     from inference.formats import read_checkpoint
 
     ckpt = read_checkpoint(smollm2_gguf())
-    args = llama.ModelArgs.from_dict({**ckpt.config, "num_hidden_layers": 2})
+    args = llama.ModelArgs.from_dict(ckpt.config)
+    assert args.num_hidden_layers == 30
     C = CudaBackend(EmulatedDevice())
     mc = llama.Model(args, C, Weights(ckpt, C))
     mn = llama.Model(args, N, Weights(ckpt, N))
@@ -170,7 +192,7 @@ def test_smollm2_q4_1_two_layers_match_numpy() -> None:
     sp = SamplingParams(temperature=0.0)
     a = generate_step(mc, prompt[:4], sp, np.random.default_rng(0), max_len=16)
     b = generate_step(mn, prompt[:4], sp, np.random.default_rng(0), max_len=16)
-    assert list(itertools.islice(a, 4)) == list(itertools.islice(b, 4))
+    assert list(itertools.islice(a, 5)) == list(itertools.islice(b, 5))
 
 
 @pytest.mark.slow

@@ -53,8 +53,32 @@ def test_missing_syncthreads_is_a_race() -> None:
     dev = FaultyDevice(check_races=True)
     x = dev.to_device(np.ones(256, np.float32))
     out = dev.zeros((1,), np.float32)
-    with pytest.raises(EmulatorError, match="order threads run"):
+    with pytest.raises(EmulatorError, match="order threads run between barriers"):
         _launch(dev, "block_sum", 1, 256, (x, out, np.int32(0)))
+
+
+def test_block_that_reads_another_blocks_output_is_a_race() -> None:
+    dev = FaultyDevice()
+    y = dev.zeros((50,), np.float32)
+    _launch(dev, "chain_across_blocks", 50, 32, (y,))
+    np.testing.assert_array_equal(y, np.arange(1, 51))  # grid order happens to work
+    dev = FaultyDevice(check_races=True)
+    with pytest.raises(EmulatorError, match="blocks run in the grid"):
+        _launch(dev, "chain_across_blocks", 50, 32, (dev.zeros((50,), np.float32),))
+
+
+@pytest.mark.parametrize("grid", [(1, 1, 1), (7, 1, 1), (64, 1, 1), (5, 3, 2), (1, 9, 4)])
+def test_shuffled_block_order_runs_every_block_once(grid: tuple, monkeypatch: pytest.MonkeyPatch
+                                                    ) -> None:
+    from kernels.emulator import module as emu
+
+    n = int(np.prod(grid))
+    for seed in (1, 2, 977, 2**40 + 3):
+        monkeypatch.setattr(emu, "block_seed", seed)
+        dev = FaultyDevice()
+        y = dev.empty((n,), np.float32)
+        dev.launch("faulty", "block_ids", Launch(grid, (32, 1, 1)), (y,))
+        np.testing.assert_array_equal(y, np.arange(n))
 
 
 def test_right_block_size_covers_everything() -> None:
@@ -199,3 +223,29 @@ def test_atomics_across_blocks(probes: EmulatedModule) -> None:
     hist, mx = np.zeros(17, np.int32), np.zeros(1, np.int32)
     probes.get_function("histogram")((-(-x.size // 128),), (128,), (x, hist, mx, np.int32(x.size)))
     assert np.array_equal(hist, np.bincount(x, minlength=17)) and mx[0] == x.max()
+
+
+# --- the host-transfer log ----------------------------------------------------------------
+
+def test_implicit_host_reads_of_device_arrays_are_logged() -> None:
+    # What CuPy turns into a synchronising device-to-host copy, the emulator logs, on
+    # buffers and on anything computed from them (views, ufuncs, reductions, concatenate).
+    dev = EmulatedDevice()
+    x = dev.to_device(np.arange(4, dtype=np.float32))
+    y = np.concatenate([x * 2, x[::-1]])
+    dev.transfers.clear()
+    assert float(x[1]) == 1.0
+    assert int(y.max()) == 6
+    assert y.tolist() == [0, 2, 4, 6, 3, 2, 1, 0]
+    assert x.reshape(2, 2).get().tolist() == [[0, 1], [2, 3]]  # .get() is the copy
+    assert bool(x[0] == 0)
+    assert x.sum().item() == 6
+    repr(x)
+    assert [(n, label) for _, n, label in dev.transfers.events] == [
+        (4, "implicit float()"), (4, "implicit int()"), (32, "implicit tolist()"),
+        (16, "implicit get()"), (1, "implicit bool()"), (4, "implicit item()"),
+        (16, "implicit repr()")]
+    dev.transfers.clear()
+    host = dev.to_host(x, "explicit")
+    float(host[0])  # a host copy is NumPy's: nothing more to log
+    assert dev.transfers.events == [("d2h", 16, "explicit")]

@@ -203,27 +203,75 @@ def test_rope(dev: Device, neox: bool, rng: np.random.Generator) -> None:
             np.testing.assert_allclose(got, ref, rtol=0, atol=tol, err_msg=f"{d} {s} {layout}")
 
 
-def test_decode_attention(dev: Device, rng: np.random.Generator) -> None:
-    # rtol 1e-5, atol 1e-6 against float64. K/V are narrowed views of a larger cache.
-    for d, n_kv, hq, hkv in [(32, 1, 2, 2), (64, 17, 9, 3), (80, 100, 4, 1), (128, 2, 8, 8),
-                             (256, 40, 2, 1), (64, 300, 6, 2)]:
-        b, cap = 2, n_kv + 7
-        q = rng.standard_normal((b, hq, 1, d), dtype=np.float32)
-        kc = dev.to_device(rng.standard_normal((b, hkv, cap, d), dtype=np.float32))
-        vc = dev.to_device(rng.standard_normal((b, hkv, cap, d), dtype=np.float32))
-        k, v = kc[:, :, :n_kv], vc[:, :, :n_kv]
-        mask = np.ones((b, n_kv), np.float32)
-        mask[0, : n_kv // 3] = 0
-        limit = n_kv - 1 if n_kv < 10 else n_kv - 5
-        scale = 1 / math.sqrt(d)
-        got = host(dev, ops.attn_decode(dev, dev.to_device(q), k, v, scale, causal_limit=limit,
-                                        key_mask=dev.to_device(mask)))
-        kh, vh = host(dev, k).astype(np.float64), host(dev, v).astype(np.float64)
-        kh, vh = np.repeat(kh, hq // hkv, axis=1), np.repeat(vh, hq // hkv, axis=1)
-        s = (q.astype(np.float64) @ kh.transpose(0, 1, 3, 2)) * scale
-        visible = (np.arange(n_kv) <= limit)[None, None, None, :] & (mask[:, None, None, :] != 0)
-        ref = _softmax_ref(s, visible) @ vh
-        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, err_msg=f"{d} {n_kv} {hq}/{hkv}")
+def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                  offset: int | None = None, mask: np.ndarray | None = None,
+                  window: int | None = None, softcap: float | None = None) -> np.ndarray:
+    """float64 masked attention with the visibility rule of attention.cu, masks built here."""
+    hq, hkv, t, n_kv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    kh = np.repeat(k.astype(np.float64), hq // hkv, axis=1)
+    vh = np.repeat(v.astype(np.float64), hq // hkv, axis=1)
+    s = (q.astype(np.float64) @ kh.transpose(0, 1, 3, 2)) * scale
+    if softcap is not None:
+        s = softcap * np.tanh(s / softcap)
+    i, j = np.arange(t)[:, None], np.arange(n_kv)[None, :]
+    vis = np.ones((t, n_kv), bool)
+    if offset is not None:
+        vis &= j <= offset + i
+        if window is not None:
+            vis &= j > offset + i - window
+    vis = vis[None, None] & (np.ones((q.shape[0], n_kv), bool) if mask is None else mask != 0
+                             )[:, None, None, :]
+    return _softmax_ref(s, vis) @ vh
+
+
+# (head_dim, t, n_kv, heads, kv_heads, causal offset, window, softcap, key mask)
+ATTN_CASES = [
+    (32, 1, 1, 2, 2, 0, None, None, False),  # the first decode step
+    (64, 1, 17, 9, 3, 12, None, None, True),  # decode behind the cache's end, GQA 3
+    (80, 1, 300, 4, 1, 299, None, None, True),  # split-K: 300 keys in 3 splits
+    (256, 1, 40, 2, 1, 39, 7, 30.0, False),  # widest head, sliding window, soft-capping
+    (64, 37, 37, 6, 2, 0, None, None, False),  # prefill: t not a multiple of tile or rows
+    (32, 45, 100, 4, 2, 55, None, None, True),  # prefill after a cached 55-token prefix
+    (48, 70, 70, 2, 1, 0, 16, None, False),  # sliding-window prefill
+    (128, 33, 33, 8, 8, None, None, None, True),  # encoder: no causality, padding only
+    (16, 9, 9, 3, 3, 0, None, 50.0, False),  # head_dim below a warp, soft-capping
+]
+
+
+def _ids(c: tuple) -> str:
+    return "d{}-t{}-kv{}-h{}/{}".format(*c)
+
+
+@pytest.mark.parametrize("case", ATTN_CASES, ids=_ids)
+def test_attention(dev: Device, case: tuple, rng: np.random.Generator) -> None:
+    check_attention(dev, case, rng)
+
+
+@pytest.mark.parametrize("case", ATTN_CASES, ids=_ids)
+def test_attention_is_free_of_races(case: tuple, rng: np.random.Generator) -> None:
+    # Every case again with threads in both orders and the blocks shuffled (bitwise equal).
+    check_attention(EmulatedDevice(check_races=True), case, rng)
+
+
+def check_attention(dev: Device, case: tuple, rng: np.random.Generator) -> None:
+    # rtol 1e-5, atol 1e-6 against float64. K/V are narrowed views of a larger cache; batch
+    # 1 of the mask hides every key (its rows must come out as zeros).
+    d, t, n_kv, hq, hkv, offset, window, softcap, masked = case
+    b, cap = 2, n_kv + 7
+    q = rng.standard_normal((b, hq, t, d), dtype=np.float32)
+    kc = dev.to_device(rng.standard_normal((b, hkv, cap, d), dtype=np.float32))
+    vc = dev.to_device(rng.standard_normal((b, hkv, cap, d), dtype=np.float32))
+    k, v = kc[:, :, :n_kv], vc[:, :, :n_kv]
+    mask = None
+    if masked:
+        mask = (rng.random((b, n_kv)) > 0.3).astype(np.float32)
+        mask[1] = 0
+    scale = 1 / math.sqrt(d)
+    got = host(dev, ops.attention(dev, dev.to_device(q), k, v, scale, causal_offset=offset,
+                                  key_mask=None if mask is None else dev.to_device(mask),
+                                  window=window, softcap=softcap))
+    ref = attention_ref(q, host(dev, k), host(dev, v), scale, offset, mask, window, softcap)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
 # --- elementwise and sampling ------------------------------------------------------------
@@ -276,8 +324,10 @@ def test_no_kernel_depends_on_thread_order(rng: np.random.Generator) -> None:
         ops.mul_mat_vec(dev, m, dev.to_device(rng.standard_normal((2, cols), dtype=np.float32)))
         ops.dequantize(dev, m, np.float16)
     q = dev.to_device(rng.standard_normal((1, 4, 1, 64), dtype=np.float32))
-    kv = dev.to_device(rng.standard_normal((1, 2, 70, 64), dtype=np.float32))
-    ops.attn_decode(dev, q, kv, kv, 0.125)
+    kv = dev.to_device(rng.standard_normal((1, 2, 300, 64), dtype=np.float32))
+    ops.attention(dev, q, kv, kv, 0.125)  # decode, split-K and the combine
+    qp = dev.to_device(rng.standard_normal((1, 4, 21, 64), dtype=np.float32))
+    ops.attention(dev, qp, kv[:, :, :21], kv[:, :, :21], 0.125, causal_offset=0, window=9)
     ops.rope(dev, q, 3, 10000.0)
     ops.silu_mul(dev, x, x)
     ops.gelu(dev, x)

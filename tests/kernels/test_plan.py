@@ -94,15 +94,20 @@ def test_elementwise_and_argmax_planners() -> None:
 
 
 def test_attention_planner() -> None:
-    for d, n_kv, heads, batch in itertools.product([32, 64, 80, 128, 256], [1, 2, 15, 16, 17,
-                                                   100, 4096], [1, 9, 32], [1, 4]):
-        lp = plan.plan_attn_decode(d, n_kv, heads, batch)
-        _limits_ok(lp, "attn_decode_f32")
-        assert lp.grid == (heads, batch, 1) and lp.block[0] == 32
-        assert 1 <= lp.block[1] <= table.ATTN_MAX_WARPS
-        assert lp.block[1] <= -(-n_kv // plan.ATTN_KEYS_PER_WARP)  # no idle warps
+    for d, rows, n_kv, kv_blocks in itertools.product([16, 64, 80, 128, 256], [1, 3, 8, 9, 4096],
+                                                      [1, 31, 32, 129, 4096, 32768], [1, 8, 64]):
+        p = plan.plan_attention(d, rows, n_kv, kv_blocks)
+        _limits_ok(p.main, "attn_f32")
+        gx, gy, splits = p.main.grid
+        assert p.main.block == (32, min(rows, table.ATTN_MAX_ROWS), 1)  # no idle warps
+        assert gx * p.main.block[1] >= rows > (gx - 1) * p.main.block[1] and gy == kv_blocks
+        assert splits == 1 or n_kv / splits >= plan.ATTN_MIN_KEYS_PER_SPLIT / 2
+        assert (p.combine is None) == (splits == 1)
+        if p.combine is not None:
+            _limits_ok(p.combine, "attn_combine_f32")
+            assert p.combine.grid == (gx, gy, 1)
     with pytest.raises(LaunchError):
-        plan.plan_attn_decode(512, 10, 1, 1)
+        plan.plan_attention(512, 1, 10, 1)
 
 
 def test_planners_respect_smaller_device_limits() -> None:
@@ -110,3 +115,15 @@ def test_planners_respect_smaller_device_limits() -> None:
     for ncols in COLS:
         assert plan.plan_rows(ncols, 3, small).threads <= 256
         assert plan.plan_argmax(ncols, 3, small).threads <= 256
+
+
+@pytest.mark.parametrize("sm_count", [40, 80, 128, 132])  # T4, default, RTX 4090, H100 SXM
+def test_decode_attention_fills_the_device_at_batch_one(sm_count: int) -> None:
+    # One token at 4k and 8k context for SmolLM2 (9/3 heads, d 64) and Llama 3 8B (32/8,
+    # d 128): split-K launches at least one block per SM, unlike a block per head.
+    limits = plan.DeviceLimits(sm_count=sm_count)
+    for heads, kv_heads, d in [(9, 3, 64), (32, 8, 128)]:
+        for n_kv in (4096, 8192):
+            p = plan.plan_attention(d, heads // kv_heads, n_kv, kv_heads, limits)
+            gx, gy, gz = p.main.grid
+            assert gx * gy * gz >= sm_count, (heads, n_kv, p.main.grid)

@@ -38,4 +38,5 @@ def test_attention_limits_match_the_source() -> None:
     src = source_path("attention").read_text()
     defines = dict(re.findall(r"#define (ATTN_MAX_\w+) (\d+)", src))
     assert int(defines["ATTN_MAX_D"]) == table.ATTN_MAX_HEAD_DIM
-    assert int(defines["ATTN_MAX_WARPS"]) == table.ATTN_MAX_WARPS
+    assert int(defines["ATTN_MAX_ROWS"]) == table.ATTN_MAX_ROWS
+    assert int(re.search(r"#define ATTN_TILE (\d+)", src).group(1)) == table.ATTN_TILE

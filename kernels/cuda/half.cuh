@@ -1,0 +1,14 @@
+// Half-precision loads and stores, for the modules that read or write half (the GGML block
+// scales, F16 weights, float16 outputs). The only header that includes cuda_fp16.h.
+#pragma once
+
+#include "common.cuh"
+
+#if !defined(INFERDESK_EMULATOR)
+#include <cuda_fp16.h>
+#endif
+
+static __device__ __forceinline__ float load_f16(const uint8_t * p) {
+    CHECK_ALIGNED(p, 2);
+    return __half2float(__ushort_as_half(*(const uint16_t *) p));
+}
