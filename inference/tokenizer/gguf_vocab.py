@@ -155,6 +155,12 @@ def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int
     if len(scores) != len(tokens):
         raise CorruptModelError(
             f"This GGUF file lists {len(tokens)} tokens but {len(scores)} scores.")
+    # Gemma's files spell a piece of several spaces with real spaces; the text reaches the
+    # model with U+2581 for each space, so respell them.
+    tokens = ["\u2581" * len(t) if len(t) > 1 and not t.strip(" ") else t for t in tokens]
+    if str(md.get("general.architecture", "")).startswith("gemma"):
+        # Gemma's scores do not order its merges; its pieces are stored in merge order.
+        scores = [-float(i) for i in range(len(tokens))]
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)
