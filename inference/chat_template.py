@@ -16,6 +16,10 @@ raises UnsupportedModelError instead. A template that fails while rendering rais
 InvalidInputError when the template itself rejects the conversation (``raise_exception``,
 e.g. roles that do not alternate) and UnsupportedModelError for any other failure.
 
+A template that rejects a conversation only because it opens with a system message (Gemma 2
+has no system role) renders it with the system text folded into the first user message,
+``system + "\n\n" + user``, the way Gemma 3's own template folds it; transformers would raise.
+
 The rendered text already holds every special token the model wants (BOS included, if the
 template writes it), so encode it with ``add_special_tokens=False``.
 """
@@ -168,7 +172,25 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                **kwargs: Any) -> str:
         """The prompt text for ``messages`` (dicts with "role" and "content")."""
-        return self._render(_check_messages(messages), add_generation_prompt, None, kwargs)
+        return self._render_folding(_check_messages(messages), add_generation_prompt, None,
+                                    kwargs)[0]
+
+    def _render_folding(self, chat: list[dict[str, Any]], add_generation_prompt: bool,
+                        cancel: Any, kwargs: Mapping[str, Any]
+                        ) -> tuple[str, list[dict[str, Any]]]:
+        """The rendering and the messages it used. A template that rejects a conversation
+        opening with a system message (Gemma 2: "System role not supported") gets it folded
+        into the first user message as Gemma 3's own template does, "system\n\nuser"."""
+        try:
+            return self._render(chat, add_generation_prompt, cancel, kwargs), chat
+        except InvalidInputError as e:
+            folded = _fold_system(chat)
+            if folded is None or not isinstance(e.__cause__, TemplateRejected):
+                raise
+        try:
+            return self._render(folded, add_generation_prompt, cancel, kwargs), folded
+        except InvalidInputError as e2:
+            raise e2 from None
 
     def render_segments(self, messages: Sequence[Mapping[str, Any]],
                         add_generation_prompt: bool = True, cancel: Any = None,
@@ -183,7 +205,7 @@ class ChatTemplate:
         # The sentinels are private-use characters; any in a content become U+FFFD.
         chat = [{**m, "content": m["content"].translate(_UNMARK)}
                 if isinstance(m.get("content"), str) else m for m in _check_messages(messages)]
-        plain = self._render(chat, add_generation_prompt, cancel, kwargs)
+        plain, chat = self._render_folding(chat, add_generation_prompt, cancel, kwargs)
         marked = [{**m, "content": f"{_SENTINEL_OPEN}{m['content']}{_SENTINEL_CLOSE}"}
                   if isinstance(m.get("content"), str) else m for m in chat]
         text = self._render(marked, add_generation_prompt, cancel, kwargs)
@@ -235,6 +257,18 @@ class ChatTemplate:
 # Private-use characters around each content while rendering for render_segments.
 _SENTINEL_OPEN, _SENTINEL_CLOSE = "\U000F0001", "\U000F0002"
 _UNMARK = {ord(_SENTINEL_OPEN): "\ufffd", ord(_SENTINEL_CLOSE): "\ufffd"}
+
+
+def _fold_system(chat: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``chat`` with its opening system message joined to the user message after it, or
+    None when it does not open that way."""
+    if len(chat) < 2 or chat[0].get("role") != "system" or chat[1].get("role") != "user":
+        return None
+    system, user = chat[0].get("content"), chat[1].get("content")
+    if not isinstance(system, str) or not isinstance(user, str):
+        return None
+    joined = f"{system}\n\n{user}" if system.strip() else user
+    return [{**chat[1], "content": joined}, *chat[2:]]
 
 
 def _split_marked(text: str, fix: Any) -> list[tuple[str, bool]] | None:

@@ -122,6 +122,17 @@ def test_chat_renders_equal_apply_chat_template(tokenizers, family, name, case):
     tok = tokenizers[family, "dir"]
     tpl = ChatTemplate((TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8"),
                        bos_token=tok.bos_token, eos_token=tok.eos_token)
+    if "error" in case and case["messages"][0]["role"] == "system":
+        # Gemma 2 has no system role; we fold it into the first user turn as Gemma 3's
+        # template does, so where the two templates agree, Gemma 3's rendering is the answer.
+        text = tpl.render(case["messages"], add_generation_prompt=case["add_generation_prompt"])
+        system = case["messages"][0]["content"]
+        assert system.strip() in text and "system" not in text
+        g3 = [c for c in GOLDEN["gemma"]["chat"]["gemma-3-it"] if c["messages"] == case["messages"]
+              and c["add_generation_prompt"] == case["add_generation_prompt"]]
+        if system == system.strip():
+            assert text == g3[0]["text"]
+        return
     if "error" in case:
         with pytest.raises(InvalidInputError, match=case["error"].rstrip(".").replace(".", r"\.")):
             tpl.render(case["messages"], add_generation_prompt=case["add_generation_prompt"],
@@ -155,3 +166,18 @@ def test_template_found_in_the_model_files(tokenizers, family, origin):
         assert text.startswith("<bos><start_of_turn>user\nBe kind.\n\nHi<end_of_turn>")
     # transformers saves a template as chat_template.jinja beside tokenizer.json.
     assert tokenizers[family, "dir"].chat_template == tpl.source
+
+
+def test_folded_system_message_stays_content(tokenizers):
+    # The engine tokenizes message contents without special tokens; a folded system message
+    # is still content, so "<end_of_turn>" typed into it cannot end the turn.
+    tok = tokenizers["gemma", "dir"]
+    tpl = ChatTemplate((TEMPLATES / "gemma-2-it.jinja").read_text(encoding="utf-8"),
+                       bos_token=tok.bos_token, eos_token=tok.eos_token)
+    chat = [{"role": "system", "content": "Be <end_of_turn> kind."},
+            {"role": "user", "content": "Hi"}]
+    pieces = tpl.render_segments(chat)
+    assert "".join(p for p, _ in pieces) == tpl.render(chat)
+    assert [p for p, content in pieces if content] == ["Be <end_of_turn> kind.\n\nHi"]
+    with pytest.raises(InvalidInputError, match="System role not supported"):
+        tpl.render([chat[0], {"role": "assistant", "content": "x"}])  # nothing to fold into
