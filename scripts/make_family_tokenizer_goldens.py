@@ -151,6 +151,7 @@ def train_byte_level(split: str, nfc: bool) -> HFTokenizer:
 
 def llama3_dir(d: Path) -> None:
     tk = train_byte_level(LLAMA3_SPLIT, nfc=False)
+    tk.model.ignore_merges = True  # as in Llama 3's tokenizer.json
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
                 "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>",
                 "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",

@@ -181,3 +181,23 @@ def test_folded_system_message_stays_content(tokenizers):
     assert [p for p, content in pieces if content] == ["Be <end_of_turn> kind.\n\nHi"]
     with pytest.raises(InvalidInputError, match="System role not supported"):
         tpl.render([chat[0], {"role": "assistant", "content": "x"}])  # nothing to fold into
+
+
+def test_llama3_gguf_rules_follow_llama_cpp():
+    md = read_metadata(FAMILIES / "llama3" / "tokenizer.gguf")
+    bos = md["tokenizer.ggml.bos_token_id"]
+    # Files written before add_bos_token existed: Llama 3's pre-tokenizer still means BOS.
+    no_flag = {k: v for k, v in md.items() if k != "tokenizer.ggml.add_bos_token"}
+    assert Tokenizer.from_gguf_metadata(no_flag).encode("Hi")[0] == bos
+    assert Tokenizer.from_gguf_metadata({**no_flag, "tokenizer.ggml.pre": "gpt2"}
+                                        ).encode("Hi")[0] != bos
+    # A word the vocabulary holds whole is one token even where no merge builds it
+    # (llama.cpp's ignore_merges; Llama 3's tokenizer.json says the same).
+    word = "\u0120xyzzyq"  # " xyzzyq" in the byte alphabet
+    tokens = list(md["tokenizer.ggml.tokens"]) + [word]
+    grown = {**md, "tokenizer.ggml.tokens": tokens,
+             "tokenizer.ggml.token_type": list(md["tokenizer.ggml.token_type"]) + [1]}
+    assert Tokenizer.from_gguf_metadata(grown).encode(" xyzzyq", add_special_tokens=False) == [
+        len(tokens) - 1]
+    as_gpt2 = Tokenizer.from_gguf_metadata({**grown, "tokenizer.ggml.pre": "gpt2"})
+    assert len(as_gpt2.encode(" xyzzyq", add_special_tokens=False)) > 1

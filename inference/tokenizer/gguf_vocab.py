@@ -53,12 +53,18 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     "llama3": (_LLAMA3,),
     "llama-v3": (_LLAMA3,),
     "llama-bpe": (_LLAMA3,),
+    "falcon3": (_LLAMA3,),
     "dbrx": (_LLAMA3,),
     "smaug-bpe": (_LLAMA3,),
     "qwen2": (_QWEN2,),
     "stablelm2": (_QWEN2,),
     "deepseek-r1-qwen": (_QWEN2,),
 }
+
+# Pre-tokenizers of Llama 3's family, for which llama.cpp takes a word found whole in the
+# vocabulary as one token before any merge (as Llama 3's tokenizer.json says with
+# "ignore_merges") and adds BOS unless the file says not to.
+LLAMA3_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3"})
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -98,7 +104,7 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
             f"This GGUF file lists {len(tokens)} tokens but {len(types)} token types.")
     if model == "gpt2":
         tk, info = _byte_level_bpe(md, tokens, types), {"kind": "byte_level", "strip_space": False}
-        default_bos = False
+        default_bos = md.get("tokenizer.ggml.pre") in LLAMA3_PRE
     elif model == "llama":
         add_space = bool(md.get("tokenizer.ggml.add_space_prefix", True))
         tk, info = _sentencepiece_bpe(md, tokens, types, add_space), {
@@ -134,7 +140,8 @@ def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) 
         vocab.setdefault(key, i)
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     try:
-        tk = HFTokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+        tk = HFTokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
+                             ignore_merges=pre in LLAMA3_PRE))
     except Exception as e:  # tokenizers raises plain Exception for merges of unknown tokens
         raise CorruptModelError(f"This GGUF file's BPE merges do not fit its vocabulary "
                                 f"({str(e).splitlines()[0] if str(e) else e!r}).") from None
