@@ -25,7 +25,7 @@ from inference.models.common import Weights
 from inference.prompt_cache import PromptCache
 from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
 from inference.sampling import SamplingParams
-from inference.store import ModelSpec, resolve
+from inference.store import ModelSpec, context_length, resolve
 from inference.tokenizer import Tokenizer
 from inference.tokenizer.bounded import encode_bounded
 from inference.validate import (
@@ -98,18 +98,7 @@ class CausalLM(LoadedModel):
         except UnsupportedModelError as e:
             self.template, self.template_error = None, e
         self.prompt_cache = PromptCache()  # the last turn's KV cache, reused by the next
-        self.context_length = int(self.args.max_position_embeddings)
-        # We attend over the whole context; a sliding-window model (Mistral v0.1, Qwen2 with
-        # use_sliding_window) is only right while everything fits in its window.
-        # (Models whose layers declare their windows, Gemma 2/3, attend within them exactly.)
-        window = ckpt.config.get("sliding_window")
-        windowed = "sliding_attention" in (getattr(self.args, "layer_types", None) or [])
-        if window and not windowed and ckpt.config.get(
-                "use_sliding_window", ckpt.config["model_type"] != "qwen2"):
-            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-                raise CorruptModelError(f"Config key sliding_window is {window!r}; expected a "
-                                        f"whole number of at least 1.")
-            self.context_length = min(self.context_length, window)
+        self.context_length = context_length(ckpt.config, self.args)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text_arg(text, "text"),

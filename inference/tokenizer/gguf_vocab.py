@@ -90,11 +90,27 @@ def byte_token_value(token: str) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
-def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]:
-    """A tokenizers.Tokenizer and facts about it (kind, add_bos, ...) from GGUF metadata."""
+def check_supported(md: Mapping[str, Any]) -> None:
+    """Raise UnsupportedModelError, as :func:`build_from_gguf` would, if the file's tokenizer
+    type or pre-tokenizer is one we cannot build; cheap (no vocabulary is read)."""
     model = md.get("tokenizer.ggml.model")
     if model is None:
         raise UnsupportedModelError("This GGUF file embeds no tokenizer (no tokenizer.ggml.model).")
+    if model not in ("gpt2", "llama"):
+        raise UnsupportedModelError(
+            f"GGUF tokenizer type {model!r} is not supported (only 'gpt2' BPE and 'llama' "
+            "SentencePiece are).")
+    pre = str(md.get("tokenizer.ggml.pre") or "default")
+    if model == "gpt2" and pre not in PRE_TOKENIZER_SPLITS:
+        raise UnsupportedModelError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; known: "
+            f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}.")
+
+
+def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]:
+    """A tokenizers.Tokenizer and facts about it (kind, add_bos, ...) from GGUF metadata."""
+    check_supported(md)
+    model = md.get("tokenizer.ggml.model")
     tokens = list(md.get("tokenizer.ggml.tokens") or [])
     if not tokens:
         raise CorruptModelError("This GGUF file's tokenizer has no tokens.")
@@ -105,15 +121,11 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
     if model == "gpt2":
         tk, info = _byte_level_bpe(md, tokens, types), {"kind": "byte_level", "strip_space": False}
         default_bos = md.get("tokenizer.ggml.pre") in LLAMA3_PRE
-    elif model == "llama":
+    else:  # "llama"
         add_space = bool(md.get("tokenizer.ggml.add_space_prefix", True))
         tk, info = _sentencepiece_bpe(md, tokens, types, add_space), {
             "kind": "sentencepiece", "strip_space": add_space, "prefix_space": add_space}
         default_bos = True  # llama.cpp and transformers add BOS unless the file says not to
-    else:
-        raise UnsupportedModelError(
-            f"GGUF tokenizer type {model!r} is not supported (only 'gpt2' BPE and 'llama' "
-            "SentencePiece are).")
     info["add_bos"] = bool(md.get("tokenizer.ggml.add_bos_token", default_bos))
     info["add_eos"] = bool(md.get("tokenizer.ggml.add_eos_token", False))
     _set_post_processor(tk, tokens, md, info["add_bos"], info["add_eos"])
@@ -122,11 +134,7 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
 
 def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) -> HFTokenizer:
     pre = str(md.get("tokenizer.ggml.pre") or "default")
-    splits = PRE_TOKENIZER_SPLITS.get(pre)
-    if splits is None:
-        raise UnsupportedModelError(
-            f"GGUF pre-tokenizer {pre!r} is not supported; known: "
-            f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}.")
+    splits = PRE_TOKENIZER_SPLITS[pre]  # known: check_supported ran
     merges = md.get("tokenizer.ggml.merges")
     if not merges:
         raise CorruptModelError("This GGUF file's BPE tokenizer lists no merges.")
