@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -14,8 +13,8 @@ import numpy as np
 from inference.backends import select_backend
 from inference.backends.base import Backend, OpProfiler, trim_host_heap
 from inference.chat_template import ChatTemplate
-from inference.embed import BatchLimits, embed_ids
-from inference.errors import CorruptModelError, InvalidInputError, UnsupportedModelError
+from inference.embed import BatchLimits, Pipeline, embed_ids
+from inference.errors import InvalidInputError, UnsupportedModelError
 from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.formats import read_checkpoint
 from inference.formats.tensor import Checkpoint
@@ -219,15 +218,11 @@ class Encoder(LoadedModel):
                  n_layers: int | None = None, **kw: Any):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
         self.tokenizer = Tokenizer.from_dir(ckpt.path)
-        st = _read_json(ckpt.path / "sentence_bert_config.json")
-        length = st.get("max_seq_length", self.args.max_position_embeddings)
-        if isinstance(length, bool) or not isinstance(length, int) or length < 2:
-            raise CorruptModelError(f"max_seq_length in sentence_bert_config.json is "
-                                    f"{length!r}; expected a whole number of at least 2.")
+        self.pipeline = Pipeline.from_dir(ckpt.path, self.args.pooling_type)
         # Positions past the table would index outside it.
-        self.max_seq_length = min(length, int(self.args.max_position_embeddings))
-        self.normalize = (ckpt.path / "modules.json").exists() and "Normalize" in (
-            ckpt.path / "modules.json").read_text()
+        self.max_seq_length = min(self.pipeline.max_seq_length or self.args.n_positions,
+                                  self.args.n_positions)
+        self.normalize = self.pipeline.normalize
         self.limits = getattr(backend, "embed_limits", BatchLimits())
 
     @property
@@ -255,7 +250,8 @@ class Encoder(LoadedModel):
         if not ids:
             return np.zeros((0, self.dim), dtype=np.float32)
         vecs = embed_ids(self.model, ids, pad_id=self.tokenizer.pad_id, limits=limits,
-                         normalize=self.normalize, progress=progress, cancel=cancel)
+                         normalize=self.normalize, pooling=self.pipeline.pooling,
+                         progress=progress, cancel=cancel)
         bad = np.flatnonzero(~np.isfinite(vecs).all(axis=1))
         if bad.size:
             check_finite(vecs[bad[0]], f"embeddings of sentence {int(bad[0])}",
@@ -273,10 +269,6 @@ class Encoder(LoadedModel):
             return self.model(arr([ids]), arr([list(range(n))]), arr([[0]]),
                               B.array(np.ones((1, n), dtype=np.float32)))
         return first_bad_layer(self.model, run, B.to_numpy)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",

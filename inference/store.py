@@ -134,9 +134,10 @@ def unusable_spec(path: str | Path, error: InferdeskError, *, name: str | None =
 
 def context_length(cfg: dict[str, Any], args: Any) -> int:
     """Tokens the engine lets a model hold: its position limit (ModelArgs applies the RoPE
-    scheme's own), and for a sliding-window model whose layers do not declare their windows
-    (Mistral v0.1, Qwen2 with use_sliding_window) the window, as attention spans it all."""
-    ctx = int(args.max_position_embeddings)
+    scheme's own; an XLM-R encoder's table starts after the pad id), and for a sliding-window
+    model whose layers do not declare their windows (Mistral v0.1, Qwen2 with
+    use_sliding_window) the window, as attention spans it all."""
+    ctx = int(getattr(args, "n_positions", args.max_position_embeddings))
     window = cfg.get("sliding_window")
     windowed = "sliding_attention" in (getattr(args, "layer_types", None) or [])
     if window and not windowed and cfg.get("use_sliding_window",

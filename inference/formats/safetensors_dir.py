@@ -40,7 +40,7 @@ _INT_DTYPES = {
 _ITEMSIZE = {"BF16": 2} | {k: np.dtype(v).itemsize for k, v in _FLOAT_DTYPES.items()} \
     | {k: np.dtype(v).itemsize for k, v in _INT_DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024  # the format caps headers at 100 MB
-ENCODER_TYPES = {"bert"}
+ENCODER_TYPES = {"bert", "xlm-roberta", "roberta"}
 
 
 def is_model_dir(path: Path) -> bool:
@@ -94,7 +94,11 @@ def read_safetensors_dir(path: str | Path) -> Checkpoint:
 
 
 def _strip_bert(name: str) -> str:
-    return name[len("bert."):] if name.startswith("bert.") else name
+    """Encoder tensor names without a task head's prefix (BertForX, XLMRobertaForX)."""
+    for prefix in ("bert.", "roberta."):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
 
 
 def _read_json(p: Path) -> Any:
