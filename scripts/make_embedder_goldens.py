@@ -21,24 +21,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import sentence_transformers
+import sentencepiece as spm
 import tokenizers
 import torch
 import transformers
 from sentence_transformers import SentenceTransformer
 from sentence_transformers import models as st_models
-from tokenizers import (
-    AddedToken,
-    Tokenizer,
-    decoders,
-    models,
-    pre_tokenizers,
-    processors,
-    trainers,
-)
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import XLMRobertaConfig, XLMRobertaModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,14 +57,22 @@ TRAIN = SENTENCES * 3 + [
 
 
 def unigram_tokenizer() -> Tokenizer:
-    """XLM-R's tokenizer.json shape: Unigram, Metaspace, <s> $A </s>, <s> <pad> </s> <unk>."""
-    tk = Tokenizer(models.Unigram())
+    """XLM-R's tokenizer.json shape: a SentencePiece Unigram model (trained here by
+    sentencepiece, single-threaded so the result is stable), Metaspace, ``<s> $A </s>``,
+    ids <s> 0, <pad> 1, </s> 2, <unk> 3 as in XLM-R."""
+    with tempfile.TemporaryDirectory() as t:
+        (Path(t) / "train.txt").write_text("\n".join(TRAIN), encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(Path(t) / "train.txt"), model_prefix=str(Path(t) / "u"),
+            model_type="unigram", vocab_size=300, character_coverage=1.0, num_threads=1,
+            unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, hard_vocab_limit=False, minloglevel=2)
+        sp = spm.SentencePieceProcessor(model_file=str(Path(t) / "u.model"))
+    pieces = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(1, sp.get_piece_size())]
+    vocab = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *pieces]
+    tk = Tokenizer(models.Unigram(vocab, unk_id=3, byte_fallback=False))
+    tk.add_special_tokens([AddedToken(x, special=True) for x in ("<s>", "<pad>", "</s>", "<unk>")])
     tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
     tk.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    trainer = trainers.UnigramTrainer(vocab_size=600, special_tokens=["<s>", "<pad>", "</s>",
-                                                                      "<unk>"],
-                                      unk_token="<unk>", show_progress=False)
-    tk.train_from_iterator(TRAIN, trainer)
     tk.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
     tk.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
