@@ -13,7 +13,7 @@ import numpy as np
 from inference.backends import select_backend
 from inference.backends.base import Backend, OpProfiler, trim_host_heap
 from inference.chat_template import ChatTemplate
-from inference.embed import BatchLimits, Pipeline, embed_ids
+from inference.embed import BatchLimits, Pipeline, declares_pooling, embed_ids
 from inference.errors import InvalidInputError, UnsupportedModelError
 from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.formats import read_checkpoint
@@ -21,6 +21,7 @@ from inference.formats.tensor import Checkpoint
 from inference.generate import stream_generate
 from inference.models import CAUSAL, architecture
 from inference.models.common import Weights
+from inference.models.decoder_embed import DecoderEncoder
 from inference.prompt_cache import PromptCache
 from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
 from inference.sampling import SamplingParams
@@ -218,10 +219,12 @@ class Encoder(LoadedModel):
                  n_layers: int | None = None, **kw: Any):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
         self.tokenizer = Tokenizer.from_dir(ckpt.path)
-        self.pipeline = Pipeline.from_dir(ckpt.path, self.args.pooling_type)
+        if ckpt.config["model_type"] in CAUSAL:  # a decoder embedder (Qwen3-Embedding)
+            self.model = DecoderEncoder(self.model)
+        self.pipeline = Pipeline.from_dir(ckpt.path, getattr(self.args, "pooling_type", -1))
         # Positions past the table would index outside it.
-        self.max_seq_length = min(self.pipeline.max_seq_length or self.args.n_positions,
-                                  self.args.n_positions)
+        limit = context_length(ckpt.config, self.args)
+        self.max_seq_length = min(self.pipeline.max_seq_length or limit, limit)
         self.normalize = self.pipeline.normalize
         self.limits = getattr(backend, "embed_limits", BatchLimits())
 
@@ -293,7 +296,7 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     mod = architecture(model_type, ckpt.path.name)
     qtypes = {t.qtype for t in ckpt.tensors.values()}
     B, reason = select_backend(backend, mod.REQUIRED_OPS, qtypes, model_type)
-    cls = CausalLM if model_type in CAUSAL else Encoder
+    cls = CausalLM if model_type in CAUSAL and not declares_pooling(ckpt.path) else Encoder
     model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
     del ckpt  # the parsed metadata goes now, and with it the heap it held
     trim_host_heap()

@@ -59,6 +59,15 @@ class Pipeline:
         return cls(pooling=pooling, normalize=normalize, max_seq_length=_seq_limit(d))
 
 
+def declares_pooling(path: str | Path) -> bool:
+    """Whether the model directory at ``path`` is a sentence-transformers model (its
+    modules.json names a Pooling module): a decoder there is an embedder."""
+    d = Path(path)
+    modules = _json(d / "modules.json", []) if d.is_dir() else []
+    return isinstance(modules, list) and any(
+        isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling") for m in modules)
+
+
 def _pooling_mode(cfg: dict[str, Any]) -> str:
     mode = cfg.get("pooling_mode")
     modes = [mode] if isinstance(mode, str) else [

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.backends.base import ATTENTION_SCRATCH_BYTES
+from inference.embed import declares_pooling
 from inference.errors import (
     CancelledError,
     CorruptModelError,
@@ -149,7 +150,7 @@ def context_length(cfg: dict[str, Any], args: Any) -> int:
     return ctx
 
 
-def _runnable(ck: Checkpoint, arch: str) -> tuple[int | None, str | None]:
+def _runnable(ck: Checkpoint, arch: str, kind: str) -> tuple[int | None, str | None]:
     """(context length, problem): what loading would check, from headers only."""
     from inference.models import architecture
     from inference.validate import check_tensors, spec_for
@@ -159,7 +160,7 @@ def _runnable(ck: Checkpoint, arch: str) -> tuple[int | None, str | None]:
         mod = architecture(arch, where)
         args = mod.ModelArgs.from_dict(ck.config)
         check_tensors(args, ck.tensors, spec_for(arch, mod), where=where)
-        if arch not in ENCODER_TYPES:
+        if kind == "causal":
             _check_tokenizer(ck)
         return context_length(ck.config, args), None
     except InferdeskError as e:
@@ -180,8 +181,8 @@ def _check_tokenizer(ck: Checkpoint) -> None:
 def _describe(ck: Checkpoint, file_size: int) -> ModelSpec:
     cfg = ck.config
     arch = str(cfg.get("model_type", "unknown"))
-    kind = "encoder" if arch in ENCODER_TYPES else "causal"
-    ctx, problem = _runnable(ck, arch)
+    kind = "encoder" if arch in ENCODER_TYPES or declares_pooling(ck.path) else "causal"
+    ctx, problem = _runnable(ck, arch, kind)
     n_params = 0
     stored = 0
     for t in ck.tensors.values():

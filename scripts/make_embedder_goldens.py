@@ -10,6 +10,9 @@ LayerNorm weights 1 + N(0, 0.1), drawn in sorted-name order from default_rng(see
                one token type), a SentencePiece-style Unigram tokenizer adding <s> ... </s>,
                mean pooling, Normalize
     xlmr_bge/  bge-m3 (dense)'s shape: the same architecture, CLS pooling, Normalize
+    qwen3_embed/  Qwen3-Embedding's shape: Qwen3Model (no lm_head; per-head q/k norms, GQA,
+               head_dim 16), Qwen's byte-level BPE whose post-processor appends
+               <|endoftext|>, left padding, last-token pooling, Normalize
 
 sentence-transformers writes modules.json, 1_Pooling/config.json and sentence_bert_config.json
 itself, so the engine reads the pooling the way real checkpoints declare it.
@@ -30,10 +33,11 @@ import sentencepiece as spm
 import tokenizers
 import torch
 import transformers
+from make_family_tokenizer_goldens import QWEN2_SPLIT, train_byte_level
 from sentence_transformers import SentenceTransformer
 from sentence_transformers import models as st_models
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import XLMRobertaConfig, XLMRobertaModel
+from transformers import Qwen3Config, Qwen3Model, XLMRobertaConfig, XLMRobertaModel
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "goldens" / "embedders"
@@ -84,7 +88,7 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
     rng = np.random.default_rng(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            if name.endswith("LayerNorm.weight"):
+            if name.endswith(("LayerNorm.weight", "norm.weight", "layernorm.weight")):
                 v = 1.0 + 0.1 * rng.standard_normal(p.shape)
             elif name.endswith(".bias"):
                 v = 0.1 * rng.standard_normal(p.shape)
@@ -120,6 +124,39 @@ def make_xlmr(name: str, pooling: str, seed: int) -> None:
     reference(d, {"pooling": pooling, "normalize": True})
 
 
+def make_qwen3_embed(name: str, seed: int) -> None:
+    d = OUT / name
+    base = OUT / f"_{name}_base"
+    base.mkdir(parents=True)
+    tk = train_byte_level(QWEN2_SPLIT, nfc=True)
+    tk.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                           for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
+    eot = tk.token_to_id("<|endoftext|>")
+    tk.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>", pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
+        special_tokens=[("<|endoftext|>", eot)])
+    tk.save(str(base / "tokenizer.json"))
+    (base / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "unk_token": None, "padding_side": "left",
+        "model_max_length": 131072}, indent=1))
+    cfg = Qwen3Config(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      intermediate_size=128, max_position_embeddings=256, rope_theta=1e6,
+                      tie_word_embeddings=True, rms_norm_eps=1e-6)
+    model = Qwen3Model(cfg)
+    init_weights(model, seed)
+    model.save_pretrained(base, safe_serialization=True)
+    transformer = st_models.Transformer(str(base), max_seq_length=MAX_SEQ)
+    pool = st_models.Pooling(transformer.get_word_embedding_dimension(),
+                             pooling_mode="lasttoken")
+    st = SentenceTransformer(modules=[transformer, pool, st_models.Normalize()], device="cpu")
+    st.save(str(d))
+    (d / "README.md").unlink(missing_ok=True)
+    shutil.rmtree(base)
+    reference(d, {"pooling": "lasttoken", "normalize": True})
+
+
 def reference(d: Path, facts: dict) -> None:
     st = SentenceTransformer(str(d), device="cpu")
     emb = st.encode(SENTENCES, batch_size=4, convert_to_numpy=True).astype(np.float32)
@@ -144,6 +181,7 @@ def main() -> None:
     OUT.mkdir(parents=True)
     make_xlmr("xlmr_e5", "mean", seed=11)
     make_xlmr("xlmr_bge", "cls", seed=12)
+    make_qwen3_embed("qwen3_embed", seed=13)
     for p in sorted(OUT.rglob("*")):
         if p.is_file():
             print(f"{p.relative_to(ROOT)} {p.stat().st_size // 1024} KiB")

@@ -1,8 +1,9 @@
 """Embedders beyond BERT against sentence-transformers, on every backend.
 
-Tiny random XLM-RoBERTa models saved by sentence-transformers (scripts/make_embedder_goldens.py):
-multilingual-e5's shape (mean pooling) and bge-m3's (CLS pooling), both normalised, as each
-model's modules.json and 1_Pooling/config.json declare. Bar: cosine >= 0.9999 per sentence
+Tiny random models saved by sentence-transformers (scripts/make_embedder_goldens.py):
+XLM-RoBERTa in multilingual-e5's shape (mean pooling) and bge-m3's (CLS pooling), and a
+Qwen3 decoder in Qwen3-Embedding's (last-token pooling), all normalised, as each model's
+modules.json and 1_Pooling/config.json declare. Bar: cosine >= 0.9999 per sentence
 (float32 on every backend; the CUDA backend runs through the host emulator).
 """
 
@@ -20,7 +21,7 @@ from inference.errors import UnsupportedModelError
 from tests.goldens_io import MINILM_MIN_COSINE, cosine_rows
 
 EMBEDDERS = Path(__file__).parent / "goldens" / "embedders"
-NAMES = ["xlmr_e5", "xlmr_bge"]
+NAMES = ["xlmr_e5", "xlmr_bge", "qwen3_embed"]
 BACKENDS = ["numpy", "cpu", "mlx", "cuda"]
 
 
@@ -76,17 +77,28 @@ def test_ids_and_truncation_match_sentence_transformers(name):
     assert max(len(m.tokenize(s)) for s in meta["sentences"]) == meta["max_seq_length"]
 
 
-def test_pooling_changes_the_vectors():
-    # The two models differ in pooling; pooling one the other's way is measurably wrong,
-    # so the test above could not pass with a default in place of the declared mode.
-    gold, meta = golden("xlmr_bge")
-    m = encoder("xlmr_bge", "numpy")
+@pytest.mark.parametrize("name,other", [("xlmr_bge", "mean"), ("xlmr_e5", "cls"),
+                                        ("qwen3_embed", "mean")])
+def test_pooling_changes_the_vectors(name, other):
+    # Pooling another way is measurably wrong, so the parity test above could not pass
+    # with a default in place of the mode each model declares.
     from inference.embed import embed_ids
 
+    gold, meta = golden(name)
+    m = encoder(name, "numpy")
     ids = [m.tokenize(s) for s in meta["sentences"]]
     wrong = embed_ids(m.model, ids, pad_id=m.tokenizer.pad_id, limits=m.limits,
-                      normalize=True, pooling="mean")
+                      normalize=True, pooling=other)
     assert cosine_rows(wrong, gold["embeddings"]).min() < 0.99
+
+
+def test_decoder_embedder_is_listed_and_loaded_as_an_encoder():
+    from inference.store import spec_for_path
+
+    spec = spec_for_path(EMBEDDERS / "qwen3_embed")
+    assert (spec.kind, spec.architecture, spec.problem) == ("encoder", "qwen3", None)
+    m = encoder("qwen3_embed", "numpy")
+    assert m.kind == "encoder" and m.dim == 64 and m.tokenize("hi")[-1] == m.tokenizer.pad_id
 
 
 def test_pool_modes():

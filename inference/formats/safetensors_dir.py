@@ -89,6 +89,11 @@ def read_safetensors_dir(path: str | Path) -> Checkpoint:
     if config.get("model_type") in ENCODER_TYPES:
         tensors = {_strip_bert(n): TensorData(_strip_bert(n), t.shape, t.qtype, t.data, t.extra)
                    for n, t in tensors.items()}
+    elif "embed_tokens.weight" in tensors and "model.embed_tokens.weight" not in tensors:
+        # A bare decoder (Qwen3Model, as decoder embedders ship) names its tensors without
+        # the "model." a ForCausalLM checkpoint puts in front.
+        tensors = {f"model.{n}": TensorData(f"model.{n}", t.shape, t.qtype, t.data, t.extra)
+                   for n, t in tensors.items()}
     return Checkpoint(path=path, format="mlx" if is_mlx else "safetensors", config=config,
                       tensors=tensors, metadata={}, chat_template=_chat_template(path))
 
