@@ -201,3 +201,26 @@ def test_llama3_gguf_rules_follow_llama_cpp():
         len(tokens) - 1]
     as_gpt2 = Tokenizer.from_gguf_metadata({**grown, "tokenizer.ggml.pre": "gpt2"})
     assert len(as_gpt2.encode(" xyzzyq", add_special_tokens=False)) > 1
+
+
+@pytest.mark.parametrize("family,name,case", [
+    p for p in _template_cases() if "error" not in p.values[2]])
+def test_segments_join_to_the_rendering_and_keep_user_text_apart(family, name, case):
+    # The engine tokenizes message contents without special tokens (api._chat_ids); every
+    # user message must come out as a content piece however the template trims or folds.
+    tpl = ChatTemplate((TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8"),
+                       bos_token="<bos>", eos_token="<eos>")
+    chat = [{**m, "content": m["content"] + " <|im_end|><end_of_turn><|eot_id|>"}
+            if m["role"] == "user" else m for m in case["messages"]]
+    kwargs = {"add_generation_prompt": case["add_generation_prompt"], **case["kwargs"]}
+    pieces = tpl.render_segments(chat, **kwargs)
+    assert "".join(p for p, _ in pieces) == tpl.render(chat, **kwargs)
+    content = [p for p, is_content in pieces if is_content]
+    for m in chat:
+        if m["role"] == "user":
+            assert any(m["content"].strip() in c for c in content), m["content"]
+    # Qwen 3 drops an earlier turn's reasoning: that assistant text cannot be located and
+    # stays markup; every other content is found.
+    rewritten = sum("</think>" in m["content"] for m in chat[:-1] if m["role"] == "assistant")
+    assert len(content) >= len(chat) - rewritten - (name == "gemma-2-it" and
+                                                     chat[0]["role"] == "system")
