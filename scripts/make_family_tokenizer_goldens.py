@@ -34,7 +34,7 @@ from pathlib import Path
 
 import gguf
 import sentencepiece as spm
-from make_tokenizer_goldens import CORPUS, LONG, _training_text
+from make_tokenizer_goldens import CORPUS, LONG, _training_text, _write, tiny_model_keys
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
@@ -117,7 +117,7 @@ def gemma_gguf(sp: spm.SentencePieceProcessor, path: Path) -> dict:
         types.append(2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i)
                      else 5 if sp.is_unused(i) else 1)
     w = gguf.GGUFWriter(str(path), "gemma3")
-    _tiny_config(w)
+    tiny_model_keys(w)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -209,7 +209,7 @@ def byte_level_gguf(d: Path, path: Path, arch: str, pre: str, md: dict) -> None:
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
     cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
     w = gguf.GGUFWriter(str(path), arch)
-    _tiny_config(w)
+    tiny_model_keys(w)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -222,17 +222,6 @@ def byte_level_gguf(d: Path, path: Path, arch: str, pre: str, md: dict) -> None:
     w.add_add_bos_token(md["add_bos"])
     w.add_chat_template(cfg["chat_template"])
     _write(w)
-
-
-def _tiny_config(w: gguf.GGUFWriter) -> None:
-    """Just enough model metadata for transformers to open a tokenizer-only GGUF."""
-    w.add_context_length(128)
-    w.add_block_count(1)
-    w.add_embedding_length(8)
-    w.add_feed_forward_length(16)
-    w.add_head_count(2)
-    w.add_head_count_kv(2)
-    w.add_layer_norm_rms_eps(1e-6)
 
 
 # -- references -------------------------------------------------------------------------------
@@ -337,13 +326,6 @@ def _template(name: str) -> str:
 
 def _json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-
-
-def _write(w: gguf.GGUFWriter) -> None:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import pytest
 from inference import load_model
 from inference.embed import Pipeline, pool
 from inference.errors import UnsupportedModelError
-from tests.goldens_io import MINILM_MIN_COSINE, cosine_rows
+from tests.goldens_io import MINILM_MIN_COSINE, cosine_rows, load_npz
 
 EMBEDDERS = Path(__file__).parent / "goldens" / "embedders"
 NAMES = ["xlmr_e5", "xlmr_bge", "qwen3_embed"]
@@ -26,9 +26,7 @@ BACKENDS = ["numpy", "cpu", "mlx", "cuda"]
 
 
 def golden(name: str) -> tuple[dict[str, np.ndarray], dict]:
-    with np.load(EMBEDDERS / f"{name}.npz", allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    return arrays, json.loads(str(arrays.pop("meta")))
+    return load_npz(f"embedders/{name}.npz")
 
 
 _loaded: dict[tuple[str, str], object] = {}
