@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -14,18 +13,19 @@ import numpy as np
 from inference.backends import select_backend
 from inference.backends.base import Backend, OpProfiler, trim_host_heap
 from inference.chat_template import ChatTemplate
-from inference.embed import BatchLimits, embed_ids
-from inference.errors import CorruptModelError, InvalidInputError, UnsupportedModelError
+from inference.embed import BatchLimits, Pipeline, declares_pooling, embed_ids
+from inference.errors import InvalidInputError, UnsupportedModelError
 from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.formats import read_checkpoint
 from inference.formats.tensor import Checkpoint
 from inference.generate import stream_generate
 from inference.models import CAUSAL, architecture
 from inference.models.common import Weights
+from inference.models.decoder_embed import DecoderEncoder
 from inference.prompt_cache import PromptCache
 from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
 from inference.sampling import SamplingParams
-from inference.store import ModelSpec, resolve
+from inference.store import ModelSpec, context_length, resolve
 from inference.tokenizer import Tokenizer
 from inference.tokenizer.bounded import encode_bounded
 from inference.validate import (
@@ -98,18 +98,7 @@ class CausalLM(LoadedModel):
         except UnsupportedModelError as e:
             self.template, self.template_error = None, e
         self.prompt_cache = PromptCache()  # the last turn's KV cache, reused by the next
-        self.context_length = int(self.args.max_position_embeddings)
-        # We attend over the whole context; a sliding-window model (Mistral v0.1, Qwen2 with
-        # use_sliding_window) is only right while everything fits in its window.
-        # (Models whose layers declare their windows, Gemma 2/3, attend within them exactly.)
-        window = ckpt.config.get("sliding_window")
-        windowed = "sliding_attention" in (getattr(self.args, "layer_types", None) or [])
-        if window and not windowed and ckpt.config.get(
-                "use_sliding_window", ckpt.config["model_type"] != "qwen2"):
-            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-                raise CorruptModelError(f"Config key sliding_window is {window!r}; expected a "
-                                        f"whole number of at least 1.")
-            self.context_length = min(self.context_length, window)
+        self.context_length = context_length(ckpt.config, self.args)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text_arg(text, "text"),
@@ -230,15 +219,13 @@ class Encoder(LoadedModel):
                  n_layers: int | None = None, **kw: Any):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
         self.tokenizer = Tokenizer.from_dir(ckpt.path)
-        st = _read_json(ckpt.path / "sentence_bert_config.json")
-        length = st.get("max_seq_length", self.args.max_position_embeddings)
-        if isinstance(length, bool) or not isinstance(length, int) or length < 2:
-            raise CorruptModelError(f"max_seq_length in sentence_bert_config.json is "
-                                    f"{length!r}; expected a whole number of at least 2.")
+        if ckpt.config["model_type"] in CAUSAL:  # a decoder embedder (Qwen3-Embedding)
+            self.model = DecoderEncoder(self.model)
+        self.pipeline = Pipeline.from_dir(ckpt.path, getattr(self.args, "pooling_type", -1))
         # Positions past the table would index outside it.
-        self.max_seq_length = min(length, int(self.args.max_position_embeddings))
-        self.normalize = (ckpt.path / "modules.json").exists() and "Normalize" in (
-            ckpt.path / "modules.json").read_text()
+        limit = context_length(ckpt.config, self.args)
+        self.max_seq_length = min(self.pipeline.max_seq_length or limit, limit)
+        self.normalize = self.pipeline.normalize
         self.limits = getattr(backend, "embed_limits", BatchLimits())
 
     @property
@@ -266,7 +253,8 @@ class Encoder(LoadedModel):
         if not ids:
             return np.zeros((0, self.dim), dtype=np.float32)
         vecs = embed_ids(self.model, ids, pad_id=self.tokenizer.pad_id, limits=limits,
-                         normalize=self.normalize, progress=progress, cancel=cancel)
+                         normalize=self.normalize, pooling=self.pipeline.pooling,
+                         progress=progress, cancel=cancel)
         bad = np.flatnonzero(~np.isfinite(vecs).all(axis=1))
         if bad.size:
             check_finite(vecs[bad[0]], f"embeddings of sentence {int(bad[0])}",
@@ -284,10 +272,6 @@ class Encoder(LoadedModel):
             return self.model(arr([ids]), arr([list(range(n))]), arr([[0]]),
                               B.array(np.ones((1, n), dtype=np.float32)))
         return first_bad_layer(self.model, run, B.to_numpy)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
@@ -312,7 +296,7 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     mod = architecture(model_type, ckpt.path.name)
     qtypes = {t.qtype for t in ckpt.tensors.values()}
     B, reason = select_backend(backend, mod.REQUIRED_OPS, qtypes, model_type)
-    cls = CausalLM if model_type in CAUSAL else Encoder
+    cls = CausalLM if model_type in CAUSAL and not declares_pooling(ckpt.path) else Encoder
     model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
     del ckpt  # the parsed metadata goes now, and with it the heap it held
     trim_host_heap()

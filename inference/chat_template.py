@@ -16,6 +16,10 @@ raises UnsupportedModelError instead. A template that fails while rendering rais
 InvalidInputError when the template itself rejects the conversation (``raise_exception``,
 e.g. roles that do not alternate) and UnsupportedModelError for any other failure.
 
+A template that rejects a conversation only because it opens with a system message (Gemma 2
+has no system role) renders it with the system text folded into the first user message,
+``system + "\n\n" + user``, the way Gemma 3's own template folds it; transformers would raise.
+
 The rendered text already holds every special token the model wants (BOS included, if the
 template writes it), so encode it with ``add_special_tokens=False``.
 """
@@ -168,7 +172,25 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                **kwargs: Any) -> str:
         """The prompt text for ``messages`` (dicts with "role" and "content")."""
-        return self._render(_check_messages(messages), add_generation_prompt, None, kwargs)
+        return self._render_folding(_check_messages(messages), add_generation_prompt, None,
+                                    kwargs)[0]
+
+    def _render_folding(self, chat: list[dict[str, Any]], add_generation_prompt: bool,
+                        cancel: Any, kwargs: Mapping[str, Any]
+                        ) -> tuple[str, list[dict[str, Any]]]:
+        """The rendering and the messages it used. A template that rejects a conversation
+        opening with a system message (Gemma 2: "System role not supported") gets it folded
+        into the first user message as Gemma 3's own template does, "system\n\nuser"."""
+        try:
+            return self._render(chat, add_generation_prompt, cancel, kwargs), chat
+        except InvalidInputError as e:
+            folded = _fold_system(chat)
+            if folded is None or not isinstance(e.__cause__, TemplateRejected):
+                raise
+        try:
+            return self._render(folded, add_generation_prompt, cancel, kwargs), folded
+        except InvalidInputError as e2:
+            raise e2 from None
 
     def render_segments(self, messages: Sequence[Mapping[str, Any]],
                         add_generation_prompt: bool = True, cancel: Any = None,
@@ -176,23 +198,23 @@ class ChatTemplate:
         """The prompt as ``(text, is_content)`` pieces: message contents apart from the
         template's own markup, so a caller can tokenize content without special tokens.
 
-        Each content is rendered between private-use sentinels; a template that trims
-        its contents is matched by trimming each piece. Joined, the pieces equal
-        :meth:`render`'s text whenever the template passes contents through or trims them.
+        Each message's content is rendered between its own pair of private-use sentinels.
+        A content the template passes through (or trims: each piece is matched against
+        the plain rendering as is, stripped, or stripped on one side) is a content piece.
+        A content the template cuts apart (Qwen 3 drops the reasoning before ``</think>``
+        from earlier turns) cannot be located and stays in the markup around it. Joined,
+        the pieces always equal :meth:`render`'s text.
         """
         # The sentinels are private-use characters; any in a content become U+FFFD.
         chat = [{**m, "content": m["content"].translate(_UNMARK)}
                 if isinstance(m.get("content"), str) else m for m in _check_messages(messages)]
-        plain = self._render(chat, add_generation_prompt, cancel, kwargs)
-        marked = [{**m, "content": f"{_SENTINEL_OPEN}{m['content']}{_SENTINEL_CLOSE}"}
-                  if isinstance(m.get("content"), str) else m for m in chat]
+        plain, chat = self._render_folding(chat, add_generation_prompt, cancel, kwargs)
+        marked = [{**m, "content": f"{_open(k)}{m['content']}{_close(k)}"}
+                  if isinstance(m.get("content"), str) and k < _MAX_MARKED else m
+                  for k, m in enumerate(chat)]
         text = self._render(marked, add_generation_prompt, cancel, kwargs)
-        for fix in (lambda c: c, str.strip):
-            pieces = _split_marked(text, fix)
-            if pieces is not None and "".join(p for p, _ in pieces) == plain:
-                return pieces
-        pieces = _split_marked(text, lambda c: c)
-        if pieces is None:  # the template moved the marks: keep every content out of it
+        pieces = _align(_split_marked(text), plain)
+        if pieces is None:
             raise UnsupportedModelError(
                 f"The chat template from {self.origin} rewrites message contents in a way "
                 f"that keeps them from being told apart from its own markup.")
@@ -232,28 +254,88 @@ class ChatTemplate:
             sys.settrace(previous)
 
 
-# Private-use characters around each content while rendering for render_segments.
-_SENTINEL_OPEN, _SENTINEL_CLOSE = "\U000F0001", "\U000F0002"
-_UNMARK = {ord(_SENTINEL_OPEN): "\ufffd", ord(_SENTINEL_CLOSE): "\ufffd"}
+# Message k's content is rendered between _open(k) and _close(k), characters of the
+# supplementary private-use plane (any in a content become U+FFFD first).
+_SENTINEL_BASE, _MAX_MARKED = 0xF0000, 0x7FFE
+_UNMARK = {c: "\ufffd" for c in range(_SENTINEL_BASE, _SENTINEL_BASE + 2 * _MAX_MARKED)}
 
 
-def _split_marked(text: str, fix: Any) -> list[tuple[str, bool]] | None:
-    """Pieces of a rendering with marked contents, or None if the marks do not pair up."""
+def _open(k: int) -> str:
+    return chr(_SENTINEL_BASE + 2 * k)
+
+
+def _close(k: int) -> str:
+    return chr(_SENTINEL_BASE + 2 * k + 1)
+
+
+def _is_sentinel(c: str) -> bool:
+    return _SENTINEL_BASE <= ord(c) < _SENTINEL_BASE + 2 * _MAX_MARKED
+
+
+def _split_marked(text: str) -> list[tuple[str, bool]]:
+    """``text`` as markup and content pieces. A content counts only where its message's
+    open and close sentinels each appear once, in order, with no other sentinel between;
+    any other sentinel is dropped and the text around it is markup."""
+    where: dict[int, list[int]] = {}
+    for i, c in enumerate(text):
+        if _is_sentinel(c):
+            where.setdefault(ord(c), []).append(i)
+    spans = []
+    for code, at in where.items():
+        if (code - _SENTINEL_BASE) % 2 == 0:
+            ends = where.get(code + 1, [])
+            if len(at) == 1 and len(ends) == 1 and at[0] < ends[0] and not any(
+                    _is_sentinel(c) for c in text[at[0] + 1:ends[0]]):
+                spans.append((at[0], ends[0]))
+    def markup(part: str) -> tuple[str, bool]:
+        return "".join(c for c in part if not _is_sentinel(c)), False
+
     pieces: list[tuple[str, bool]] = []
     pos = 0
-    while True:
-        a = text.find(_SENTINEL_OPEN, pos)
-        if a < 0:
-            break
-        b = text.find(_SENTINEL_CLOSE, a)
-        if b < 0:
-            return None
-        pieces += [(text[pos:a], False), (fix(text[a + 1:b]), True)]
+    for a, b in sorted(spans):
+        pieces += [markup(text[pos:a]), (text[a + 1:b], True)]
         pos = b + 1
-    pieces.append((text[pos:], False))
-    if any(_SENTINEL_OPEN in p or _SENTINEL_CLOSE in p for p, _ in pieces):
+    pieces.append(markup(text[pos:]))
+    return pieces
+
+
+def _align(pieces: list[tuple[str, bool]], plain: str) -> list[tuple[str, bool]] | None:
+    """``pieces`` matched against the unmarked rendering ``plain``: a template that trims a
+    content sees the sentinels, not the whitespace inside them, so each content is taken
+    as is or stripped (both sides, left, right), whichever lets the text after it match.
+    None if no choice reproduces ``plain``."""
+    out: list[tuple[str, bool]] = []
+    pos = 0
+    for i, (piece, is_content) in enumerate(pieces):
+        if not is_content:
+            if not plain.startswith(piece, pos):
+                return None
+            out.append((piece, False))
+            pos += len(piece)
+            continue
+        after = pieces[i + 1][0] if i + 1 < len(pieces) else ""
+        for cand in dict.fromkeys((piece, piece.strip(), piece.lstrip(), piece.rstrip())):
+            if plain.startswith(cand, pos) and plain.startswith(after, pos + len(cand)):
+                out.append((cand, True))
+                pos += len(cand)
+                break
+        else:
+            return None
+    if pos != len(plain):
         return None
-    return [(p, c) for p, c in pieces if p]
+    return [(p, c) for p, c in out if p]
+
+
+def _fold_system(chat: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``chat`` with its opening system message joined to the user message after it, or
+    None when it does not open that way."""
+    if len(chat) < 2 or chat[0].get("role") != "system" or chat[1].get("role") != "user":
+        return None
+    system, user = chat[0].get("content"), chat[1].get("content")
+    if not isinstance(system, str) or not isinstance(user, str):
+        return None
+    joined = f"{system}\n\n{user}" if system.strip() else user
+    return [{**chat[1], "content": joined}, *chat[2:]]
 
 
 def _find_source(meta: Mapping[str, Any] | None, model_dir: str | Path | None,

@@ -31,13 +31,16 @@ def _human_bytes(n: float) -> str:
 def cmd_models(args: argparse.Namespace) -> int:
     from inference.store import discover
 
-    specs = discover(extra_paths=args.path or ())
-    print(f"{'name':40} {'kind':8} {'arch':8} {'format':11} {'quant':14} {'params':>8} "
-          f"{'file':>9} {'est. mem':>9}  source")
+    specs = discover(extra_paths=args.path or (), include_unreadable=True)
+    print(f"{'name':40} {'kind':8} {'arch':11} {'context':>7} {'format':11} {'quant':14} "
+          f"{'params':>8} {'file':>9} {'est. mem':>9}  source")
     for s in specs:
-        print(f"{s.name[:40]:40} {s.kind:8} {s.architecture:8} {s.format:11} "
+        ctx = f"{s.context_length:>7}" if s.context_length else f"{'?':>7}"
+        print(f"{s.name[:40]:40} {s.kind:8} {s.architecture[:11]:11} {ctx} {s.format:11} "
               f"{','.join(s.quant_types)[:14]:14} {s.n_params / 1e6:7.0f}M "
               f"{_human_bytes(s.file_size):>9} {_human_bytes(s.est_memory):>9}  {s.source}")
+        if s.problem:
+            print(f"    cannot run: {s.problem}")
     return 0
 
 

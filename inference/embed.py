@@ -1,15 +1,108 @@
-"""Sentence embeddings: batching planner, mean pooling, L2 normalisation."""
+"""Sentence embeddings: the pipeline a model declares, batching planner, pooling (mean, CLS,
+last token), L2 normalisation."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from inference.errors import CancelledError
+from inference.errors import CancelledError, CorruptModelError, UnsupportedModelError
 from inference.models.protocol import EncoderModel
+
+POOLING_MODES = ("mean", "cls", "lasttoken")
+# llama.cpp's pooling enum in GGUF (general: <arch>.pooling_type) -> our names.
+GGUF_POOLING = {1: "mean", 2: "cls", 3: "lasttoken"}
+# sentence-transformers' older Pooling config: one flag per mode.
+_POOLING_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
+                  "pooling_mode_lasttoken": "lasttoken", "pooling_mode_max_tokens": "max",
+                  "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                  "pooling_mode_weightedmean_tokens": "weightedmean"}
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What a sentence-transformers model directory declares around its encoder:
+    ``modules.json`` (Transformer -> Pooling -> Normalize), ``1_Pooling/config.json``, and
+    the sequence limit of ``sentence_bert_config.json`` (or the tokenizer's)."""
+
+    pooling: str = "mean"
+    normalize: bool = False
+    max_seq_length: int | None = None
+
+    @classmethod
+    def from_dir(cls, path: str | Path, gguf_pooling: int = -1) -> Pipeline:
+        """The pipeline of ``path``. Without modules.json: a GGUF's own pooling_type if it
+        has one, else mean pooling without normalisation (sentence-transformers' default
+        for a bare transformers model)."""
+        path = Path(path)
+        d = path if path.is_dir() else path.parent
+        modules = _json(d / "modules.json", [])
+        pooling = GGUF_POOLING.get(gguf_pooling, "mean")
+        normalize = False
+        for m in modules if isinstance(modules, list) else []:
+            kind = str(m.get("type", "")) if isinstance(m, dict) else ""
+            name = kind.rsplit(".", 1)[-1]
+            if name == "Pooling":
+                pooling = _pooling_mode(_json(d / str(m.get("path", "")) / "config.json", {}))
+            elif name == "Normalize":
+                normalize = True
+            elif name not in ("Transformer", "") and not name.startswith("Transformer"):
+                raise UnsupportedModelError(
+                    f"{d.name}'s modules.json has a {name} module after the encoder, which "
+                    "Inferdesk does not apply; its vectors would differ from the model's.")
+        return cls(pooling=pooling, normalize=normalize, max_seq_length=_seq_limit(d))
+
+
+def declares_pooling(path: str | Path) -> bool:
+    """Whether the model directory at ``path`` is a sentence-transformers model (its
+    modules.json names a Pooling module): a decoder there is an embedder."""
+    d = Path(path)
+    modules = _json(d / "modules.json", []) if d.is_dir() else []
+    return isinstance(modules, list) and any(
+        isinstance(m, dict) and str(m.get("type", "")).endswith("Pooling") for m in modules)
+
+
+def _pooling_mode(cfg: dict[str, Any]) -> str:
+    mode = cfg.get("pooling_mode")
+    modes = [mode] if isinstance(mode, str) else [
+        name for key, name in _POOLING_FLAGS.items() if cfg.get(key)]
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        shown = " + ".join(modes) or "none"
+        raise UnsupportedModelError(
+            f"The model pools its tokens by {shown}; Inferdesk pools by one of "
+            f"{', '.join(POOLING_MODES)}.")
+    return modes[0]
+
+
+def _seq_limit(d: Path) -> int | None:
+    """sentence_bert_config.json's max_seq_length, else the tokenizer's model_max_length
+    when it is a real limit (transformers writes ~1e30 for "none")."""
+    st = _json(d / "sentence_bert_config.json", {})
+    if "max_seq_length" in st:
+        length = st["max_seq_length"]
+        if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+            raise CorruptModelError(f"max_seq_length in sentence_bert_config.json is "
+                                    f"{length!r}; expected a whole number of at least 2.")
+        return length
+    tok = _json(d / "tokenizer_config.json", {}).get("model_max_length")
+    if isinstance(tok, int) and not isinstance(tok, bool) and 2 <= tok <= 1 << 20:
+        return tok
+    return None
+
+
+def _json(path: Path, default: Any) -> Any:
+    if not path.is_file():
+        return default
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CorruptModelError(f"{path}: not valid JSON ({e}).") from e
 
 
 @dataclass(frozen=True)
@@ -69,6 +162,17 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
 
 
+def pool(hidden: np.ndarray, mask: np.ndarray, mode: str = "mean") -> np.ndarray:
+    """One vector per row of right-padded ``hidden``: the mean of its tokens, its first
+    token (CLS), or its last real token (decoder embedders such as Qwen3-Embedding)."""
+    if mode == "cls":
+        return hidden[:, 0].copy()
+    if mode == "lasttoken":
+        last = np.maximum(mask.sum(axis=1).astype(np.int64) - 1, 0)
+        return hidden[np.arange(hidden.shape[0]), last].copy()
+    return mean_pool(hidden, mask)
+
+
 def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -80,6 +184,7 @@ def embed_ids(
     pad_id: int,
     limits: BatchLimits,
     normalize: bool = True,
+    pooling: str = "mean",
     progress: Callable[[int, int], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> np.ndarray:
@@ -111,7 +216,7 @@ def embed_ids(
         pos = np.broadcast_to(np.arange(width, dtype=np.int64), ids.shape)
         hidden = model(B.array(ids), B.array(np.ascontiguousarray(pos)),
                        B.array(np.zeros((len(chunk), 1), dtype=np.int64)), B.array(mask))
-        return mean_pool(B.to_numpy(hidden), mask)
+        return pool(B.to_numpy(hidden), mask, pooling)
 
     chunks = plan_batches([len(t) for t in token_ids], limits, call_bytes)
     for chunk, pooled in zip(chunks, B.map_calls(run, chunks), strict=True):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.backends.base import ATTENTION_SCRATCH_BYTES
+from inference.embed import declares_pooling
 from inference.errors import (
     CancelledError,
     CorruptModelError,
@@ -75,6 +76,8 @@ class ModelSpec:
     est_memory: int
     source: str  # "bundled" | "hf-cache" | "local"
     repo_id: str | None = None  # Hugging Face repo, for models from the cache
+    context_length: int | None = None  # tokens the engine lets the model hold
+    problem: str | None = None  # why the engine cannot run it (one sentence), else None
 
 
 # --- specs --------------------------------------------------------------------------------
@@ -115,10 +118,71 @@ def _weight_files(path: Path) -> list[Path]:
     return files or [path / "config.json"]
 
 
+def unusable_spec(path: str | Path, error: InferdeskError, *, name: str | None = None,
+                  source: str = "local", repo_id: str | None = None) -> ModelSpec:
+    """A listing entry for a file that cannot even be read, with the reason as its problem."""
+    path = Path(path)
+    try:
+        size = sum(w.stat().st_size for w in _weight_files(path))
+    except OSError:
+        size = 0
+    fmt = "gguf" if path.suffix.lower() == ".gguf" else "safetensors" if path.is_dir() else "?"
+    return ModelSpec(name=name or (path.stem if path.is_file() else path.name), path=path,
+                     format=fmt, architecture="?", kind="?", quant_types=[], n_params=0,
+                     file_size=size, est_memory=0, source=source, repo_id=repo_id,
+                     problem=str(error))
+
+
+def context_length(cfg: dict[str, Any], args: Any) -> int:
+    """Tokens the engine lets a model hold: its position limit (ModelArgs applies the RoPE
+    scheme's own; an XLM-R encoder's table starts after the pad id), and for a sliding-window
+    model whose layers do not declare their windows (Mistral v0.1, Qwen2 with
+    use_sliding_window) the window, as attention spans it all."""
+    ctx = int(getattr(args, "n_positions", args.max_position_embeddings))
+    window = cfg.get("sliding_window")
+    windowed = "sliding_attention" in (getattr(args, "layer_types", None) or [])
+    if window and not windowed and cfg.get("use_sliding_window",
+                                           cfg.get("model_type") != "qwen2"):
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise CorruptModelError(f"Config key sliding_window is {window!r}; expected a "
+                                    f"whole number of at least 1.")
+        ctx = min(ctx, window)
+    return ctx
+
+
+def _runnable(ck: Checkpoint, arch: str, kind: str) -> tuple[int | None, str | None]:
+    """(context length, problem): what loading would check, from headers only."""
+    from inference.models import architecture
+    from inference.validate import check_tensors, spec_for
+
+    where = ck.path.name
+    try:
+        mod = architecture(arch, where)
+        args = mod.ModelArgs.from_dict(ck.config)
+        check_tensors(args, ck.tensors, spec_for(arch, mod), where=where)
+        if kind == "causal":
+            _check_tokenizer(ck)
+        return context_length(ck.config, args), None
+    except InferdeskError as e:
+        ctx = ck.config.get("max_position_embeddings")
+        return (ctx if isinstance(ctx, int) and not isinstance(ctx, bool) else None), str(e)
+
+
+def _check_tokenizer(ck: Checkpoint) -> None:
+    if ck.format == "gguf":
+        from inference.tokenizer.gguf_vocab import check_supported
+
+        check_supported(ck.metadata)
+    elif not (Path(ck.path) / "tokenizer.json").is_file():
+        raise ModelNotFoundError(f"{Path(ck.path).name} has no tokenizer.json, which the "
+                                 f"engine needs to read its text.")
+
+
 def _describe(ck: Checkpoint, file_size: int) -> ModelSpec:
     cfg = ck.config
     arch = str(cfg.get("model_type", "unknown"))
-    kind = "encoder" if arch in ENCODER_TYPES else "causal"
+    kind = "encoder" if arch in ENCODER_TYPES or declares_pooling(ck.path) else "causal"
+    ctx, problem = _runnable(ck, arch, kind)
     n_params = 0
     stored = 0
     for t in ck.tensors.values():
@@ -131,6 +195,7 @@ def _describe(ck: Checkpoint, file_size: int) -> ModelSpec:
         name="", path=ck.path, format=ck.format, architecture=arch, kind=kind,
         quant_types=sorted({t.qtype for t in ck.tensors.values()}), n_params=n_params,
         file_size=file_size, est_memory=stored + runtime_bytes(cfg, kind), source="",
+        context_length=ctx, problem=problem,
     )
 
 
@@ -225,10 +290,13 @@ def _local_models(p: Path) -> list[Path]:
     return [p]
 
 
-def discover(extra_paths: Iterable[str | Path] = ()) -> list[ModelSpec]:
+def discover(extra_paths: Iterable[str | Path] = (),
+             include_unreadable: bool = False) -> list[ModelSpec]:
     """Every model we can find: bundled, then the Hugging Face cache, then ``extra_paths``.
 
-    Models that cannot be read are skipped with a logged warning; the same file found
+    Models that cannot be read are skipped with a logged warning, or with
+    ``include_unreadable`` listed with the reason as ``problem`` (:func:`unusable_spec`);
+    models that read but cannot run carry their ``problem`` either way. The same file found
     twice is listed once (first source wins).
     """
     candidates: list[tuple[Path, str | None, str, str | None]] = []
@@ -247,7 +315,10 @@ def discover(extra_paths: Iterable[str | Path] = ()) -> list[ModelSpec]:
         try:
             specs.append(spec_for_path(path, name=name, source=source, repo_id=repo))
         except InferdeskError as e:
-            log.warning("skipping %s: %s", path, e)
+            if include_unreadable:
+                specs.append(unusable_spec(path, e, name=name, source=source, repo_id=repo))
+            else:
+                log.warning("skipping %s: %s", path, e)
     return specs
 
 

@@ -276,13 +276,7 @@ def sentencepiece_case(tmp: Path) -> dict:
 def write_spm_gguf(path: Path, md: dict) -> None:
     """A tokenizer-only GGUF with just enough llama config for transformers to open it."""
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(128)
-    w.add_block_count(1)
-    w.add_embedding_length(8)
-    w.add_feed_forward_length(16)
-    w.add_head_count(2)
-    w.add_head_count_kv(2)
-    w.add_layer_norm_rms_eps(1e-5)
+    tiny_model_keys(w)
     w.add_vocab_size(len(md["tokenizer.ggml.tokens"]))
     w.add_tokenizer_model(md["tokenizer.ggml.model"])
     w.add_token_list(md["tokenizer.ggml.tokens"])
@@ -295,6 +289,17 @@ def write_spm_gguf(path: Path, md: dict) -> None:
     w.add_add_bos_token(md["tokenizer.ggml.add_bos_token"])
     w.add_add_eos_token(md["tokenizer.ggml.add_eos_token"])
     _write(w)
+
+
+def tiny_model_keys(w: gguf.GGUFWriter) -> None:
+    """Just enough model metadata for transformers to open a tokenizer-only GGUF."""
+    w.add_context_length(128)
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
 
 
 def _write(w: gguf.GGUFWriter) -> None:

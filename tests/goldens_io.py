@@ -18,10 +18,12 @@ SMOLLM2_MIN_TOP1_AGREEMENT = 0.99
 SMOLLM2_MAX_MEAN_ABS_DLOGP_TOP1 = 0.01
 
 
-def _npz(name: str) -> tuple[dict[str, np.ndarray], dict]:
+def load_npz(name: str) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays of tests/goldens/``name`` and its ``meta`` JSON, apart."""
     with np.load(GOLDENS_DIR / name, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     return arrays, json.loads(str(arrays.pop("meta")))
+
 
 
 def load_minilm_sentences() -> list[str]:
@@ -38,7 +40,7 @@ def load_minilm() -> dict:
     (<= max_seq_length); n_tokens_untruncated (n,) int32; input_ids list of n int32 arrays;
     meta (dict: versions, modules, max_seq_length, model sha256).
     """
-    a, meta = _npz("minilm_embeddings.npz")
+    a, meta = load_npz("minilm_embeddings.npz")
     splits = np.cumsum(a["n_tokens"])[:-1]
     return {
         "sentences": load_minilm_sentences(),
@@ -60,7 +62,7 @@ def load_smollm2() -> dict:
     ids[:i+1], best first (top-1 = column 0); next_logp (n-1,) float32, log p(ids[i+1]).
     greedy: prompt_ids, ids (the reference's 48-token greedy reply; informative only), text.
     """
-    a, meta = _npz("smollm2_logprobs.npz")
+    a, meta = load_npz("smollm2_logprobs.npz")
     texts = {}
     for name, text in meta["texts"].items():
         texts[name] = {"text": text} | {

@@ -17,6 +17,17 @@ def test_models_lists_bundled(capsys):
     assert "SmolLM2-135M-Instruct.Q4_1" in out and "all-MiniLM-L6-v2" in out
 
 
+def test_models_shows_context_and_why_a_file_cannot_run(capsys, tmp_path):
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF" + bytes(10))
+    assert main(["models", "--path", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "context" in lines[0]
+    smol = next(line for line in lines if line.startswith("SmolLM2"))
+    assert " 8192 " in smol
+    at = next(i for i, line in enumerate(lines) if line.startswith("broken"))
+    assert lines[at + 1].startswith("    cannot run: ") and "broken.gguf" in lines[at + 1]
+
+
 def test_backends_table(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out

@@ -455,11 +455,11 @@ def test_template_that_does_not_compile_is_reported_not_replaced(tmp_path: Path)
 
 
 @pytest.mark.parametrize(("key", "value", "named"), [
-    ("hidden_act", "relu", "'relu'"), ("pooling_type", 2, "'cls'"), ("pooling_type", 3, "'last'"),
+    ("hidden_act", "relu", "'relu'"), ("pooling_type", 0, "'none'"), ("pooling_type", 4, "'rank'"),
 ])
 def test_bert_settings_it_cannot_compute_are_refused_by_name(key, value, named):
-    """hidden_act and GGUF's pooling_type were read and ignored: a ReLU or CLS-pooled
-    encoder would have produced plausible, wrong vectors."""
+    """hidden_act and GGUF's pooling_type were read and ignored: a ReLU encoder or one
+    pooling some way we do not would have produced plausible, wrong vectors."""
     from inference.errors import UnsupportedModelError
     from inference.models import bert
 

@@ -188,6 +188,44 @@ def test_extra_paths(tmp_path: Path) -> None:
     assert store.resolve("b", extra_paths=[folder]).path == folder / "b.gguf"
 
 
+def test_context_length_and_problems(tmp_path: Path) -> None:
+    tiny = Path(__file__).parent / "goldens" / "tiny"
+    # Runs: the context is its own (Phi-3.5's LongRoPE model: the original 4k, where the
+    # engine is exact); a Mistral window caps it.
+    assert store.spec_for_path(tiny / "llama").context_length == 512
+    assert store.spec_for_path(tiny / "phi3_q4_0.gguf").context_length == 4096
+    windowed = tmp_path / "mistral-v0.1"
+    shutil.copytree(tiny / "mistral", windowed)
+    cfg = json.loads((windowed / "config.json").read_text())
+    (windowed / "config.json").write_text(json.dumps({**cfg, "sliding_window": 96}))
+    assert store.spec_for_path(windowed).context_length == 96
+    assert all(store.spec_for_path(tiny / n).problem is None for n in ("llama", "qwen3_q4_0.gguf"))
+    # Reads, but cannot run: the reason the load would give, before loading.
+    yarn = tmp_path / "yarn"
+    shutil.copytree(tiny / "llama", yarn)
+    cfg = json.loads((yarn / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}
+    (yarn / "config.json").write_text(json.dumps(cfg))
+    spec = store.spec_for_path(yarn)
+    assert "yarn" in spec.problem.lower() and spec.context_length == 512
+    no_tok = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny / "llama", no_tok)
+    (no_tok / "tokenizer.json").unlink()
+    assert "tokenizer.json" in store.spec_for_path(no_tok).problem
+    # Cannot be read: listed only on request, with the reason.
+    gemma3 = Path(__file__).parent / "goldens" / "families" / "gemma" / "tokenizer.gguf"
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copyfile(gemma3, folder / "gemma-3-1b-it.gguf")
+    (folder / "broken.gguf").write_bytes(b"GGUF" + bytes(10))
+    assert {s.name for s in store.discover([folder]) if s.source == "local"} == set()
+    listed = {s.name: s for s in store.discover([folder], include_unreadable=True)
+              if s.source == "local"}
+    assert set(listed) == {"gemma-3-1b-it", "broken"}
+    assert "'gemma3'" in listed["gemma-3-1b-it"].problem
+    assert listed["broken"].problem and listed["broken"].file_size == 14
+
+
 # --- downloads -------------------------------------------------------------------------------
 
 def test_offline_download_is_a_plain_typed_error() -> None:

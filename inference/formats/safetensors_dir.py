@@ -40,7 +40,7 @@ _INT_DTYPES = {
 _ITEMSIZE = {"BF16": 2} | {k: np.dtype(v).itemsize for k, v in _FLOAT_DTYPES.items()} \
     | {k: np.dtype(v).itemsize for k, v in _INT_DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024  # the format caps headers at 100 MB
-ENCODER_TYPES = {"bert"}
+ENCODER_TYPES = {"bert", "xlm-roberta", "roberta"}
 
 
 def is_model_dir(path: Path) -> bool:
@@ -89,12 +89,21 @@ def read_safetensors_dir(path: str | Path) -> Checkpoint:
     if config.get("model_type") in ENCODER_TYPES:
         tensors = {_strip_bert(n): TensorData(_strip_bert(n), t.shape, t.qtype, t.data, t.extra)
                    for n, t in tensors.items()}
+    elif "embed_tokens.weight" in tensors and "model.embed_tokens.weight" not in tensors:
+        # A bare decoder (Qwen3Model, as decoder embedders ship) names its tensors without
+        # the "model." a ForCausalLM checkpoint puts in front.
+        tensors = {f"model.{n}": TensorData(f"model.{n}", t.shape, t.qtype, t.data, t.extra)
+                   for n, t in tensors.items()}
     return Checkpoint(path=path, format="mlx" if is_mlx else "safetensors", config=config,
                       tensors=tensors, metadata={}, chat_template=_chat_template(path))
 
 
 def _strip_bert(name: str) -> str:
-    return name[len("bert."):] if name.startswith("bert.") else name
+    """Encoder tensor names without a task head's prefix (BertForX, XLMRobertaForX)."""
+    for prefix in ("bert.", "roberta."):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
 
 
 def _read_json(p: Path) -> Any:

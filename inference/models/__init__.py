@@ -17,6 +17,8 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "gemma3_text": llama,
     "phi3": llama,
     "bert": bert,
+    "xlm-roberta": bert,
+    "roberta": bert,
 }
 CAUSAL = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"}
 

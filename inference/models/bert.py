@@ -1,4 +1,6 @@
-"""BERT-style encoders (all-MiniLM-L6-v2 and kin), written against backend ops."""
+"""BERT-style encoders, written against backend ops: BERT (all-MiniLM-L6-v2 and kin) and
+XLM-RoBERTa (multilingual-e5, bge-m3), which differs only in where positions start: after
+the pad id (``pad_token_id + 1``), so its position table's first rows are never used."""
 
 from __future__ import annotations
 
@@ -8,6 +10,12 @@ from typing import Any
 from inference.backends.base import Backend
 from inference.errors import UnsupportedModelError
 from inference.models.common import Weights, config_from_dict
+from inference.validate import SPECS, register
+
+# RoBERTa's family counts positions from pad_token_id + 1.
+_OFFSET_POSITIONS = {"xlm-roberta", "roberta"}
+for _name in _OFFSET_POSITIONS:
+    register(_name, SPECS["bert"])
 
 REQUIRED_OPS = frozenset({
     "embedding", "linear", "layer_norm", "attention", "gelu", "add", "reshape", "transpose",
@@ -26,22 +34,39 @@ class ModelArgs:
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
     hidden_act: str = "gelu"
+    pad_token_id: int | None = None
     # GGUF's pooling enum (llama.cpp): -1 unset, 0 none, 1 mean, 2 cls, 3 last, 4 rank.
     pooling_type: int = -1
 
     def __post_init__(self) -> None:
-        # The encoder computes erf GELU and the embedder mean-pools; anything else would
-        # give vectors that look fine and are wrong, so it is refused by name.
+        # The encoder computes erf GELU and pools three ways; anything else would give
+        # vectors that look fine and are wrong, so it is refused by name.
         if self.hidden_act != "gelu":
             raise UnsupportedModelError(
                 f"This {self.model_type} model uses activation '{self.hidden_act}'; Inferdesk's "
                 "BERT encoder computes only 'gelu'.")
-        if self.pooling_type not in (-1, 1):
-            kind = {0: "none", 2: "cls", 3: "last", 4: "rank"}.get(self.pooling_type,
-                                                                  str(self.pooling_type))
+        if self.pooling_type not in (-1, 1, 2, 3):
+            kind = {0: "none", 4: "rank"}.get(self.pooling_type, str(self.pooling_type))
             raise UnsupportedModelError(
-                f"This {self.model_type} model pools its embeddings by '{kind}'; Inferdesk's "
-                "BERT embedder mean-pools only.")
+                f"This {self.model_type} model pools its embeddings by '{kind}'; Inferdesk "
+                "pools by mean, cls or last token.")
+        _ = self.position_offset  # a pad id outside the position table is refused here
+
+    @property
+    def position_offset(self) -> int:
+        """Row of the position table that the first token uses."""
+        if self.model_type not in _OFFSET_POSITIONS:
+            return 0
+        if self.pad_token_id is None or not 0 <= self.pad_token_id < self.max_position_embeddings:
+            raise UnsupportedModelError(
+                f"This {self.model_type} model's pad_token_id is {self.pad_token_id!r}; its "
+                "positions start after it, so it must be a row of the position table.")
+        return self.pad_token_id + 1
+
+    @property
+    def n_positions(self) -> int:
+        """Tokens one input may hold."""
+        return self.max_position_embeddings - self.position_offset
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelArgs:
@@ -100,7 +125,8 @@ class Model:
         self.args = args
         self.B = B
         self.word = w.linear("embeddings.word_embeddings.weight")
-        self.position = w.dense("embeddings.position_embeddings.weight")
+        self.position = w.dense_rows("embeddings.position_embeddings.weight",
+                                     args.position_offset)
         self.token_type = w.dense("embeddings.token_type_embeddings.weight")
         self.norm = (w.dense("embeddings.LayerNorm.weight"), w.dense("embeddings.LayerNorm.bias"))
         self.layers = [Layer(args, B, w, i) for i in range(args.num_hidden_layers)]
@@ -117,3 +143,4 @@ class Model:
         for layer in self.layers:
             h = layer(h, key_mask)
         return h
+

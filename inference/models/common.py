@@ -65,6 +65,14 @@ class Weights:
     def dense(self, name: str) -> Any:
         return self._convert(name, self.B.dense)
 
+    def dense_rows(self, name: str, first: int) -> Any:
+        """A table without its first ``first`` rows (XLM-R's positions start after the pad id)."""
+        if not first:
+            return self.dense(name)
+        return self._convert(name, lambda t: self.B.dense(TensorData(
+            t.name, (t.shape[0] - first, *t.shape[1:]), "F32",
+            dequantize(t).astype(np.float32)[first:])))
+
     def optional_dense(self, name: str) -> Any | None:
         return self.dense(name) if self.has(name) else None
 

@@ -287,6 +287,14 @@ class Model:
     def __call__(self, ids: Any, cache: KVCache | BatchedCaches, last_only: bool = False) -> Any:
         """ids: native int array (batch, seq). Returns logits (batch, seq or 1, vocab).
         With :class:`BatchedCaches` each row is a separate sequence (a batched decode step)."""
+        logits = self.B.linear(self.hidden_states(ids, cache, last_only), self.lm_head)
+        cap = self.args.final_logit_softcapping
+        return logits if cap is None else self.B.softcap(logits, cap)
+
+    def hidden_states(self, ids: Any, cache: KVCache | BatchedCaches,
+                      last_only: bool = False) -> Any:
+        """The final norm's output (batch, seq or 1, hidden): what the lm_head reads, and
+        what a decoder embedder pools."""
         B = self.B
         h = B.embedding(self.embed_tokens, ids)
         if self.embed_scale is not None:
@@ -297,6 +305,4 @@ class Model:
         cache.advance(t)
         if last_only:
             h = B.narrow(h, 1, t - 1, 1)
-        logits = B.linear(B.rms_norm(h, self.norm, self.args.rms_norm_eps), self.lm_head)
-        cap = self.args.final_logit_softcapping
-        return logits if cap is None else B.softcap(logits, cap)
+        return B.rms_norm(h, self.norm, self.args.rms_norm_eps)

@@ -77,8 +77,12 @@ class Tokenizer:
         extra = gen.get("eos_token_id", [])
         extra = [extra] if isinstance(extra, int) else list(extra)
         kind, strip = _stream_kind(json.loads(backend.to_str()).get("decoder"))
+        template = _template_text(config.get("chat_template"))
+        jinja = path.with_name("chat_template.jinja")  # where transformers now saves it
+        if template is None and jinja.is_file():
+            template = jinja.read_text(encoding="utf-8")
         return cls(backend, kind=kind, strip_space=strip, extra_eos_ids=extra,
-                   chat_template=_template_text(config.get("chat_template")), **tok)
+                   chat_template=template, **tok)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -180,8 +184,9 @@ class Tokenizer:
         ids = {int(i) for i in extra}
         if self.eos_id is not None:
             ids.add(self.eos_id)
+        # By text, special or not: some files mark <end_of_turn> user-defined.
         for i, tok in self.backend.get_added_tokens_decoder().items():
-            if tok.special and tok.content in END_OF_TURN:
+            if tok.content in END_OF_TURN:
                 ids.add(int(i))
         return ids
 

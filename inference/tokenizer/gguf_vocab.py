@@ -53,12 +53,18 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
     "llama3": (_LLAMA3,),
     "llama-v3": (_LLAMA3,),
     "llama-bpe": (_LLAMA3,),
+    "falcon3": (_LLAMA3,),
     "dbrx": (_LLAMA3,),
     "smaug-bpe": (_LLAMA3,),
     "qwen2": (_QWEN2,),
     "stablelm2": (_QWEN2,),
     "deepseek-r1-qwen": (_QWEN2,),
 }
+
+# Pre-tokenizers of Llama 3's family, for which llama.cpp takes a word found whole in the
+# vocabulary as one token before any merge (as Llama 3's tokenizer.json says with
+# "ignore_merges") and adds BOS unless the file says not to.
+LLAMA3_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3"})
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -84,11 +90,27 @@ def byte_token_value(token: str) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
-def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]:
-    """A tokenizers.Tokenizer and facts about it (kind, add_bos, ...) from GGUF metadata."""
+def check_supported(md: Mapping[str, Any]) -> None:
+    """Raise UnsupportedModelError, as :func:`build_from_gguf` would, if the file's tokenizer
+    type or pre-tokenizer is one we cannot build; cheap (no vocabulary is read)."""
     model = md.get("tokenizer.ggml.model")
     if model is None:
         raise UnsupportedModelError("This GGUF file embeds no tokenizer (no tokenizer.ggml.model).")
+    if model not in ("gpt2", "llama"):
+        raise UnsupportedModelError(
+            f"GGUF tokenizer type {model!r} is not supported (only 'gpt2' BPE and 'llama' "
+            "SentencePiece are).")
+    pre = str(md.get("tokenizer.ggml.pre") or "default")
+    if model == "gpt2" and pre not in PRE_TOKENIZER_SPLITS:
+        raise UnsupportedModelError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; known: "
+            f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}.")
+
+
+def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]:
+    """A tokenizers.Tokenizer and facts about it (kind, add_bos, ...) from GGUF metadata."""
+    check_supported(md)
+    model = md.get("tokenizer.ggml.model")
     tokens = list(md.get("tokenizer.ggml.tokens") or [])
     if not tokens:
         raise CorruptModelError("This GGUF file's tokenizer has no tokens.")
@@ -98,16 +120,12 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
             f"This GGUF file lists {len(tokens)} tokens but {len(types)} token types.")
     if model == "gpt2":
         tk, info = _byte_level_bpe(md, tokens, types), {"kind": "byte_level", "strip_space": False}
-        default_bos = False
-    elif model == "llama":
+        default_bos = md.get("tokenizer.ggml.pre") in LLAMA3_PRE
+    else:  # "llama"
         add_space = bool(md.get("tokenizer.ggml.add_space_prefix", True))
         tk, info = _sentencepiece_bpe(md, tokens, types, add_space), {
             "kind": "sentencepiece", "strip_space": add_space, "prefix_space": add_space}
         default_bos = True  # llama.cpp and transformers add BOS unless the file says not to
-    else:
-        raise UnsupportedModelError(
-            f"GGUF tokenizer type {model!r} is not supported (only 'gpt2' BPE and 'llama' "
-            "SentencePiece are).")
     info["add_bos"] = bool(md.get("tokenizer.ggml.add_bos_token", default_bos))
     info["add_eos"] = bool(md.get("tokenizer.ggml.add_eos_token", False))
     _set_post_processor(tk, tokens, md, info["add_bos"], info["add_eos"])
@@ -116,11 +134,7 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
 
 def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) -> HFTokenizer:
     pre = str(md.get("tokenizer.ggml.pre") or "default")
-    splits = PRE_TOKENIZER_SPLITS.get(pre)
-    if splits is None:
-        raise UnsupportedModelError(
-            f"GGUF pre-tokenizer {pre!r} is not supported; known: "
-            f"{', '.join(sorted(PRE_TOKENIZER_SPLITS))}.")
+    splits = PRE_TOKENIZER_SPLITS[pre]  # known: check_supported ran
     merges = md.get("tokenizer.ggml.merges")
     if not merges:
         raise CorruptModelError("This GGUF file's BPE tokenizer lists no merges.")
@@ -134,7 +148,8 @@ def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) 
         vocab.setdefault(key, i)
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     try:
-        tk = HFTokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+        tk = HFTokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
+                             ignore_merges=pre in LLAMA3_PRE))
     except Exception as e:  # tokenizers raises plain Exception for merges of unknown tokens
         raise CorruptModelError(f"This GGUF file's BPE merges do not fit its vocabulary "
                                 f"({str(e).splitlines()[0] if str(e) else e!r}).") from None
@@ -155,6 +170,12 @@ def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int
     if len(scores) != len(tokens):
         raise CorruptModelError(
             f"This GGUF file lists {len(tokens)} tokens but {len(scores)} scores.")
+    # Gemma's files spell a piece of several spaces with real spaces; the text reaches the
+    # model with U+2581 for each space, so respell them.
+    tokens = ["\u2581" * len(t) if len(t) > 1 and not t.strip(" ") else t for t in tokens]
+    if str(md.get("general.architecture", "")).startswith("gemma"):
+        # Gemma's scores do not order its merges; its pieces are stored in merge order.
+        scores = [-float(i) for i in range(len(tokens))]
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)

@@ -1,0 +1,191 @@
+"""Write tests/goldens/embedders/: tiny random sentence-embedding models beyond BERT, saved by
+sentence-transformers, and its embeddings of a multilingual sentence set.
+
+    .venv-ref/bin/python scripts/make_embedder_goldens.py
+
+Models (hidden 64, 2 layers, 4 heads, MLP 128; weights N(0, 0.2), biases N(0, 0.1),
+LayerNorm weights 1 + N(0, 0.1), drawn in sorted-name order from default_rng(seed)):
+
+    xlmr_e5/   multilingual-e5's shape: XLMRobertaModel (positions start after the pad id,
+               one token type), a SentencePiece-style Unigram tokenizer adding <s> ... </s>,
+               mean pooling, Normalize
+    xlmr_bge/  bge-m3 (dense)'s shape: the same architecture, CLS pooling, Normalize
+    qwen3_embed/  Qwen3-Embedding's shape: Qwen3Model (no lm_head; per-head q/k norms, GQA,
+               head_dim 16), Qwen's byte-level BPE whose post-processor appends
+               <|endoftext|>, left padding, last-token pooling, Normalize
+
+sentence-transformers writes modules.json, 1_Pooling/config.json and sentence_bert_config.json
+itself, so the engine reads the pooling the way real checkpoints declare it.
+``NAME.npz``: ``embeddings`` (n, 64) float32 from ``SentenceTransformer(dir).encode``,
+``ids.<i>`` the ids its tokenizer gave sentence i, ``meta`` (sentences, versions, pooling).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import sentence_transformers
+import sentencepiece as spm
+import tokenizers
+import torch
+import transformers
+from make_family_tokenizer_goldens import QWEN2_SPLIT, train_byte_level
+from sentence_transformers import SentenceTransformer
+from sentence_transformers import models as st_models
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import Qwen3Config, Qwen3Model, XLMRobertaConfig, XLMRobertaModel
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "goldens" / "embedders"
+MAX_SEQ = 48
+
+SENTENCES = [
+    "", "   ", "A cat sits on the mat.", "A kitten is sitting on a rug.",
+    "The stock market fell sharply today.", "Der Hund läuft schnell über die Straße.",
+    "Le chat dort sur le canapé.", "El niño come una manzana roja.",
+    "東京は日本の首都です。", "你好，世界！", "Привет, мир!", "مرحبا بالعالم",
+    "Emoji 🤖🚀 and symbols ∑ ≤ ≠", "query: how do tokenizers work?",
+    "passage: Tokenizers split text into pieces a model knows.",
+    "def add(a, b):\n    return a + b",
+    " ".join(f"word{i}" for i in range(80)),  # longer than MAX_SEQ: truncated
+]
+TRAIN = SENTENCES * 3 + [
+    "The quick brown fox jumps over the lazy dog.", "Sentence embeddings compare meaning.",
+    "Multilingual models read many scripts: Latin, Cyrillic, Arabic, CJK.",
+    "query: passage: what is the capital of France? Paris is the capital of France.",
+] * 5
+
+
+def unigram_tokenizer() -> Tokenizer:
+    """XLM-R's tokenizer.json shape: a SentencePiece Unigram model (trained here by
+    sentencepiece, single-threaded so the result is stable), Metaspace, ``<s> $A </s>``,
+    ids <s> 0, <pad> 1, </s> 2, <unk> 3 as in XLM-R."""
+    with tempfile.TemporaryDirectory() as t:
+        (Path(t) / "train.txt").write_text("\n".join(TRAIN), encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(Path(t) / "train.txt"), model_prefix=str(Path(t) / "u"),
+            model_type="unigram", vocab_size=300, character_coverage=1.0, num_threads=1,
+            unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, hard_vocab_limit=False, minloglevel=2)
+        sp = spm.SentencePieceProcessor(model_file=str(Path(t) / "u.model"))
+    pieces = [(sp.id_to_piece(i), sp.get_score(i)) for i in range(1, sp.get_piece_size())]
+    vocab = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *pieces]
+    tk = Tokenizer(models.Unigram(vocab, unk_id=3, byte_fallback=False))
+    tk.add_special_tokens([AddedToken(x, special=True) for x in ("<s>", "<pad>", "</s>", "<unk>")])
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tk.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tk.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
+    tk.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)])
+    return tk
+
+
+def init_weights(model: torch.nn.Module, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith(("LayerNorm.weight", "norm.weight", "layernorm.weight")):
+                v = 1.0 + 0.1 * rng.standard_normal(p.shape)
+            elif name.endswith(".bias"):
+                v = 0.1 * rng.standard_normal(p.shape)
+            else:
+                v = 0.2 * rng.standard_normal(p.shape)
+            p.copy_(torch.from_numpy(v.astype(np.float32)))
+
+
+def make_xlmr(name: str, pooling: str, seed: int) -> None:
+    d = OUT / name
+    base = OUT / f"_{name}_base"
+    base.mkdir(parents=True)
+    tk = unigram_tokenizer()
+    tk.save(str(base / "tokenizer.json"))
+    (base / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "XLMRobertaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+        "cls_token": "<s>", "sep_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>",
+        "mask_token": "<mask>", "model_max_length": 512}, indent=1))
+    cfg = XLMRobertaConfig(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=128,
+                           max_position_embeddings=MAX_SEQ + 2, type_vocab_size=1,
+                           pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                           layer_norm_eps=1e-5, hidden_act="gelu")
+    model = XLMRobertaModel(cfg, add_pooling_layer=False)
+    init_weights(model, seed)
+    model.save_pretrained(base, safe_serialization=True)
+    transformer = st_models.Transformer(str(base), max_seq_length=MAX_SEQ)
+    pool = st_models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode=pooling)
+    st = SentenceTransformer(modules=[transformer, pool, st_models.Normalize()], device="cpu")
+    st.save(str(d))
+    (d / "README.md").unlink(missing_ok=True)  # a generated model card
+    shutil.rmtree(base)
+    reference(d, {"pooling": pooling, "normalize": True})
+
+
+def make_qwen3_embed(name: str, seed: int) -> None:
+    d = OUT / name
+    base = OUT / f"_{name}_base"
+    base.mkdir(parents=True)
+    tk = train_byte_level(QWEN2_SPLIT, nfc=True)
+    tk.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                           for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
+    eot = tk.token_to_id("<|endoftext|>")
+    tk.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>", pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
+        special_tokens=[("<|endoftext|>", eot)])
+    tk.save(str(base / "tokenizer.json"))
+    (base / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "unk_token": None, "padding_side": "left",
+        "model_max_length": 131072}, indent=1))
+    cfg = Qwen3Config(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      intermediate_size=128, max_position_embeddings=256, rope_theta=1e6,
+                      tie_word_embeddings=True, rms_norm_eps=1e-6)
+    model = Qwen3Model(cfg)
+    init_weights(model, seed)
+    model.save_pretrained(base, safe_serialization=True)
+    transformer = st_models.Transformer(str(base), max_seq_length=MAX_SEQ)
+    pool = st_models.Pooling(transformer.get_word_embedding_dimension(),
+                             pooling_mode="lasttoken")
+    st = SentenceTransformer(modules=[transformer, pool, st_models.Normalize()], device="cpu")
+    st.save(str(d))
+    (d / "README.md").unlink(missing_ok=True)
+    shutil.rmtree(base)
+    reference(d, {"pooling": "lasttoken", "normalize": True})
+
+
+def reference(d: Path, facts: dict) -> None:
+    st = SentenceTransformer(str(d), device="cpu")
+    emb = st.encode(SENTENCES, batch_size=4, convert_to_numpy=True).astype(np.float32)
+    tok = st.tokenizer
+    arrays = {"embeddings": emb}
+    for i, s in enumerate(SENTENCES):
+        ids = tok(s, truncation=True, max_length=st.max_seq_length)["input_ids"]
+        arrays[f"ids.{i}"] = np.asarray(ids, dtype=np.int32)
+    meta = {"sentences": SENTENCES, "max_seq_length": st.max_seq_length, **facts,
+            "reference": "SentenceTransformer(dir, device='cpu').encode(batch_size=4)",
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                         "sentence-transformers": sentence_transformers.__version__,
+                         "tokenizers": tokenizers.__version__}}
+    np.savez(OUT / f"{d.name}.npz", meta=np.array(json.dumps(meta, ensure_ascii=False)),
+             **arrays)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    OUT.mkdir(parents=True)
+    make_xlmr("xlmr_e5", "mean", seed=11)
+    make_xlmr("xlmr_bge", "cls", seed=12)
+    make_qwen3_embed("qwen3_embed", seed=13)
+    for p in sorted(OUT.rglob("*")):
+        if p.is_file():
+            print(f"{p.relative_to(ROOT)} {p.stat().st_size // 1024} KiB")
+
+
+if __name__ == "__main__":
+    main()

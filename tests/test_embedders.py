@@ -1,0 +1,146 @@
+"""Embedders beyond BERT against sentence-transformers, on every backend.
+
+Tiny random models saved by sentence-transformers (scripts/make_embedder_goldens.py):
+XLM-RoBERTa in multilingual-e5's shape (mean pooling) and bge-m3's (CLS pooling), and a
+Qwen3 decoder in Qwen3-Embedding's (last-token pooling), all normalised, as each model's
+modules.json and 1_Pooling/config.json declare. Bar: cosine >= 0.9999 per sentence
+(float32 on every backend; the CUDA backend runs through the host emulator).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference import load_model
+from inference.embed import Pipeline, pool
+from inference.errors import UnsupportedModelError
+from tests.goldens_io import MINILM_MIN_COSINE, cosine_rows, load_npz
+
+EMBEDDERS = Path(__file__).parent / "goldens" / "embedders"
+NAMES = ["xlmr_e5", "xlmr_bge", "qwen3_embed"]
+BACKENDS = ["numpy", "cpu", "mlx", "cuda"]
+
+
+def golden(name: str) -> tuple[dict[str, np.ndarray], dict]:
+    return load_npz(f"embedders/{name}.npz")
+
+
+_loaded: dict[tuple[str, str], object] = {}
+
+
+def encoder(name: str, backend: str):
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    key = (name, backend)
+    if key not in _loaded:
+        path = EMBEDDERS / name
+        if backend == "cuda":
+            from inference.api import Encoder
+            from inference.backends.cuda import CudaBackend
+            from inference.formats import read_checkpoint
+            from inference.store import spec_for_path
+            from kernels.cuda.device import EmulatedDevice
+
+            _loaded[key] = Encoder(spec_for_path(path), read_checkpoint(path),
+                                   CudaBackend(EmulatedDevice()), "emulated")
+        else:
+            _loaded[key] = load_model(str(path), backend=backend)
+    return _loaded[key]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_embeddings_match_sentence_transformers(name, backend):
+    gold, meta = golden(name)
+    m = encoder(name, backend)
+    assert (m.pipeline.pooling, m.normalize) == (meta["pooling"], meta["normalize"])
+    vecs = m.embed(meta["sentences"], batch_size=4)
+    cos = cosine_rows(vecs, gold["embeddings"])
+    assert cos.min() >= MINILM_MIN_COSINE, (int(np.argmin(cos)), float(cos.min()))
+    # Normalised vectors: the lengths agree as well as the directions.
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ids_and_truncation_match_sentence_transformers(name):
+    gold, meta = golden(name)
+    m = encoder(name, "numpy")
+    for i, s in enumerate(meta["sentences"]):
+        assert m.tokenize(s) == gold[f"ids.{i}"].tolist(), s[:30]
+    assert m.max_seq_length == meta["max_seq_length"]
+    assert max(len(m.tokenize(s)) for s in meta["sentences"]) == meta["max_seq_length"]
+
+
+@pytest.mark.parametrize("name,other", [("xlmr_bge", "mean"), ("xlmr_e5", "cls"),
+                                        ("qwen3_embed", "mean")])
+def test_pooling_changes_the_vectors(name, other):
+    # Pooling another way is measurably wrong, so the parity test above could not pass
+    # with a default in place of the mode each model declares.
+    from inference.embed import embed_ids
+
+    gold, meta = golden(name)
+    m = encoder(name, "numpy")
+    ids = [m.tokenize(s) for s in meta["sentences"]]
+    wrong = embed_ids(m.model, ids, pad_id=m.tokenizer.pad_id, limits=m.limits,
+                      normalize=True, pooling=other)
+    assert cosine_rows(wrong, gold["embeddings"]).min() < 0.99
+
+
+def test_decoder_embedder_is_listed_and_loaded_as_an_encoder():
+    from inference.store import spec_for_path
+
+    spec = spec_for_path(EMBEDDERS / "qwen3_embed")
+    assert (spec.kind, spec.architecture, spec.problem) == ("encoder", "qwen3", None)
+    m = encoder("qwen3_embed", "numpy")
+    assert m.kind == "encoder" and m.dim == 64 and m.tokenize("hi")[-1] == m.tokenizer.pad_id
+
+
+def test_pool_modes():
+    h = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)
+    mask = np.array([[1, 1, 1], [1, 1, 0]], dtype=np.float32)
+    assert pool(h, mask, "cls").tolist() == [[0, 1], [6, 7]]
+    assert pool(h, mask, "lasttoken").tolist() == [[4, 5], [8, 9]]
+    assert pool(h, mask, "mean").tolist() == [[2, 3], [7, 8]]
+
+
+@pytest.mark.parametrize("config,mode", [
+    ({"pooling_mode": "cls"}, "cls"),
+    ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}, "mean"),
+    ({"pooling_mode_lasttoken": True}, "lasttoken"),
+])
+def test_pipeline_reads_both_pooling_config_formats(tmp_path, config, mode):
+    # sentence-transformers >= 6 writes "pooling_mode"; the models on the Hub carry flags.
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"path": "", "type": "sentence_transformers.models.Transformer"},
+        {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 512}')
+    assert Pipeline.from_dir(tmp_path) == Pipeline(mode, True, 512)
+
+
+@pytest.mark.parametrize("config,named", [
+    ({"pooling_mode_max_tokens": True}, "max"),
+    ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}, "mean \\+ cls"),
+])
+def test_pooling_it_cannot_compute_is_refused_by_name(tmp_path, config, named):
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    with pytest.raises(UnsupportedModelError, match=named):
+        Pipeline.from_dir(tmp_path)
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"path": "2_Dense", "type": "sentence_transformers.models.Dense"}]))
+    with pytest.raises(UnsupportedModelError, match="Dense"):
+        Pipeline.from_dir(tmp_path)
+
+
+def test_no_modules_json_means_mean_pooling_unnormalised(tmp_path):
+    assert Pipeline.from_dir(tmp_path) == Pipeline("mean", False, None)
+    assert Pipeline.from_dir(tmp_path, gguf_pooling=2).pooling == "cls"
