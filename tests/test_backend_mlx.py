@@ -172,6 +172,8 @@ def test_elementwise_and_shape_ops():
     close(M.gelu_tanh_mul(M.array(a), M.array(b)), N.gelu_tanh_mul(a, b), atol=1e-5)
     x = randn(4, 64) * 4
     close(M.gelu(M.array(x)), N.gelu(x), atol=1e-6 * 4)
+    close(M.softcap(M.array(x), 30.0), N.softcap(x, 30.0), atol=1e-5)
+    close(M.softcap(M.array(x), 2.5), N.softcap(x, 2.5), atol=1e-5)  # compiled, cap an input
     close(M.add(M.array(a), M.array(b)), a + b)
     close(M.mul(M.array(a), M.array(b)), a * b)
     close(M.reshape(M.array(a), (6, 8)), a.reshape(6, 8))

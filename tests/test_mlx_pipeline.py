@@ -161,6 +161,31 @@ def test_float16_mode_keeps_everything_in_float16():
     assert np.abs(got - ref).max() < 0.15 * np.abs(ref).max()
 
 
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q6_K"])
+def test_16bit_modes_sum_quantized_matmuls_in_float32(precision, qtype):
+    """A 16-bit mode rounds what it stores, not what it sums: each output equals the float64
+    sum of the same (already 16-bit) activations and weights, rounded once to 16 bits, as
+    Metal's kernels compute it. Summed in 16 bits over 1,536 inputs (MLX's CPU kernel on
+    its own) the worst output here is off by 800 to 3,900 ulp."""
+    from tests.bundled import random_tensor
+
+    B = MlxBackend(precision)
+    w = B.weight(random_tensor(qtype, 64, 1536, seed=3))
+    x = B.array(np.random.default_rng(4).standard_normal((3, 1536)))
+    got = np.array(B.linear(x, w).astype(mx.float32), dtype=np.float64)
+    xs = x if w.expand is None else B._expand(x, w.expand)  # the 16-bit activation it reads
+    s, z = w.scales.astype(mx.float32), w.biases.astype(mx.float32)
+    wf = np.array(mx.dequantize(w.w, s, z, group_size=w.group_size, bits=w.bits), np.float64)
+    want = np.array(xs.astype(mx.float32), np.float64) @ wf.T
+    ulp = np.array(mx.array(np.abs(want).astype(np.float32)).astype(B.dtype).astype(mx.float32))
+    ulp = np.spacing(ulp.astype(np.float16 if precision == "float16" else np.float32)) * (
+        1 if precision == "float16" else 2.0 ** 16)  # bfloat16: 8-bit significand
+    # one rounding of the output (half an ulp, or one at a power of two) plus float32's
+    # summation error (~1e-6 relative) stays under one ulp
+    assert np.all(np.abs(got - want) <= ulp), np.max(np.abs(got - want) / ulp)
+
+
 # --- memory ---------------------------------------------------------------------------------
 
 @pytest.fixture
