@@ -155,10 +155,29 @@ def test_float16_mode_keeps_everything_in_float16():
     nm = _build(llama, tiny_llama("Q6_K"), NumpyBackend())
     ref = nm(np.array([PROMPT]), nm.make_cache())
     got = np.array(logits.astype(mx.float32))
-    # float16 activations and scales (11-bit significands) through 2 layers of random
-    # weights, which amplify rounding more than trained ones: measured 8% of the largest
-    # logit here (Q4_0 1.6%, float32 1e-5). The parity that matters is SmolLM2's (slow test).
-    assert np.abs(got - ref).max() < 0.15 * np.abs(ref).max()
+    # float16 activations and scales (11-bit significands; Q6_K's 9*d*sc needs up to 22
+    # bits) through 2 layers of random weights, which amplify rounding more than trained
+    # ones: measured 1.9% of the largest logit here (Q4_0 0.4%, float32 1e-5; 8% when the
+    # CPU device summed in float16). SmolLM2's float16 parity is in docs/mlx.md.
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
+
+
+@pytest.mark.slow
+def test_smollm2_float16_mode_meets_the_parity_bars(monkeypatch):
+    """Float16 mode (Metal's default) against transformers float32, on the prose golden's
+    first 100 tokens: the bars float32 meets. Measured on all 566 golden tokens: top-1
+    100%, mean |delta log p| 2.1e-3 to 3.4e-3 (docs/mlx.md)."""
+    from tests import goldens_io as g
+    from tests.bundled import load_bundled
+
+    monkeypatch.setenv(mlx_backend.DTYPE_ENV, "float16")
+    model = load_bundled("SmolLM2-135M-Instruct.Q4_1", "mlx")
+    assert model.backend.precision == "float16"
+    text = g.load_smollm2()["texts"]["prose"]
+    golden = {k: text[k][:100] for k in ("top_ids", "top_logp")}
+    agree, dlogp = g.smollm2_agreement(golden, model.logits([int(i) for i in text["ids"][:100]]))
+    model.close()
+    assert agree >= g.SMOLLM2_MIN_TOP1_AGREEMENT and dlogp <= g.SMOLLM2_MAX_MEAN_ABS_DLOGP_TOP1
 
 
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
