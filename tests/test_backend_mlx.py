@@ -188,6 +188,11 @@ def test_array_conversions():
     assert M.array(np.arange(4, dtype=np.int64)).dtype == mx.int32
     assert M.array(np.ones(2, dtype=np.float64)).dtype == mx.float32
     np.testing.assert_array_equal(M.to_numpy(M.array(np.arange(3.0))), np.arange(3.0))
+    for precision in ("float16", "bfloat16"):  # what logits() and embed() hand back
+        B = MlxBackend(precision)
+        got = B.to_numpy(B.array(np.array([1.5, -2.0, 3.0])))
+        assert got.dtype.kind == "f"
+        np.testing.assert_array_equal(got, [1.5, -2.0, 3.0])
 
 
 # --- sampling -----------------------------------------------------------------------------

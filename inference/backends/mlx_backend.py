@@ -212,6 +212,8 @@ class MlxBackend(Backend):
         return mx.array(a)
 
     def to_numpy(self, x: mx.array) -> np.ndarray:
+        if x.dtype == mx.bfloat16:  # NumPy has no bfloat16; float32 holds it exactly
+            x = x.astype(mx.float32)
         return np.array(x)
 
     def weight(self, t: TensorData) -> mx.array | QWeight:
