@@ -237,6 +237,16 @@ def test_wired_limit_while_loaded_and_restored_on_last_close(fake_metal, monkeyp
     assert a.memory().device_total == 5 << 30  # the working set, not the RAM
 
 
+def test_unloading_a_model_restores_the_wired_limit(fake_metal):
+    from inference import load_model
+    from tests import goldens_io as g
+
+    model = load_model(str(g.GOLDENS_DIR / "tiny" / "llama_q4_0.gguf"), backend="mlx")
+    assert model.backend.name == "mlx" and fake_metal == [5 << 30]
+    model.close()
+    assert fake_metal == [5 << 30, 7]
+
+
 def test_no_wired_limit_without_metal(monkeypatch):
     called = []
     monkeypatch.setattr(mx, "set_wired_limit", lambda n: called.append(n))
@@ -257,14 +267,18 @@ def test_prefill_in_chunks_with_clear_cache(monkeypatch):
 
 
 def test_kv_cache_grows_in_steps_and_peak_resets_per_generation(monkeypatch):
+    assert MlxBackend.prefill_chunk == 2048  # mlx-lm's prefill_step_size
     model = _build(llama, tiny_llama("Q4_0"), MlxBackend())
-    made, resets = [], []
+    made, caches, resets = [], [], []
     make = model.make_cache
-    monkeypatch.setattr(model, "make_cache", lambda n=None: made.append(n) or make(n))
+    monkeypatch.setattr(model, "make_cache",
+                        lambda n=None: made.append(n) or caches.append(make(n)) or caches[-1])
     monkeypatch.setattr(mx, "reset_peak_memory", lambda: resets.append(1))
     _tokens(model, SamplingParams(temperature=0.0), n=3, max_len=4096)
-    _tokens(model, SamplingParams(temperature=0.0), n=3, max_len=4096)
+    _tokens(model, SamplingParams(temperature=0.0), n=250, max_len=4096)
     assert made == [None, None] and len(resets) == 2
+    # 10 prompt + 3 tokens fit one step of 256 rows; 10 + 250 took a second step
+    assert [c.keys[0].shape[2] for c in caches] == [256, 512]
     np_model = _build(llama, tiny_llama("Q4_0"), NumpyBackend())
     assert np_model.B.preallocate_kv  # the CPU backends still allocate once
 
