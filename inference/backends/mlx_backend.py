@@ -165,7 +165,7 @@ class MlxBackend(Backend):
         if self._wired:
             _WiredLimit.acquire()
         # The CPU device's quantized_matmul sums in its input dtype: upcast (see linear).
-        self._upcast = not self._wired and self.dtype != mx.float32
+        self._upcast = not _metal() and self.dtype != mx.float32
 
     def close(self) -> None:
         if self._wired:
