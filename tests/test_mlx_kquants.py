@@ -77,7 +77,8 @@ def test_llama_cpp_kquant_files_match_transformers_on_mlx(qtype):
     d = os.environ.get("INFERDESK_KQUANT_DIR")
     path = Path(d or ".") / f"SmolLM2-135M-Instruct.{qtype}.gguf"
     if not d or not path.is_file():
-        pytest.skip("set INFERDESK_KQUANT_DIR to the files scripts/make_kquant_goldens.py made")
+        pytest.skip("set INFERDESK_KQUANT_DIR to the files that "
+                    "`scripts/make_kquant_goldens.py --files DIR --check` makes")
     z, meta = _goldens()
     assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["files"][qtype]["sha256"]
     model = load_model(str(path), backend="mlx")
