@@ -172,6 +172,8 @@ def test_elementwise_and_shape_ops():
     close(M.gelu_tanh_mul(M.array(a), M.array(b)), N.gelu_tanh_mul(a, b), atol=1e-5)
     x = randn(4, 64) * 4
     close(M.gelu(M.array(x)), N.gelu(x), atol=1e-6 * 4)
+    close(M.softcap(M.array(x), 30.0), N.softcap(x, 30.0), atol=1e-5)
+    close(M.softcap(M.array(x), 2.5), N.softcap(x, 2.5), atol=1e-5)  # compiled, cap an input
     close(M.add(M.array(a), M.array(b)), a + b)
     close(M.mul(M.array(a), M.array(b)), a * b)
     close(M.reshape(M.array(a), (6, 8)), a.reshape(6, 8))
@@ -186,6 +188,11 @@ def test_array_conversions():
     assert M.array(np.arange(4, dtype=np.int64)).dtype == mx.int32
     assert M.array(np.ones(2, dtype=np.float64)).dtype == mx.float32
     np.testing.assert_array_equal(M.to_numpy(M.array(np.arange(3.0))), np.arange(3.0))
+    for precision in ("float16", "bfloat16"):  # what logits() and embed() hand back
+        B = MlxBackend(precision)
+        got = B.to_numpy(B.array(np.array([1.5, -2.0, 3.0])))
+        assert got.dtype.kind == "f"
+        np.testing.assert_array_equal(got, [1.5, -2.0, 3.0])
 
 
 # --- sampling -----------------------------------------------------------------------------

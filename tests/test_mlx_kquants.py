@@ -1,11 +1,17 @@
-"""The held K-quant rule on `mlx` (MLX's CPU device here): SmolLM2 requantized by
-llama.cpp's quantizer into Q4_K_M, Q3_K_M, Q5_K_M and Q6_K files matches transformers'
-float32 log-probs on the same files: top-1 agreement >= 99.5% and mean |delta log p(top-1)|
-<= 0.001 on every golden text.
+"""The held K-quant rule on `mlx` (MLX's CPU device here): files quantized by llama.cpp's
+own quantizer match transformers' float32 logits on the same files.
 
-The files (100-140 MB each) are not in the repository: scripts/make_kquant_goldens.py
-makes them and the goldens (tests/goldens/smollm2_kquants.npz, which records each file's
-sha256). Point INFERDESK_KQUANT_DIR at the files to run these; without it they skip.
+- Always: the tiny Llama 3 (tests/goldens/tiny/llama3_*.llamacpp.gguf, 0.35-0.43 MB; every
+  row a multiple of 256, so every matrix is a K-quant, and between the two files every K
+  type, Q2_K to Q6_K, appears): the tiny-parity bars (max |delta logit| <= 1e-3 and
+  <= 1e-4 * max |logit|, the same argmax at every position).
+- Opt-in (slow): SmolLM2 requantized into Q4_K_M, Q3_K_M, Q5_K_M and Q6_K: top-1 agreement
+  >= 99.5% and mean |delta log p(top-1)| <= 0.001 on every golden text. Those files (93-138
+  MB) are not in the repository; ``scripts/make_kquant_goldens.py --files DIR --check``
+  remakes them byte for byte with llama-cpp-python 0.3.36's libllama (tests/goldens/
+  smollm2_kquants.npz records each file's sha256). Point INFERDESK_KQUANT_DIR at them.
+
+All files and goldens come from scripts/make_kquant_goldens.py.
 """
 
 from __future__ import annotations
@@ -32,6 +38,37 @@ def _goldens() -> tuple[np.lib.npyio.NpzFile, dict]:
     return z, json.loads(str(z["meta"]))
 
 
+TINY = g.GOLDENS_DIR / "tiny"
+TINY_FILES = ("llama3_Q2_K.llamacpp", "llama3_Q3_K_M.llamacpp")
+K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+
+
+def test_tiny_llama_cpp_files_hold_every_k_type():
+    seen = set()
+    for name in TINY_FILES:
+        meta = json.loads(str(np.load(TINY / f"{name}.npz")["meta"]))
+        assert hashlib.sha256((TINY / f"{name}.gguf").read_bytes()).hexdigest() == meta["sha256"]
+        assert set(meta["tensor_types"]) <= K_TYPES | {"F32"}  # every matrix a K-quant
+        seen |= set(meta["tensor_types"])
+    assert seen >= K_TYPES
+
+
+@pytest.mark.parametrize("name", TINY_FILES)
+def test_tiny_llama_cpp_kquant_files_match_transformers_on_mlx(name):
+    from inference.api import load_model
+
+    z = np.load(TINY / f"{name}.npz")
+    model = load_model(str(TINY / f"{name}.gguf"), backend="mlx")
+    assert model.backend.precision == "float32"
+    for seq in ("chat", "random"):
+        ref = z[f"{seq}.logits"]
+        got = model.logits(z[f"{seq}.ids"].tolist())
+        # float32 summation order only (logits here reach ~10)
+        diff = float(np.abs(got - ref).max())
+        assert diff <= min(1e-3, 1e-4 * float(np.abs(ref).max())), (seq, diff)
+        assert np.array_equal(got.argmax(-1), ref.argmax(-1)), seq
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("qtype", TYPES)
 def test_llama_cpp_kquant_files_match_transformers_on_mlx(qtype):
@@ -40,7 +77,8 @@ def test_llama_cpp_kquant_files_match_transformers_on_mlx(qtype):
     d = os.environ.get("INFERDESK_KQUANT_DIR")
     path = Path(d or ".") / f"SmolLM2-135M-Instruct.{qtype}.gguf"
     if not d or not path.is_file():
-        pytest.skip("set INFERDESK_KQUANT_DIR to the files scripts/make_kquant_goldens.py made")
+        pytest.skip("set INFERDESK_KQUANT_DIR to the files that "
+                    "`scripts/make_kquant_goldens.py --files DIR --check` makes")
     z, meta = _goldens()
     assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["files"][qtype]["sha256"]
     model = load_model(str(path), backend="mlx")

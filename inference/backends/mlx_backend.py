@@ -7,7 +7,10 @@ and multiplied with ``mx.quantized_matmul``; MLX-quantized safetensors keep thei
 Precision: activations, dense weights, scales, biases and the KV cache share one dtype,
 ``float16`` on Metal (half the bytes a token reads) and ``float32`` on the CPU device and
 in the parity tests; ``INFERDESK_MLX_DTYPE`` (float32, float16, bfloat16) overrides it, and
-the probe's reason names it. Sampling runs in float32 whatever the mode.
+the probe's reason names it. Sampling runs in float32 whatever the mode. Matmuls
+accumulate in float32 in every mode: Metal's kernels do; MLX's CPU ``quantized_matmul``
+accumulates in the input dtype, so on the CPU device a 16-bit mode feeds it float32 and
+rounds the product to the mode's dtype (the numbers Metal computes, see docs/mlx.md).
 
 The token loop follows mlx-lm's ``generate_step``: the sampler (:class:`MlxSampler`) is
 compiled, keeps the repetition history on the device, returns the token as an
@@ -137,6 +140,17 @@ def _gelu(x: mx.array) -> mx.array:
     return 0.5 * x * (1.0 + mx.erf(x * (1.0 / math.sqrt(2.0))))
 
 
+@partial(mx.compile, shapeless=True)
+def _gelu_tanh_mul(gate: mx.array, up: mx.array) -> mx.array:
+    inner = math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate ** 3)
+    return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
+
+
+@partial(mx.compile, shapeless=True)
+def _softcap(x: mx.array, cap: mx.array) -> mx.array:
+    return cap * mx.tanh(x / cap)
+
+
 class MlxBackend(Backend):
     name = "mlx"
     prefill_chunk = 2048  # as mlx-lm's prefill_step_size
@@ -150,6 +164,8 @@ class MlxBackend(Backend):
         self._wired = _metal()
         if self._wired:
             _WiredLimit.acquire()
+        # The CPU device's quantized_matmul sums in its input dtype: upcast (see linear).
+        self._upcast = not _metal() and self.dtype != mx.float32
 
     def close(self) -> None:
         if self._wired:
@@ -196,6 +212,8 @@ class MlxBackend(Backend):
         return mx.array(a)
 
     def to_numpy(self, x: mx.array) -> np.ndarray:
+        if x.dtype == mx.bfloat16:  # NumPy has no bfloat16; float32 holds it exactly
+            x = x.astype(mx.float32)
         return np.array(x)
 
     def weight(self, t: TensorData) -> mx.array | QWeight:
@@ -256,11 +274,22 @@ class MlxBackend(Backend):
         if isinstance(w, QWeight):
             if w.expand is not None:
                 x = self._expand(x, w.expand)
-            y = mx.quantized_matmul(x, w.w, w.scales, w.biases, transpose=True,
-                                    group_size=w.group_size, bits=w.bits)
+            y = self._quantized_matmul(x, w)
         else:
             y = x @ w.T
         return y + bias if bias is not None else y
+
+    def _quantized_matmul(self, x: mx.array, w: QWeight) -> mx.array:
+        """``x @ w.T`` summed in float32: Metal's kernels do it for 16-bit inputs; on the
+        CPU device the inputs are upcast (exactly) and the product rounded to the mode's
+        dtype, as a Metal kernel's output is."""
+        if not self._upcast:
+            return mx.quantized_matmul(x, w.w, w.scales, w.biases, transpose=True,
+                                       group_size=w.group_size, bits=w.bits)
+        f32 = mx.float32
+        y = mx.quantized_matmul(x.astype(f32), w.w, w.scales.astype(f32), w.biases.astype(f32),
+                                transpose=True, group_size=w.group_size, bits=w.bits)
+        return y.astype(self.dtype)
 
     def rms_norm(self, x: mx.array, w: mx.array, eps: float) -> mx.array:
         return mx.fast.rms_norm(x, w, eps)
@@ -333,14 +362,13 @@ class MlxBackend(Backend):
         return (p @ v).reshape(b, hq, t, d)
 
     def softcap(self, x: mx.array, cap: float) -> mx.array:
-        return cap * mx.tanh(x / cap)
+        return _softcap(x, mx.array(cap, dtype=x.dtype))
 
     def silu_mul(self, gate: mx.array, up: mx.array) -> mx.array:
         return _silu_mul(gate, up)
 
     def gelu_tanh_mul(self, gate: mx.array, up: mx.array) -> mx.array:
-        inner = math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate ** 3)
-        return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
+        return _gelu_tanh_mul(gate, up)
 
     def gelu(self, x: mx.array) -> mx.array:
         return _gelu(x)
