@@ -32,6 +32,9 @@ class GenerateRequest:
     sampling: dict = field(default_factory=dict)  # SamplingParams fields
     profile: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
+    context_limit: int | None = None  # tokens this chat may use (None: the model's context)
+    policy: str = "stop"  # gui.context_fit.POLICIES
+    continue_final: bool = False  # extend the last (assistant) message instead of answering
 
 
 @dataclass
@@ -94,6 +97,8 @@ class Worker(QObject):
     load_progress = Signal(int, int)  # weight bytes converted, total
     loaded = Signal(object)  # LoadedInfo
     unloaded = Signal(str)  # kind
+    planned = Signal(object)  # gui.context_fit.Fitted: what the model is sent
+    measured = Signal(int, int)  # prompt tokens of a conversation, the context it may use
     token = Signal(object)  # inference.events.TokenEvent
     generated = Signal(object)  # inference.events.DoneEvent
     embed_progress = Signal(int, int)
@@ -226,6 +231,7 @@ class Worker(QObject):
     @Slot(object)
     def generate(self, req: GenerateRequest) -> None:
         def job() -> None:
+            from gui.context_fit import fit
             from inference.errors import InvalidInputError
             from inference.events import DoneEvent
             from inference.sampling import SamplingParams
@@ -233,10 +239,17 @@ class Worker(QObject):
             model = self.models.get("causal")
             if model is None:
                 raise InvalidInputError("Load a chat model first (Models tab).")
+            fitted = fit(model, req.messages, req.policy,
+                         req.context_limit or model.context_length, req.max_tokens,
+                         req.continue_final, req.cancel)
+            self.planned.emit(fitted)
             done = None
-            for ev in model.generate(messages=req.messages, max_tokens=req.max_tokens,
+            for ev in model.generate(messages=fitted.messages,
+                                     max_tokens=max(1, min(req.max_tokens,
+                                                           fitted.limit - fitted.n_prompt)),
                                      sampling=SamplingParams(**req.sampling),
-                                     cancel=req.cancel, profile=req.profile):
+                                     cancel=req.cancel, profile=req.profile,
+                                     continue_final=req.continue_final):
                 if isinstance(ev, DoneEvent):
                     done = ev
                 else:
@@ -248,6 +261,24 @@ class Worker(QObject):
                 self.generated.emit(done)
 
         self._run("generate", job)
+
+    @Slot(list, int, str)
+    def measure(self, messages: list, limit: int, policy: str) -> None:
+        """Prompt tokens the conversation would send now (the idle context indicator).
+        Quiet: no busy signal and no banner; a failure just leaves the indicator as is."""
+        from gui.context_fit import fit
+
+        model = self.models.get("causal")
+        if model is None or not messages:
+            return
+        try:
+            # A "stop" chat that no longer fits is measured as it is not sent: by "rolling".
+            fitted = fit(model, messages, policy if policy != "stop" else "rolling",
+                         limit or model.context_length, 1)
+        except Exception:  # noqa: BLE001 - an estimate for a label, never an error
+            log.debug("measure failed", exc_info=True)
+            return
+        self.measured.emit(fitted.n_prompt, fitted.limit)
 
     @Slot(list, int, object)
     def embed(self, sentences: list, batch_size: int, cancel: threading.Event) -> None:
@@ -360,6 +391,7 @@ class WorkerHandle(QObject):
     _load = Signal(object, str, object)
     _unload = Signal(str)
     _generate = Signal(object)
+    _measure = Signal(list, int, str)
     _embed = Signal(list, int, object)
     _query = Signal(str, int)
     _export = Signal(str)
@@ -374,6 +406,8 @@ class WorkerHandle(QObject):
     load_progress = Signal(int, int)
     loaded = Signal(object)
     unloaded = Signal(str)
+    planned = Signal(object)
+    measured = Signal(int, int)
     token = Signal(object)
     generated = Signal(object)
     embed_progress = Signal(int, int)
@@ -393,11 +427,11 @@ class WorkerHandle(QObject):
         self.thread.setObjectName(name)
         self.worker = Worker()
         self.worker.moveToThread(self.thread)
-        for req in ("discover", "probe", "load", "unload", "generate", "embed", "query",
+        for req in ("discover", "probe", "load", "unload", "generate", "measure", "embed", "query",
                     "export", "download", "shutdown"):
             getattr(self, "_" + req).connect(getattr(self.worker, req))
         for sig in ("discovered", "backends", "load_started", "load_progress", "loaded",
-                    "unloaded", "token",
+                    "unloaded", "planned", "measured", "token",
                     "generated", "embed_progress", "embedded", "neighbours", "exported",
                     "download_progress", "downloaded", "memory", "cancelled", "failed",
                     "busy"):
@@ -431,6 +465,9 @@ class WorkerHandle(QObject):
     def generate(self, req: GenerateRequest) -> None:
         self._cancels["generate"] = req.cancel
         self._generate.emit(req)
+
+    def measure(self, messages: list[dict], limit: int | None, policy: str) -> None:
+        self._measure.emit(list(messages), int(limit or 0), policy)
 
     def embed(self, sentences: list[str], batch_size: int = 32) -> None:
         self._embed.emit(list(sentences), batch_size, self._event("embed"))
