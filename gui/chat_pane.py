@@ -52,7 +52,6 @@ from gui.worker import GenerateRequest, WorkerHandle
 
 RENDER_MS = 50
 MEASURE_MS = 400  # the idle context indicator re-counts this long after the last keystroke
-DEFAULT_CONTEXT = 4096  # tokens a chat may use unless the user sets it in Models
 TITLE_CHARS = 48
 NEW_TITLE = "New chat"
 
@@ -818,8 +817,7 @@ class ChatPane(QWidget):
         """Tokens this chat may use: the context set in Models, within the model's own."""
         if not self.context_length:
             return None
-        chosen = self.settings.number("models/context", DEFAULT_CONTEXT, 0, 1 << 24)
-        return min(self.context_length, chosen) if chosen else self.context_length
+        return min(self.context_length, self.settings.context())
 
     def default_policy(self) -> str:
         policy = self.settings.get("chat/context_policy", DEFAULT_POLICY, str)
@@ -872,6 +870,9 @@ class ChatPane(QWidget):
 
     def set_model(self, name: str) -> None:
         self.model_name = name
+        if not name:
+            self.context_length = None
+            self.context_label.setText("")
         self.model_label.setText(f"Model: {name}" if name else "No chat model loaded")
         self._measure_timer.start()
         if name and self.banner.actions.keys() == {"Load SmolLM2…"}:

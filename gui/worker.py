@@ -83,10 +83,17 @@ def _record(r: Any, attr: str, index: int) -> Any:
 
 
 def free_memory(backend: str) -> int | None:
-    """Memory a model may still take on this machine: available host RAM (on a GPU backend
-    the device's own figure comes with the loaded model's memory sample)."""
+    """Memory a model may still take on ``backend``: the device's free memory on CUDA,
+    available RAM elsewhere (the CPU backends, and MLX, whose GPU shares the RAM)."""
     import psutil
 
+    if backend == "cuda":
+        try:
+            import cupy
+
+            return int(cupy.cuda.runtime.memGetInfo()[0])
+        except Exception:  # noqa: BLE001 - no device figure: say unknown, not RAM
+            return None
     return int(psutil.virtual_memory().available)
 
 
@@ -97,6 +104,7 @@ class Worker(QObject):
     load_progress = Signal(int, int)  # weight bytes converted, total
     loaded = Signal(object)  # LoadedInfo
     unloaded = Signal(str)  # kind
+    estimated = Signal(str, int, dict)  # backend asked for, context, {path: MemoryEstimate}
     planned = Signal(object)  # gui.context_fit.Fitted: what the model is sent
     measured = Signal(int, int)  # prompt tokens of a conversation, the context it may use
     token = Signal(object)  # inference.events.TokenEvent
@@ -215,6 +223,25 @@ class Worker(QObject):
             self._sample_memory(force=True, model=model)
 
         self._run("load", job)
+
+    @Slot(list, str, int)
+    def estimate(self, specs: list, backend: str, context: int) -> None:
+        """Memory each model would take on ``backend`` ("auto": the one the engine would
+        pick for it) with a KV cache of ``context`` tokens. Quiet, like :meth:`measure`."""
+        from inference.backends import select_backend
+        from inference.memory_estimate import estimate
+        from inference.models import architecture
+
+        out = {}
+        for spec in specs:
+            try:
+                mod = architecture(spec.architecture, spec.path.name)
+                B, _ = select_backend(backend, mod.REQUIRED_OPS, set(spec.quant_types),
+                                      spec.architecture)
+                out[str(spec.path)] = estimate(spec, B, context or None)
+            except Exception:  # noqa: BLE001 - the stored allowance stays shown
+                log.debug("estimate failed for %s", spec.path, exc_info=True)
+        self.estimated.emit(backend, context, out)
 
     @Slot(str)
     def unload(self, kind: str) -> None:
@@ -392,6 +419,7 @@ class WorkerHandle(QObject):
     _unload = Signal(str)
     _generate = Signal(object)
     _measure = Signal(list, int, str)
+    _estimate = Signal(list, str, int)
     _embed = Signal(list, int, object)
     _query = Signal(str, int)
     _export = Signal(str)
@@ -406,6 +434,7 @@ class WorkerHandle(QObject):
     load_progress = Signal(int, int)
     loaded = Signal(object)
     unloaded = Signal(str)
+    estimated = Signal(str, int, dict)
     planned = Signal(object)
     measured = Signal(int, int)
     token = Signal(object)
@@ -427,11 +456,11 @@ class WorkerHandle(QObject):
         self.thread.setObjectName(name)
         self.worker = Worker()
         self.worker.moveToThread(self.thread)
-        for req in ("discover", "probe", "load", "unload", "generate", "measure", "embed", "query",
-                    "export", "download", "shutdown"):
+        for req in ("discover", "probe", "load", "unload", "generate", "measure", "estimate",
+                    "embed", "query", "export", "download", "shutdown"):
             getattr(self, "_" + req).connect(getattr(self.worker, req))
         for sig in ("discovered", "backends", "load_started", "load_progress", "loaded",
-                    "unloaded", "planned", "measured", "token",
+                    "unloaded", "estimated", "planned", "measured", "token",
                     "generated", "embed_progress", "embedded", "neighbours", "exported",
                     "download_progress", "downloaded", "memory", "cancelled", "failed",
                     "busy"):
@@ -465,6 +494,9 @@ class WorkerHandle(QObject):
     def generate(self, req: GenerateRequest) -> None:
         self._cancels["generate"] = req.cancel
         self._generate.emit(req)
+
+    def estimate(self, specs: list, backend: str, context: int) -> None:
+        self._estimate.emit(list(specs), backend, int(context))
 
     def measure(self, messages: list[dict], limit: int | None, policy: str) -> None:
         self._measure.emit(list(messages), int(limit or 0), policy)
