@@ -115,6 +115,8 @@ class Worker(QObject):
     exported = Signal(str)
     download_progress = Signal(int, int)
     downloaded = Signal(str)
+    found = Signal(str, list)  # query, list[gui.hub.HubModel]
+    repo_listed = Signal(str, list)  # repo id, list[gui.hub.HubFile]
     memory = Signal(str, object)  # backend name, MemorySample
     cancelled = Signal(str)  # job kind
     failed = Signal(str, str)  # job kind, one-sentence message
@@ -382,6 +384,24 @@ class Worker(QObject):
 
         self._run("download", job)
 
+    @Slot(str)
+    def search(self, query: str) -> None:
+        def job() -> None:
+            from gui import hub
+
+            self.found.emit(query, hub.search_models(query))
+
+        self._run("search", job)
+
+    @Slot(str)
+    def list_repo(self, repo_id: str) -> None:
+        def job() -> None:
+            from gui import hub
+
+            self.repo_listed.emit(repo_id, hub.repo_files(repo_id))
+
+        self._run("list_repo", job)
+
     @Slot()
     def shutdown(self) -> None:
         for model in self.models.values():
@@ -424,6 +444,8 @@ class WorkerHandle(QObject):
     _query = Signal(str, int)
     _export = Signal(str)
     _download = Signal(str, str, object)
+    _search = Signal(str)
+    _list_repo = Signal(str)
     _shutdown = Signal()
 
     # Results, re-emitted on the GUI thread (signal-to-signal connections are queued by
@@ -445,6 +467,8 @@ class WorkerHandle(QObject):
     exported = Signal(str)
     download_progress = Signal(int, int)
     downloaded = Signal(str)
+    found = Signal(str, list)
+    repo_listed = Signal(str, list)
     memory = Signal(str, object)
     cancelled = Signal(str)
     failed = Signal(str, str)
@@ -457,12 +481,14 @@ class WorkerHandle(QObject):
         self.worker = Worker()
         self.worker.moveToThread(self.thread)
         for req in ("discover", "probe", "load", "unload", "generate", "measure", "estimate",
-                    "embed", "query", "export", "download", "shutdown"):
+                    "embed", "query", "export", "download", "search", "list_repo",
+                    "shutdown"):
             getattr(self, "_" + req).connect(getattr(self.worker, req))
         for sig in ("discovered", "backends", "load_started", "load_progress", "loaded",
                     "unloaded", "estimated", "planned", "measured", "token",
                     "generated", "embed_progress", "embedded", "neighbours", "exported",
-                    "download_progress", "downloaded", "memory", "cancelled", "failed",
+                    "download_progress", "downloaded", "found", "repo_listed", "memory",
+                    "cancelled", "failed",
                     "busy"):
             getattr(self.worker, sig).connect(getattr(self, sig))
         self.busy.connect(self._set_busy)
@@ -512,6 +538,12 @@ class WorkerHandle(QObject):
 
     def download(self, repo_id: str, filename: str = "") -> None:
         self._download.emit(repo_id, filename, self._event("download"))
+
+    def search(self, query: str) -> None:
+        self._search.emit(query)
+
+    def list_repo(self, repo_id: str) -> None:
+        self._list_repo.emit(repo_id)
 
     def cancel(self, kind: str) -> None:
         """Ask a running or queued job of ``kind`` to stop (generation stops within a token)."""
