@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui.theme import plot_colors
 from gui.worker import LoadedInfo, WorkerHandle
 
 SAMPLE_MS = 200  # 5 Hz: live graphs need at least 4 samples a second
@@ -123,7 +124,7 @@ class PerfPane(QWidget):
 
         split = QSplitter(Qt.Orientation.Horizontal)
         self.graphs = pg.GraphicsLayoutWidget()
-        self.graphs.setBackground("w")
+        self.graphs.setBackground(plot_colors()["background"])
         self.curves: dict[str, pg.PlotDataItem] = {}
 
         self.time_plots: dict[str, tuple[pg.PlotItem, tuple[str, ...]]] = {}
