@@ -243,14 +243,18 @@ class EmbedPane(QWidget):
         self.heat_item.setRect(0, 0, n, n)  # axes in sentences even when pixels are blocks
         self.colorbar.setLevels((lo, 1.0))
         self.heat_plot.setRange(xRange=(0, n), yRange=(0, n), padding=0.02)
+        # Smaller points as they multiply, so a thousand stay apart.
+        self.scatter.setSize(7 if n <= 200 else 5 if n <= 2000 else 3)
         self.scatter.setData(pos=result.projection, data=np.arange(n))
         self.hits.setData([], [])
         self.scatter_plot.autoRange()
         self.results.clear()
         self.progress.setValue(self.progress.maximum())
         rate = n / result.elapsed_s if result.elapsed_s > 0 else 0.0
-        block = f"; each pixel is {result.block}×{result.block} sentences" \
-            if result.block > 1 else ""
+        block = (f"; the heatmap is sampled: each pixel is the mean similarity of "
+                 f"{result.block}×{result.block} sentences") if result.block > 1 else ""
+        self.heat_plot.setTitle("Cosine similarity" + (
+            f" (blocks of {result.block})" if result.block > 1 else ""))
         self.status.setText(f"{n} sentences × {result.vectors.shape[1]} dims in "
                             f"{result.elapsed_s:.2f} s ({rate:.0f}/s){block}")
         self._set_embedding(False)
