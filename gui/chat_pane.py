@@ -17,6 +17,7 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
+    QComboBox,
     QFileDialog,
     QGroupBox,
     QHBoxLayout,
@@ -33,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui.context_fit import DEFAULT_POLICY, POLICIES, POLICY_TIPS
 from gui.conversations import (
     ConversationStore,
     DeletedConversation,
@@ -49,6 +51,7 @@ from gui.theme import icon
 from gui.worker import GenerateRequest, WorkerHandle
 
 RENDER_MS = 50
+MEASURE_MS = 400  # the idle context indicator re-counts this long after the last keystroke
 TITLE_CHARS = 48
 NEW_TITLE = "New chat"
 
@@ -87,10 +90,18 @@ class ChatPane(QWidget):
         self._undo: list[DeletedConversation] = []
         self._editing: tuple[int, str] | None = None  # (user message id, draft it replaced)
         self._reply: PendingWrite | None = None  # the streaming reply (text kept in memory)
+        self._base = ""  # the text a continued reply already had
+        self._base_stats: dict = {}
+        self._n_prompt = 0  # tokens sent with the running generation
+        self._n_gen = 0  # tokens generated so far
         self._dirty = False
+        self._measure_timer = QTimer(self, singleShot=True, interval=MEASURE_MS)
+        self._measure_timer.timeout.connect(self._measure)
         self._render_timer = QTimer(self, interval=RENDER_MS)
         self._render_timer.timeout.connect(self._render_reply)
         self._build()
+        handle.planned.connect(self._on_planned)
+        handle.measured.connect(self._on_measured)
         handle.token.connect(self._on_token)
         handle.generated.connect(self._on_done)
         handle.failed.connect(self._on_failed)
@@ -158,6 +169,7 @@ class ChatPane(QWidget):
         self.input = QPlainTextEdit()
         self.input.setMaximumHeight(110)
         self.input.installEventFilter(self)
+        self.input.textChanged.connect(self._measure_timer.start)
         buttons = QHBoxLayout()
         self.send_button = QPushButton(icon("send"), "Send")
         self.send_button.setObjectName("Primary")
@@ -172,6 +184,10 @@ class ChatPane(QWidget):
         self.edit_button.setToolTip("Edit your last message: it is replaced when you send "
                                     "(Esc puts things back)")
         self.edit_button.clicked.connect(self.edit_last)
+        self.continue_button = QPushButton(icon("send"), "Continue")
+        self.continue_button.setToolTip("The reply stopped at its token limit: write more "
+                                        "of it")
+        self.continue_button.clicked.connect(self.continue_reply)
         self.export_button = QPushButton(icon("export"), "Export")
         menu = QMenu(self.export_button)
         menu.addAction("Markdown…", lambda: self._export_dialog("md"))
@@ -179,12 +195,14 @@ class ChatPane(QWidget):
         self.export_button.setMenu(menu)
         self.context_label = QLabel("")
         self.context_label.setObjectName("Hint")
-        self.context_label.setToolTip("How full the model's context is after the last reply")
-        self.context_length: int | None = None
+        self.context_label.setToolTip("Tokens this chat sends the model, against the "
+                                      "context it may use")
+        self.context_length: int | None = None  # the loaded model's context
         self.model_label = QLabel("No chat model loaded")
         self.model_label.setObjectName("Hint")
         self.model_label.setMinimumWidth(40)
-        for b in (self.send_button, self.stop_button, self.regen_button, self.edit_button):
+        for b in (self.send_button, self.stop_button, self.continue_button, self.regen_button,
+                  self.edit_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         buttons.addWidget(self.context_label)
@@ -208,12 +226,28 @@ class ChatPane(QWidget):
         self.default_button.clicked.connect(self.make_default_prompt)
         sv.addWidget(self.system_prompt)
         sv.addWidget(self.default_button)
+        ctx_box = QGroupBox("Context (this chat)")
+        cv = QVBoxLayout(ctx_box)
+        self.policy_combo = QComboBox()
+        for key, name in POLICIES.items():
+            self.policy_combo.addItem(name, key)
+            self.policy_combo.setItemData(self.policy_combo.count() - 1, POLICY_TIPS[key],
+                                          Qt.ItemDataRole.ToolTipRole)
+        self.policy_combo.setToolTip("What happens when the chat outgrows the context")
+        self.policy_combo.currentIndexChanged.connect(self._on_policy_changed)
+        self.fit_note = QLabel("")
+        self.fit_note.setObjectName("Hint")
+        self.fit_note.setWordWrap(True)
+        self.fit_note.setVisible(False)
+        cv.addWidget(self.policy_combo)
+        cv.addWidget(self.fit_note)
         samp_box = QGroupBox("Sampling")
         sb = QVBoxLayout(samp_box)
         self.sampling = SamplingPanel(self.settings.sampling())
         self.sampling.changed.connect(self.settings.set_sampling)
         sb.addWidget(self.sampling)
         rv.addWidget(sys_box)
+        rv.addWidget(ctx_box)
         rv.addWidget(samp_box)
         rv.addStretch(1)
 
@@ -420,10 +454,16 @@ class ChatPane(QWidget):
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(conv.system_prompt)
         self.system_prompt.blockSignals(False)
+        policy = self._safe(self.store.context_policy, conv_id) or self.default_policy()
+        self.policy_combo.blockSignals(True)
+        self.policy_combo.setCurrentIndex(max(0, self.policy_combo.findData(policy)))
+        self.policy_combo.blockSignals(False)
+        self.fit_note.setVisible(False)
         self._show_messages(self._safe(self.store.messages, conv_id) or [])
         self.refresh_list()
         self._update_buttons()
         self._update_context()
+        self._measure_timer.start()
 
     def delete_conversation(self) -> None:
         """Delete the open chat; :meth:`undo_delete` (Ctrl+Z) brings it back this session."""
@@ -555,18 +595,37 @@ class ChatPane(QWidget):
         return messages + [{"role": v.role, "content": v.text} for v in self.views()
                            if v.text]
 
-    def _start(self) -> None:
+    def _start(self, continue_reply: MessageView | None = None) -> None:
         sampling, max_tokens = self.sampling.sampling_params()
         messages = self._history()
         self.generating = True
+        self._measure_timer.stop()
         self._reply, self._dirty = None, False
         self._reply_conv = self.conv_id
+        self._base, self._base_stats = "", {}
+        self._n_prompt = self._n_gen = 0
+        if continue_reply is not None:  # the reply grows in place: same row, same view
+            self._base, self._base_stats = continue_reply.text, dict(continue_reply.stats)
+            self._reply = PendingWrite(self.conv_id, "assistant", continue_reply.text,
+                                       continue_reply.stats, continue_reply.msg_id,
+                                       continue_reply)
         if not self.pending:
             self.banner.hide()
-        self.handle.generate(GenerateRequest(messages, max_tokens, sampling, self.profile))
+        self.handle.generate(GenerateRequest(
+            messages, max_tokens, sampling, self.profile, context_limit=self.context_limit(),
+            policy=self.policy(), continue_final=continue_reply is not None))
         self._render_timer.start()
         self._update_buttons()
         self.generation_started.emit()
+
+    def continue_reply(self) -> bool:
+        """Write more of a reply that stopped at its token limit (finish reason "length")."""
+        views = self.views()
+        if self.generating or not self.model_name or not views \
+                or views[-1].role != "assistant" or not views[-1].text:
+            return False
+        self._start(continue_reply=views[-1])
+        return True
 
     def stop(self) -> None:
         """Stop the running generation; the engine ends it within one token."""
@@ -653,11 +712,21 @@ class ChatPane(QWidget):
             self._reply = PendingWrite(self._reply_conv, "assistant", "", view=view)
             self._persist(self._reply)
 
+    def _on_planned(self, fitted: object) -> None:
+        if not self.generating:
+            return
+        self._n_prompt = fitted.n_prompt
+        note = fitted.note()
+        self.fit_note.setText(note)
+        self.fit_note.setVisible(bool(note))
+        self._show_used(self._n_prompt, fitted.limit)
+
     def _on_token(self, ev: object) -> None:
         if not self.generating:
             return
         self._ensure_reply()
         self._reply.content += ev.text
+        self._n_gen = ev.index + 1
         self._dirty = True
 
     def _render_reply(self) -> None:
@@ -668,6 +737,7 @@ class ChatPane(QWidget):
         self._dirty = False
         if r.view is not None:
             r.view.set_text(r.content)
+        self._show_used(self._n_prompt + self._n_gen)  # live, at the render rate
         if r not in self.pending and not self.pending:
             self._persist(r)
 
@@ -676,19 +746,23 @@ class ChatPane(QWidget):
             return
         try:
             self._render_timer.stop()
+            base = self._base_stats
             stats = {
-                "n_prompt": done.n_prompt, "n_generated": done.n_generated,
+                "n_prompt": done.n_prompt,
+                "n_generated": done.n_generated + base.get("n_generated", 0),
                 "ttft_s": done.ttft_s, "prefill_tok_s": done.prefill_tok_s,
-                "decode_tok_s": done.decode_tok_s, "total_s": done.total_s,
+                "decode_tok_s": done.decode_tok_s,
+                "total_s": done.total_s + base.get("total_s", 0.0),
                 "finish_reason": done.finish_reason, "model": self.model_name,
+                "n_cached": done.n_cached,
             }
             if done.text or done.n_generated:
                 self._ensure_reply()
             r = self._reply
             if r is not None:
-                r.content, r.stats, self._dirty = done.text, stats, False
+                r.content, r.stats, self._dirty = self._base + done.text, stats, False
                 if r.view is not None:
-                    r.view.set_text(done.text)
+                    r.view.set_text(r.content)
                     r.view.set_stats(stats)
                 if r in self.pending:
                     self.retry_pending()  # one more try now the reply is complete
@@ -696,7 +770,8 @@ class ChatPane(QWidget):
                     self._persist(r)
         finally:
             self.generating = False
-            self._update_context()
+            if self._n_prompt or done.n_prompt:
+                self._show_used(done.n_prompt + done.n_generated)
             self._update_versions()
             self._update_buttons()
             self.generation_finished.emit(done)
@@ -724,30 +799,82 @@ class ChatPane(QWidget):
         self.send_button.setEnabled(not self.generating)
         self.stop_button.setEnabled(self.generating)
         self.regen_button.setEnabled(not self.generating and has_msgs)
+        views = self.views()
+        self.continue_button.setVisible(
+            not self.generating and bool(views) and views[-1].role == "assistant"
+            and views[-1].stats.get("finish_reason") == "length")
         self.edit_button.setEnabled(not self.generating and has_msgs and self._editing is None)
         self.export_button.setEnabled(self.conv_id is not None)
         self.delete_button.setEnabled(self.conv_id is not None)
 
     def set_context_length(self, n: int | None) -> None:
+        """The loaded model's context (None: no chat model)."""
         self.context_length = n
         self._update_context()
+        self._measure_timer.start()
+
+    def context_limit(self) -> int | None:
+        """Tokens this chat may use: the context set in Models, within the model's own."""
+        if not self.context_length:
+            return None
+        return min(self.context_length, self.settings.context())
+
+    def default_policy(self) -> str:
+        policy = self.settings.get("chat/context_policy", DEFAULT_POLICY, str)
+        return policy if policy in POLICIES else DEFAULT_POLICY
+
+    def policy(self) -> str:
+        return self.policy_combo.currentData() or DEFAULT_POLICY
+
+    def _on_policy_changed(self, *_: object) -> None:
+        if self.conv_id is not None:
+            self._ok(self.store.set_context_policy, self.conv_id, self.policy(),
+                     what="the context policy")
+        self._measure_timer.start()
+
+    def _measure(self) -> None:
+        """Ask the worker how many tokens the chat plus the draft would send now."""
+        if self.generating or not self.model_name or not self.context_length:
+            return
+        messages = self._history()
+        draft = self.input.toPlainText().strip()
+        if draft:
+            messages.append({"role": "user", "content": draft})
+        if any(m["role"] != "system" for m in messages):
+            self.handle.measure(messages, self.context_limit(), self.policy())
+        else:
+            self._show_used(0)
+
+    def _on_measured(self, used: int, _limit: int) -> None:
+        if not self.generating:
+            self._show_used(used)
 
     def _update_context(self) -> None:
-        """'1.2K / 8.2K tokens': prompt plus reply of the last turn against the context."""
+        """Until the worker has counted: the last reply's prompt plus reply, if any."""
+        last = next((v.stats for v in reversed(self.views())
+                     if v.role == "assistant" and v.stats), None)
+        self._show_used((last.get("n_prompt", 0) + last.get("n_generated", 0)) if last else 0)
+
+    def _show_used(self, used: int, limit: int | None = None) -> None:
+        """'1.2K / 4.1K tokens': what the chat sends against the context it may use."""
         from gui.format import human_count
 
-        last = next((v.stats for v in reversed(self.views())
-                     if v.role == "assistant" and v.stats), None) if self.views() else None
-        used = (last.get("n_prompt", 0) + last.get("n_generated", 0)) if last else 0
-        if not self.context_length:
+        limit = limit or self.context_limit()
+        if not limit:
             self.context_label.setText("")
             return
-        used_text = human_count(used) if used else "0"
-        self.context_label.setText(f"{used_text} / {human_count(self.context_length)} tokens")
+        self.context_label.setText(
+            f"{human_count(used) if used else '0'} / {human_count(limit)} tokens")
+        full = used >= limit * 0.9
+        self.context_label.setStyleSheet("color: #b45309;" if full else "")
 
     def set_model(self, name: str) -> None:
         self.model_name = name
+        if not name:
+            self.context_length = None
+            self.context_label.setText("")
         self.model_label.setText(f"Model: {name}" if name else "No chat model loaded")
+        self._measure_timer.start()
         if name and self.banner.actions.keys() == {"Load SmolLM2…"}:
             self.banner.hide()
 

@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     title TEXT NOT NULL,
     system_prompt TEXT NOT NULL DEFAULT '',
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    context_policy TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -75,6 +76,19 @@ class DeletedConversation:
     """Everything needed to put a deleted conversation back (undo), ids included."""
     conv: tuple
     messages: list[tuple]
+    context_policy: str = ""
+
+
+def _create(db: sqlite3.Connection) -> None:
+    """The schema, with the columns older databases lack added."""
+    db.executescript(SCHEMA)
+    cols = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
+    if "active" not in cols:  # databases written before reply versions existed
+        db.execute("ALTER TABLE messages ADD COLUMN active INTEGER NOT NULL DEFAULT 1")
+    cols = {row[1] for row in db.execute("PRAGMA table_info(conversations)")}
+    if "context_policy" not in cols:  # written before per-chat context policies
+        db.execute("ALTER TABLE conversations ADD COLUMN context_policy TEXT NOT NULL"
+                   " DEFAULT ''")
 
 
 def default_db_path() -> Path:
@@ -140,10 +154,7 @@ class ConversationStore:
                 if check != "ok":
                     raise sqlite3.DatabaseError(f"the integrity check failed ({check})")
             db.execute("PRAGMA foreign_keys=ON")
-            db.executescript(SCHEMA)
-            cols = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
-            if "active" not in cols:  # databases written before reply versions existed
-                db.execute("ALTER TABLE messages ADD COLUMN active INTEGER NOT NULL DEFAULT 1")
+            _create(db)
             db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
         except BaseException:
             db.close()
@@ -162,7 +173,7 @@ class ConversationStore:
             except sqlite3.Error as exc:
                 self.notice += f" The existing conversations could not be read ({_reason(exc)})."
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
+        _create(self._db)
 
     def _recover(self, exc: BaseException) -> None:
         """Move the damaged file aside, start a fresh one, copy in what can still be read."""
@@ -243,6 +254,15 @@ class ConversationStore:
     def set_system_prompt(self, conv_id: int, text: str) -> None:
         self._write("UPDATE conversations SET system_prompt = ? WHERE id = ?", (text, conv_id))
 
+    def context_policy(self, conv_id: int) -> str:
+        """The chat's context policy ('' until one is chosen: the app's default applies)."""
+        rows = self._read("SELECT context_policy FROM conversations WHERE id = ?", (conv_id,))
+        return str(rows[0][0]) if rows else ""
+
+    def set_context_policy(self, conv_id: int, policy: str) -> None:
+        self._write("UPDATE conversations SET context_policy = ? WHERE id = ?",
+                    (policy, conv_id))
+
     def delete(self, conv_id: int) -> DeletedConversation | None:
         """Delete a conversation; the returned record puts it back with :meth:`restore`."""
         conv = self._read(f"SELECT {CONV_COLS} FROM conversations WHERE id = ?", (conv_id,))
@@ -250,8 +270,9 @@ class ConversationStore:
             return None
         msgs = self._read(f"SELECT {MSG_COLS} FROM messages WHERE conversation_id = ?"
                           " ORDER BY id", (conv_id,))
+        policy = self.context_policy(conv_id)
         self._write("DELETE FROM conversations WHERE id = ?", (conv_id,))
-        return DeletedConversation(conv[0], msgs)
+        return DeletedConversation(conv[0], msgs, policy)
 
     def restore(self, deleted: DeletedConversation) -> int:
         try:
@@ -262,6 +283,8 @@ class ConversationStore:
                 self._db.executemany(
                     f"INSERT INTO messages ({MSG_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     deleted.messages)
+                self._db.execute("UPDATE conversations SET context_policy = ? WHERE id = ?",
+                                 (deleted.context_policy, deleted.conv[0]))
         except sqlite3.Error as exc:
             raise StorageError(f"Could not save to {self.path.name}: {_reason(exc)}.") from exc
         return int(deleted.conv[0])

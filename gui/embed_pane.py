@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.theme import icon
+from gui.theme import icon, plot_colors
 from gui.worker import EmbedResult, WorkerHandle
 
 SNIPPET = 60
@@ -100,8 +100,9 @@ class EmbedPane(QWidget):
         lv.addLayout(export_row)
 
         right = QSplitter(Qt.Orientation.Vertical)
+        colors = plot_colors()
         plots = QSplitter(Qt.Orientation.Horizontal)
-        self.heat_plot = pg.PlotWidget(title="Cosine similarity", background="w")
+        self.heat_plot = pg.PlotWidget(title="Cosine similarity", background=colors["background"])
         self.heat_plot.setAspectLocked(True)
         self.heat_plot.invertY(True)
         self.heat_plot.setLabel("bottom", "sentence")
@@ -114,14 +115,16 @@ class EmbedPane(QWidget):
         self.colorbar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("viridis"),
                                         interactive=False, width=12)
         self.colorbar.setImageItem(self.heat_item, insert_in=self.heat_plot.getPlotItem())
-        self.heat_label = pg.TextItem("", anchor=(0, 1), color="#111827", fill="#ffffffd0")
+        self.heat_label = pg.TextItem("", anchor=(0, 1), color=colors["label"],
+                                     fill=colors["label_fill"])
         self.heat_label.setZValue(10)
         self.heat_label.setVisible(False)
         self.heat_plot.addItem(self.heat_label)
         self.heat_plot.scene().sigMouseMoved.connect(self._hover_heatmap)
         self.heat_plot.installEventFilter(self)  # hide the hover label when the mouse leaves
 
-        self.scatter_plot = pg.PlotWidget(title="2-D projection (PCA)", background="w")
+        self.scatter_plot = pg.PlotWidget(title="2-D projection (PCA)",
+                                         background=colors["background"])
         self.scatter = pg.ScatterPlotItem(size=7, pen=pg.mkPen("#1e3a8a", width=0.5),
                                           brush=pg.mkBrush("#3b82f680"), hoverable=True,
                                           hoverSize=11, hoverBrush=pg.mkBrush("#f59e0b"),
@@ -129,7 +132,8 @@ class EmbedPane(QWidget):
         self.scatter.sigHovered.connect(self._hover_scatter)
         self.hits = pg.ScatterPlotItem(size=11, pen=pg.mkPen("#b91c1c", width=2),
                                        brush=pg.mkBrush(None))
-        self.scatter_label = pg.TextItem("", anchor=(0, 1), color="#111827", fill="#ffffffd0")
+        self.scatter_label = pg.TextItem("", anchor=(0, 1), color=colors["label"],
+                                        fill=colors["label_fill"])
         self.scatter_label.setZValue(10)
         self.scatter_label.setVisible(False)
         for item in (self.scatter, self.hits, self.scatter_label):
@@ -239,14 +243,18 @@ class EmbedPane(QWidget):
         self.heat_item.setRect(0, 0, n, n)  # axes in sentences even when pixels are blocks
         self.colorbar.setLevels((lo, 1.0))
         self.heat_plot.setRange(xRange=(0, n), yRange=(0, n), padding=0.02)
+        # Smaller points as they multiply, so a thousand stay apart.
+        self.scatter.setSize(7 if n <= 200 else 5 if n <= 2000 else 3)
         self.scatter.setData(pos=result.projection, data=np.arange(n))
         self.hits.setData([], [])
         self.scatter_plot.autoRange()
         self.results.clear()
         self.progress.setValue(self.progress.maximum())
         rate = n / result.elapsed_s if result.elapsed_s > 0 else 0.0
-        block = f"; each pixel is {result.block}×{result.block} sentences" \
-            if result.block > 1 else ""
+        block = (f"; the heatmap is sampled: each pixel is the mean similarity of "
+                 f"{result.block}×{result.block} sentences") if result.block > 1 else ""
+        self.heat_plot.setTitle("Cosine similarity" + (
+            f" (blocks of {result.block})" if result.block > 1 else ""))
         self.status.setText(f"{n} sentences × {result.vectors.shape[1]} dims in "
                             f"{result.elapsed_s:.2f} s ({rate:.0f}/s){block}")
         self._set_embedding(False)

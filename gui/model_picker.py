@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
+    QSpinBox,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -25,7 +26,7 @@ from PySide6.QtWidgets import (
 
 from gui.download_box import DownloadBox
 from gui.format import human_bytes, human_count
-from gui.settings import Settings
+from gui.settings import CONTEXT_RANGE, Settings
 from gui.theme import icon
 from gui.worker import BackendInfo, LoadedInfo, WorkerHandle
 
@@ -37,6 +38,7 @@ GOOD, BAD = QColor("#047857"), QColor("#b91c1c")
 
 class ModelPicker(QWidget):
     model_loaded = Signal(object)  # LoadedInfo
+    context_changed = Signal(int)  # tokens a chat may use
 
     def __init__(self, handle: WorkerHandle, downloads: WorkerHandle, settings: Settings,
                  parent: QWidget | None = None):
@@ -49,7 +51,10 @@ class ModelPicker(QWidget):
         self.loaded: dict[str, LoadedInfo] = {}  # kind -> info
         self.loading = ""  # name being loaded
         self._pending_path = ""  # a file added by the user, loaded right away
+        # {path: MemoryEstimate} for the backend and context now chosen.
+        self.estimates: dict[str, Any] = {}
         self._build(downloads)
+        handle.estimated.connect(self._on_estimated)
         handle.discovered.connect(self._on_discovered)
         handle.backends.connect(self._on_backends)
         handle.load_started.connect(self._on_load_started)
@@ -67,8 +72,19 @@ class ModelPicker(QWidget):
         self.backend_combo.addItem("auto", "auto")
         self.backend_combo.currentIndexChanged.connect(self._on_backend_changed)
         top.addWidget(self.backend_combo)
+        top.addWidget(QLabel("Context:"))
+        self.context_box = QSpinBox()
+        self.context_box.setRange(*CONTEXT_RANGE)
+        self.context_box.setSingleStep(1024)
+        self.context_box.setSuffix(" tokens")
+        self.context_box.setToolTip("Tokens a chat may hold (its KV cache is sized for this; "
+                                    "capped at each model's own context)")
+        self.context_box.setValue(self.context())
+        self.context_box.valueChanged.connect(self._on_context_changed)
+        top.addWidget(self.context_box)
         self.backend_note = QLabel("")
         self.backend_note.setObjectName("Hint")
+        self.backend_note.setWordWrap(True)
         top.addWidget(self.backend_note, 1)
         self.add_button = QPushButton(icon("add-model"), "Add model file…")
         self.add_button.setToolTip("Add a .gguf or .safetensors file (Ctrl+O); or drop it here")
@@ -138,6 +154,42 @@ class ModelPicker(QWidget):
     def backend(self) -> str:
         return self.backend_combo.currentData() or "auto"
 
+    def context(self) -> int:
+        return self.settings.context()
+
+    def _on_context_changed(self, value: int) -> None:
+        self.settings.set("models/context", int(value))
+        self.context_changed.emit(int(value))
+        self.request_estimates()
+
+    def request_estimates(self) -> None:
+        """Estimates for the chosen backend and context (computed by the worker)."""
+        if self.specs:
+            self.handle.estimate(self.specs, self.backend(), self.context())
+
+    def _on_estimated(self, backend: str, context: int, estimates: dict) -> None:
+        if backend != self.backend() or context != self.context():
+            return  # an answer to an earlier choice
+        self.estimates = estimates
+        col = COLUMNS.index("Est. memory")
+        for r, s in enumerate(self.specs):
+            e = estimates.get(str(s.path))
+            item = self.table.item(r, col)
+            if e is None or item is None:
+                continue
+            item.setText(human_bytes(e.total))
+            kv = f" + KV cache {human_bytes(e.kv)} at {e.context:,} tokens" \
+                if e.context else ""
+            item.setToolTip(f"On {e.backend}: weights {human_bytes(e.weights)} as held{kv} "
+                            f"+ scratch {human_bytes(e.scratch)}")
+        self._update_fits()
+        self._show_loaded()
+
+    def est_memory(self, spec: Any) -> int | None:
+        """The backend-aware estimate when known, else the store's allowance."""
+        e = self.estimates.get(str(spec.path))
+        return e.total if e is not None else spec.est_memory
+
     def load(self, target: Any) -> None:
         """Load a ModelSpec, a model name or a path on the chosen backend."""
         self.handle.load(target, self.backend())
@@ -200,6 +252,7 @@ class ModelPicker(QWidget):
             self.table.selectRow(max(0, min(selected, len(self.specs) - 1)))
         self._update_fits()
         self._mark_loaded()
+        self.request_estimates()
 
     def _on_backends(self, infos: list) -> None:
         self.backend_infos = infos
@@ -221,6 +274,8 @@ class ModelPicker(QWidget):
 
     def _on_backend_changed(self, *_: object) -> None:
         self.settings.set("models/backend", self.backend())
+        self.estimates = {}
+        self.request_estimates()
         info = self._backend_info()
         if info is not None:
             free = human_bytes(info.free_memory) if info.free_memory is not None else "unknown"
@@ -246,14 +301,17 @@ class ModelPicker(QWidget):
             item = self.table.item(r, COLUMNS.index("Fits"))
             if item is None:
                 continue
-            if free is None or not s.est_memory:
+            need = self.est_memory(s)
+            if free is None or not need:
                 item.setText("?")
+                item.setToolTip("The free memory of this backend is unknown.")
                 continue
-            fits = s.est_memory <= free
+            fits = need <= free
             item.setText("yes" if fits else "no")
             item.setForeground(QBrush(GOOD if fits else BAD))
-            item.setToolTip(f"needs about {human_bytes(s.est_memory)}; "
-                            f"{human_bytes(free)} free on {info.name}")
+            where = "device memory free" if info.name == "cuda" else "RAM available"
+            item.setToolTip(f"needs about {human_bytes(need)}; {human_bytes(free)} {where} "
+                            f"for {info.name}")
 
     def _on_load_started(self, name: str) -> None:
         self.loading = name
@@ -310,10 +368,12 @@ class ModelPicker(QWidget):
             if info is None:
                 label.setText(f"<b>{what}:</b> none")
                 continue
+            e = self.estimates.get(info.path)
+            est = e.total if e is not None and e.backend == info.backend else info.est_memory
             label.setText(
                 f"<b>{what}:</b> {info.name} on <b>{info.backend}</b> — {info.reason}<br>"
-                f"Memory: estimated {human_bytes(info.est_memory)}, "
-                f"measured {human_bytes(info.used_memory)}")
+                f"Memory: estimated {human_bytes(est)} in use, "
+                f"measured {human_bytes(info.used_memory)} at load")
 
     def _mark_loaded(self) -> None:
         paths = {i.path for i in self.loaded.values()}

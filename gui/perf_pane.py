@@ -1,4 +1,10 @@
-"""Performance: live graphs (>= 4 Hz) of tok/s, TTFT, memory; backend and per-op times."""
+"""Performance: live graphs (>= 4 Hz) of tok/s, CPU, memory; TTFT and prefill per message;
+backend and per-op times.
+
+Ten minutes of samples are kept; the graphs show a span of them (1–10 min) that can be
+scrolled back and paused (sampling goes on while paused). Prefill is one point per
+message (it happens once, before the first token), decode a line while tokens stream.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +19,13 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
+    QComboBox,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QPushButton,
+    QScrollBar,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -24,14 +33,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui.theme import plot_colors
 from gui.worker import LoadedInfo, WorkerHandle
 
 SAMPLE_MS = 200  # 5 Hz: live graphs need at least 4 samples a second
-WINDOW_S = 60  # seconds of history on the time axes
-TTFT_KEEP = 50  # messages shown in the TTFT chart
+HISTORY_S = 600  # seconds of samples kept (ten minutes)
+SPANS_S = (60, 120, 300, 600)  # what the time axes can show at once
+TTFT_KEEP = 1000  # messages whose time to first token is kept
 MB = 1024 * 1024
 COLORS = {"decode": "#2563eb", "prefill": "#7c3aed", "ttft": "#f59e0b",
-          "device_used": "#059669", "device_peak": "#b91c1c", "host_rss": "#6b7280"}
+          "device_used": "#059669", "device_peak": "#b91c1c", "host_rss": "#6b7280",
+          "cpu": "#0891b2"}
+OPS_HINT = ("Tick “Profile ops” and send a message: this table then shows where that "
+            "message's time went, op by op.")
 
 
 def _mb(n: int | None) -> float:
@@ -55,14 +69,17 @@ class PerfPane(QWidget):
         self.setObjectName("Pane")
         self.t0 = time.monotonic()
         self.generating = False
-        self.decode = math.nan  # latest rates of the running generation
-        self.prefill = math.nan
+        self.decode = math.nan  # latest decode rate of the running generation
         self.device: tuple[int | None, int | None] = (None, None)  # used, peak
         self._proc = psutil.Process()
+        self._proc.cpu_percent()  # the first call starts the measurement
+        self._ncpu = psutil.cpu_count() or 1
         self.series: dict[str, deque] = {
-            k: deque(maxlen=WINDOW_S * 1000 // SAMPLE_MS)
-            for k in ("t", "decode", "prefill", "device_used", "device_peak", "host_rss")}
+            k: deque(maxlen=HISTORY_S * 1000 // SAMPLE_MS)
+            for k in ("t", "decode", "device_used", "device_peak", "host_rss", "cpu")}
+        self.prefills: deque = deque(maxlen=TTFT_KEEP)  # (time, tok/s): one per message
         self.ttfts: deque = deque(maxlen=TTFT_KEEP)
+        self.paused_at: float | None = None  # the graphs stand still at this time
         self.n_messages = 0
         self.n_samples = 0
         self.loaded: dict[str, LoadedInfo] = {}
@@ -86,10 +103,28 @@ class PerfPane(QWidget):
         self.last_label.setObjectName("Hint")
         layout.addWidget(self.backend_label)
         layout.addWidget(self.last_label)
+        controls = QHBoxLayout()
+        self.pause_button = QPushButton("Pause")
+        self.pause_button.setCheckable(True)
+        self.pause_button.setToolTip("Hold the graphs still (sampling goes on)")
+        self.pause_button.toggled.connect(self.set_paused)
+        self.span_combo = QComboBox()
+        for span in SPANS_S:
+            self.span_combo.addItem(f"last {span // 60} min", span)
+        self.span_combo.setToolTip("How much history the graphs show (ten minutes are kept)")
+        self.span_combo.currentIndexChanged.connect(self._on_span)
+        self.scroll = QScrollBar(Qt.Orientation.Horizontal)
+        self.scroll.setRange(0, 0)  # at its right end: the graphs follow the newest sample
+        self.scroll.setToolTip("Scroll back through the last ten minutes")
+        self.scroll.valueChanged.connect(lambda _v: self.redraw())
+        controls.addWidget(self.pause_button)
+        controls.addWidget(self.span_combo)
+        controls.addWidget(self.scroll, 1)
+        layout.addLayout(controls)
 
         split = QSplitter(Qt.Orientation.Horizontal)
         self.graphs = pg.GraphicsLayoutWidget()
-        self.graphs.setBackground("w")
+        self.graphs.setBackground(plot_colors()["background"])
         self.curves: dict[str, pg.PlotDataItem] = {}
 
         self.time_plots: dict[str, tuple[pg.PlotItem, tuple[str, ...]]] = {}
@@ -109,7 +144,7 @@ class PerfPane(QWidget):
             # x is "seconds ago" on a fixed range: only the curves move from frame to frame.
             p = plot(row, col, title, unit)
             p.disableAutoRange()
-            p.setXRange(-WINDOW_S, 0, padding=0)
+            p.setXRange(-SPANS_S[0], 0, padding=0)
             p.setYRange(0, 1, padding=0)
             p.setLabel("bottom", "seconds ago")
             self.time_plots[title] = (p, keys)
@@ -121,8 +156,11 @@ class PerfPane(QWidget):
 
         decode = time_plot(0, 0, "Decode", "tok/s", ("decode",))
         curve(decode, "decode", "decode tok/s")
-        prefill = time_plot(0, 1, "Prefill", "tok/s", ("prefill",))
-        curve(prefill, "prefill", "prefill tok/s")
+        prefill = time_plot(0, 1, "Prefill (one point per message)", "tok/s", ())
+        self.prefill_points = pg.ScatterPlotItem(size=8, pen=None,
+                                                 brush=pg.mkBrush(COLORS["prefill"]))
+        prefill.addItem(self.prefill_points)
+        self.prefill_plot = prefill
         self.ttft_plot = plot(1, 0, "Time to first token per message", "s")
         self.ttft_plot.setLabel("bottom", "message")
         self.ttft_plot.getAxis("bottom").setTickSpacing(major=5, minor=1)
@@ -135,6 +173,9 @@ class PerfPane(QWidget):
         curve(mem, "device_peak", "device peak")
         curve(mem, "host_rss", "host RSS")
         self.mem_plot = mem
+        cpu = time_plot(2, 0, "CPU (this process, % of all cores)", "%", ("cpu",))
+        curve(cpu, "cpu", "CPU %")
+        self.cpu_plot = cpu
         self.has_device = True
         self._show_device(False)  # until a backend reports device memory
         split.addWidget(self.graphs)
@@ -143,6 +184,10 @@ class PerfPane(QWidget):
         ov = QVBoxLayout(ops)
         self.profile_box = QCheckBox("Profile ops (synchronises every op: slower)")
         self.profile_box.toggled.connect(self.profile_changed)
+        self.ops_hint = QLabel(OPS_HINT)
+        self.ops_hint.setObjectName("Hint")
+        self.ops_hint.setWordWrap(True)
+        ov.addWidget(self.ops_hint)
         self.op_table = QTableWidget(0, 3)
         self.op_table.setHorizontalHeaderLabels(("Op", "Time (ms)", "Share"))
         self.op_table.verticalHeader().setVisible(False)
@@ -165,13 +210,28 @@ class PerfPane(QWidget):
         self.n_samples += 1
         s["t"].append(time.monotonic() - self.t0)
         s["decode"].append(self.decode if self.generating else math.nan)
-        s["prefill"].append(self.prefill if self.generating else math.nan)
+        s["cpu"].append(self._proc.cpu_percent() / self._ncpu)
         self._show_device(self.device[0] is not None)
         s["device_used"].append(_mb(self.device[0]))
         s["device_peak"].append(_mb(self.device[1]))
         s["host_rss"].append(self._proc.memory_info().rss / MB)
-        if not self.isVisible():
-            return  # keep collecting, skip drawing while hidden
+        if not self.isVisible() or self.paused_at is not None:
+            return  # keep collecting, skip drawing while hidden or paused
+        self.redraw()
+
+    def span(self) -> int:
+        return int(self.span_combo.currentData() or SPANS_S[0])
+
+    def set_paused(self, on: bool) -> None:
+        self.paused_at = (time.monotonic() - self.t0) if on else None
+        self.pause_button.setText("Resume" if on else "Pause")
+        if not on:
+            self.scroll.setValue(self.scroll.maximum())
+        self.redraw()
+
+    def _on_span(self, *_: object) -> None:
+        for plot, _keys in self.time_plots.values():
+            plot.setXRange(-self.span(), 0, padding=0)
         self.redraw()
 
     def _show_device(self, on: bool) -> None:
@@ -188,11 +248,36 @@ class PerfPane(QWidget):
         self.mem_plot.setTitle("Memory" if on else "Memory (no GPU device: showing process RAM)")
 
     def redraw(self) -> None:
-        t = np.fromiter(self.series["t"], float)
-        t = t - (t[-1] if len(t) else 0.0)
-        keep = t >= -WINDOW_S
+        """Draw the chosen span ending at the scroll position (the newest sample, or the
+        pause time, when the bar is at its right end)."""
+        t_all = np.fromiter(self.series["t"], float)
+        now = self.paused_at if self.paused_at is not None else (
+            t_all[-1] if len(t_all) else 0.0)
+        oldest = t_all[0] if len(t_all) else now
+        back_max = max(0, int(now - oldest - self.span()))
+        self.scroll.blockSignals(True)
+        at_end = self.scroll.value() >= self.scroll.maximum()
+        self.scroll.setRange(0, back_max)
+        self.scroll.setPageStep(self.span())
+        if at_end:
+            self.scroll.setValue(back_max)
+        self.scroll.blockSignals(False)
+        end = now - (back_max - self.scroll.value())
+        t = t_all - end
+        keep = (t >= -self.span()) & (t <= 0)
         t = t[keep]
+        if self.prefills:
+            px, py = (np.asarray(a, float) for a in zip(*self.prefills, strict=True))
+            show = (px - end >= -self.span()) & (px <= end)
+            self.prefill_points.setData(px[show] - end, py[show])
+            top = float(py[show].max()) if show.any() else 0.0
+            ymax = nice_ceiling(top * 1.1)
+            if self._ymax.get("prefill") != ymax:
+                self._ymax["prefill"] = ymax
+                self.prefill_plot.setYRange(0, ymax, padding=0)
         for title, (plot, keys) in self.time_plots.items():
+            if not keys:
+                continue  # drawn above (points, not a series)
             top = 0.0
             for key in keys:
                 y = np.fromiter(self.series[key], float)[keep]
@@ -214,22 +299,25 @@ class PerfPane(QWidget):
         out = {k: int(np.isfinite(np.fromiter(v, float)).sum())
                for k, v in self.series.items() if k != "t"}
         out["ttft"] = len(self.ttfts)
+        out["prefill"] = len(self.prefills)
         return out
 
     # --- events ----------------------------------------------------------------------
     def _on_busy(self, kind: str) -> None:
         if kind == "generate":
-            self.generating, self.decode, self.prefill = True, math.nan, math.nan
+            self.generating, self.decode = True, math.nan
         elif kind == "":
             self.generating = False
 
     def _on_token(self, ev: object) -> None:
-        self.prefill = ev.prefill_tok_s
         if ev.index > 0 and ev.decode_tok_s > 0:
             self.decode = ev.decode_tok_s
 
     def _on_done(self, done: object) -> None:
         self.n_messages += 1
+        if done.n_generated and done.prefill_tok_s > 0:
+            self.prefills.append((time.monotonic() - self.t0 - done.total_s + done.ttft_s,
+                                  done.prefill_tok_s))
         if done.n_generated:
             self.ttfts.append((self.n_messages, done.ttft_s))
             x, h = zip(*self.ttfts, strict=True)
@@ -243,6 +331,7 @@ class PerfPane(QWidget):
             f"({done.finish_reason})")
         if done.op_times_s:
             self._show_ops(done.op_times_s)
+            self.ops_hint.setText(f"Message {self.n_messages} (profiled). {OPS_HINT}")
 
     def _show_ops(self, times: dict[str, float]) -> None:
         total = sum(times.values()) or 1.0

@@ -59,6 +59,13 @@ def render(out_dir: Path) -> list[Path]:
     tmp = Path(tempfile.mkdtemp(prefix="inferdesk-shots-"))
     w = MainWindow(Settings(QSettings(str(tmp / "settings.ini"), QSettings.Format.IniFormat)),
                    ConversationStore(tmp / "conversations.sqlite3"), autoload=True)
+    try:
+        return _drive(w, out_dir)
+    finally:
+        w.close()  # stops the workers and closes the store, whatever happened
+
+
+def _drive(w, out_dir: Path) -> list[Path]:  # noqa: ANN001 - a MainWindow
     w.resize(*SIZE)
     w.show()
     _wait(lambda: {"causal", "encoder"} <= set(w.picker.loaded) or w.banner.isVisible())
@@ -102,7 +109,6 @@ def render(out_dir: Path) -> list[Path]:
         path = out_dir / f"{name}.png"
         w.grab().save(str(path), "PNG", 0)  # 0 = smallest file
         saved.append(path)
-    w.close()
     return saved
 
 

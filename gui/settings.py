@@ -24,6 +24,8 @@ SAMPLING_RANGES: dict[str, tuple[float, float]] = {
     "seed": (-1, 2**31 - 1),
 }
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+DEFAULT_CONTEXT = 4096  # tokens a chat may use until the user sets it in Models
+CONTEXT_RANGE = (256, 1 << 20)
 
 
 class Settings:
@@ -47,6 +49,10 @@ class Settings:
 
     def set(self, key: str, value) -> None:  # noqa: ANN001
         self.q.setValue(key, value)
+
+    def context(self) -> int:
+        """Tokens a chat may use (the KV cache is sized for it), as set in Models."""
+        return int(self.number("models/context", DEFAULT_CONTEXT, *CONTEXT_RANGE))
 
     def number(self, key: str, default: float | int, lo: float, hi: float) -> float | int:
         """A number clamped to [lo, hi]; unreadable or NaN values give ``default`` (a

@@ -32,6 +32,9 @@ class GenerateRequest:
     sampling: dict = field(default_factory=dict)  # SamplingParams fields
     profile: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
+    context_limit: int | None = None  # tokens this chat may use (None: the model's context)
+    policy: str = "stop"  # gui.context_fit.POLICIES
+    continue_final: bool = False  # extend the last (assistant) message instead of answering
 
 
 @dataclass
@@ -80,10 +83,17 @@ def _record(r: Any, attr: str, index: int) -> Any:
 
 
 def free_memory(backend: str) -> int | None:
-    """Memory a model may still take on this machine: available host RAM (on a GPU backend
-    the device's own figure comes with the loaded model's memory sample)."""
+    """Memory a model may still take on ``backend``: the device's free memory on CUDA,
+    available RAM elsewhere (the CPU backends, and MLX, whose GPU shares the RAM)."""
     import psutil
 
+    if backend == "cuda":
+        try:
+            import cupy
+
+            return int(cupy.cuda.runtime.memGetInfo()[0])
+        except Exception:  # noqa: BLE001 - no device figure: say unknown, not RAM
+            return None
     return int(psutil.virtual_memory().available)
 
 
@@ -94,6 +104,9 @@ class Worker(QObject):
     load_progress = Signal(int, int)  # weight bytes converted, total
     loaded = Signal(object)  # LoadedInfo
     unloaded = Signal(str)  # kind
+    estimated = Signal(str, int, dict)  # backend asked for, context, {path: MemoryEstimate}
+    planned = Signal(object)  # gui.context_fit.Fitted: what the model is sent
+    measured = Signal(int, int)  # prompt tokens of a conversation, the context it may use
     token = Signal(object)  # inference.events.TokenEvent
     generated = Signal(object)  # inference.events.DoneEvent
     embed_progress = Signal(int, int)
@@ -102,6 +115,8 @@ class Worker(QObject):
     exported = Signal(str)
     download_progress = Signal(int, int)
     downloaded = Signal(str)
+    found = Signal(str, list)  # query, list[gui.hub.HubModel]
+    repo_listed = Signal(str, list)  # repo id, list[gui.hub.HubFile]
     memory = Signal(str, object)  # backend name, MemorySample
     cancelled = Signal(str)  # job kind
     failed = Signal(str, str)  # job kind, one-sentence message
@@ -211,6 +226,25 @@ class Worker(QObject):
 
         self._run("load", job)
 
+    @Slot(list, str, int)
+    def estimate(self, specs: list, backend: str, context: int) -> None:
+        """Memory each model would take on ``backend`` ("auto": the one the engine would
+        pick for it) with a KV cache of ``context`` tokens. Quiet, like :meth:`measure`."""
+        from inference.backends import select_backend
+        from inference.memory_estimate import estimate
+        from inference.models import architecture
+
+        out = {}
+        for spec in specs:
+            try:
+                mod = architecture(spec.architecture, spec.path.name)
+                B, _ = select_backend(backend, mod.REQUIRED_OPS, set(spec.quant_types),
+                                      spec.architecture)
+                out[str(spec.path)] = estimate(spec, B, context or None)
+            except Exception:  # noqa: BLE001 - the stored allowance stays shown
+                log.debug("estimate failed for %s", spec.path, exc_info=True)
+        self.estimated.emit(backend, context, out)
+
     @Slot(str)
     def unload(self, kind: str) -> None:
         def job() -> None:
@@ -226,6 +260,7 @@ class Worker(QObject):
     @Slot(object)
     def generate(self, req: GenerateRequest) -> None:
         def job() -> None:
+            from gui.context_fit import fit
             from inference.errors import InvalidInputError
             from inference.events import DoneEvent
             from inference.sampling import SamplingParams
@@ -233,10 +268,17 @@ class Worker(QObject):
             model = self.models.get("causal")
             if model is None:
                 raise InvalidInputError("Load a chat model first (Models tab).")
+            fitted = fit(model, req.messages, req.policy,
+                         req.context_limit or model.context_length, req.max_tokens,
+                         req.continue_final, req.cancel)
+            self.planned.emit(fitted)
             done = None
-            for ev in model.generate(messages=req.messages, max_tokens=req.max_tokens,
+            for ev in model.generate(messages=fitted.messages,
+                                     max_tokens=max(1, min(req.max_tokens,
+                                                           fitted.limit - fitted.n_prompt)),
                                      sampling=SamplingParams(**req.sampling),
-                                     cancel=req.cancel, profile=req.profile):
+                                     cancel=req.cancel, profile=req.profile,
+                                     continue_final=req.continue_final):
                 if isinstance(ev, DoneEvent):
                     done = ev
                 else:
@@ -248,6 +290,24 @@ class Worker(QObject):
                 self.generated.emit(done)
 
         self._run("generate", job)
+
+    @Slot(list, int, str)
+    def measure(self, messages: list, limit: int, policy: str) -> None:
+        """Prompt tokens the conversation would send now (the idle context indicator).
+        Quiet: no busy signal and no banner; a failure just leaves the indicator as is."""
+        from gui.context_fit import fit
+
+        model = self.models.get("causal")
+        if model is None or not messages:
+            return
+        try:
+            # A "stop" chat that no longer fits is measured as it is not sent: by "rolling".
+            fitted = fit(model, messages, policy if policy != "stop" else "rolling",
+                         limit or model.context_length, 1)
+        except Exception:  # noqa: BLE001 - an estimate for a label, never an error
+            log.debug("measure failed", exc_info=True)
+            return
+        self.measured.emit(fitted.n_prompt, fitted.limit)
 
     @Slot(list, int, object)
     def embed(self, sentences: list, batch_size: int, cancel: threading.Event) -> None:
@@ -324,6 +384,24 @@ class Worker(QObject):
 
         self._run("download", job)
 
+    @Slot(str)
+    def search(self, query: str) -> None:
+        def job() -> None:
+            from gui import hub
+
+            self.found.emit(query, hub.search_models(query))
+
+        self._run("search", job)
+
+    @Slot(str)
+    def list_repo(self, repo_id: str) -> None:
+        def job() -> None:
+            from gui import hub
+
+            self.repo_listed.emit(repo_id, hub.repo_files(repo_id))
+
+        self._run("list_repo", job)
+
     @Slot()
     def shutdown(self) -> None:
         for model in self.models.values():
@@ -360,10 +438,14 @@ class WorkerHandle(QObject):
     _load = Signal(object, str, object)
     _unload = Signal(str)
     _generate = Signal(object)
+    _measure = Signal(list, int, str)
+    _estimate = Signal(list, str, int)
     _embed = Signal(list, int, object)
     _query = Signal(str, int)
     _export = Signal(str)
     _download = Signal(str, str, object)
+    _search = Signal(str)
+    _list_repo = Signal(str)
     _shutdown = Signal()
 
     # Results, re-emitted on the GUI thread (signal-to-signal connections are queued by
@@ -374,6 +456,9 @@ class WorkerHandle(QObject):
     load_progress = Signal(int, int)
     loaded = Signal(object)
     unloaded = Signal(str)
+    estimated = Signal(str, int, dict)
+    planned = Signal(object)
+    measured = Signal(int, int)
     token = Signal(object)
     generated = Signal(object)
     embed_progress = Signal(int, int)
@@ -382,6 +467,8 @@ class WorkerHandle(QObject):
     exported = Signal(str)
     download_progress = Signal(int, int)
     downloaded = Signal(str)
+    found = Signal(str, list)
+    repo_listed = Signal(str, list)
     memory = Signal(str, object)
     cancelled = Signal(str)
     failed = Signal(str, str)
@@ -393,13 +480,15 @@ class WorkerHandle(QObject):
         self.thread.setObjectName(name)
         self.worker = Worker()
         self.worker.moveToThread(self.thread)
-        for req in ("discover", "probe", "load", "unload", "generate", "embed", "query",
-                    "export", "download", "shutdown"):
+        for req in ("discover", "probe", "load", "unload", "generate", "measure", "estimate",
+                    "embed", "query", "export", "download", "search", "list_repo",
+                    "shutdown"):
             getattr(self, "_" + req).connect(getattr(self.worker, req))
         for sig in ("discovered", "backends", "load_started", "load_progress", "loaded",
-                    "unloaded", "token",
+                    "unloaded", "estimated", "planned", "measured", "token",
                     "generated", "embed_progress", "embedded", "neighbours", "exported",
-                    "download_progress", "downloaded", "memory", "cancelled", "failed",
+                    "download_progress", "downloaded", "found", "repo_listed", "memory",
+                    "cancelled", "failed",
                     "busy"):
             getattr(self.worker, sig).connect(getattr(self, sig))
         self.busy.connect(self._set_busy)
@@ -432,6 +521,12 @@ class WorkerHandle(QObject):
         self._cancels["generate"] = req.cancel
         self._generate.emit(req)
 
+    def estimate(self, specs: list, backend: str, context: int) -> None:
+        self._estimate.emit(list(specs), backend, int(context))
+
+    def measure(self, messages: list[dict], limit: int | None, policy: str) -> None:
+        self._measure.emit(list(messages), int(limit or 0), policy)
+
     def embed(self, sentences: list[str], batch_size: int = 32) -> None:
         self._embed.emit(list(sentences), batch_size, self._event("embed"))
 
@@ -443,6 +538,12 @@ class WorkerHandle(QObject):
 
     def download(self, repo_id: str, filename: str = "") -> None:
         self._download.emit(repo_id, filename, self._event("download"))
+
+    def search(self, query: str) -> None:
+        self._search.emit(query)
+
+    def list_repo(self, repo_id: str) -> None:
+        self._list_repo.emit(repo_id)
 
     def cancel(self, kind: str) -> None:
         """Ask a running or queued job of ``kind`` to stop (generation stops within a token)."""

@@ -14,7 +14,11 @@ from inference.backends import select_backend
 from inference.backends.base import Backend, OpProfiler, trim_host_heap
 from inference.chat_template import ChatTemplate
 from inference.embed import BatchLimits, Pipeline, declares_pooling, embed_ids
-from inference.errors import InvalidInputError, UnsupportedModelError
+from inference.errors import (
+    ContextOverflowError,
+    InvalidInputError,
+    UnsupportedModelError,
+)
 from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.formats import read_checkpoint
 from inference.formats.tensor import Checkpoint
@@ -133,20 +137,24 @@ class CausalLM(LoadedModel):
         return out.astype(np.float32, copy=False)
 
     def _prompt_ids(self, prompt: str | None, messages: Sequence[dict[str, str]] | None,
-                    cancel: threading.Event | None = None) -> list[int]:
+                    cancel: threading.Event | None = None, continue_final: bool = False
+                    ) -> list[int]:
         limit = self.context_length - 1  # a prompt leaves room for one generated token
         if messages is not None:
             chat = messages_arg(messages)
             if not any(m["content"].strip() for m in chat):
                 raise InvalidInputError("The conversation is empty: write a message first.")
-            ids, complete = self._chat_ids(chat, limit, cancel)
+            if continue_final:
+                ids, complete = self._continue_ids(chat, limit, cancel)
+            else:
+                ids, complete = self._chat_ids(chat, limit, cancel)
         else:
             if prompt is None or not text_arg(prompt, "prompt").strip():
                 raise InvalidInputError("The prompt is empty: write something to continue.")
             ids, complete = encode_bounded(self.tokenizer, prompt, limit)
         if not complete or len(ids) > limit:
             count = f"more than {limit}" if not complete else str(len(ids))
-            raise InvalidInputError(
+            raise ContextOverflowError(
                 f"The prompt is {count} tokens but {self.name} holds at most "
                 f"{self.context_length}; shorten it.")
         return ids
@@ -166,6 +174,20 @@ class CausalLM(LoadedModel):
                 return ids, False
         return ids, True
 
+    def _continue_ids(self, chat: list[dict[str, str]], limit: int,
+                      cancel: threading.Event | None) -> tuple[list[int], bool]:
+        """Ids that continue the final (assistant) message: the chat before it with the
+        generation prompt, then that message's text (content: special tokens stay text)."""
+        if len(chat) < 2 or chat[-1]["role"] != "assistant":
+            raise InvalidInputError("Only a reply can be continued: the last message must be "
+                                    "the assistant's.")
+        ids, complete = self._chat_ids(chat[:-1], limit, cancel)
+        if not complete:
+            return ids, False
+        tail, complete = encode_bounded(self.tokenizer, chat[-1]["content"], limit - len(ids),
+                                        add_special_tokens=False, parse_special=False)
+        return ids + tail, complete
+
     def generate(
         self,
         prompt: str | None = None,
@@ -175,21 +197,25 @@ class CausalLM(LoadedModel):
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
         profile: bool = False,
+        continue_final: bool = False,
     ) -> Iterator[GenerationEvent]:
-        """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front."""
+        """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front.
+        ``continue_final``: the last message is a reply to extend, not to answer."""
         a = generate_args(prompt, messages, max_tokens, sampling, stop, cancel)
-        ids, n = self.plan(a.prompt, a.messages, a.max_tokens, cancel)
+        ids, n = self.plan(a.prompt, a.messages, a.max_tokens, cancel, continue_final)
         return self._stream(ids, n, a.sampling, a.stop, cancel, profile)
 
     def plan(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
-             max_tokens: int = 256, cancel: threading.Event | None = None
-             ) -> tuple[list[int], int]:
+             max_tokens: int = 256, cancel: threading.Event | None = None,
+             continue_final: bool = False) -> tuple[list[int], int]:
         """The prompt's token ids and ``max_tokens`` capped to the context, or
         InvalidInputError: what :meth:`generate` checks before it starts."""
         max_tokens = int_arg(max_tokens, "max_tokens", 1)
         if prompt is not None and messages is not None:
             raise InvalidInputError("Pass either prompt or messages, not both.")
-        ids = self._prompt_ids(prompt, messages, cancel)
+        if continue_final and messages is None:
+            raise InvalidInputError("continue_final needs messages, not a prompt.")
+        ids = self._prompt_ids(prompt, messages, cancel, continue_final)
         return ids, min(max_tokens, self.context_length - len(ids))
 
     def _stream(self, ids: list[int], max_tokens: int, sampling: SamplingParams,

@@ -31,6 +31,10 @@ class InvalidInputError(InferdeskError):
     """Bad input from the user: an empty prompt, a wrong parameter."""
 
 
+class ContextOverflowError(InvalidInputError):
+    """A prompt longer than the model's context (callers may shorten it and try again)."""
+
+
 class CancelledError(InferdeskError):
     """A job stopped because its caller asked it to."""
 

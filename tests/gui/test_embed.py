@@ -103,3 +103,22 @@ def test_thousands_of_sentences_draw_quickly(loaded_window) -> None:
     small = analysis.normalise(rng.normal(size=(8, 384)).astype(np.float32))
     pane._on_embedded(EmbedResult([f"s{i}" for i in range(8)], small,
                                   *analysis.heatmap(small), analysis.project_2d(small), 1.0))
+
+
+def test_a_thousand_real_sentences_stay_readable(loaded_window, qtbot) -> None:
+    """1,000 sentences through the real MiniLM: the heatmap is sampled into blocks and
+    says so, the scatter keeps every point, and k stays below n."""
+    w = loaded_window
+    pane = w.embed
+    w.tabs.setCurrentWidget(pane)
+    topics = ("cats", "stocks", "bread", "football", "rain")
+    pane.set_sentences([f"Sentence {i} is about {topics[i % 5]}." for i in range(1000)])
+    with qtbot.waitSignal(w.handle.embedded, timeout=EMBED_TIMEOUT_MS):
+        assert pane.embed()
+    r = pane.result
+    assert len(r.sentences) == 1000 and r.block == 3
+    assert r.heatmap.shape[0] <= analysis.HEATMAP_MAX_SIDE
+    assert "sampled" in pane.status.text() and "3×3" in pane.status.text()
+    assert "blocks of 3" in pane.heat_plot.getPlotItem().titleLabel.text
+    assert len(pane.scatter.data) == 1000 and pane.scatter.data["size"].max() <= 5
+    assert pane.k_box.maximum() == 999

@@ -31,7 +31,7 @@ def test_angle_brackets_sent_to_the_real_model_are_shown_in_full(loaded_window, 
     # The context indicator: prompt + reply of the last turn against the model's context.
     stats = w.chat.views()[1].stats
     used = stats["n_prompt"] + stats["n_generated"]
-    assert w.chat.context_label.text() == f"{used} / 8.2K tokens"
+    assert w.chat.context_label.text() == f"{used} / 4.1K tokens"  # the default context
 
 
 def test_shift_enter_adds_a_line_and_the_setting_switches_to_ctrl_enter(make_window) -> None:

@@ -28,12 +28,17 @@ def test_graphs_receive_points_while_generating(loaded_window, qtbot) -> None:
     assert p.timer.isActive() and p.timer.interval() <= 250
     assert after["host_rss"] > 0 and p.n_samples > n0
     assert after["ttft"] == min(before["ttft"] + 1, TTFT_KEEP)  # a bounded chart
+    # Prefill happens once per message: one point, at the time the first token came.
+    assert after["prefill"] == min(before["prefill"] + 1, TTFT_KEEP)
+    assert p.prefills[-1][1] == ev.prefill_tok_s
+    x, y = p.prefill_points.getData()
+    assert len(x) >= 1 and y[-1] == ev.prefill_tok_s and -p.span() <= x[-1] <= 0
+    assert after["cpu"] > before["cpu"]  # CPU utilisation is sampled with the rest
     if ev.total_s - ev.ttft_s > 0.5:  # long enough for a sample to land after token two
         # Samples taken during this message (the series keep a bounded history, so counts
         # of all finite points can fall on a slow machine while new ones arrive).
         new = min(p.n_samples - n0, len(p.series["decode"]))
-        for name in ("decode", "prefill"):
-            assert np.isfinite(list(p.series[name])[-new:]).any(), name
+        assert np.isfinite(list(p.series["decode"])[-new:]).any()
     x, y = p.curves["host_rss"].getData()
     assert len(x) == len(y) > 0 and np.isfinite(y).any()
     backend = w.picker.loaded["causal"].backend
@@ -43,6 +48,43 @@ def test_graphs_receive_points_while_generating(loaded_window, qtbot) -> None:
     assert ev.op_times_s and p.op_table.rowCount() == len(ev.op_times_s)
     assert {p.op_table.item(r, 0).text() for r in range(p.op_table.rowCount())} == set(
         ev.op_times_s)
+    assert "profiled" in p.ops_hint.text()
     p.profile_box.setChecked(False)
     assert not w.chat.profile
     assert "RSS" in w.status_memory.text() and backend in w.status_backend.text()
+
+
+def test_ten_minutes_of_history_with_pause_and_scroll(make_window) -> None:
+    from gui.perf_pane import HISTORY_S, SAMPLE_MS
+
+    w = make_window()
+    p = w.perf
+    w.tabs.setCurrentWidget(p)
+    p.timer.stop()  # the test adds the samples itself
+    assert p.series["t"].maxlen == HISTORY_S * 1000 // SAMPLE_MS  # ten minutes kept
+    assert "Profile ops" in p.ops_hint.text() and p.op_table.rowCount() == 0
+    s = p.series
+    for k in s:
+        s[k].clear()
+    for i in range(3000):  # ten minutes at 5 Hz, decode 10 tok/s in minute 2 only
+        s["t"].append(i * 0.2)
+        s["decode"].append(10.0 if 60 <= i * 0.2 < 120 else np.nan)
+        for k in ("device_used", "device_peak"):
+            s[k].append(np.nan)
+        s["host_rss"].append(100.0)
+        s["cpu"].append(50.0)
+    p.redraw()
+    assert p.span() == 60 and p.scroll.maximum() == 539
+    x, y = p.curves["decode"].getData()
+    assert x is None or len(x) == 0 or not np.isfinite(y).any()  # the last minute: idle
+    p.scroll.setValue(60)  # scroll back: the span ends at 2 min
+    x, y = p.curves["decode"].getData()
+    assert np.isfinite(y).any() and x.min() >= -60 and x.max() <= 0
+    p.pause_button.setChecked(True)
+    assert p.paused_at is not None and p.pause_button.text() == "Resume"
+    p.pause_button.setChecked(False)
+    assert p.scroll.value() == p.scroll.maximum()
+    p.span_combo.setCurrentIndex(p.span_combo.count() - 1)  # all ten minutes
+    assert p.span() == 600
+    x, y = p.curves["decode"].getData()
+    assert np.isfinite(y).any()
