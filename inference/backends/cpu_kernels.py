@@ -91,8 +91,8 @@ _wide_vectors()
 _jit = partial(njit, cache=True, fastmath=True, error_model="numpy", nogil=True)
 # The mat-vec kernels: fast math without reassociation. Their group sums run in four
 # independent chains; "reassoc" lets LLVM fold them back into one dependent chain of 32
-# FMAs per group, bound by FMA latency (seen in the assembly, AVX2). Without it, 1.2-1.3x
-# the Gweights/s on an AMD EPYC with AVX2 (CPU time, 1 thread).
+# FMAs per group, bound by FMA latency (seen in the assembly, AVX2; decode on SmolLM2 went
+# from 0.49x to 0.64x llama.cpp's there: docs/benchmarks.md).
 _NO_REASSOC = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
 
 
