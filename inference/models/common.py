@@ -39,11 +39,15 @@ class Weights:
         self.done = 0
 
     def _convert(self, name: str, fn: Callable[[TensorData], Any]) -> Any:
+        return self._convert_all([name], lambda ts: fn(ts[0]))
+
+    def _convert_all(self, names: list[str], fn: Callable[[list[TensorData]], Any]) -> Any:
+        """``fn`` over the named tensors; counts their bytes as done; cancellable before."""
         if self.cancel is not None and self.cancel.is_set():
             raise CancelledError(f"Loading {self.ckpt.path.name} was cancelled.")
-        t = self.tensor(name)
-        out = fn(t)
-        self.done += t.nbytes
+        ts = [self.tensor(n) for n in names]
+        out = fn(ts)
+        self.done += sum(t.nbytes for t in ts)
         if self.progress is not None:
             self.progress(min(self.done, self.total), self.total)
         return out
@@ -112,17 +116,16 @@ class Weights:
         sizes = [t.shape[0] for t in ts]
         if len(ts) == 1:
             return self.linear(names[0]), sizes, bias[0] and self.dense(bias[0])
-        if self.cancel is not None and self.cancel.is_set():
-            raise CancelledError(f"Loading {self.ckpt.path.name} was cancelled.")
-        first = ts[0]
-        extra = {k: np.concatenate([t.extra[k] for t in ts]) if isinstance(v, np.ndarray)
-                 else v for k, v in first.extra.items()}
-        stacked = TensorData("+".join(t.name for t in ts), (sum(sizes), *first.shape[1:]),
-                             first.qtype, np.concatenate([t.data for t in ts]), extra)
-        w = self.B.weight(stacked)
-        self.done += sum(t.nbytes for t in ts)
-        if self.progress is not None:
-            self.progress(min(self.done, self.total), self.total)
+
+        def stack(ts: list[TensorData]) -> Any:
+            first = ts[0]
+            extra = {k: np.concatenate([t.extra[k] for t in ts]) if isinstance(v, np.ndarray)
+                     else v for k, v in first.extra.items()}
+            return self.B.weight(TensorData(
+                "+".join(t.name for t in ts), (sum(sizes), *first.shape[1:]), first.qtype,
+                np.concatenate([t.data for t in ts]), extra))
+
+        w = self._convert_all(names, stack)
         b = None
         if any(x is not None for x in bias):  # absent biases are zeros
             host = np.concatenate([np.zeros(n, np.float32) if x is None else

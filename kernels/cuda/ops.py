@@ -225,24 +225,23 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
     return out
 
 
-def silu_mul(dev: Device, gate: Any, up: Any) -> Any:
+def _gated(dev: Device, kernel: str, gate: Any, up: Any) -> Any:
+    """act(gate) * up elementwise, ``kernel`` one of unary.cu's gated kernels."""
     _f32_contig(gate, "gate")
     _f32_contig(up, "up")
     _need(gate.shape == up.shape, f"gate {gate.shape} != up {up.shape}")
     y = dev.empty(gate.shape, np.float32)
-    dev.launch("unary", "silu_mul_f32", plan.plan_elementwise(gate.size, dev.limits),
+    dev.launch("unary", kernel, plan.plan_elementwise(gate.size, dev.limits),
                (gate, up, y, i64(gate.size)))
     return y
+
+
+def silu_mul(dev: Device, gate: Any, up: Any) -> Any:
+    return _gated(dev, "silu_mul_f32", gate, up)
 
 
 def gelu_tanh_mul(dev: Device, gate: Any, up: Any) -> Any:
-    _f32_contig(gate, "gate")
-    _f32_contig(up, "up")
-    _need(gate.shape == up.shape, f"gate {gate.shape} != up {up.shape}")
-    y = dev.empty(gate.shape, np.float32)
-    dev.launch("unary", "gelu_tanh_mul_f32", plan.plan_elementwise(gate.size, dev.limits),
-               (gate, up, y, i64(gate.size)))
-    return y
+    return _gated(dev, "gelu_tanh_mul_f32", gate, up)
 
 
 def gelu(dev: Device, x: Any) -> Any:
