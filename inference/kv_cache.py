@@ -87,6 +87,22 @@ class KVCache:
         """Called once per forward pass, after every layer has written its t new rows."""
         self.offset += t
 
+    def copy_prefix(self, src: KVCache, n: int) -> bool:
+        """Make the first ``n`` tokens of this cache those of ``src`` (rows copied: a
+        prompt prefix shared between requests), for a cache holding at most ``n``. False,
+        and nothing copied, when ``src`` holds fewer than ``n`` tokens or a sliding-window
+        layer of either already dropped rows."""
+        if not self.offset <= n <= src.offset or any(src.start) or any(self.start):
+            return False
+        for layer in range(len(self.keys)):
+            k = self.B.narrow(src.keys[layer], 2, 0, n)
+            self._ensure(layer, k, n)
+            for store, from_ in ((self.keys, src.keys), (self.values, src.values)):
+                store[layer] = self.B.set_slice(store[layer], self.B.narrow(from_[layer], 2, 0, n),
+                                                2, 0)
+        self.offset = n
+        return True
+
     def trim(self, n: int) -> None:
         """Forget everything after the first ``n`` tokens (reuse a shared prompt prefix).
         A sliding-window layer that already dropped rows the next query needs cannot

@@ -122,6 +122,32 @@ def test_linear_matches_reference(qtype, rows):
     assert_matmul_close(got, want)
 
 
+def _mlx_tensor(bits: int, rows: int, n: int, seed: int) -> TensorData:
+    from inference.formats.affine import pack_codes
+
+    r = np.random.default_rng(seed)
+    codes = r.integers(0, 1 << bits, size=(rows, n), dtype=np.uint8)
+    scales = (r.random((rows, n // 64)) * 0.1).astype(np.float16)
+    biases = (r.standard_normal((rows, n // 64)) * 0.1).astype(np.float16)
+    return TensorData("w", (rows, n), "MLX", pack_codes(codes, bits),
+                      {"scales": scales, "biases": biases, "group_size": 64, "bits": bits})
+
+
+@pytest.mark.parametrize("qtype", PACKED + RAW + ("MLX4", "MLX8"))
+def test_decode_rows_are_each_bitwise_the_row_alone(qtype):
+    """The server's continuous batching feeds several sequences' tokens through one mat-vec
+    call; each row must come out exactly as it does alone (scheduler.py), for every layout:
+    the one-row kernels, the shared-conversion kernel for pairs of rows, the odd row."""
+    t = (_mlx_tensor(int(qtype[3]), 70, 512, seed=7) if qtype.startswith("MLX")
+         else _tensor(qtype, 70, 512, seed=7))
+    w = C.weight(t)
+    x = randn(8, 512, seed=8) * 3
+    for rows in (2, 3, 8):
+        got = C.linear(x[:rows], w)
+        for i in range(rows):
+            np.testing.assert_array_equal(got[i], C.linear(x[i:i + 1], w)[0])
+
+
 @pytest.mark.parametrize("qtype", RAW + ("F16", "BF16"))
 def test_file_byte_kernels_decode_exactly(qtype):
     """cpu_raw's block decoders repeat quants.py's float32 arithmetic: equal bit for bit."""

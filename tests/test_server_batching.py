@@ -87,6 +87,34 @@ def test_chunked_prefill_is_the_same_alone_or_in_company(engine):  # noqa: F811
     assert mixed.max_rows >= 2
 
 
+def test_a_shared_prompt_prefix_is_copied_and_changes_no_token(engine):  # noqa: F811
+    """Requests that start with the same long system prompt copy its whole prefill chunks
+    from the one already prefilled, and still get exactly the tokens they get alone."""
+    llm = engine.llm
+    system = {"role": "system", "content": "You are a careful assistant for a museum of "
+              "natural history. Answer in one short sentence, plainly, without lists, and "
+              "mention one exhibit of the museum when it fits the question."}
+    convs = [[system, *_messages(i)] for i in range(4)]
+    prompts = [llm.plan(messages=c, max_tokens=5)[0] for c in convs]
+    assert min(len(p) for p in prompts) > 2 * 24
+    samplings = [_sampling(i) for i in range(4)]
+    alone_tokens = []
+    for p, sp in zip(prompts, samplings, strict=True):
+        solo = Scheduler(llm, parallel=1, prefill_chunk=24)
+        try:
+            alone_tokens.append(_run_together(solo, [p], 5, [sp])[0].token_ids)
+        finally:
+            solo.close()
+        assert solo.shared_tokens == 0
+    sched = Scheduler(llm, parallel=4, prefill_chunk=24)
+    try:
+        together = _run_together(sched, prompts, 5, samplings)
+    finally:
+        sched.close()
+    assert [d.token_ids for d in together] == alone_tokens
+    assert sched.shared_tokens >= 3 * 48  # each later request copied >= 2 whole chunks
+
+
 def test_concurrent_http_clients_get_what_they_get_alone(engine, server):  # noqa: F811
     """Through the server: 8 clients at once, each answer equal to the same request made
     through CausalLM.generate by itself."""

@@ -34,6 +34,16 @@ MATVEC_ROWS = 8  # measured crossover vs dequant+sgemm is ~8-16 rows on 2 cores
 SCRATCH_BYTES = 16 << 20
 
 
+def _shares_conversion(w: PackedWeight) -> bool:
+    """Whether pairs of decode rows go through :func:`cpu_kernels.matvec_q8_rows`: 8-bit
+    codes with a scale only (Q8_0, Q6_K), where it measured 2.1x the one-row kernel per row
+    (Q8_0 49152x576, 8 rows, 1 thread: docs/server.md). 4-bit codes convert cheaply, and
+    there it was 0.6-0.8x: both are bound by loads and FMAs, not the conversion. The
+    affine layouts are left out because ``scale * sum + bias * xsum`` lets LLVM choose which
+    product to fuse, per compiled loop, so a row could differ from the row alone."""
+    return w.bits == 8 and (w.kind == K.SUB16 or (w.kind == K.SYMMETRIC and w.zero == 0))
+
+
 class CpuBackend(NumpyBackend):
     name = "cpu"
     device = "CPU (numba kernels, quantized weights)"
@@ -124,8 +134,12 @@ class CpuBackend(NumpyBackend):
 
     def _matvec(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
         out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
-        kern = K.matvec_q4 if w.bits == 4 else K.matvec_q8
-        kern(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x, out)
+        even = x.shape[0] - x.shape[0] % 2 if _shares_conversion(w) else 0
+        if even:
+            K.matvec_q8_rows(w.codes, w.blocks, w.halves, w.flat, w.kind, x[:even], out[:even])
+        if even < x.shape[0]:
+            kern = K.matvec_q4 if w.bits == 4 else K.matvec_q8
+            kern(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x[even:], out[even:])
         return out if out.shape[1] == w.shape[0] else np.ascontiguousarray(out[:, : w.shape[0]])
 
     def _buffer(self, n: int) -> np.ndarray:

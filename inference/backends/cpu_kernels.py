@@ -389,6 +389,82 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
             out[i, t * LANES:(t + 1) * LANES] = acc
 
 
+@_jit(inline="always", fastmath=_NO_REASSOC)
+def _chains2(wf: np.ndarray, xa: np.ndarray, xb: np.ndarray, b0: int, j0: int,
+             s: np.ndarray, add: bool) -> None:
+    """Chains j0 and j0+1 of :func:`_codes16` (codes j0, j0+4, j0+8, j0+12 and those +1)
+    for rows a and b at once, each code loaded once for both, over converted codes
+    ``wf``: s[lane] (row a) and s[nl + lane] (row b) = the two chains' sum, or += it when
+    ``add``. Two chains per pass, not four: four for two rows made a loop body LLVM did
+    not vectorise (seen in the assembly)."""
+    nl = wf.shape[1]
+    for lane in range(nl):
+        a0 = a1 = c0 = c1 = _f32(0.0)
+        for j in range(j0, j0 + 16, 4):
+            w0 = wf[j, lane]
+            w1 = wf[j + 1, lane]
+            a0 += w0 * xa[b0 + j]
+            a1 += w1 * xa[b0 + j + 1]
+            c0 += w0 * xb[b0 + j]
+            c1 += w1 * xb[b0 + j + 1]
+        if add:
+            s[lane] = s[lane] + (a0 + a1)
+            s[nl + lane] = s[nl + lane] + (c0 + c1)
+        else:
+            s[lane] = a0 + a1
+            s[nl + lane] = c0 + c1
+
+
+@_jit(parallel=True, fastmath=_NO_REASSOC)
+def matvec_q8_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+                   flat: np.ndarray, kind: int, x: np.ndarray, out: np.ndarray) -> None:
+    """:func:`matvec_q8` for an even number of rows of x (one decode step of several
+    sequences) and the scale-only layouts (SYMMETRIC with zero 0, i.e. Q8_0; SUB16, i.e.
+    Q6_K), each row's result bitwise the one it gets alone.
+
+    Converting int8 codes to float is most of a row's work in matvec_q8, so here a block's
+    codes are converted once and the rows sum over the floats, two rows per pass. Each
+    row keeps matvec_q8's chains, group order and scaling expressions: the server's
+    batching relies on this exactness (inference/server/scheduler.py)."""
+    rows = x.shape[0]
+    groups = x.shape[1] // GROUP
+    tiles = blocks.shape[0] // groups
+    row_bytes = blocks.shape[1] * LANES * 4
+    nl = codes.shape[2]
+    for t in prange(tiles):
+        acc = np.zeros((rows, nl), dtype=np.float32)
+        s = np.empty(2 * nl, dtype=np.float32)  # rows a, b: sums of codes 0-15
+        h = np.empty(2 * nl, dtype=np.float32)  # and of codes 16-31
+        wf = np.empty((GROUP, nl), dtype=np.float32)
+        for g in range(groups):
+            blk = t * groups + g
+            _prefetch_block(flat, blk + PREFETCH, row_bytes)
+            cb = codes[blk]
+            b0 = g * GROUP
+            for j in range(GROUP):
+                for lane in range(nl):
+                    wf[j, lane] = _f32(np.int32(cb[j, lane]))
+            for i in range(0, rows, 2):
+                xa, xb = x[i], x[i + 1]
+                _chains2(wf, xa, xb, b0, 0, s, False)
+                _chains2(wf, xa, xb, b0, 2, s, True)
+                _chains2(wf, xa, xb, b0, 16, h, False)
+                _chains2(wf, xa, xb, b0, 18, h, True)
+                for r in range(2):
+                    a = acc[i + r]
+                    if kind == SUB16:
+                        d = halves[blk, 8]
+                        for lane in range(nl):
+                            a[lane] += _half(d[nl + lane]) * (
+                                _f32(np.int32(cb[32, lane])) * s[r * nl + lane]
+                                + _f32(np.int32(cb[33, lane])) * h[r * nl + lane])
+                    else:
+                        sg = blocks[blk, 8]
+                        for lane in range(nl):
+                            a[lane] += sg[lane] * (s[r * nl + lane] + h[r * nl + lane])
+        out[:, t * LANES:(t + 1) * LANES] = acc
+
+
 @_jit()
 def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: int,
               bits: int, zero: float, groups: int, t0: int, t1: int, out: np.ndarray) -> None:

@@ -21,6 +21,11 @@ from typing import Any
 import numpy as np
 
 STREAMS = (1, 4, 8)
+# Appended to the bench prompt: a numbered list that greedy decoding on SmolLM2 keeps
+# going past 128 tokens on both engines (the bare prompt ends with EOS after ~21 tokens on
+# llama.cpp), so both sides time the same number of tokens. A side that stops early
+# anyway is flagged in its row ("short": fewer text chunks than streams x max_tokens).
+CONTINUATION = "\n\nHis entries, numbered from the first day: 1, 2, 3, 4, 5,"
 
 
 def _stream_times(url: str, model: str, prompt: str, max_tokens: int) -> list[float]:
@@ -58,6 +63,7 @@ def measure(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any
         tokens = sum(len(r) for r in results)
         rows[str(n)] = {
             "aggregate_tok_s": round(tokens / wall, 2), "tokens": tokens,
+            "short": tokens < n * max_tokens,
             "wall_s": round(wall, 3),
             "itl_p50_ms": round(float(np.percentile(gaps, 50)) * 1e3, 2) if gaps.size else None,
             "itl_p99_ms": round(float(np.percentile(gaps, 99)) * 1e3, 2) if gaps.size else None,
@@ -85,7 +91,10 @@ def _llama_cpp_server(path: str, threads: int) -> Iterator[str | None]:
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", path, "--host", "127.0.0.1",
-         "--port", str(port), "--n_threads", str(threads), "--n_ctx", "2048"],
+         "--port", str(port), "--n_threads", str(threads), "--n_ctx", "2048",
+         # By default a new request interrupts the running one (its stream just ends);
+         # queued, each completes. It runs one request at a time either way.
+         "--interrupt_requests", "False"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -104,7 +113,7 @@ def bench_serve(args: Any, out: dict[str, Any]) -> None:
     from inference.bench import set_threads, workloads
     from inference.server.run import ServerThread, load_engine
 
-    prompt, _ = workloads()
+    prompt = workloads()[0] + CONTINUATION
     engine = load_engine(args.llm_model, None, args.backend, parallel=max(STREAMS))
     out["serve_threads_capped"] = set_threads(args.threads, engine.llm.backend)
     srv = ServerThread(engine).start()

@@ -12,12 +12,14 @@ Exactness: a sequence's tokens do not depend on what runs beside it. Prefill chu
 cut at fixed positions (0, C, 2C, ...) and run one sequence per call, so a prompt is
 prefilled by the same calls alone or in company (and a prompt of at most C tokens by the
 very call ``CausalLM.generate`` makes). In a batched decode step the weight ops compute
-each row on its own: on ``cpu`` the quantized mat-vec runs the same per-row loop for up to
-``MATVEC_ROWS`` (8) rows, hence ``MAX_PARALLEL``; norms, RoPE, SiLU and the embedding
-lookup are row-wise; attention runs per sequence, as alone. Sampling sees the same logits
-row, history and seeded generator. BLAS backends (numpy, mlx) may round a row of a
-multi-row product differently from a one-row product, so there the tokens agree to
-within such rounding, not bit for bit (docs/server.md).
+each row on its own: on ``cpu`` the quantized mat-vec computes each of up to
+``MATVEC_ROWS`` (8) rows by the one-row arithmetic (``cpu_kernels.matvec_q8_rows`` shares
+code loads between rows, not sums), hence ``MAX_PARALLEL``; a prefix copied from another
+sequence is what the same prefill calls computed (:meth:`Scheduler._share_prefix`);
+norms, RoPE, SiLU and the embedding lookup are row-wise; attention runs per sequence, as
+alone. Sampling sees the same logits row, history and seeded generator. BLAS backends
+(numpy, mlx) may round a row of a multi-row product differently from a one-row product,
+so there the tokens agree to within such rounding, not bit for bit (docs/server.md).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from inference.errors import InferdeskError, OutOfMemoryError
 from inference.events import GenerationEvent
 from inference.generate import Generation
 from inference.kv_cache import BatchedCaches, KVCache
+from inference.prompt_cache import common_prefix
 from inference.sampling import SamplingParams
 
 MAX_PARALLEL = 8  # cpu: rows the mat-vec computes one by one (cpu.MATVEC_ROWS)
@@ -90,6 +93,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.steps = 0  # forward calls made
         self.max_rows = 0  # most sequences one decode step has served
+        self.shared_tokens = 0  # prompt tokens copied from another sequence, not prefilled
         self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: list[_Seq] = []
@@ -153,8 +157,26 @@ class Scheduler:
         gen = Generation(m.tokenizer, len(req.prompt_ids), req.max_tokens, m.tokenizer.eos_ids,
                          req.stop)
         cache = m.model.make_cache(len(req.prompt_ids) + req.max_tokens)
-        return _Seq(req, gen, np.random.default_rng(req.sampling.seed),
-                    list(req.prompt_ids), cache)
+        return _Seq(req, gen, np.random.default_rng(req.sampling.seed), list(req.prompt_ids),
+                    cache)
+
+    def _share_prefix(self, s: _Seq) -> None:
+        """Before ``s`` prefills its next chunk: copy the chunks from there on that a
+        running sequence with the same prompt start has already prefilled (clients often
+        send one system prompt or document with many requests). Only whole chunks, cut at
+        the fixed positions every prompt is cut at, and at least one token is left to
+        run: the copied rows are what the very same prefill calls computed for the other
+        sequence, so the tokens stay exactly those of the request alone."""
+        prompt, c = s.req.prompt_ids, self.prefill_chunk
+        best, src = s.pos, None
+        for o in self._active:
+            if o is not s:
+                n = min(o.pos, common_prefix(prompt, o.req.prompt_ids), len(prompt) - 1)
+                if n // c * c > best:
+                    best, src = n // c * c, o
+        if src is not None and s.cache.copy_prefix(src.cache, best):
+            self.shared_tokens += best - s.pos
+            s.pos = best
 
     def _step(self) -> None:
         for s in [s for s in self._active if s.req.cancel.is_set()]:
@@ -162,6 +184,7 @@ class Scheduler:
         M, B = self.model.model, self.model.backend
         pre = next((s for s in self._active if s.pos < len(s.req.prompt_ids)), None)
         if pre is not None:
+            self._share_prefix(pre)
             chunk = pre.req.prompt_ids[pre.pos: pre.pos + self.prefill_chunk]
             logits = M(B.array(np.asarray([chunk], dtype=np.int64)), pre.cache, last_only=True)
             self.steps += 1
