@@ -242,6 +242,7 @@ def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
     if args.compare and not args.in_process:
         _llm_compare(args, res, ids)
         res["memory"]["rss_after_run_bytes"] = host_rss()
+        _explain_decode(res, model, spec, ids, args.decode_tokens)
         out["llm"] = res
         return
     if args.compare:
@@ -273,7 +274,19 @@ def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
         res["ratio"] = {k: round(ours[k] / theirs[k], 3) for k in ("prefill_tok_s",
                                                                    "decode_tok_s")}
     res["memory"]["rss_after_run_bytes"] = host_rss()
+    _explain_decode(res, model, spec, ids, args.decode_tokens)
     out["llm"] = res
+
+
+def _explain_decode(res: dict[str, Any], model: Any, spec: Any, ids: list[int],
+                    n_decode: int) -> None:
+    """After the timed rounds: the per-token split (inside / outside backend ops) and the
+    mat-vec speed of each weight type in the file (:mod:`inference.bench_kernels`)."""
+    from inference.bench_kernels import decode_breakdown, weight_types
+    from inference.formats import read_checkpoint
+
+    res["decode_breakdown"] = decode_breakdown(model, ids, min(n_decode, 32))
+    res["weight_types"] = weight_types(read_checkpoint(spec.path), model.backend)
 
 
 def _llm_peer_side(args: argparse.Namespace, spec: Any, out: dict[str, Any]) -> None:
@@ -436,6 +449,15 @@ def _summary(out: dict[str, Any]) -> str:
         lines.append(f"LLM {llm['model']} on {llm['backend']}: prefill {o['prefill_tok_s']} tok/s, "
                      f"decode {o['decode_tok_s']} tok/s, "
                      f"{llm['weight_bytes_per_token'] / 1e6:.1f} MB of weights read per token")
+        d = llm.get("decode_breakdown")
+        if d:
+            lines.append(f"  per decode token: {d['ms_per_token']} ms profiled, "
+                         f"{d['ops_ms_per_token']} in backend ops, "
+                         f"{d['outside_ops_ms_per_token']} outside them, "
+                         f"{d['op_calls_per_token']} op calls")
+        for qtype, w in llm.get("weight_types", {}).items():
+            lines.append(f"  {qtype} mat-vec ({w['tensor']} {w['shape'][0]}x{w['shape'][1]}): "
+                         f"{w['gweights_s']} Gweights/s")
         p = llm.get("llama_cpp", {})
         if "ratio" in llm:
             lines.append(f"  llama.cpp: prefill {p['prefill_tok_s']}, decode {p['decode_tok_s']}"
