@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from inference.errors import CorruptModelError, InvalidInputError, NumericalError
+from inference.formats.tensor import MAX_LAYERS
 from inference.sampling import SamplingParams, check_params
 
 
@@ -29,8 +30,10 @@ from inference.sampling import SamplingParams, check_params
 class ArchSpec:
     """What one architecture expects of its config and tensors.
 
-    ``positive``: integer fields that must be >= 1; ``finite_positive``: float fields that
-    must be finite and > 0; ``divides``: pairs (a, b) with b % a == 0; ``even``: fields that
+    ``positive``: integer fields that must be >= 1; ``at_most``: upper bounds of fields the
+    engine builds per-item structures from before any tensor is read (a layer count of
+    2^32 would otherwise allocate lists of that length); ``finite_positive``: float fields
+    that must be finite and > 0; ``divides``: pairs (a, b) with b % a == 0; ``even``: fields that
     must be even (RoPE rotates pairs). ``tensors`` maps a tensor name (``{i}`` stands for
     each layer index) to its shape, each dimension a config field, a product of fields
     written "a*b", or an int. Tensors absent from the file are not checked here (the model
@@ -38,6 +41,7 @@ class ArchSpec:
     """
 
     positive: tuple[str, ...] = ()
+    at_most: Mapping[str, int] = field(default_factory=dict)
     finite_positive: tuple[str, ...] = ()
     divides: tuple[tuple[str, str], ...] = ()
     even: tuple[str, ...] = ()
@@ -47,6 +51,7 @@ class ArchSpec:
 _DECODER = ArchSpec(
     positive=("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
               "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"),
+    at_most={"num_hidden_layers": MAX_LAYERS},
     finite_positive=("rms_norm_eps", "rope_theta"),
     divides=(("num_key_value_heads", "num_attention_heads"),),
     even=("head_dim",),
@@ -76,6 +81,7 @@ _DECODER = ArchSpec(
 _BERT = ArchSpec(
     positive=("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
               "vocab_size", "max_position_embeddings", "type_vocab_size"),
+    at_most={"num_hidden_layers": MAX_LAYERS},
     finite_positive=("layer_norm_eps",),
     divides=(("num_attention_heads", "hidden_size"),),
     tensors={
@@ -101,7 +107,8 @@ _BERT = ArchSpec(
 )
 
 SPECS: dict[str, ArchSpec] = {"llama": _DECODER, "mistral": _DECODER, "qwen2": _DECODER,
-                              "bert": _BERT}
+                              "qwen3": _DECODER, "gemma": _DECODER, "gemma2": _DECODER,
+                              "gemma3_text": _DECODER, "phi3": _DECODER, "bert": _BERT}
 
 
 def register(model_type: str, spec: ArchSpec) -> None:
@@ -180,6 +187,10 @@ def check_config(values: Mapping[str, Any] | Any, spec: ArchSpec) -> None:
         if v is not None and (not isinstance(v, numbers.Integral) or v < 1):
             raise CorruptModelError(f"Config key {key} is {v!r}; expected a whole number "
                                     f"of at least 1.")
+    for key, limit in spec.at_most.items():
+        v = get(key)
+        if isinstance(v, numbers.Integral) and v > limit:
+            raise CorruptModelError(f"Config key {key} is {v}; expected at most {limit}.")
     for key in spec.finite_positive:
         v = get(key)
         if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):

@@ -95,6 +95,9 @@ def test_tensor_shapes_are_checked_against_the_config(tmp_path: Path, name: str,
     ({"context_length": "lots"}, "context_length"),
     ({"attention.head_count_kv": 3}, "head_count_kv"),
     ({"rope.freq_base": float("nan")}, "rope.freq_base"),
+    # Found by `make fuzz`: per-layer lists were sized from the count before any check.
+    ({"block_count": 4783436800.0}, "block_count"),
+    ({"block_count": 2**31}, "block_count"),
 ])
 def test_gguf_config_values_are_checked(tmp_path: Path, meta: dict, key: str) -> None:
     path = write_gguf(tmp_path / "bad.gguf", meta=meta)
@@ -110,6 +113,7 @@ def test_gguf_config_values_are_checked(tmp_path: Path, meta: dict, key: str) ->
     ({"rms_norm_eps": "abc"}, "rms_norm_eps"),
     ({"rope_theta": float("nan"), "rope_parameters": None}, "rope_theta"),
     ({"num_hidden_layers": 1.5}, "num_hidden_layers"),
+    ({"num_hidden_layers": 2**32}, "num_hidden_layers"),
     ({"model_type": ["llama"]}, "model_type"),
 ])
 def test_safetensors_config_values_are_checked(tmp_path: Path, config: dict, key: str) -> None:

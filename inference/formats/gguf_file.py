@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from inference.errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
 from inference.formats.quants import BLOCK_TYPES
-from inference.formats.tensor import Checkpoint, TensorData
+from inference.formats.tensor import MAX_LAYERS, Checkpoint, TensorData
 
 # GGUF architecture -> (HF model_type, HF architectures entry).
 ARCHITECTURES: dict[str, tuple[str, str]] = {
@@ -264,6 +264,9 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
     if hidden is None or heads is None or layers is None:
         raise CorruptModelError(f"GGUF metadata for {arch} lacks embedding_length, "
                                 f"block_count or attention.head_count.")
+    if isinstance(layers, (int, float)) and layers > MAX_LAYERS:
+        raise CorruptModelError(f"GGUF key {arch}.block_count is {layers}; expected at most "
+                                f"{MAX_LAYERS}.")
     heads = _scalar(heads)
     kv_heads = _scalar(get("attention.head_count_kv", heads))
     vocab = get("vocab_size")

@@ -13,6 +13,10 @@ from typing import Any
 
 import numpy as np
 
+# Real models have at most a few hundred layers; the bound keeps a corrupt count from
+# sizing per-layer structures before the tensors are compared with the config.
+MAX_LAYERS = 10_000
+
 
 @dataclass
 class TensorData:
