@@ -29,7 +29,8 @@ from gui.worker import LoadedInfo, WorkerHandle
 
 BUSY_TEXT = {"load": "Loading model…", "generate": "Generating…", "embed": "Embedding…",
              "discover": "Looking for models…", "probe": "Checking backends…",
-             "query": "Searching…", "export": "Saving…"}
+             "query": "Searching…", "export": "Saving…",
+             "connect": "Asking the server for its models…"}
 
 
 CLOSE_WAIT_MS = 2000
