@@ -41,7 +41,7 @@ DEFAULT_POLICY = "rolling"
 MARK = "\n[… {n:,} characters left out to fit the context …]\n"
 REPLY_SHARE = 4  # a shortened conversation leaves at least 1/4 of the context for the reply
 UNCOUNTED = ("The remote engine counts tokens itself: the chat is sent whole, and the "
-             "server says so if it outgrows the server's context.")
+             "server refuses it if it outgrows the server's context.")
 
 
 class ContextFullError(InvalidInputError):

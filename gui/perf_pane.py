@@ -228,6 +228,8 @@ class PerfPane(QWidget):
         self.n_samples += 1
         s["t"].append(time.monotonic() - self.t0)
         s["decode"].append(self.decode if self.generating else math.nan)
+        # cpu_percent measures since its previous call: called on every sample, kept only
+        # while a model runs in this process.
         cpu = self._proc.cpu_percent() / self._ncpu
         s["cpu"].append(cpu if self.local else math.nan)
         self._show_device(self.device[0] is not None)

@@ -98,6 +98,8 @@ def test_chat_embeddings_and_perf_on_a_remote_inferdesk(make_window, engine, ser
     # The context indicator: the server's count, and the context said to be unknown.
     assert w.chat.context_label.text().endswith("context unknown")
     assert w.chat.fit_note.isVisible() and "counts tokens itself" in w.chat.fit_note.text()
+    # The reply stopped at its limit, but the OpenAI API cannot extend it: no Continue.
+    assert view.stats["finish_reason"] == "length" and not w.chat.continue_button.isVisible()
 
     # Performance: tok/s and TTFT from the stream; no empty memory/CPU/prefill series.
     p = w.perf
@@ -125,6 +127,7 @@ def test_chat_embeddings_and_perf_on_a_remote_inferdesk(make_window, engine, ser
     wait_until(lambda: "causal" in w.picker.loaded and not w.picker.loaded["causal"].remote,
                LOAD_TIMEOUT_MS, "a local model")
     assert p.mem_plot.scene() is not None and p.prefill_plot.scene() is not None
+    assert p.ops_box.isVisibleTo(p) and "show this process" in p.remote_label.text()
     assert boxes["top_k"].isEnabled()
 
 
