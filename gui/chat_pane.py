@@ -84,6 +84,7 @@ class ChatPane(QWidget):
         self.handle, self.store, self.settings = handle, store, settings
         self.conv_id: int | None = None
         self.model_name = ""
+        self.remote = False  # the chat model is a remote engine (it counts tokens itself)
         self.profile = False
         self.generating = False
         self.pending: list[PendingWrite] = []
@@ -715,7 +716,7 @@ class ChatPane(QWidget):
     def _on_planned(self, fitted: object) -> None:
         if not self.generating:
             return
-        self._n_prompt = fitted.n_prompt
+        self._n_prompt = fitted.n_prompt or 0
         note = fitted.note()
         self.fit_note.setText(note)
         self.fit_note.setVisible(bool(note))
@@ -759,6 +760,11 @@ class ChatPane(QWidget):
             if done.text or done.n_generated:
                 self._ensure_reply()
             r = self._reply
+            if done.finish_reason == "interrupted":
+                self.banner.show_error(
+                    "The connection to the remote engine was lost mid-reply: the partial "
+                    "answer is kept." if r is not None else
+                    "The connection to the remote engine was lost before the reply began.")
             if r is not None:
                 r.content, r.stats, self._dirty = self._base + done.text, stats, False
                 if r.view is not None:
@@ -802,7 +808,7 @@ class ChatPane(QWidget):
         views = self.views()
         self.continue_button.setVisible(
             not self.generating and bool(views) and views[-1].role == "assistant"
-            and views[-1].stats.get("finish_reason") == "length")
+            and views[-1].stats.get("finish_reason") == "length" and not self.remote)
         self.edit_button.setEnabled(not self.generating and has_msgs and self._editing is None)
         self.export_button.setEnabled(self.conv_id is not None)
         self.delete_button.setEnabled(self.conv_id is not None)
@@ -860,6 +866,11 @@ class ChatPane(QWidget):
         from gui.format import human_count
 
         limit = limit or self.context_limit()
+        if not limit and self.remote and self.model_name:  # known only to the server
+            self.context_label.setText(
+                f"{human_count(used)} tokens · context unknown" if used else "context unknown")
+            self.context_label.setStyleSheet("")
+            return
         if not limit:
             self.context_label.setText("")
             return
@@ -868,8 +879,12 @@ class ChatPane(QWidget):
         full = used >= limit * 0.9
         self.context_label.setStyleSheet("color: #b45309;" if full else "")
 
-    def set_model(self, name: str) -> None:
-        self.model_name = name
+    def set_model(self, name: str, remote: bool = False) -> None:
+        """The loaded chat model ('' none); ``remote``: an engine on a server, which takes
+        only the OpenAI API's sampling fields and counts tokens itself."""
+        self.model_name, self.remote = name, bool(name) and remote
+        self.sampling.set_remote(self.remote)
+        self._update_buttons()
         if not name:
             self.context_length = None
             self.context_label.setText("")

@@ -13,6 +13,10 @@ Policies (as in LM Studio):
   latest message that alone is too long keeps its end.
 Kept messages always start with a user turn after the system prompt (templates such as
 Gemma's refuse any other order).
+
+A model that cannot count tokens here (a remote engine: its server may not expose its
+tokenizer or context) gets the conversation whole, with the counts unknown (None) rather
+than guessed; the server applies its own limit and says so when a chat outgrows it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ POLICY_TIPS = {
 DEFAULT_POLICY = "rolling"
 MARK = "\n[… {n:,} characters left out to fit the context …]\n"
 REPLY_SHARE = 4  # a shortened conversation leaves at least 1/4 of the context for the reply
+UNCOUNTED = ("The remote engine counts tokens itself: the chat is sent whole, and the "
+             "server refuses it if it outgrows the server's context.")
 
 
 class ContextFullError(InvalidInputError):
@@ -45,15 +51,23 @@ class ContextFullError(InvalidInputError):
 @dataclass
 class Fitted:
     messages: list[dict]  # what the model is sent
-    n_prompt: int  # its tokens
-    limit: int  # the context this chat may use
+    n_prompt: int | None  # its tokens (None: the model cannot count them here)
+    limit: int | None  # the context this chat may use (None: unknown)
     policy: str
     dropped: int = 0  # messages left out
     cut_chars: int = 0  # characters left out of one message
     notes: list[str] = field(default_factory=list)
 
+    def reply_tokens(self, max_tokens: int) -> int:
+        """Tokens the reply may take: ``max_tokens`` within the room the context leaves."""
+        if self.limit is None or self.n_prompt is None:
+            return max(1, max_tokens)
+        return max(1, min(max_tokens, self.limit - self.n_prompt))
+
     def note(self) -> str:
         """One sentence on what was left out ('' when the conversation went whole)."""
+        if self.n_prompt is None:
+            return UNCOUNTED
         parts = []
         if self.dropped:
             parts.append(f"{self.dropped} earlier message{'s' if self.dropped != 1 else ''}")
@@ -64,13 +78,20 @@ class Fitted:
         return f"{POLICIES[self.policy]}: {' and '.join(parts)} left out to fit the context."
 
 
-def fit(model: Any, messages: list[dict], policy: str, limit: int, max_tokens: int,
+def counts_tokens(model: Any) -> bool:
+    """Whether ``model`` tokenizes prompts here (a remote engine does not)."""
+    return hasattr(model, "plan") and getattr(model, "context_length", None) is not None
+
+
+def fit(model: Any, messages: list[dict], policy: str, limit: int | None, max_tokens: int,
         continue_final: bool = False, cancel: threading.Event | None = None) -> Fitted:
     """``messages`` shortened by ``policy`` so they fit ``limit`` tokens (capped at the
     model's context) with room for a reply; ContextFullError under ``stop``."""
     if policy not in POLICIES:
         raise InvalidInputError(f"Unknown context policy {policy!r}; choose one of "
                                 f"{', '.join(POLICIES)}.")
+    if not counts_tokens(model):
+        return Fitted(list(messages), None, None, policy)
     limit = max(2, min(int(limit), int(model.context_length)))
 
     def count(msgs: list[dict]) -> int | None:

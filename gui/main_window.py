@@ -29,7 +29,8 @@ from gui.worker import LoadedInfo, WorkerHandle
 
 BUSY_TEXT = {"load": "Loading model…", "generate": "Generating…", "embed": "Embedding…",
              "discover": "Looking for models…", "probe": "Checking backends…",
-             "query": "Searching…", "export": "Saving…"}
+             "query": "Searching…", "export": "Saving…",
+             "connect": "Asking the server for its models…"}
 
 
 CLOSE_WAIT_MS = 2000
@@ -123,6 +124,7 @@ class MainWindow(QMainWindow):
         self.new_chat_action = action(file, "New chat", self.new_chat, ["Ctrl+N"], "new-chat")
         self.add_model_action = action(file, "Add model file…", self.picker.add_file_dialog,
                                        ["Ctrl+O"], "add-model")
+        action(file, "Connect to server…", self.picker.show_connect)
         file.addSeparator()
         action(file, "Export chat as Markdown…", lambda: self.chat._export_dialog("md"))
         action(file, "Export chat as JSON…", lambda: self.chat._export_dialog("json"))
@@ -204,7 +206,7 @@ class MainWindow(QMainWindow):
         if self.handle.job not in ("generate", "embed"):
             gc_guard.freeze_heap()
         if info.kind == "causal":
-            self.chat.set_model(info.name)
+            self.chat.set_model(info.name, info.remote)
             self.chat.set_context_length(info.context_length)
         self.banner.hide()
         self._update_models()

@@ -1,4 +1,5 @@
-"""Model picker: discovered models, fit-in-memory, load/unload with progress, add files."""
+"""Model picker: discovered models, fit-in-memory, load/unload with progress, add files,
+and a remote engine (Connect to server…)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui.connect_dialog import ConnectDialog
 from gui.download_box import DownloadBox
 from gui.format import human_bytes, human_count
 from gui.settings import CONTEXT_RANGE, Settings
@@ -46,6 +48,7 @@ class ModelPicker(QWidget):
         self.setObjectName("Pane")
         self.setAcceptDrops(True)
         self.handle, self.settings = handle, settings
+        self.connect_dialog: ConnectDialog | None = None
         self.specs: list[Any] = []
         self.backend_infos: list[BackendInfo] = []
         self.loaded: dict[str, LoadedInfo] = {}  # kind -> info
@@ -91,7 +94,12 @@ class ModelPicker(QWidget):
         self.add_button.clicked.connect(self.add_file_dialog)
         self.refresh_button = QPushButton("Refresh")
         self.refresh_button.clicked.connect(self.refresh)
+        self.connect_button = QPushButton("Connect to server…")
+        self.connect_button.setToolTip("Use a model on an OpenAI-compatible server (vLLM, "
+                                       "llama.cpp server, Ollama, another Inferdesk)")
+        self.connect_button.clicked.connect(self.show_connect)
         top.addWidget(self.add_button)
+        top.addWidget(self.connect_button)
         top.addWidget(self.refresh_button)
         layout.addLayout(top)
 
@@ -222,6 +230,14 @@ class ModelPicker(QWidget):
             "Choose No to only add it to the list.")
         return answer == QMessageBox.StandardButton.Yes
 
+    def show_connect(self) -> ConnectDialog:
+        """The Connect to server… dialog (one, kept: it remembers the listed models)."""
+        if self.connect_dialog is None:
+            self.connect_dialog = ConnectDialog(self.handle, self.settings, self)
+        self.connect_dialog.show()
+        self.connect_dialog.raise_()
+        return self.connect_dialog
+
     def add_file_dialog(self) -> None:
         paths, _ = QFileDialog.getOpenFileNames(self, "Add model file", str(Path.home()),
                                                 MODEL_FILTER)
@@ -336,8 +352,9 @@ class ModelPicker(QWidget):
 
     def _on_loaded(self, info: LoadedInfo) -> None:
         self.loaded[info.kind] = info
-        key = "models/chat" if info.kind == "causal" else "models/encoder"
-        self.settings.set(key, info.path)
+        if not info.remote:  # the next start loads local models; a server's URL is kept apart
+            key = "models/chat" if info.kind == "causal" else "models/encoder"
+            self.settings.set(key, info.path)
         self._load_ended(f"Loaded {info.name} on {info.backend}.")
         self._show_loaded()
         self._mark_loaded()
@@ -367,6 +384,10 @@ class ModelPicker(QWidget):
             info = self.loaded.get(kind)
             if info is None:
                 label.setText(f"<b>{what}:</b> none")
+                continue
+            if info.remote:
+                label.setText(f"<b>{what}:</b> {info.name} — {info.reason}<br>"
+                              "Memory: held by the server, which does not report it")
                 continue
             e = self.estimates.get(info.path)
             est = e.total if e is not None and e.backend == info.backend else info.est_memory

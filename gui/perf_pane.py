@@ -1,6 +1,10 @@
 """Performance: live graphs (>= 4 Hz) of tok/s, CPU, memory; TTFT and prefill per message;
 backend and per-op times.
 
+On a remote engine, tokens/s and time to first token are measured here from the stream
+(network included); what only the server could report (its memory and CPU, prefill speed,
+per-op times) is not drawn as an empty series: one line says what is missing.
+
 Ten minutes of samples are kept; the graphs show a span of them (1–10 min) that can be
 scrolled back and paused (sampling goes on while paused). Prefill is one point per
 message (it happens once, before the first token), decode a line while tokens stream.
@@ -52,6 +56,10 @@ def _mb(n: int | None) -> float:
     return math.nan if n is None else n / MB
 
 
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def nice_ceiling(x: float) -> float:
     """Smallest 1, 2 or 5 x 10^k at or above ``x``: y ranges change in visible steps only,
     so the axes (the costliest thing pyqtgraph paints) are redrawn rarely."""
@@ -83,6 +91,7 @@ class PerfPane(QWidget):
         self.n_messages = 0
         self.n_samples = 0
         self.loaded: dict[str, LoadedInfo] = {}
+        self.local = True  # a model runs in this process: its memory and CPU are ours to show
         self._build()
         handle.busy.connect(self._on_busy)
         handle.token.connect(self._on_token)
@@ -101,7 +110,12 @@ class PerfPane(QWidget):
         self.backend_label.setTextFormat(Qt.TextFormat.RichText)
         self.last_label = QLabel("")
         self.last_label.setObjectName("Hint")
+        self.remote_label = QLabel("")
+        self.remote_label.setObjectName("Hint")
+        self.remote_label.setWordWrap(True)
+        self.remote_label.setVisible(False)
         layout.addWidget(self.backend_label)
+        layout.addWidget(self.remote_label)
         layout.addWidget(self.last_label)
         controls = QHBoxLayout()
         self.pause_button = QPushButton("Pause")
@@ -180,7 +194,11 @@ class PerfPane(QWidget):
         self._show_device(False)  # until a backend reports device memory
         split.addWidget(self.graphs)
 
+        # Where each plot sits, so a remote engine can take out what it cannot fill.
+        self.cells = {"prefill": (self.prefill_plot, 0, 1), "memory": (mem, 1, 1),
+                      "cpu": (cpu, 2, 0)}
         ops = QGroupBox("Per-op timing (last message)")
+        self.ops_box = ops
         ov = QVBoxLayout(ops)
         self.profile_box = QCheckBox("Profile ops (synchronises every op: slower)")
         self.profile_box.toggled.connect(self.profile_changed)
@@ -210,11 +228,14 @@ class PerfPane(QWidget):
         self.n_samples += 1
         s["t"].append(time.monotonic() - self.t0)
         s["decode"].append(self.decode if self.generating else math.nan)
-        s["cpu"].append(self._proc.cpu_percent() / self._ncpu)
+        # cpu_percent measures since its previous call: called on every sample, kept only
+        # while a model runs in this process.
+        cpu = self._proc.cpu_percent() / self._ncpu
+        s["cpu"].append(cpu if self.local else math.nan)
         self._show_device(self.device[0] is not None)
         s["device_used"].append(_mb(self.device[0]))
         s["device_peak"].append(_mb(self.device[1]))
-        s["host_rss"].append(self._proc.memory_info().rss / MB)
+        s["host_rss"].append(self._proc.memory_info().rss / MB if self.local else math.nan)
         if not self.isVisible() or self.paused_at is not None:
             return  # keep collecting, skip drawing while hidden or paused
         self.redraw()
@@ -276,8 +297,8 @@ class PerfPane(QWidget):
                 self._ymax["prefill"] = ymax
                 self.prefill_plot.setYRange(0, ymax, padding=0)
         for title, (plot, keys) in self.time_plots.items():
-            if not keys:
-                continue  # drawn above (points, not a series)
+            if not keys or plot.scene() is None:
+                continue  # drawn above (points, not a series), or taken out (remote)
             top = 0.0
             for key in keys:
                 y = np.fromiter(self.series[key], float)[keep]
@@ -350,6 +371,13 @@ class PerfPane(QWidget):
 
     def _on_loaded(self, info: LoadedInfo) -> None:
         self.loaded[info.kind] = info
+        self._show_backends()
+
+    def _show_backends(self) -> None:
+        self._show_remote()
+        if not self.loaded:
+            self.backend_label.setText("Backend: none loaded")
+            return
         lines = []
         for kind, what in (("causal", "Chat"), ("encoder", "Embeddings")):
             i = self.loaded.get(kind)
@@ -360,5 +388,31 @@ class PerfPane(QWidget):
 
     def _on_unloaded(self, kind: str) -> None:
         self.loaded.pop(kind, None)
-        if not self.loaded:
-            self.backend_label.setText("Backend: none loaded")
+        self._show_backends()
+
+    def _show_remote(self) -> None:
+        """Take out the plots a remote engine cannot fill, and say in one line which."""
+        remote = [i for i in self.loaded.values() if i.remote]
+        chat_remote = "causal" in self.loaded and self.loaded["causal"].remote
+        self.local = not remote or len(remote) < len(self.loaded)
+        hide = {"prefill"} if chat_remote else set()
+        if not self.local:
+            hide |= {"memory", "cpu"}
+        for key, (plot, row, col) in self.cells.items():
+            shown = plot.scene() is not None
+            if key in hide and shown:
+                self.graphs.removeItem(plot)
+            elif key not in hide and not shown:
+                self.graphs.addItem(plot, row=row, col=col)
+        self.ops_box.setVisible(not chat_remote)
+        missing = (["memory", "CPU"] if not self.local else []) + (
+            ["prefill speed", "per-op times"] if chat_remote else [])
+        self.remote_label.setVisible(bool(remote))
+        if remote:
+            urls = ", ".join(sorted({i.path for i in remote}))
+            not_reported = (f"the server's {_and(missing)} are not reported; " if missing
+                            else "the server's memory and CPU are not in the graphs, which "
+                                 "show this process; ")
+            measured = ("tokens/s and time to first token are measured here from the "
+                        "stream (network included)." if chat_remote else "")
+            self.remote_label.setText(f"Remote engine at {urls}: {not_reported}{measured}")

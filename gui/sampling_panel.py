@@ -17,6 +17,8 @@ FIELDS = {
     "max_tokens": ("Max tokens", 16, None, "Longest reply"),
     "seed": ("Seed", 1, None, "-1 = random each time"),
 }
+NOT_IN_OPENAI = ("top_k", "min_p", "repetition_penalty")  # off for a remote engine
+OFF = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
 class SamplingPanel(QWidget):
@@ -27,6 +29,7 @@ class SamplingPanel(QWidget):
         form = QFormLayout(self)
         form.setContentsMargins(0, 0, 0, 0)
         self.boxes: dict[str, QSpinBox | QDoubleSpinBox] = {}
+        self.remote = False
         for key, (label, step, decimals, tip) in FIELDS.items():
             lo, hi = SAMPLING_RANGES[key]
             box = QSpinBox() if decimals is None else QDoubleSpinBox()
@@ -54,9 +57,21 @@ class SamplingPanel(QWidget):
                 self.boxes[k].blockSignals(False)
         self._emit()
 
+    def set_remote(self, on: bool) -> None:
+        """A remote engine takes the OpenAI API's fields only: the others are greyed and
+        sent as off (their values stay for the next local model)."""
+        self.remote = on
+        for key in NOT_IN_OPENAI:
+            self.boxes[key].setEnabled(not on)
+            self.boxes[key].setToolTip(
+                "Not in the OpenAI API: the remote engine samples without it" if on
+                else FIELDS[key][3])
+
     def sampling_params(self) -> tuple[dict, int]:
         """(SamplingParams fields, max_tokens) for a generate request."""
         v = self.values()
+        if self.remote:
+            v.update(OFF)
         seed = int(v["seed"])
         return {
             "temperature": float(v["temperature"]),

@@ -50,6 +50,9 @@ class Settings:
     def set(self, key: str, value) -> None:  # noqa: ANN001
         self.q.setValue(key, value)
 
+    def remove(self, key: str) -> None:
+        self.q.remove(key)
+
     def context(self) -> int:
         """Tokens a chat may use (the KV cache is sized for it), as set in Models."""
         return int(self.number("models/context", DEFAULT_CONTEXT, *CONTEXT_RANGE))

@@ -38,6 +38,20 @@ class GenerateRequest:
 
 
 @dataclass
+class RemoteTarget:
+    """A model on an OpenAI-compatible server, to load as ``kind``. The key lives here,
+    in memory, for the life of the connection."""
+    url: str
+    model_id: str
+    kind: str  # "causal" | "encoder"
+    api_key: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.model_id
+
+
+@dataclass
 class LoadedInfo:
     kind: str  # "causal" | "encoder"
     name: str
@@ -47,6 +61,10 @@ class LoadedInfo:
     est_memory: int | None
     used_memory: int | None  # measured growth of device (or host) memory during the load
     context_length: int | None = None  # tokens a conversation can hold (chat models)
+
+    @property
+    def remote(self) -> bool:
+        return self.backend == "remote"
 
 
 @dataclass
@@ -105,6 +123,7 @@ class Worker(QObject):
     loaded = Signal(object)  # LoadedInfo
     unloaded = Signal(str)  # kind
     estimated = Signal(str, int, dict)  # backend asked for, context, {path: MemoryEstimate}
+    remote_listed = Signal(str, list)  # server URL, list[inference.remote.RemoteModel]
     planned = Signal(object)  # gui.context_fit.Fitted: what the model is sent
     measured = Signal(int, int)  # prompt tokens of a conversation, the context it may use
     token = Signal(object)  # inference.events.TokenEvent
@@ -203,16 +222,24 @@ class Worker(QObject):
             name = getattr(target, "name", None) or Path(str(target)).name
             self.load_started.emit(name)
             rss_before = host_rss()
-            # Cancel stops the load between tensors (CancelledError -> cancelled signal).
-            model = inference.load_model(target, backend=backend, cancel=cancel,
-                                         progress=self.load_progress.emit)
+            if isinstance(target, RemoteTarget):
+                from inference.remote import connect
+
+                model = connect(f"{target.url}#{target.model_id}", target.api_key,
+                                target.kind)
+            else:
+                # Cancel stops the load between tensors (CancelledError -> cancelled).
+                model = inference.load_model(target, backend=backend, cancel=cancel,
+                                             progress=self.load_progress.emit)
             old = self.models.pop(model.kind, None)
             if old is not None:
                 old.close()
                 self.unloaded.emit(model.kind)
             self.models[model.kind] = model
             sample = model.backend.memory()
-            if sample.device_used is not None and sample.device_total is not None \
+            if model.backend.name == "remote":
+                used = None  # held by the server, which does not say
+            elif sample.device_used is not None and sample.device_total is not None \
                     and model.backend.name not in ("numpy", "cpu"):
                 used = sample.device_used
             else:
@@ -225,6 +252,15 @@ class Worker(QObject):
             self._sample_memory(force=True, model=model)
 
         self._run("load", job)
+
+    @Slot(str, str)
+    def list_remote(self, url: str, api_key: str) -> None:
+        def job() -> None:
+            from inference.remote import list_models
+
+            self.remote_listed.emit(url, list_models(url, api_key or None))
+
+        self._run("connect", job)
 
     @Slot(list, str, int)
     def estimate(self, specs: list, backend: str, context: int) -> None:
@@ -269,13 +305,12 @@ class Worker(QObject):
             if model is None:
                 raise InvalidInputError("Load a chat model first (Models tab).")
             fitted = fit(model, req.messages, req.policy,
-                         req.context_limit or model.context_length, req.max_tokens,
-                         req.continue_final, req.cancel)
+                         req.context_limit or getattr(model, "context_length", None),
+                         req.max_tokens, req.continue_final, req.cancel)
             self.planned.emit(fitted)
             done = None
             for ev in model.generate(messages=fitted.messages,
-                                     max_tokens=max(1, min(req.max_tokens,
-                                                           fitted.limit - fitted.n_prompt)),
+                                     max_tokens=fitted.reply_tokens(req.max_tokens),
                                      sampling=SamplingParams(**req.sampling),
                                      cancel=req.cancel, profile=req.profile,
                                      continue_final=req.continue_final):
@@ -295,10 +330,10 @@ class Worker(QObject):
     def measure(self, messages: list, limit: int, policy: str) -> None:
         """Prompt tokens the conversation would send now (the idle context indicator).
         Quiet: no busy signal and no banner; a failure just leaves the indicator as is."""
-        from gui.context_fit import fit
+        from gui.context_fit import counts_tokens, fit
 
         model = self.models.get("causal")
-        if model is None or not messages:
+        if model is None or not messages or not counts_tokens(model):
             return
         try:
             # A "stop" chat that no longer fits is measured as it is not sent: by "rolling".
@@ -440,6 +475,7 @@ class WorkerHandle(QObject):
     _generate = Signal(object)
     _measure = Signal(list, int, str)
     _estimate = Signal(list, str, int)
+    _list_remote = Signal(str, str)
     _embed = Signal(list, int, object)
     _query = Signal(str, int)
     _export = Signal(str)
@@ -457,6 +493,7 @@ class WorkerHandle(QObject):
     loaded = Signal(object)
     unloaded = Signal(str)
     estimated = Signal(str, int, dict)
+    remote_listed = Signal(str, list)
     planned = Signal(object)
     measured = Signal(int, int)
     token = Signal(object)
@@ -481,11 +518,11 @@ class WorkerHandle(QObject):
         self.worker = Worker()
         self.worker.moveToThread(self.thread)
         for req in ("discover", "probe", "load", "unload", "generate", "measure", "estimate",
-                    "embed", "query", "export", "download", "search", "list_repo",
+                    "list_remote", "embed", "query", "export", "download", "search", "list_repo",
                     "shutdown"):
             getattr(self, "_" + req).connect(getattr(self.worker, req))
         for sig in ("discovered", "backends", "load_started", "load_progress", "loaded",
-                    "unloaded", "estimated", "planned", "measured", "token",
+                    "unloaded", "estimated", "remote_listed", "planned", "measured", "token",
                     "generated", "embed_progress", "embedded", "neighbours", "exported",
                     "download_progress", "downloaded", "found", "repo_listed", "memory",
                     "cancelled", "failed",
@@ -516,6 +553,10 @@ class WorkerHandle(QObject):
 
     def unload(self, kind: str) -> None:
         self._unload.emit(kind)
+
+    def list_remote(self, url: str, api_key: str = "") -> None:
+        """The models an OpenAI-compatible server at ``url`` lists (remote_listed)."""
+        self._list_remote.emit(url, api_key)
 
     def generate(self, req: GenerateRequest) -> None:
         self._cancels["generate"] = req.cancel

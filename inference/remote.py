@@ -40,6 +40,7 @@ from inference.store import ModelSpec
 from inference.validate import generate_args
 
 TIMEOUT_S = 600.0  # one request, stream included; a token may take long on a busy server
+CONNECT_S = 10.0  # opening the connection: a host that does not answer is an error soon
 
 
 class RemoteError(InferdeskError):
@@ -130,9 +131,14 @@ class RemoteLM(_Remote):
         stop: Sequence[str] = (),
         cancel: threading.Event | None = None,
         profile: bool = False,
+        continue_final: bool = False,
     ) -> Iterator[GenerationEvent]:
-        """As CausalLM.generate: TokenEvents then one DoneEvent; bad input raises here."""
+        """As CausalLM.generate: TokenEvents then one DoneEvent; bad input raises here.
+        ``profile`` is accepted and ignored: the server's op times are not ours to see."""
         a = generate_args(prompt, messages, max_tokens, sampling, stop, cancel)
+        if continue_final:
+            raise InvalidInputError("A remote engine cannot continue a reply: the OpenAI API "
+                                    "has no such request; regenerate it with more max tokens.")
         prompt, messages, max_tokens, sp, stop = (a.prompt, a.messages, a.max_tokens,
                                                   a.sampling, a.stop)
         if sp.top_k or sp.min_p or sp.repetition_penalty != 1.0:
@@ -265,22 +271,71 @@ class RemoteEncoder(_Remote):
         return np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
 
 
+@dataclass(frozen=True)
+class RemoteModel:
+    """One entry of a server's ``/v1/models``."""
+    id: str
+    kind: str  # "causal" | "encoder"
+
+
+def _base_url(url: str) -> str:
+    base = urldefrag(url)[0].rstrip("/")
+    return base if urlsplit(base).path.endswith("/v1") else base + "/v1"
+
+
+def _client(base: str, api_key: str | None, timeout: float) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=base, api_key=api_key or "none", max_retries=0,
+                         timeout=openai.Timeout(timeout, connect=min(timeout, CONNECT_S)))
+
+
+def _listed(client: Any, base: str) -> list[RemoteModel]:
+    """The models ``base`` serves, each with its kind: Inferdesk's ``kind`` field, else
+    chat unless the id says "embed". The answer is checked here, since the client
+    accepts any JSON as an empty page."""
+    import openai
+
+    try:
+        body = client.get("/models", cast_to=object)
+    except openai.NotFoundError:
+        raise RemoteError(f"{base}/models does not exist: this is not an OpenAI-compatible "
+                          "server (check the URL and its /v1).") from None
+    except openai.OpenAIError as e:
+        raise _openai_error(e, base) from None
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"] for m in data):
+        raise RemoteError(f"{base}/models answered something that is not OpenAI's list of "
+                          "models; is this an OpenAI-compatible server?")
+    return [RemoteModel(m["id"], _kind(m)) for m in data]
+
+
+def _kind(entry: dict) -> str:
+    kind = entry.get("kind")
+    if kind in ("causal", "encoder"):
+        return kind
+    return "encoder" if "embed" in entry["id"].lower() else "causal"
+
+
+def list_models(url: str, api_key: str | None = None,
+                timeout: float = CONNECT_S) -> list[RemoteModel]:
+    """The models an OpenAI-compatible server lists at ``/v1/models``."""
+    base = _base_url(url)
+    with _client(base, api_key, timeout) as client:
+        return _listed(client, base)
+
+
 def connect(target: str, api_key: str | None = None, kind: str | None = None,
             timeout: float = TIMEOUT_S) -> RemoteLM | RemoteEncoder:
     """A model on an OpenAI-compatible server: ``http(s)://host:port[/v1][#model-id]``."""
-    import openai
-
-    base, model_id = urldefrag(target)
-    base = base.rstrip("/")
-    if not urlsplit(base).path.endswith("/v1"):
-        base += "/v1"
-    client = openai.OpenAI(base_url=base, api_key=api_key or "none", max_retries=0,
-                           timeout=timeout)
+    base, model_id = _base_url(target), urldefrag(target)[1]
+    client = _client(base, api_key, timeout)
     try:
-        listed = list(client.models.list())
-    except openai.OpenAIError as e:
+        listed = _listed(client, base)
+    except BaseException:
         client.close()
-        raise _openai_error(e, base) from None
+        raise
     ids = [m.id for m in listed]
     if not model_id:
         if len(ids) != 1:
@@ -293,11 +348,9 @@ def connect(target: str, api_key: str | None = None, kind: str | None = None,
         client.close()
         raise ModelNotFoundError(f"{base} has no model '{model_id}'; it has: "
                                  f"{', '.join(ids) or '(none)'}.")
-    kind = kind or getattr(entry, "kind", None) or (
-        "encoder" if "embed" in model_id.lower() else "causal")
     conn = _Conn(base, model_id, client)
     try:
-        return RemoteEncoder(conn) if kind == "encoder" else RemoteLM(conn)
+        return RemoteEncoder(conn) if (kind or entry.kind) == "encoder" else RemoteLM(conn)
     except BaseException:
         client.close()
         raise
