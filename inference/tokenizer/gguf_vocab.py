@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
@@ -123,8 +123,12 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
         default_bos = md.get("tokenizer.ggml.pre") in LLAMA3_PRE
     else:  # "llama"
         add_space = bool(md.get("tokenizer.ggml.add_space_prefix", True))
-        tk, info = _sentencepiece_bpe(md, tokens, types, add_space), {
-            "kind": "sentencepiece", "strip_space": add_space, "prefix_space": add_space}
+        # Phi-3 (llama.cpp and transformers alike) puts the space in front of every piece of
+        # text, after each added token too; the others once, in front of the whole text.
+        each = add_space and md.get("general.architecture") == "phi3"
+        tk, info = _sentencepiece_bpe(md, tokens, types, add_space, each), {
+            "kind": "sentencepiece", "strip_space": add_space,
+            "prefix_space": add_space and not each}
         default_bos = True  # llama.cpp and transformers add BOS unless the file says not to
     info["add_bos"] = bool(md.get("tokenizer.ggml.add_bos_token", default_bos))
     info["add_eos"] = bool(md.get("tokenizer.ggml.add_eos_token", False))
@@ -165,7 +169,7 @@ def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) 
 
 
 def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int],
-                       add_space: bool) -> HFTokenizer:
+                       add_space: bool, space_each: bool = False) -> HFTokenizer:
     scores = list(md.get("tokenizer.ggml.scores") or [])
     if len(scores) != len(tokens):
         raise CorruptModelError(
@@ -191,13 +195,31 @@ def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int
     # starts with a space, where SentencePiece (and llama.cpp) add it all the same.
     tk.pre_tokenizer = pre_tokenizers.Metaspace(
         replacement="\u2581", prepend_scheme="never", split=False)
+    if space_each:  # a normalizer runs on each piece of text between added tokens
+        tk.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                              normalizers.Replace(" ", "\u2581")])
+        tk.pre_tokenizer = None
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space:
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     tk.decoder = decoders.Sequence(steps)
     _add_tokens(tk, tokens, types, special_types={CONTROL, UNKNOWN}, plain_types={USER_DEFINED},
-                keep=lambda t: True)
+                keep=lambda t: True, rstrip=_rstrip_tokens(md))
     return tk
+
+
+def _rstrip_tokens(md: Mapping[str, Any]) -> frozenset[str]:
+    """Added tokens that swallow the whitespace after them. A GGUF cannot say so; llama.cpp
+    gives Phi-3's the flag its tokenizer_config.json has, by the model's name (general.name
+    holding "phi-3" or "phi3"): every added token but <unk>, <s> and <|endoftext|>."""
+    name = str(md.get("general.name") or "").lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return frozenset()
+    tokens = md.get("tokenizer.ggml.tokens") or []
+    types = md.get("tokenizer.ggml.token_type") or []
+    added = {t for t, ty in zip(tokens, types, strict=False)
+             if ty in (CONTROL, USER_DEFINED, UNKNOWN)} | {"</s>"}
+    return frozenset(added - {"<unk>", "<s>", "<|endoftext|>"})
 
 
 def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int],
@@ -218,10 +240,10 @@ def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: S
 
 
 def _add_tokens(tk: HFTokenizer, tokens: list[str], types: list[int], *, special_types: set[int],
-                plain_types: set[int], keep) -> None:
-    special = [AddedToken(t, normalized=False, special=True)
+                plain_types: set[int], keep, rstrip: frozenset[str] = frozenset()) -> None:
+    special = [AddedToken(t, normalized=False, special=True, rstrip=t in rstrip)
                for t, ty in zip(tokens, types, strict=True) if ty in special_types and keep(t)]
-    plain = [AddedToken(t, normalized=False, special=False)
+    plain = [AddedToken(t, normalized=False, special=False, rstrip=t in rstrip)
              for t, ty in zip(tokens, types, strict=True) if ty in plain_types and keep(t)]
     if special:
         tk.add_special_tokens(special)
