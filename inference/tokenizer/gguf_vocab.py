@@ -7,6 +7,9 @@ keys. Two families cover Llama, SmolLM2, Mistral, TinyLlama and Qwen2:
   are listed; only the pre-tokenizer split regex is implicit, named by ``tokenizer.ggml.pre``.
 * ``llama``: SentencePiece BPE. Tokens carry scores (higher merges first), ``<0xNN>`` byte
   tokens stand in for characters outside the vocabulary, and a space is prepended to the text.
+* ``bert``: WordPiece (BERT embedders). llama.cpp's converter stores a word-initial piece
+  as ``"\u2581word"`` and a continuation ``"##ing"`` as ``"ing"`` (control tokens as they are);
+  the text is lower-cased and accents stripped, as llama.cpp's WPM tokenizer always does.
 
 Token types follow llama.cpp: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
 """
@@ -20,7 +23,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers.models import BPE
+from tokenizers.models import BPE, WordPiece
 
 from inference.errors import CorruptModelError, UnsupportedModelError
 
@@ -96,10 +99,10 @@ def check_supported(md: Mapping[str, Any]) -> None:
     model = md.get("tokenizer.ggml.model")
     if model is None:
         raise UnsupportedModelError("This GGUF file embeds no tokenizer (no tokenizer.ggml.model).")
-    if model not in ("gpt2", "llama"):
+    if model not in ("gpt2", "llama", "bert"):
         raise UnsupportedModelError(
-            f"GGUF tokenizer type {model!r} is not supported (only 'gpt2' BPE and 'llama' "
-            "SentencePiece are).")
+            f"GGUF tokenizer type {model!r} is not supported (only 'gpt2' BPE, 'llama' "
+            "SentencePiece and 'bert' WordPiece are).")
     pre = str(md.get("tokenizer.ggml.pre") or "default")
     if model == "gpt2" and pre not in PRE_TOKENIZER_SPLITS:
         raise UnsupportedModelError(
@@ -118,6 +121,17 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
     if len(types) != len(tokens):
         raise CorruptModelError(
             f"This GGUF file lists {len(tokens)} tokens but {len(types)} token types.")
+    if model == "bert":
+        tk = _wordpiece(md, tokens, types)
+        info = {"kind": "generic", "strip_space": False,
+                "add_bos": bool(md.get("tokenizer.ggml.add_bos_token", True)),
+                "add_eos": bool(md.get("tokenizer.ggml.add_eos_token", True))}
+        cls = md.get("tokenizer.ggml.cls_token_id", md.get("tokenizer.ggml.bos_token_id"))
+        sep = md.get("tokenizer.ggml.seperator_token_id", md.get("tokenizer.ggml.eos_token_id"))
+        set_template_processor(  # [CLS] text [SEP]
+            tk, bos=(tokens[int(cls)], int(cls)) if info["add_bos"] and cls is not None else None,
+            eos=(tokens[int(sep)], int(sep)) if info["add_eos"] and sep is not None else None)
+        return tk, info
     if model == "gpt2":
         tk, info = _byte_level_bpe(md, tokens, types), {"kind": "byte_level", "strip_space": False}
         default_bos = md.get("tokenizer.ggml.pre") in LLAMA3_PRE
@@ -220,6 +234,27 @@ def _rstrip_tokens(md: Mapping[str, Any]) -> frozenset[str]:
     added = {t for t, ty in zip(tokens, types, strict=False)
              if ty in (CONTROL, USER_DEFINED, UNKNOWN)} | {"</s>"}
     return frozenset(added - {"<unk>", "<s>", "<|endoftext|>"})
+
+
+def _wordpiece(md: Mapping[str, Any], tokens: list[str], types: list[int]) -> HFTokenizer:
+    """BERT's tokenizer from llama.cpp's "phantom space" vocabulary (see the module docstring)."""
+    vocab: dict[str, int] = {}
+    for i, (tok, ty) in enumerate(zip(tokens, types, strict=True)):
+        word = tok if ty in (CONTROL, UNKNOWN) else tok[1:] if tok.startswith("\u2581") \
+            else "##" + tok
+        vocab.setdefault(word, i)
+    unk_id = md.get("tokenizer.ggml.unknown_token_id")
+    if unk_id is None or not 0 <= int(unk_id) < len(tokens):
+        raise CorruptModelError("This GGUF file's WordPiece vocabulary names no unknown token.")
+    tk = HFTokenizer(WordPiece(vocab=vocab, unk_token=tokens[int(unk_id)],
+                               continuing_subword_prefix="##"))
+    tk.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                               strip_accents=True, lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece(prefix="##")
+    _add_tokens(tk, tokens, types, special_types={CONTROL, UNKNOWN}, plain_types={USER_DEFINED},
+                keep=lambda t: True)
+    return tk
 
 
 def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int],
