@@ -1,12 +1,14 @@
 """Turn the vocabulary a GGUF file embeds into a ``tokenizers.Tokenizer``.
 
 A GGUF carries no tokenizer.json, only llama.cpp's description of one: ``tokenizer.ggml.*``
-keys. Two families cover Llama, SmolLM2, Mistral, TinyLlama and Qwen2:
+keys. Three families cover the decoders (Llama, SmolLM2, Mistral, Qwen, Gemma, Phi-3) and
+BERT embedders:
 
 * ``gpt2``: byte-level BPE. Tokens are already spelled in GPT-2's byte alphabet and the merges
   are listed; only the pre-tokenizer split regex is implicit, named by ``tokenizer.ggml.pre``.
 * ``llama``: SentencePiece BPE. Tokens carry scores (higher merges first), ``<0xNN>`` byte
-  tokens stand in for characters outside the vocabulary, and a space is prepended to the text.
+  tokens stand in for characters outside the vocabulary, and a space is prepended to the text
+  (to every piece of text between added tokens for Phi-3, once for the others).
 * ``bert``: WordPiece (BERT embedders). llama.cpp's converter stores a word-initial piece
   as ``"\u2581word"`` and a continuation ``"##ing"`` as ``"ing"`` (control tokens as they are);
   the text is lower-cased and accents stripped, as llama.cpp's WPM tokenizer always does.
