@@ -244,7 +244,8 @@ class Encoder(LoadedModel):
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
                  n_layers: int | None = None, **kw: Any):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
-        self.tokenizer = Tokenizer.from_dir(ckpt.path)
+        self.tokenizer = (Tokenizer.from_gguf_metadata(ckpt.metadata) if ckpt.format == "gguf"
+                          else Tokenizer.from_dir(ckpt.path))
         if ckpt.config["model_type"] in CAUSAL:  # a decoder embedder (Qwen3-Embedding)
             self.model = DecoderEncoder(self.model)
         self.pipeline = Pipeline.from_dir(ckpt.path, getattr(self.args, "pooling_type", -1))

@@ -39,8 +39,12 @@ class Pipeline:
     def from_dir(cls, path: str | Path, gguf_pooling: int = -1) -> Pipeline:
         """The pipeline of ``path``. Without modules.json: a GGUF's own pooling_type if it
         has one, else mean pooling without normalisation (sentence-transformers' default
-        for a bare transformers model)."""
+        for a bare transformers model). A GGUF file is its own pipeline, whatever lies
+        beside it: its pooling_type (mean if unset) and L2 normalisation, which llama.cpp's
+        embedding tools apply by default."""
         path = Path(path)
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            return cls(pooling=GGUF_POOLING.get(gguf_pooling, "mean"), normalize=True)
         d = path if path.is_dir() else path.parent
         modules = _json(d / "modules.json", [])
         pooling = GGUF_POOLING.get(gguf_pooling, "mean")

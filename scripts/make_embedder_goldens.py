@@ -14,6 +14,15 @@ LayerNorm weights 1 + N(0, 0.1), drawn in sorted-name order from default_rng(see
                head_dim 16), Qwen's byte-level BPE whose post-processor appends
                <|endoftext|>, left padding, last-token pooling, Normalize
 
+    bert_bge.gguf  bge-small's shape as llama.cpp's converter writes a BERT: a tiny BertModel
+               (uncased WordPiece vocabulary trained here, [CLS] ... [SEP], CLS pooling,
+               Normalize) in arch "bert" with pooling_type 2, F32 tensors, and the
+               vocabulary in its "phantom space" form (a word-initial piece "\u2581word",
+               a continuation "##ing" stored as "ing", control tokens as they are), special
+               ids by gguf.SpecialVocab. The sentence-transformers directory it came from is
+               not kept; bert_bge.npz holds its embeddings. ``--only bert`` writes these two
+               alone.
+
 sentence-transformers writes modules.json, 1_Pooling/config.json and sentence_bert_config.json
 itself, so the engine reads the pooling the way real checkpoints declare it.
 ``NAME.npz``: ``embeddings`` (n, 64) float32 from ``SentenceTransformer(dir).encode``,
@@ -37,7 +46,14 @@ from make_family_tokenizer_goldens import QWEN2_SPLIT, train_byte_level
 from sentence_transformers import SentenceTransformer
 from sentence_transformers import models as st_models
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import Qwen3Config, Qwen3Model, XLMRobertaConfig, XLMRobertaModel
+from transformers import (
+    BertConfig,
+    BertModel,
+    Qwen3Config,
+    Qwen3Model,
+    XLMRobertaConfig,
+    XLMRobertaModel,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "goldens" / "embedders"
@@ -157,6 +173,93 @@ def make_qwen3_embed(name: str, seed: int) -> None:
     reference(d, {"pooling": "lasttoken", "normalize": True})
 
 
+def wordpiece_tokenizer() -> Tokenizer:
+    """bert-base-uncased's tokenizer.json shape, trained small on the same sentences."""
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    tk = BertWordPieceTokenizer(lowercase=True, strip_accents=None, handle_chinese_chars=True,
+                                clean_text=True)
+    tk.train_from_iterator(TRAIN, vocab_size=400, min_frequency=1, show_progress=False,
+                           special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    out = Tokenizer.from_str(tk.to_str())
+    out.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", out.token_to_id("[CLS]")), ("[SEP]", out.token_to_id("[SEP]"))])
+    return out
+
+
+def make_bert_gguf(name: str, seed: int) -> None:
+    """A tiny BERT embedder (CLS pooling, Normalize) as a sentence-transformers directory in
+    a temporary place, its embeddings as the reference, and the model as llama.cpp's
+    BertModel converter writes it (see the module docstring)."""
+    import gguf
+
+    with tempfile.TemporaryDirectory() as t:
+        d, base = Path(t) / name, Path(t) / "base"
+        base.mkdir()
+        tk = wordpiece_tokenizer()
+        tk.save(str(base / "tokenizer.json"))
+        (base / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "BertTokenizer", "do_lower_case": True, "cls_token": "[CLS]",
+            "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
+            "mask_token": "[MASK]", "model_max_length": 512}, indent=1))
+        cfg = BertConfig(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, intermediate_size=128,
+                         max_position_embeddings=MAX_SEQ, type_vocab_size=2,
+                         layer_norm_eps=1e-12, hidden_act="gelu", pad_token_id=0)
+        model = BertModel(cfg, add_pooling_layer=False)
+        init_weights(model, seed)
+        model.save_pretrained(base, safe_serialization=True)
+        transformer = st_models.Transformer(str(base), max_seq_length=MAX_SEQ)
+        pool = st_models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="cls")
+        st = SentenceTransformer(modules=[transformer, pool, st_models.Normalize()], device="cpu")
+        st.save(str(d))
+        reference(d, {"pooling": "cls", "normalize": True, "source": "bert_bge.gguf"})
+
+        w = gguf.GGUFWriter(str(OUT / f"{name}.gguf"), "bert")
+        w.add_name(name)
+        w.add_context_length(cfg.max_position_embeddings)
+        w.add_embedding_length(cfg.hidden_size)
+        w.add_feed_forward_length(cfg.intermediate_size)
+        w.add_block_count(cfg.num_hidden_layers)
+        w.add_head_count(cfg.num_attention_heads)
+        w.add_layer_norm_eps(cfg.layer_norm_eps)
+        w.add_causal_attention(False)
+        w.add_pooling_type(gguf.PoolingType.CLS)
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        w.add_token_type_count(cfg.type_vocab_size)
+        vocab = json.loads((base / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+        special = {a.content for a in tk.get_added_tokens_decoder().values() if a.special}
+        tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+        types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
+                 for t in tokens]
+        w.add_tokenizer_model("bert")
+        w.add_tokenizer_pre("default")
+        w.add_token_list([t if ty == gguf.TokenType.CONTROL else t[2:] if t.startswith("##")
+                          else "\u2581" + t for t, ty in zip(tokens, types, strict=True)])
+        w.add_token_types(types)
+        gguf.SpecialVocab(base, n_vocab=len(tokens)).add_to_gguf(w)
+        names = {"embeddings.word_embeddings": "token_embd",
+                 "embeddings.position_embeddings": "position_embd",
+                 "embeddings.token_type_embeddings": "token_types",
+                 "embeddings.LayerNorm": "token_embd_norm"}
+        block = {"attention.self.query": "attn_q", "attention.self.key": "attn_k",
+                 "attention.self.value": "attn_v", "attention.output.dense": "attn_output",
+                 "attention.output.LayerNorm": "attn_output_norm",
+                 "intermediate.dense": "ffn_up", "output.dense": "ffn_down",
+                 "output.LayerNorm": "layer_output_norm"}
+        for i in range(cfg.num_hidden_layers):
+            names |= {f"encoder.layer.{i}.{h}": f"blk.{i}.{g}" for h, g in block.items()}
+        for hname, p in model.state_dict().items():
+            stem, kind = hname.rsplit(".", 1)
+            if stem in names:
+                w.add_tensor(f"{names[stem]}.{kind}", p.float().numpy())
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+
 def reference(d: Path, facts: dict) -> None:
     st = SentenceTransformer(str(d), device="cpu")
     emb = st.encode(SENTENCES, batch_size=4, convert_to_numpy=True).astype(np.float32)
@@ -175,13 +278,21 @@ def reference(d: Path, facts: dict) -> None:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", choices=["bert"], help="write the BERT GGUF golden alone")
     torch.manual_seed(0)
+    if ap.parse_args().only == "bert":
+        make_bert_gguf("bert_bge", seed=14)
+        return
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
     make_xlmr("xlmr_e5", "mean", seed=11)
     make_xlmr("xlmr_bge", "cls", seed=12)
     make_qwen3_embed("qwen3_embed", seed=13)
+    make_bert_gguf("bert_bge", seed=14)
     for p in sorted(OUT.rglob("*")):
         if p.is_file():
             print(f"{p.relative_to(ROOT)} {p.stat().st_size // 1024} KiB")

@@ -18,6 +18,21 @@ that family's shape:
   post-processor, <|eot_id|>/<|eom_id|>/<|end_of_text|> ending turns, GGUF pre "llama-bpe".
 * qwen3: byte-level BPE with NFC and Qwen's regex, ChatML specials, <think> as a plain added
   token, no BOS, GGUF pre "qwen2".
+* phi3: Llama 2's SentencePiece BPE (byte fallback, digits split, dummy prefix; <unk> 0,
+  <s> 1, </s> 2) with Phi-3's eleven added tokens after the vocabulary in Phi-3's order
+  (<|endoftext|>, <|assistant|>, placeholders, <|system|>, <|end|>, <|user|>), each but
+  <|endoftext|> stripping the whitespace after it (rstrip), as Phi-3.5-mini's
+  tokenizer_config.json says; its tokenizer.json in Phi-3's shape (Prepend/Replace
+  normalizer, no pre-tokenizer). The GGUF as llama.cpp's Phi3MiniModel.set_vocab writes it:
+  architecture "phi3", tokenizer "llama", added tokens scored -1000 and typed control,
+  padding rows "[PADn]" unused up to the model's vocab_size, general.name as the converter
+  derives it ("Phi 3.5 Mini Instruct"). transformers reads the two differently (the
+  directory as its LlamaTokenizer: Metaspace, space before the first piece of text only,
+  rstrip kept; the GGUF with a Prepend normalizer, a space before every piece, no rstrip,
+  as llama.cpp does for a file of that name); each source is held to transformers' reading
+  of it. sentencepiece's own ids are recorded for the plain texts.
+
+``--only phi3`` rewrites the phi3 entry alone (the other families stay as they are).
 
 Chat renderings use each family's real template (tests/fixtures/chat_templates/) through
 ``apply_chat_template``; Llama 3.2's is rendered without a date so ``strftime_now`` runs, and
@@ -63,6 +78,10 @@ SPECIAL_TEXTS = {
                "text<|eot_id|>after<|eom_id|><|end_of_text|>",
                "<|start_header_id|> spaced <|end_header_id|> ",
                "almost: <|eot_id and <|begin_of_text |>"],
+    "phi3": ["<|user|>\nHello!<|end|>\n<|assistant|>\n", "<s><|system|>\nBe brief.<|end|>",
+             "text<|end|>after <|endoftext|> x", "<|user|>   spaced  \n\n<|end|>  \t",
+             "</s> and <s> and <unk> and <|placeholder1|>", "<|assistant|>",
+             "a<|user|>b<|assistant|> c<|end|>\n"],
     "qwen3": ["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
               "<think>\nreasoning\n</think>\n\nanswer<|im_end|>",
               "<|endoftext|><|endoftext|>", "text<|im_end|>after <tool_call>x</tool_call>"],
@@ -195,6 +214,120 @@ def qwen3_dir(d: Path) -> None:
         "eos_token_id": [tk.token_to_id("<|im_end|>"), tk.token_to_id("<|endoftext|>")]})
 
 
+PHI3_ADDED = ["<|endoftext|>", "<|assistant|>", "<|placeholder1|>", "<|placeholder2|>",
+              "<|placeholder3|>", "<|placeholder4|>", "<|system|>", "<|end|>",
+              "<|placeholder5|>", "<|placeholder6|>", "<|user|>"]
+PHI3_PADDING = 5  # Phi-3's model rows past the tokenizer (32064 - 32011 = 53 there)
+
+
+def train_llama2_spm(tmp: Path) -> spm.SentencePieceProcessor:
+    text_file = tmp / "train.txt"
+    text_file.write_text("\n".join(_training_text()), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(text_file), model_prefix=str(tmp / "phi3"), model_type="bpe",
+        vocab_size=VOCAB, byte_fallback=True, split_digits=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=True, allow_whitespace_only_pieces=True, character_coverage=0.9995,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1, hard_vocab_limit=False,
+        minloglevel=2)
+    return spm.SentencePieceProcessor(model_file=str(tmp / "phi3.model"))
+
+
+def phi3_dir(sp: spm.SentencePieceProcessor, d: Path) -> None:
+    """tokenizer.json in Phi-3's shape: transformers' legacy Llama conversion of the
+    SentencePiece model (merges ordered by score), Phi-3's added tokens and flags."""
+    from transformers.tokenization_utils_base import generate_merges
+
+    n = sp.get_piece_size()
+    vocab = {sp.id_to_piece(i): i for i in range(n)}
+    merges = generate_merges(vocab, {sp.id_to_piece(i): sp.get_score(i) for i in range(n)})
+    tk = HFTokenizer(BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True,
+                         byte_fallback=True))
+    tk.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                          normalizers.Replace(" ", "\u2581")])
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tk.add_special_tokens([AddedToken("<unk>", normalized=False, special=True),
+                           AddedToken("<s>", normalized=False, special=True)])
+    tk.add_tokens([AddedToken("</s>", normalized=False, special=False, rstrip=True)])
+    tk.add_special_tokens([AddedToken(t, normalized=False, special=True,
+                                      rstrip=t != "<|endoftext|>") for t in PHI3_ADDED])
+    assert tk.token_to_id("<|user|>") == n + len(PHI3_ADDED) - 1
+    bos = tk.token_to_id("<s>")
+    # No BOS, as add_bos_token says below (transformers 5 takes the post-processor from
+    # this file, not from the flag).
+    tk.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1")
+    d.mkdir(parents=True)
+    tk.save(str(d / "tokenizer.json"))
+    decoder = {str(tk.token_to_id(t)): {"content": t, "lstrip": False, "normalized": False,
+                                         "rstrip": t not in ("<unk>", "<s>", "<|endoftext|>"),
+                                         "single_word": False, "special": t != "</s>"}
+               for t in ["<unk>", "<s>", "</s>", *PHI3_ADDED]}
+    _json(d / "tokenizer_config.json", {
+        "add_bos_token": False, "add_eos_token": False, "added_tokens_decoder": decoder,
+        "bos_token": "<s>", "chat_template": _template("phi-3.5-mini-instruct"),
+        "clean_up_tokenization_spaces": False, "eos_token": "<|endoftext|>", "legacy": False,
+        "model_max_length": 131072, "pad_token": "<|endoftext|>", "padding_side": "left",
+        "sp_model_kwargs": {}, "tokenizer_class": "LlamaTokenizer", "unk_token": "<unk>",
+        "use_default_system_prompt": False})
+    _json(d / "generation_config.json", {
+        "bos_token_id": bos, "eos_token_id": [tk.token_to_id(t) for t in
+                                              ("<|endoftext|>", "<|end|>", "<|assistant|>")]})
+
+
+def phi3_gguf(sp: spm.SentencePieceProcessor, d: Path, path: Path) -> None:
+    """As llama.cpp's Phi3MiniModel.set_vocab writes it (see the module docstring)."""
+    n = sp.get_piece_size()
+    size = n + len(PHI3_ADDED) + PHI3_PADDING
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    scores, types = [-10000.0] * size, [5] * size
+    for i in range(n):
+        tokens[i], scores[i] = sp.id_to_piece(i), float(sp.get_score(i))
+        types[i] = (2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 5 if sp.is_unused(i)
+                    else 6 if sp.is_byte(i) else 1)
+    cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for i, t in cfg["added_tokens_decoder"].items():
+        i = int(i)
+        tokens[i], scores[i] = t["content"], -1000.0
+        types[i] = 3 if t["special"] else 4
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_name("Phi 3.5 Mini Instruct")
+    tiny_model_keys(w)
+    w.add_vocab_size(size)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    ids = {t: tokens.index(t) for t in ("<s>", "<|endoftext|>", "<unk>")}
+    w.add_bos_token_id(ids["<s>"])
+    w.add_eos_token_id(ids["<|endoftext|>"])
+    w.add_unk_token_id(ids["<unk>"])
+    w.add_pad_token_id(ids["<|endoftext|>"])
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
+    w.add_chat_template(cfg["chat_template"])
+    _write(w)
+
+
+def phi3_golden(tmp: Path) -> dict:
+    sp = train_llama2_spm(tmp)
+    d = OUT / "phi3"
+    shutil.rmtree(d, ignore_errors=True)
+    phi3_dir(sp, d / "hf")
+    phi3_gguf(sp, d / "hf", d / "tokenizer.gguf")
+    from_dir = AutoTokenizer.from_pretrained(d / "hf")
+    from_gguf = AutoTokenizer.from_pretrained(d, gguf_file="tokenizer.gguf")
+    texts = corpus("phi3")
+    return {
+        "gguf": {"reference": "transformers AutoTokenizer(gguf_file)", "facts": facts(from_gguf),
+                 "cases": cases(from_gguf, texts, sp)},
+        "dir": {"reference": "transformers AutoTokenizer(dir)", "facts": facts(from_dir),
+                "cases": cases(from_dir, texts, sp)},
+        "chat": {"phi-3.5-mini-instruct": chats(from_dir, _template("phi-3.5-mini-instruct"))},
+    }
+
+
 def byte_level_gguf(d: Path, path: Path, arch: str, pre: str, md: dict) -> None:
     """The directory's tokenizer as llama.cpp's converter writes it: tokens by id, merges,
     control tokens for special added ones, user-defined for plain added ones."""
@@ -264,6 +397,17 @@ def facts(tok) -> dict:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", choices=["phi3"], help="rewrite one family's entry alone")
+    if ap.parse_args().only == "phi3":
+        path = OUT / "goldens.json"
+        golden = json.loads(path.read_text(encoding="utf-8"))
+        with tempfile.TemporaryDirectory() as t:
+            golden["phi3"] = phi3_golden(Path(t))
+        path.write_text(json.dumps(golden, ensure_ascii=False) + "\n", encoding="utf-8")
+        return
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
@@ -312,6 +456,7 @@ def main() -> None:
         golden["llama3"]["chat"]["phi-3.5-mini-instruct"] = chats(
             AutoTokenizer.from_pretrained(OUT / "llama3" / "hf"),
             _template("phi-3.5-mini-instruct"))
+        golden["phi3"] = phi3_golden(tmp)
     assert LONG in CORPUS
     path = OUT / "goldens.json"
     path.write_text(json.dumps(golden, ensure_ascii=False) + "\n", encoding="utf-8")

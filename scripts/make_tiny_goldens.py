@@ -31,6 +31,9 @@ ship in the repo (hidden 64, 2 layers, 4 heads, 2 KV heads, MLP 128, vocab 320):
                   factors, original context 4096 of 131072), float32 safetensors
     phi3_q4_0.gguf  phi3/ as GGUF: fused attn_qkv / ffn_up, rope_factors_short/long tensors,
                   the attention factor in metadata, Q4_0 matrices
+    gemma2_f32.gguf, gemma2_q4_0.gguf, gemma3_f32.gguf, gemma3_q4_0.gguf
+                  gemma2/ and gemma3_text/ as llama.cpp writes Gemma 2/3 (make_gemma_ggufs)
+    gemma2_q4_k.gguf, gemma3_q4_k.gguf  256-wide Gemma 2 2B / Gemma 3 1B shapes in Q4_K
 
 Every golden from llama3/ on also records transformers' greedy continuation: ``greedy.prompt``
 and the ``greedy.tokens`` it generates (GREEDY_TOKENS, do_sample=False).
@@ -478,12 +481,32 @@ def quantize_q4_k(a: np.ndarray) -> np.ndarray:
     return blocks.reshape(rows, cols // 256 * 144)
 
 
+# Gemma 2/3 name their four norms as llama.cpp's gemma2/gemma3 tensor maps do.
+GGUF_SANDWICH = {"post_attention_norm": "post_attention_layernorm",
+                 "ffn_norm": "pre_feedforward_layernorm",
+                 "post_ffw_norm": "post_feedforward_layernorm"}
+
+
+def _add_metadata(w, arch: str, metadata: dict) -> None:
+    """``{arch}.key`` = value: ints uint32, floats float32, strings, lists arrays."""
+    for key, value in metadata.items():
+        if isinstance(value, list):
+            w.add_array(f"{arch}.{key}", value)
+        elif isinstance(value, str):
+            w.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, int):
+            w.add_uint32(f"{arch}.{key}", value)
+        else:
+            w.add_float32(f"{arch}.{key}", value)
+
+
 def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
                extra: dict[str, np.ndarray] | None = None,
-               metadata: dict[str, float | int] | None = None) -> dict[str, np.ndarray]:
+               metadata: dict | None = None) -> dict[str, np.ndarray]:
     """src/ (HF safetensors) as a llama.cpp-layout GGUF: matrices in ``qtype``, 1-D tensors
-    F32, q/k rows permuted for arch llama. Returns the HF state transformers should get
-    (the file's weights dequantized by gguf-py, un-permuted)."""
+    F32, q/k rows permuted for arch llama, Gemma norms stored as ``1 + w`` (every Gemma
+    converter of llama.cpp adds the 1 to each ``*norm.weight``). Returns the HF state
+    transformers should get (the file's weights dequantized by gguf-py, un-permuted)."""
     import gguf
     from gguf import GGMLQuantizationType as T
 
@@ -494,6 +517,7 @@ def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' RoPE
     theta = cfg.get("rope_theta") or rope.get("rope_theta")
 
     w = gguf.GGUFWriter(str(path), arch)
@@ -524,12 +548,14 @@ def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
             add(vocab[tk_cfg[key]])
     w.add_add_bos_token(bool(tk_cfg.get("add_bos_token", False)))
     w.add_chat_template(tk_cfg["chat_template"])
-    for key, value in (metadata or {}).items():
-        (w.add_uint32 if isinstance(value, int) else w.add_float32)(f"{arch}.{key}", value)
+    _add_metadata(w, arch, metadata or {})
 
     block = {**GGUF_BLOCK, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
     if arch == "phi3":  # fused projections keep one tensor each
         block |= {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+    if arch in ("gemma2", "gemma3"):
+        block |= GGUF_SANDWICH
+    gemma = arch.startswith("gemma")
     state = {}
     names = [(f"{g}.weight", f"{h}.weight") for g, h in GGUF_TOP.items()]
     names += [(f"blk.{i}.{g}.weight", f"model.layers.{i}.{h}.weight")
@@ -542,7 +568,7 @@ def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
         n_head = n_head if arch == "llama" else None
         if n_head:
             a = permute(a, n_head)
-        if arch == "gemma" and a.ndim == 1:  # convert_hf_to_gguf.py stores 1 + w
+        if gemma and a.ndim == 1:  # convert_hf_to_gguf.py stores 1 + w
             a = a + np.float32(1.0)
         if a.ndim == 2 and qtype == "F16":
             w.add_tensor(gname, a.astype(np.float16))
@@ -553,7 +579,7 @@ def write_gguf(src: Path, path: Path, arch: str, qtype: str, tk_pre: str,
             a = gguf.quants.dequantize(q, T[qtype]).reshape(a.shape)
         else:
             w.add_tensor(gname, a)
-        if arch == "gemma" and a.ndim == 1:
+        if gemma and a.ndim == 1:
             a = a - np.float32(1.0)  # transformers adds the 1 itself
         state[hname] = unpermute(a, n_head) if n_head else a
     for gname, a in (extra or {}).items():
@@ -663,6 +689,75 @@ def make_new_families(out: Path, v: dict) -> None:
                   "rope.scaling.original_context_length": 4096})
 
 
+def gemma_gguf_metadata(cfg: dict, arch: str) -> dict:
+    """The ``{arch}.*`` keys llama.cpp's converter writes for Gemma 2/3 beyond the common ones,
+    plus the two it leaves implicit where a tiny model departs from llama.cpp's built-in
+    values: ``attention.scale`` when query_pre_attn_scalar is not head_dim (llama.cpp
+    assumes head_dim, or hidden/heads for the 27B sizes), and ``attention.sliding_window_pattern``
+    when the layers are not llama.cpp's pattern (gemma2: every other layer from 0 is
+    sliding; gemma3: five sliding, then one global)."""
+    md: dict = {"attention.sliding_window": cfg["sliding_window"]}
+    types = cfg["layer_types"]
+    n = 2 if arch == "gemma2" else 6
+    if types != ["sliding_attention" if i % n < n - 1 else "full_attention"
+                 for i in range(len(types))]:
+        md["attention.sliding_window_pattern"] = [t == "sliding_attention" for t in types]
+    if cfg["query_pre_attn_scalar"] != cfg["head_dim"]:
+        md["attention.scale"] = float(cfg["query_pre_attn_scalar"] ** -0.5)
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key):
+            md[key] = float(cfg[key])
+    rope = cfg.get("rope_parameters") or {}
+    if "sliding_attention" in rope:
+        md["rope.freq_base_swa"] = float(rope["sliding_attention"]["rope_theta"])
+        full = rope["full_attention"]
+        if full.get("rope_type") == "linear":
+            md["rope.scaling.type"] = "linear"
+            md["rope.scaling.factor"] = float(full["factor"])
+    return md
+
+
+def make_gemma_ggufs(out: Path, v: dict) -> None:
+    """Gemma 2 and Gemma 3 as llama.cpp writes them (architectures ``gemma2``/``gemma3``,
+    post_attention_norm / ffn_norm / post_ffw_norm, norms stored as 1 + w): gemma2/ and
+    gemma3_text/ in F32 and Q4_0, and two 256-wide models (K-quants need rows of 256) in
+    Q4_K whose metadata is exactly the converter's: Gemma 2 2B's shape (two layers,
+    query_pre_attn_scalar = head_dim 64) and Gemma 3 1B's (six layers, five sliding then
+    one global, local base 1e4, global 1e6 with linear x8 as the 4B+ sizes have)."""
+    llama_tk, llama_cfg = train_tokenizer("llama")
+    ids = {t: llama_tk.token_to_id(t) for t in ("<s>", "</s>")}
+    special = dict(bos_token_id=ids["<s>"], eos_token_id=ids["</s>"], pad_token_id=0)
+    for name, arch, seed in (("gemma2", "gemma2", SEED + 20), ("gemma3_text", "gemma3", SEED + 22)):
+        src = out / name
+        cfg = json.loads((src / "config.json").read_text())
+        md = gemma_gguf_metadata(cfg, arch)
+        make_gguf_golden(src, out, f"{arch}_f32", arch, "F32", "gpt2", seed, v, metadata=md)
+        make_gguf_golden(src, out, f"{arch}_q4_0", arch, "Q4_0", "gpt2", seed + 1, v, metadata=md)
+    wide = dict(hidden_size=256, intermediate_size=256, num_attention_heads=4, head_dim=64,
+                query_pre_attn_scalar=64, sliding_window=8, rope_theta=10000.0, **special)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = make_hf("gemma2_wide", "Gemma2ForCausalLM", dict(
+            wide, num_key_value_heads=2, attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0, layer_types=["sliding_attention", "full_attention"]),
+            llama_tk, llama_cfg, Path(tmp), SEED + 24, v)
+        cfg = json.loads((src / "config.json").read_text())
+        make_gguf_golden(src, out, "gemma2_q4_k", "gemma2", "Q4_K", "gpt2", SEED + 25, v,
+                         metadata=gemma_gguf_metadata(cfg, "gemma2"))
+        del wide["rope_theta"]
+        src = make_hf("gemma3_wide", "Gemma3ForCausalLM", dict(
+            wide, num_hidden_layers=6, num_key_value_heads=1,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                             "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                "rope_theta": 1e6}}),
+            llama_tk, llama_cfg, Path(tmp), SEED + 26, v)
+        cfg = json.loads((src / "config.json").read_text())
+        md = gemma_gguf_metadata(cfg, "gemma3")
+        assert "attention.sliding_window_pattern" not in md and "attention.scale" not in md
+        make_gguf_golden(src, out, "gemma3_q4_k", "gemma3", "Q4_K", "gpt2", SEED + 27, v,
+                         metadata=md)
+
+
 # --- main ------------------------------------------------------------------------------------
 
 def versions() -> dict[str, str]:
@@ -680,6 +775,8 @@ def main() -> None:
                     help="a Python with mlx installed, for the quantization step")
     ap.add_argument("--only-new", action="store_true",
                     help="write only the llama3/qwen3 goldens (the others stay as they are)")
+    ap.add_argument("--only-gemma-gguf", action="store_true",
+                    help="write only the Gemma 2/3 GGUF goldens (from gemma2/, gemma3_text/)")
     ap.add_argument("--mlx-quantize", nargs=3, type=Path, metavar=("SRC", "OUT_DIR", "DQ"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -693,7 +790,11 @@ def main() -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     v = versions()
+    if args.only_gemma_gguf:
+        make_gemma_ggufs(out, v)
+        return
     make_new_families(out, v)
+    make_gemma_ggufs(out, v)
     if args.only_new:
         return
     qwen_tk, qwen_cfg = train_tokenizer("qwen")

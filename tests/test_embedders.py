@@ -3,8 +3,10 @@
 Tiny random models saved by sentence-transformers (scripts/make_embedder_goldens.py):
 XLM-RoBERTa in multilingual-e5's shape (mean pooling) and bge-m3's (CLS pooling), and a
 Qwen3 decoder in Qwen3-Embedding's (last-token pooling), all normalised, as each model's
-modules.json and 1_Pooling/config.json declare. Bar: cosine >= 0.9999 per sentence
-(float32 on every backend; the CUDA backend runs through the host emulator).
+modules.json and 1_Pooling/config.json declare; and a BERT in bge-small's shape (WordPiece,
+CLS pooling) as llama.cpp writes it to GGUF, whose pooling comes from its pooling_type.
+Bar: cosine >= 0.9999 per sentence (float32 on every backend; the CUDA backend runs
+through the host emulator).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from inference.errors import UnsupportedModelError
 from tests.goldens_io import MINILM_MIN_COSINE, cosine_rows, load_npz
 
 EMBEDDERS = Path(__file__).parent / "goldens" / "embedders"
-NAMES = ["xlmr_e5", "xlmr_bge", "qwen3_embed"]
+NAMES = ["xlmr_e5", "xlmr_bge", "qwen3_embed", "bert_bge"]
 BACKENDS = ["numpy", "cpu", "mlx", "cuda"]
 
 
@@ -38,6 +40,8 @@ def encoder(name: str, backend: str):
     key = (name, backend)
     if key not in _loaded:
         path = EMBEDDERS / name
+        if not path.exists():  # bert_bge: a GGUF file, not a directory
+            path = EMBEDDERS / f"{name}.gguf"
         if backend == "cuda":
             from inference.api import Encoder
             from inference.backends.cuda import CudaBackend
@@ -76,7 +80,7 @@ def test_ids_and_truncation_match_sentence_transformers(name):
 
 
 @pytest.mark.parametrize("name,other", [("xlmr_bge", "mean"), ("xlmr_e5", "cls"),
-                                        ("qwen3_embed", "mean")])
+                                        ("qwen3_embed", "mean"), ("bert_bge", "mean")])
 def test_pooling_changes_the_vectors(name, other):
     # Pooling another way is measurably wrong, so the parity test above could not pass
     # with a default in place of the mode each model declares.
@@ -144,3 +148,28 @@ def test_pooling_it_cannot_compute_is_refused_by_name(tmp_path, config, named):
 def test_no_modules_json_means_mean_pooling_unnormalised(tmp_path):
     assert Pipeline.from_dir(tmp_path) == Pipeline("mean", False, None)
     assert Pipeline.from_dir(tmp_path, gguf_pooling=2).pooling == "cls"
+
+
+def test_gguf_bert_reads_its_own_pipeline_and_wordpiece(tmp_path):
+    # llama.cpp's "phantom space" vocabulary back to WordPiece ("\u2581word" a word,
+    # "ing" a continuation "##ing"); pooling from pooling_type, normalised as llama.cpp's
+    # embedding tools do; a sentence-transformers folder beside the file changes nothing.
+    import shutil
+
+    from inference.store import spec_for_path
+
+    src = EMBEDDERS / "bert_bge.gguf"
+    spec = spec_for_path(src)
+    assert (spec.kind, spec.architecture, spec.problem) == ("encoder", "bert", None)
+    m = encoder("bert_bge", "numpy")
+    tokens = m.tokenizer.backend.get_vocab()
+    assert any(t.startswith("##") for t in tokens) and "[CLS]" in tokens
+    assert m.tokenize("Hello") == m.tokenize("HELLO")  # uncased, as llama.cpp's WPM
+    ids = m.tokenize("A cat.")
+    assert (ids[0], ids[-1]) == (m.tokenizer.token_to_id("[CLS]"),
+                                 m.tokenizer.token_to_id("[SEP]"))
+    shutil.copy(src, tmp_path / "bert.gguf")
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    assert Pipeline.from_dir(tmp_path / "bert.gguf", gguf_pooling=2) == Pipeline("cls", True)
+    assert Pipeline.from_dir(tmp_path / "bert.gguf") == Pipeline("mean", True)

@@ -10,7 +10,11 @@ carrying rope_freqs.weight) and Qwen 3 (per-head q/k RMSNorm, head_dim 32 != 64/
 safetensors, F16 and Q4_0 GGUFs), Gemma (1 + w norms, scaled embeddings, GELU-tanh MLP;
 f32 safetensors, a Q8_0 GGUF with 1 + w stored) and Phi-3 (fused qkv/gate_up, LongRoPE
 short factors and attention factor; f32 safetensors, a Q4_0 GGUF with rope_factors
-tensors) also record transformers' greedy 32-token continuation.
+tensors) also record transformers' greedy 32-token continuation. So do Gemma 2 and Gemma 3
+as llama.cpp-layout GGUFs (arch gemma2/gemma3, sandwich norm names, 1 + w stored): the
+gemma2/ and gemma3_text/ models in F32 and Q4_0, and 256-wide Gemma 2 2B- and Gemma 3
+1B-shaped models in Q4_K whose metadata leaves the layer pattern, local RoPE base and query
+scale to llama.cpp's built-in values.
 
 Bars, per sequence, on every backend (numpy, cpu, mlx on its CPU device, cuda through the
 host emulator; cuda has no MLX-quantized weights): max |engine - reference| <= 1e-3 and
@@ -50,6 +54,12 @@ MODELS = {  # golden name -> what load_model gets
     "phi3_q4_0": "phi3_q4_0.gguf",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3_text",
+    "gemma2_f32": "gemma2_f32.gguf",
+    "gemma2_q4_0": "gemma2_q4_0.gguf",
+    "gemma2_q4_k": "gemma2_q4_k.gguf",
+    "gemma3_f32": "gemma3_f32.gguf",
+    "gemma3_q4_0": "gemma3_q4_0.gguf",
+    "gemma3_q4_k": "gemma3_q4_k.gguf",
 }
 GREEDY = [n for n in MODELS if n.startswith(("llama3", "qwen3", "gemma", "phi3"))]
 BACKENDS = ["numpy", "cpu", "mlx", "cuda"]

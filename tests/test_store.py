@@ -9,6 +9,7 @@ import shutil
 import threading
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -213,16 +214,19 @@ def test_context_length_and_problems(tmp_path: Path) -> None:
     (no_tok / "tokenizer.json").unlink()
     assert "tokenizer.json" in store.spec_for_path(no_tok).problem
     # Cannot be read: listed only on request, with the reason.
-    gemma3 = Path(__file__).parent / "goldens" / "families" / "gemma" / "tokenizer.gguf"
     folder = tmp_path / "models"
     folder.mkdir()
-    shutil.copyfile(gemma3, folder / "gemma-3-1b-it.gguf")
+    mamba = gguf.GGUFWriter(str(folder / "mamba-130m.gguf"), "mamba")  # an architecture
+    mamba.write_header_to_file()                                       # the reader refuses
+    mamba.write_kv_data_to_file()
+    mamba.write_tensors_to_file()
+    mamba.close()
     (folder / "broken.gguf").write_bytes(b"GGUF" + bytes(10))
     assert {s.name for s in store.discover([folder]) if s.source == "local"} == set()
     listed = {s.name: s for s in store.discover([folder], include_unreadable=True)
               if s.source == "local"}
-    assert set(listed) == {"gemma-3-1b-it", "broken"}
-    assert "'gemma3'" in listed["gemma-3-1b-it"].problem
+    assert set(listed) == {"mamba-130m", "broken"}
+    assert "'mamba'" in listed["mamba-130m"].problem
     assert listed["broken"].problem and listed["broken"].file_size == 14
 
 

@@ -205,8 +205,11 @@ def test_stream_sentencepiece_spaces(spm):
 def test_bad_metadata_raises_typed_errors(smol_md):
     with pytest.raises(UnsupportedModelError, match="no tokenizer"):
         Tokenizer.from_gguf_metadata({"general.architecture": "llama"})
-    with pytest.raises(UnsupportedModelError, match="'bert'"):
-        Tokenizer.from_gguf_metadata({**smol_md, "tokenizer.ggml.model": "bert"})
+    with pytest.raises(UnsupportedModelError, match="'t5'"):
+        Tokenizer.from_gguf_metadata({**smol_md, "tokenizer.ggml.model": "t5"})
+    with pytest.raises(CorruptModelError, match="names no unknown token"):
+        Tokenizer.from_gguf_metadata({**smol_md, "tokenizer.ggml.model": "bert",
+                                      "tokenizer.ggml.unknown_token_id": None})
     with pytest.raises(UnsupportedModelError, match="pre-tokenizer 'mystery'"):
         Tokenizer.from_gguf_metadata({**smol_md, "tokenizer.ggml.pre": "mystery"})
     with pytest.raises(CorruptModelError, match="token types"):

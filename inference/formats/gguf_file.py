@@ -35,6 +35,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "gemma": ("gemma", "GemmaForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "bert": ("bert", "BertModel"),
 }
@@ -77,10 +79,28 @@ _BERT_BLOCK = {
     "ffn_down": "output.dense",
     "layer_output_norm": "output.LayerNorm",
 }
-# Per-architecture differences from _DECODER_BLOCK: Phi-3 keeps its fused projections.
+# Per-architecture differences from _DECODER_BLOCK: Phi-3 keeps its fused projections;
+# Gemma 2/3 have a norm after attention and after the MLP, and ffn_norm is the one before
+# the MLP (HF's post_attention_layernorm is the norm after attention there).
+_GEMMA_SANDWICH = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _ARCH_BLOCK = {
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gemma2": _GEMMA_SANDWICH,
+    "gemma3": _GEMMA_SANDWICH,
 }
+# What llama.cpp assumes for Gemma 2/3 where the file says nothing (llama-model.cpp's
+# hparams loading): the layer pattern (a layer i is sliding iff i % n < n - 1), Gemma 2's
+# window and soft-caps, Gemma 3's local RoPE base, and the layer counts of the 27B sizes,
+# whose query scale is hidden / heads instead of head_dim.
+_GEMMA_PATTERN = {"gemma2": 2, "gemma3": 6}
+_GEMMA2_DEFAULTS = {"sliding_window": 4096, "attn_logit_softcapping": 50.0,
+                    "final_logit_softcapping": 30.0}
+_GEMMA3_LOCAL_BASE = 10000.0
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 # Smallest encodings, used to reject counts that cannot fit in the file (a corrupt count
@@ -314,9 +334,11 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
     )
     if arch == "qwen2":
         cfg["attention_bias"] = True  # Qwen2 always has q/k/v biases
-    if arch == "gemma":
+    if arch.startswith("gemma"):
         cfg["norm_weight_offset"] = 0.0  # llama.cpp's converter stored 1 + w already
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
+    if arch in _GEMMA_PATTERN:
+        cfg.update(_gemma_config(arch, get, cfg))
     if arch == "phi3" and "rope_factors_short.weight" in tensors:
         original = get("rope.scaling.original_context_length")
         cfg["rope_scaling"] = {  # the factors themselves are read from the tensors
@@ -334,6 +356,46 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
     if get("attention.sliding_window"):
         cfg["sliding_window"] = int(get("attention.sliding_window"))
     return cfg
+
+
+def _gemma_config(arch: str, get: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 2/3 settings from the file's keys, else llama.cpp's built-in values.
+
+    Read when present: ``attention.sliding_window``, ``attention.sliding_window_pattern``
+    (a per-layer bool array, or llama.cpp's period ``n``), ``attention.scale``,
+    ``attn_logit_softcapping``, ``final_logit_softcapping``, ``rope.freq_base_swa``.
+    A Gemma 3 file without a window (or window 0) has no sliding layers, as in llama.cpp."""
+    layers = cfg["num_hidden_layers"]
+    out: dict[str, Any] = {}
+    defaults = _GEMMA2_DEFAULTS if arch == "gemma2" else {}
+    window = get("attention.sliding_window", defaults.get("sliding_window"))
+    pattern = get("attention.sliding_window_pattern", _GEMMA_PATTERN[arch])
+    if isinstance(pattern, np.ndarray | list):
+        sliding = [bool(x) for x in np.asarray(pattern).reshape(-1)]
+        if len(sliding) != layers:
+            raise CorruptModelError(
+                f"GGUF key {arch}.attention.sliding_window_pattern has {len(sliding)} "
+                f"entries for {layers} layers.")
+    else:
+        n = int(pattern)
+        sliding = [n == 0 or i % n < n - 1 for i in range(layers)]
+    if not window:
+        sliding = [False] * layers
+    out["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
+    out["sliding_window"] = int(window) if window else None
+    scale = get("attention.scale")
+    if scale:
+        out["query_pre_attn_scalar"] = float(scale) ** -2.0
+    elif layers == _GEMMA_27B_LAYERS[arch]:
+        out["query_pre_attn_scalar"] = cfg["hidden_size"] / cfg["num_attention_heads"]
+    else:
+        out["query_pre_attn_scalar"] = cfg["head_dim"]
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        value = get(key, defaults.get(key))
+        out[key] = float(value) if value else None
+    if arch == "gemma3":
+        out["rope_local_base_freq"] = float(get("rope.freq_base_swa", _GEMMA3_LOCAL_BASE))
+    return out
 
 
 def _scalar(v: Any) -> Any:

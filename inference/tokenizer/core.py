@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import pre_tokenizers
 
 from inference.errors import CorruptModelError, ModelNotFoundError
 from inference.tokenizer import gguf_vocab
@@ -69,6 +70,8 @@ class Tokenizer:
                for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         if tok["pad_token"] is None and backend.padding:
             tok["pad_token"] = backend.padding.get("pad_token")
+        if config.get("tokenizer_class") in ("LlamaTokenizer", "LlamaTokenizerFast"):
+            _as_llama_tokenizer(backend, config)
         if "add_bos_token" in config or "add_eos_token" in config:
             # transformers rebuilds the post-processor from these flags; so do we.
             bos = _pair(backend, tok["bos_token"]) if config.get("add_bos_token") else None
@@ -189,6 +192,22 @@ class Tokenizer:
             if tok.content in END_OF_TURN:
                 ids.add(int(i))
         return ids
+
+
+def _as_llama_tokenizer(backend: HFTokenizer, config: Mapping[str, Any]) -> None:
+    """What transformers' LlamaTokenizer makes of a tokenizer.json, whatever the file's own
+    normalizer says: no normalizer, and the SentencePiece space put in by Metaspace, in
+    front of the first piece of text only unless the config says ``legacy`` (then in front
+    of every piece), never if ``add_prefix_space`` is false. Phi-3 and Llama 2's files
+    carry a Prepend normalizer that transformers replaces this way."""
+    if json.loads(backend.to_str())["model"].get("type") != "BPE":
+        return
+    add_space = config.get("add_prefix_space")
+    scheme = ("never" if add_space is False else
+              "always" if config.get("legacy", False) else "first")
+    backend.normalizer = None
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
+                                                     prepend_scheme=scheme, split=False)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -1,12 +1,17 @@
 """Turn the vocabulary a GGUF file embeds into a ``tokenizers.Tokenizer``.
 
 A GGUF carries no tokenizer.json, only llama.cpp's description of one: ``tokenizer.ggml.*``
-keys. Two families cover Llama, SmolLM2, Mistral, TinyLlama and Qwen2:
+keys. Three families cover the decoders (Llama, SmolLM2, Mistral, Qwen, Gemma, Phi-3) and
+BERT embedders:
 
 * ``gpt2``: byte-level BPE. Tokens are already spelled in GPT-2's byte alphabet and the merges
   are listed; only the pre-tokenizer split regex is implicit, named by ``tokenizer.ggml.pre``.
 * ``llama``: SentencePiece BPE. Tokens carry scores (higher merges first), ``<0xNN>`` byte
-  tokens stand in for characters outside the vocabulary, and a space is prepended to the text.
+  tokens stand in for characters outside the vocabulary, and a space is prepended to the text
+  (to every piece of text between added tokens for Phi-3, once for the others).
+* ``bert``: WordPiece (BERT embedders). llama.cpp's converter stores a word-initial piece
+  as ``"\u2581word"`` and a continuation ``"##ing"`` as ``"ing"`` (control tokens as they are);
+  the text is lower-cased and accents stripped, as llama.cpp's WPM tokenizer always does.
 
 Token types follow llama.cpp: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
 """
@@ -18,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers.models import BPE
+from tokenizers.models import BPE, WordPiece
 
 from inference.errors import CorruptModelError, UnsupportedModelError
 
@@ -96,10 +101,10 @@ def check_supported(md: Mapping[str, Any]) -> None:
     model = md.get("tokenizer.ggml.model")
     if model is None:
         raise UnsupportedModelError("This GGUF file embeds no tokenizer (no tokenizer.ggml.model).")
-    if model not in ("gpt2", "llama"):
+    if model not in ("gpt2", "llama", "bert"):
         raise UnsupportedModelError(
-            f"GGUF tokenizer type {model!r} is not supported (only 'gpt2' BPE and 'llama' "
-            "SentencePiece are).")
+            f"GGUF tokenizer type {model!r} is not supported (only 'gpt2' BPE, 'llama' "
+            "SentencePiece and 'bert' WordPiece are).")
     pre = str(md.get("tokenizer.ggml.pre") or "default")
     if model == "gpt2" and pre not in PRE_TOKENIZER_SPLITS:
         raise UnsupportedModelError(
@@ -118,13 +123,28 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
     if len(types) != len(tokens):
         raise CorruptModelError(
             f"This GGUF file lists {len(tokens)} tokens but {len(types)} token types.")
+    if model == "bert":
+        tk = _wordpiece(md, tokens, types)
+        info = {"kind": "generic", "strip_space": False,
+                "add_bos": bool(md.get("tokenizer.ggml.add_bos_token", True)),
+                "add_eos": bool(md.get("tokenizer.ggml.add_eos_token", True))}
+        cls = md.get("tokenizer.ggml.cls_token_id", md.get("tokenizer.ggml.bos_token_id"))
+        sep = md.get("tokenizer.ggml.seperator_token_id", md.get("tokenizer.ggml.eos_token_id"))
+        set_template_processor(  # [CLS] text [SEP]
+            tk, bos=(tokens[int(cls)], int(cls)) if info["add_bos"] and cls is not None else None,
+            eos=(tokens[int(sep)], int(sep)) if info["add_eos"] and sep is not None else None)
+        return tk, info
     if model == "gpt2":
         tk, info = _byte_level_bpe(md, tokens, types), {"kind": "byte_level", "strip_space": False}
         default_bos = md.get("tokenizer.ggml.pre") in LLAMA3_PRE
     else:  # "llama"
         add_space = bool(md.get("tokenizer.ggml.add_space_prefix", True))
-        tk, info = _sentencepiece_bpe(md, tokens, types, add_space), {
-            "kind": "sentencepiece", "strip_space": add_space, "prefix_space": add_space}
+        # Phi-3 (llama.cpp and transformers alike) puts the space in front of every piece of
+        # text, after each added token too; the others once, in front of the whole text.
+        each = add_space and md.get("general.architecture") == "phi3"
+        tk, info = _sentencepiece_bpe(md, tokens, types, add_space, each), {
+            "kind": "sentencepiece", "strip_space": add_space,
+            "prefix_space": add_space and not each}
         default_bos = True  # llama.cpp and transformers add BOS unless the file says not to
     info["add_bos"] = bool(md.get("tokenizer.ggml.add_bos_token", default_bos))
     info["add_eos"] = bool(md.get("tokenizer.ggml.add_eos_token", False))
@@ -165,7 +185,7 @@ def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) 
 
 
 def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int],
-                       add_space: bool) -> HFTokenizer:
+                       add_space: bool, space_each: bool = False) -> HFTokenizer:
     scores = list(md.get("tokenizer.ggml.scores") or [])
     if len(scores) != len(tokens):
         raise CorruptModelError(
@@ -191,10 +211,49 @@ def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int
     # starts with a space, where SentencePiece (and llama.cpp) add it all the same.
     tk.pre_tokenizer = pre_tokenizers.Metaspace(
         replacement="\u2581", prepend_scheme="never", split=False)
+    if space_each:  # a normalizer runs on each piece of text between added tokens
+        tk.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                              normalizers.Replace(" ", "\u2581")])
+        tk.pre_tokenizer = None
     steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space:
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     tk.decoder = decoders.Sequence(steps)
+    _add_tokens(tk, tokens, types, special_types={CONTROL, UNKNOWN}, plain_types={USER_DEFINED},
+                keep=lambda t: True, rstrip=_rstrip_tokens(md))
+    return tk
+
+
+def _rstrip_tokens(md: Mapping[str, Any]) -> frozenset[str]:
+    """Added tokens that swallow the whitespace after them. A GGUF cannot say so; llama.cpp
+    gives Phi-3's the flag its tokenizer_config.json has, by the model's name (general.name
+    holding "phi-3" or "phi3"): every added token but <unk>, <s> and <|endoftext|>."""
+    name = str(md.get("general.name") or "").lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return frozenset()
+    tokens = md.get("tokenizer.ggml.tokens") or []
+    types = md.get("tokenizer.ggml.token_type") or []
+    added = {t for t, ty in zip(tokens, types, strict=False)
+             if ty in (CONTROL, USER_DEFINED, UNKNOWN)} | {"</s>"}
+    return frozenset(added - {"<unk>", "<s>", "<|endoftext|>"})
+
+
+def _wordpiece(md: Mapping[str, Any], tokens: list[str], types: list[int]) -> HFTokenizer:
+    """BERT's tokenizer from llama.cpp's "phantom space" vocabulary (see the module docstring)."""
+    vocab: dict[str, int] = {}
+    for i, (tok, ty) in enumerate(zip(tokens, types, strict=True)):
+        word = tok if ty in (CONTROL, UNKNOWN) else tok[1:] if tok.startswith("\u2581") \
+            else "##" + tok
+        vocab.setdefault(word, i)
+    unk_id = md.get("tokenizer.ggml.unknown_token_id")
+    if unk_id is None or not 0 <= int(unk_id) < len(tokens):
+        raise CorruptModelError("This GGUF file's WordPiece vocabulary names no unknown token.")
+    tk = HFTokenizer(WordPiece(vocab=vocab, unk_token=tokens[int(unk_id)],
+                               continuing_subword_prefix="##"))
+    tk.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                               strip_accents=True, lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.decoder = decoders.WordPiece(prefix="##")
     _add_tokens(tk, tokens, types, special_types={CONTROL, UNKNOWN}, plain_types={USER_DEFINED},
                 keep=lambda t: True)
     return tk
@@ -218,10 +277,10 @@ def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: S
 
 
 def _add_tokens(tk: HFTokenizer, tokens: list[str], types: list[int], *, special_types: set[int],
-                plain_types: set[int], keep) -> None:
-    special = [AddedToken(t, normalized=False, special=True)
+                plain_types: set[int], keep, rstrip: frozenset[str] = frozenset()) -> None:
+    special = [AddedToken(t, normalized=False, special=True, rstrip=t in rstrip)
                for t, ty in zip(tokens, types, strict=True) if ty in special_types and keep(t)]
-    plain = [AddedToken(t, normalized=False, special=False)
+    plain = [AddedToken(t, normalized=False, special=False, rstrip=t in rstrip)
              for t, ty in zip(tokens, types, strict=True) if ty in plain_types and keep(t)]
     if special:
         tk.add_special_tokens(special)
