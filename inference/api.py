@@ -31,7 +31,7 @@ from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
 from inference.sampling import SamplingParams
 from inference.store import ModelSpec, context_length, resolve
 from inference.tokenizer import Tokenizer
-from inference.tokenizer.bounded import encode_bounded
+from inference.tokenizer.bounded import encode_bounded, encode_segments
 from inference.validate import (
     check_finite,
     check_tensors,
@@ -164,15 +164,8 @@ class CausalLM(LoadedModel):
         """Ids of the rendered chat. The template's own markup (rendered text already holds
         every BOS/special token it wants) is parsed for special tokens; message contents are
         not, so "<|im_end|>" typed by a user stays text and cannot forge a turn."""
-        ids: list[int] = []
-        for text, is_content in self._template().render_segments(chat, cancel=cancel):
-            piece, complete = encode_bounded(self.tokenizer, text, limit - len(ids),
-                                             add_special_tokens=False,
-                                             parse_special=not is_content)
-            ids += piece
-            if not complete or len(ids) > limit:
-                return ids, False
-        return ids, True
+        return encode_segments(self.tokenizer, self._template().render_segments(
+            chat, cancel=cancel), limit)
 
     def _continue_ids(self, chat: list[dict[str, str]], limit: int,
                       cancel: threading.Event | None) -> tuple[list[int], bool]:
@@ -185,7 +178,8 @@ class CausalLM(LoadedModel):
         if not complete:
             return ids, False
         tail, complete = encode_bounded(self.tokenizer, chat[-1]["content"], limit - len(ids),
-                                        add_special_tokens=False, parse_special=False)
+                                        add_special_tokens=False, parse_special=False,
+                                        after=ids[-1] if ids else None)
         return ids + tail, complete
 
     def generate(

@@ -17,6 +17,7 @@ import pytest
 from inference.chat_template import ChatTemplate
 from inference.errors import InvalidInputError
 from inference.tokenizer import Tokenizer
+from inference.tokenizer.bounded import encode_segments
 from inference.tokenizer.gguf_meta import read_metadata
 
 FAMILIES = Path(__file__).parent / "goldens" / "families"
@@ -258,3 +259,25 @@ def test_segments_join_to_the_rendering_and_keep_user_text_apart(family, name, c
     rewritten = sum("</think>" in m["content"] for m in chat[:-1] if m["role"] == "assistant")
     assert len(content) >= len(chat) - rewritten - (name == "gemma-2-it" and
                                                      chat[0]["role"] == "system")
+
+
+OWN_TEMPLATES = {"gemma": "gemma", "llama3": "llama-3", "qwen3": "qwen3", "phi3": "phi-3"}
+
+
+@pytest.mark.parametrize("family,name,case", [
+    p for p in _template_cases() if "error" not in p.values[2] and "ids" in p.values[2]
+    and p.values[1].startswith(OWN_TEMPLATES[p.values[0]])])  # another family's markup is
+def test_chat_ids_piece_by_piece_equal_transformers(  # not special to this tokenizer
+tokenizers, family, name, case):
+    """The engine's chat path (markup parsed for special tokens, contents not, one piece
+    at a time: api._chat_ids) gives transformers' ids of the whole rendered prompt: each
+    piece carries the SentencePiece dummy space only where the whole text would."""
+    tok = tokenizers[family, "dir"]
+    tpl = ChatTemplate((TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8"),
+                       bos_token=tok.bos_token, eos_token=tok.eos_token)
+    kwargs = {"add_generation_prompt": case["add_generation_prompt"], **case["kwargs"]}
+    if tpl.render(case["messages"], **kwargs) != case["text"]:
+        pytest.skip("the rendering holds today's date (strftime_now), not the golden's")
+    ids, complete = encode_segments(tok, tpl.render_segments(case["messages"], **kwargs),
+                                    1 << 20)
+    assert complete and ids == case["ids"]

@@ -48,7 +48,14 @@ class Tokenizer:
         self._added = {i: (t.content, t.special)
                        for i, t in backend.get_added_tokens_decoder().items()}
         self._added_text = tuple(c for c, _ in self._added.values())
+        # Added tokens that swallow the whitespace after them (Phi-3's markup).
+        self._rstrip = {i for i, t in backend.get_added_tokens_decoder().items() if t.rstrip}
         self._plain_added_text = tuple(c for c, sp in self._added.values() if not sp)
+        pre = backend.pre_tokenizer
+        # A Metaspace that adds SentencePiece's dummy space: "first" puts it before the start
+        # of the input only, "always" also after each added token.
+        self._scheme = (pre.prepend_scheme if isinstance(pre, pre_tokenizers.Metaspace)
+                        and pre.prepend_scheme != "never" else None)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -130,19 +137,30 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True,
-               parse_special: bool = True) -> list[int]:
+               parse_special: bool = True, after: int | None = None) -> list[int]:
         """Ids of ``text``. Special tokens written in the text ("<|im_start|>") become their
         single id unless ``parse_special`` is False (then they are ordinary text, which is
         what untrusted user content should get). ``add_special_tokens`` adds the model's
-        BOS/EOS (or [CLS]/[SEP])."""
-        text = self._prefixed(text, parse_special)
-        if parse_special:
-            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-        self.backend.encode_special_tokens = True
+        BOS/EOS (or [CLS]/[SEP]). ``after``: the id of the token just before ``text`` when
+        it continues a prompt tokenized piece by piece; SentencePiece's dummy space then
+        goes in only where tokenizing the whole prompt would put it (after an added token,
+        or only at the very start, by the tokenizer's rule), not before every piece, and an
+        added token that strips the whitespace after it strips this text's."""
+        fresh = after is None or (self._scheme != "first" and int(after) in self._added)
+        if after is not None and int(after) in self._rstrip:
+            text = text.lstrip()
+        if fresh:
+            text = self._prefixed(text, parse_special)
+        pre = self.backend.pre_tokenizer
+        if not fresh and self._scheme is not None:
+            self.backend.pre_tokenizer = pre_tokenizers.Metaspace(
+                replacement=pre.replacement, prepend_scheme="never", split=pre.split)
+        self.backend.encode_special_tokens = not parse_special
         try:
             return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         finally:
             self.backend.encode_special_tokens = False
+            self.backend.pre_tokenizer = pre
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True
                      ) -> list[list[int]]:
