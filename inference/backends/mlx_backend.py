@@ -36,7 +36,14 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from inference.backends.base import QUANT_TYPES, Backend, TokenSampler, host_rss, tiled_attention
+from inference.backends.base import (
+    QUANT_TYPES,
+    SCORE_COPIES,
+    Backend,
+    TokenSampler,
+    host_rss,
+    tiled_attention,
+)
 from inference.errors import BackendUnavailableError
 from inference.events import MemorySample
 from inference.formats.affine import AFFINE_TYPES, GROUP, SUB, to_affine
@@ -155,10 +162,11 @@ class MlxBackend(Backend):
     name = "mlx"
     prefill_chunk = 2048  # as mlx-lm's prefill_step_size
     preallocate_kv = False
-    # Measured with mx.get_peak_memory on the CPU device (docs/memory-estimate.md): the
+    # Measured with mx.get_peak_memory on the CPU device (docs/app.md): the
     # fused attention with a causal mask keeps about one score array, with a key mask (or
-    # the explicit soft-capped/windowed path) about two; one chunk's lazy graph keeps about
-    # twelve hidden-sized rows a token live.
+    # the explicit soft-capped/windowed path) as many as the tiling budgets (the scores, the
+    # masked scores, their softmax); one chunk's lazy graph keeps about twelve hidden-sized
+    # rows a token live.
     score_copies = 1
     hidden_rows = 12
 
@@ -239,7 +247,7 @@ class MlxBackend(Backend):
         return QWeight(mx.array(w), self._scales(s), self._scales(z), GROUP, at.bits, at.expand)
 
     def _score_copies(self, masked: bool, capped: bool) -> int:
-        return 2 if masked or capped else self.score_copies
+        return SCORE_COPIES if masked or capped else self.score_copies
 
     def held_bytes(self, t: TensorData) -> int:
         """Affine codes plus a scale and a bias per group in the activations' dtype (twice

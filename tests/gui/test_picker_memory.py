@@ -49,7 +49,7 @@ def _measure(name: str, backend: str, context: int) -> dict:
 
 
 # The slow runs (the reference backend's SmolLM2 chat, a 1,000-token float32 prefill twice;
-# MiniLM on MLX's CPU device) are measured once in docs/memory-estimate.md.
+# MiniLM on MLX's CPU device) are measured once in docs/app.md.
 CASES = [
     ("smollm2", "cpu", 1024), ("smollm2", "mlx", 1024),
     ("minilm", "cpu", 0), ("minilm", "numpy", 0),
@@ -59,7 +59,7 @@ CASES = [
     (TINY + "qwen3_q4_0.gguf", "cpu", 512), (TINY + "gemma3_text", "cpu", 512),
     pytest.param("tests/goldens/embedders/xlmr_e5", "cpu", 0, marks=pytest.mark.xfail(
         strict=True, reason="a 48-token embedder of 0.3 MB: the estimate (3.5 MB) misses "
-                            "about 2 MB the measurement sees (docs/memory-estimate.md)")),
+                            "about 2 MB the measurement sees (docs/app.md)")),
 ]
 
 
