@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import psutil
 from PySide6.QtCore import QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QLabel,
     QMainWindow,
     QPushButton,
@@ -14,7 +15,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui import gc_guard
+from gui import gc_guard, theme
 from gui.chat_pane import ChatPane
 from gui.conversations import ConversationStore, default_db_path
 from gui.embed_pane import EmbedPane
@@ -43,6 +44,9 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Inferdesk")
         self.setWindowIcon(icon("inferdesk"))
         self.settings = settings or Settings()
+        wanted = self.settings.get("appearance/theme", "system", str)
+        if theme.choice() != wanted:  # before the widgets exist: styled once
+            theme.set_choice(QApplication.instance(), wanted)
         self.store = store or ConversationStore(default_db_path())
         self.autoload = autoload
         self._autoloaded = False
@@ -148,6 +152,23 @@ class MainWindow(QMainWindow):
         view.addSeparator()
         action(view, "Chats panel", lambda: self.chat.toggle_panel(0), ["Ctrl+Shift+L"])
         action(view, "Settings panel", lambda: self.chat.toggle_panel(2), ["Ctrl+Shift+R"])
+        view.addSeparator()
+        themes = view.addMenu("Theme")
+        group = QActionGroup(self)
+        self.theme_actions: dict[str, QAction] = {}
+        for name in theme.CHOICES:
+            a = action(themes, "Follow the system" if name == "system" else name.title(),
+                       lambda _=False, n=name: self.set_theme(n))
+            a.setCheckable(True)
+            a.setChecked(name == theme.choice())
+            group.addAction(a)
+            self.theme_actions[name] = a
+
+    def set_theme(self, name: str) -> None:
+        """The user's theme choice ("system", "light", "dark"): applied and remembered."""
+        name = theme.set_choice(QApplication.instance(), name)
+        self.settings.set("appearance/theme", name)
+        self.theme_actions[name].setChecked(True)
 
     def new_chat(self) -> None:
         self.tabs.setCurrentWidget(self.chat)

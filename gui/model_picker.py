@@ -32,8 +32,8 @@ from gui.settings import CONTEXT_RANGE, Settings
 from gui.theme import icon
 from gui.worker import BackendInfo, LoadedInfo, WorkerHandle
 
-COLUMNS = ("Name", "Kind", "Format", "Architecture", "Quant", "Params", "File size",
-           "Est. memory", "Fits", "Source")
+COLUMNS = ("Name", "Kind", "Format", "Architecture", "Context", "Quant", "Params",
+           "File size", "Est. memory", "Fits", "Source")
 MODEL_FILTER = "Model files (*.gguf *.safetensors);;All files (*)"
 GOOD, BAD = QColor("#047857"), QColor("#b91c1c")
 
@@ -114,6 +114,13 @@ class ModelPicker(QWidget):
         self.table.doubleClicked.connect(lambda _: self.load_selected())
         self.table.itemSelectionChanged.connect(self._update_buttons)
         layout.addWidget(self.table, 1)
+        # Why the selected model cannot run (the store's one sentence), before any load.
+        self.problem_label = QLabel("")
+        self.problem_label.setObjectName("Problem")
+        self.problem_label.setWordWrap(True)
+        self.problem_label.setStyleSheet(f"color: {BAD.name()}")
+        self.problem_label.setVisible(False)
+        layout.addWidget(self.problem_label)
 
         row = QHBoxLayout()
         self.load_button = QPushButton("Load")
@@ -202,10 +209,14 @@ class ModelPicker(QWidget):
         """Load a ModelSpec, a model name or a path on the chosen backend."""
         self.handle.load(target, self.backend())
 
-    def load_selected(self) -> None:
+    def selected_spec(self) -> Any | None:
         row = self.table.currentRow()
-        if 0 <= row < len(self.specs):
-            self.load(self.specs[row])
+        return self.specs[row] if 0 <= row < len(self.specs) else None
+
+    def load_selected(self) -> None:
+        spec = self.selected_spec()
+        if spec is not None and not spec.problem:  # a model that cannot run is not tried
+            self.load(spec)
 
     def add_files(self, paths: list[str]) -> None:
         """Remember files (or folders) the user added, list them, and load the first."""
@@ -257,17 +268,24 @@ class ModelPicker(QWidget):
         selected = self.table.currentRow()
         self.table.setRowCount(len(self.specs))
         for r, s in enumerate(self.specs):
-            cells = (s.name, "chat" if s.kind == "causal" else "embedding", s.format,
-                     s.architecture, ", ".join(s.quant_types) or "—", human_count(s.n_params),
-                     human_bytes(s.file_size), human_bytes(s.est_memory), "", s.source)
+            kind = {"causal": "chat", "encoder": "embedding"}.get(s.kind, "?")
+            cells = (s.name, kind, s.format, s.architecture,
+                     f"{s.context_length:,}" if s.context_length else "?",
+                     ", ".join(s.quant_types) or "—", human_count(s.n_params),
+                     human_bytes(s.file_size),
+                     human_bytes(s.est_memory) if s.est_memory else "—", "", s.source)
+            tip = f"{s.path}\nCannot run: {s.problem}" if s.problem else str(s.path)
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(str(text))
-                item.setToolTip(str(s.path))
+                item.setToolTip(tip)
+                if s.problem:
+                    item.setForeground(QBrush(BAD))
                 self.table.setItem(r, c, item)
         if self.specs:
             self.table.selectRow(max(0, min(selected, len(self.specs) - 1)))
         self._update_fits()
         self._mark_loaded()
+        self._update_buttons()  # the row under the selection may be another model now
         self.request_estimates()
 
     def _on_backends(self, infos: list) -> None:
@@ -316,6 +334,11 @@ class ModelPicker(QWidget):
         for r, s in enumerate(self.specs):
             item = self.table.item(r, COLUMNS.index("Fits"))
             if item is None:
+                continue
+            if s.problem:
+                item.setText("cannot run")
+                item.setForeground(QBrush(BAD))
+                item.setToolTip(s.problem)
                 continue
             need = self.est_memory(s)
             if free is None or not need:
@@ -370,9 +393,12 @@ class ModelPicker(QWidget):
 
     def _on_failed(self, kind: str, message: str) -> None:
         if kind == "load":
-            if self._pending_path:  # a file that cannot be loaded is not kept in the list
-                self.settings.remove_extra_path(self._pending_path)
+            dropped = self._pending_path
+            if dropped:  # a file that cannot be loaded is not kept in the list
+                self.settings.remove_extra_path(dropped)
             self._load_ended(message)
+            if dropped:
+                self.refresh()
 
     def _on_cancelled(self, kind: str) -> None:
         if kind == "load":
@@ -406,6 +432,11 @@ class ModelPicker(QWidget):
                 item.setFont(font)
 
     def _update_buttons(self) -> None:
-        self.load_button.setEnabled(not self.loading and self.table.currentRow() >= 0)
+        spec = self.selected_spec()
+        problem = spec.problem if spec is not None else None
+        self.load_button.setEnabled(not self.loading and spec is not None and not problem)
+        self.load_button.setToolTip(f"Cannot load {spec.name}: {problem}" if problem else "")
+        self.problem_label.setText(f"{spec.name} cannot run: {problem}" if problem else "")
+        self.problem_label.setVisible(bool(problem))
         self.unload_chat.setEnabled("causal" in self.loaded)
         self.unload_embed.setEnabled("encoder" in self.loaded)

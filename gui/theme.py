@@ -1,7 +1,11 @@
 """Icons, and the light or dark style sheet from resources/ following the system.
 
-The scheme is the system's (Qt's ``styleHints().colorScheme()``, followed when it
-changes), or ``INFERDESK_THEME=light|dark``. Plots made after a change use its colours.
+The scheme, first match wins: ``INFERDESK_THEME=light|dark``; the user's choice in
+View > Theme (:func:`set_choice`: "light" or "dark"); else, for "system", the desktop's
+(Qt's ``QStyleHints.colorScheme()``, followed live through ``colorSchemeChanged``, which
+Qt emits when the platform reports a change). A choice is also passed to Qt
+(``QStyleHints.setColorScheme``, Qt >= 6.8) so native parts follow it where the platform
+honours the request. Plots made after a change use its colours.
 """
 
 from __future__ import annotations
@@ -39,16 +43,41 @@ _DARK_PALETTE = {
     QPalette.ColorRole.HighlightedText: "#ffffff", QPalette.ColorRole.Link: "#93c5fd",
     QPalette.ColorRole.PlaceholderText: "#9ca3af",
 }
-_current = {"scheme": "light"}
+CHOICES = ("system", "light", "dark")  # View > Theme; settings key "appearance/theme"
+_current = {"scheme": "light", "choice": "system"}
 
 
 def scheme(app: QApplication | None = None) -> str:
-    """"light" or "dark": INFERDESK_THEME if set, else the system's colour scheme."""
+    """"light" or "dark": INFERDESK_THEME if set, else the user's choice, else (choice
+    "system") the system's colour scheme."""
     forced = os.environ.get("INFERDESK_THEME", "").lower()
     if forced in PLOT:
         return forced
+    if _current["choice"] in PLOT:
+        return _current["choice"]
     return "dark" if system_scheme(app or QApplication.instance()) == Qt.ColorScheme.Dark \
         else "light"
+
+
+def choice() -> str:
+    """The user's choice: "system", "light" or "dark"."""
+    return _current["choice"]
+
+
+def set_choice(app: QApplication, value: str) -> str:
+    """Make ``value`` ("system", "light" or "dark"; anything else counts as "system") the
+    user's choice and restyle; returns the choice kept."""
+    value = value if value in CHOICES else "system"
+    _current["choice"] = value
+    hints = app.styleHints()
+    if hasattr(hints, "setColorScheme"):  # Qt >= 6.8: ask the platform too
+        if value == "system":
+            hints.unsetColorScheme()
+        else:
+            hints.setColorScheme(Qt.ColorScheme.Dark if value == "dark"
+                                 else Qt.ColorScheme.Light)
+    _apply_scheme(app)
+    return value
 
 
 def system_scheme(app: QApplication | None) -> Qt.ColorScheme:

@@ -185,7 +185,9 @@ class Worker(QObject):
             import inference
 
             try:
-                specs = inference.discover(extra_paths=tuple(extra_paths))
+                # Unreadable files are listed with the reason, as `inferdesk models` does.
+                specs = inference.discover(extra_paths=tuple(extra_paths),
+                                           include_unreadable=True)
             except Exception:
                 # One unreadable added file must not hide the bundled models.
                 specs = inference.discover()

@@ -21,6 +21,7 @@ Array conventions (every backend):
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -77,13 +78,17 @@ QUANT_TYPES: tuple[str, ...] = (
 # once: prompts longer than fits are processed in tiles of query rows (:func:`query_tiles`),
 # so scratch is bounded by this, not by the square of the prompt's length.
 ATTENTION_SCRATCH_BYTES = 64 * 2**20
+# Live float32 score arrays an attention call is budgeted for (a backend that keeps fewer
+# says so in :attr:`Backend.score_copies`).
+SCORE_COPIES = 3
 
 
 def query_tiles(batch: int, heads: int, t: int, s: int,
                 budget: int = ATTENTION_SCRATCH_BYTES) -> list[tuple[int, int]]:
     """Query-row ranges ``[start, stop)`` covering ``t`` rows, each tile's scores (float32
-    ``batch x heads x rows x s``, three live copies) within ``budget``; at least one row."""
-    rows = max(1, budget // (3 * 4 * batch * heads * max(s, 1)))
+    ``batch x heads x rows x s``, ``SCORE_COPIES`` live copies) within ``budget``; at least
+    one row."""
+    rows = max(1, budget // (SCORE_COPIES * 4 * batch * heads * max(s, 1)))
     return [(r, min(r + rows, t)) for r in range(0, t, rows)]
 
 
@@ -186,6 +191,28 @@ class Backend:
     # generation's KV cache is allocated for prompt + max_tokens up front (else it grows).
     prefill_chunk: int | None = None
     preallocate_kv: bool = True
+    # Float32 score arrays (heads x query rows x keys) one attention call keeps live at once,
+    # and hidden-sized float32 rows per prompt token a prefill chunk keeps live besides two
+    # intermediate-sized ones (eager backends: input, normed input, attention output, sum).
+    score_copies: int = SCORE_COPIES
+    hidden_rows: int = 4
+
+    # --- memory layout (what inference.memory_estimate reads) ----------------------
+    def held_bytes(self, t: TensorData) -> int:
+        """Bytes this backend keeps for weight ``t`` once loaded: float32 here."""
+        return 4 * math.prod(int(d) for d in t.shape)
+
+    def attention_bytes(self, heads: int, rows: int, keys: int, *, masked: bool = False,
+                        capped: bool = False) -> int:
+        """Scratch of one attention call of ``rows`` queries over ``keys`` keys (``heads``:
+        batch times heads): its live score arrays, in the query tiles
+        :func:`tiled_attention` cuts. ``masked``: a key (padding) mask; ``capped``: soft-
+        capped or sliding-window scores; backends whose fused path lacks those override."""
+        r0, r1 = query_tiles(1, heads, rows, keys)[0]
+        return self._score_copies(masked, capped) * 4 * heads * (r1 - r0) * keys
+
+    def _score_copies(self, masked: bool, capped: bool) -> int:
+        return self.score_copies
 
     # --- what this backend offers -------------------------------------------------
     def ops(self) -> set[str]:

@@ -26,12 +26,22 @@ import numpy as np
 from inference.backends import cpu_kernels as K
 from inference.backends import cpu_raw
 from inference.backends.base import R, T, tiled_attention, trim_host_heap
-from inference.backends.cpu_pack import PackedWeight, RawWeight, pack
+from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_nbytes
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.formats.tensor import TensorData
 
 MATVEC_ROWS = 8  # measured crossover vs dequant+sgemm is ~8-16 rows on 2 cores
 SCRATCH_BYTES = 16 << 20
+
+
+def _tile_step(k: int) -> int:
+    """Tiles of ``LANES`` rows of a packed (out, k) weight dequantized at once (scratch)."""
+    return max(1, SCRATCH_BYTES // (4 * k * K.LANES))
+
+
+def _row_step(k: int) -> int:
+    """Rows of a raw (out, k) weight dequantized at once."""
+    return max(1, SCRATCH_BYTES // (4 * k))
 
 
 def _shares_conversion(w: PackedWeight) -> bool:
@@ -47,6 +57,7 @@ def _shares_conversion(w: PackedWeight) -> bool:
 class CpuBackend(NumpyBackend):
     name = "cpu"
     device = "CPU (numba kernels, quantized weights)"
+    score_copies = 1  # the fused softmax works in place
 
     def __init__(self) -> None:
         import numba
@@ -103,6 +114,26 @@ class CpuBackend(NumpyBackend):
             trim_host_heap()
         return w
 
+    def held_bytes(self, t: TensorData) -> int:
+        if t.qtype == "F32" or len(t.shape) != 2:
+            return super().held_bytes(t)
+        packed = packed_nbytes(t)
+        return t.nbytes if packed is None else packed
+
+    def _score_copies(self, masked: bool, capped: bool) -> int:
+        # Soft-capped or windowed scores take the NumPy path (see attention).
+        return NumpyBackend.score_copies if capped else self.score_copies
+
+    def gemm_scratch_bytes(self, t: TensorData) -> int:
+        """Float32 scratch one prefill product with weight ``t`` dequantizes into (0 for a
+        float32 weight, which BLAS reads as it is)."""
+        if t.qtype == "F32" or len(t.shape) != 2:
+            return 0
+        n_out, k = int(t.shape[0]), int(t.shape[1])
+        if packed_nbytes(t) is not None:
+            return 4 * k * min(-(-n_out // K.LANES), _tile_step(k)) * K.LANES
+        return 4 * k * min(n_out, _row_step(k))
+
     def dense(self, t: TensorData) -> np.ndarray:
         # A copy: a view would keep the whole memory-mapped file resident after load.
         return np.array(super().dense(t), dtype=np.float32, copy=True)
@@ -151,7 +182,7 @@ class CpuBackend(NumpyBackend):
     def _gemm(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
         n_out, k = w.shape
         tiles = len(w.blocks) // w.groups
-        step = max(1, SCRATCH_BYTES // (4 * k * K.LANES))
+        step = _tile_step(k)
         y = np.empty((x.shape[0], n_out), dtype=np.float32)
         for t0 in range(0, tiles, step):
             t1 = min(tiles, t0 + step)
@@ -164,7 +195,7 @@ class CpuBackend(NumpyBackend):
 
     def _gemm_raw(self, x: np.ndarray, w: RawWeight) -> np.ndarray:
         n_out, k = w.shape
-        step = max(1, SCRATCH_BYTES // (4 * k))
+        step = _row_step(k)
         y = np.empty((x.shape[0], n_out), dtype=np.float32)
         for r0 in range(0, n_out, step):
             r1 = min(n_out, r0 + step)

@@ -131,6 +131,17 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return a.astype(np.float32)
 
 
+def packed_nbytes(t: TensorData) -> int | None:
+    """Bytes :func:`pack` makes of ``t`` (whole tiles of ``LANES`` rows), or None if ``t``
+    is kept as its file bytes."""
+    bits = packed_bits(t)
+    if bits is None:
+        return None
+    tiles, groups = -(-t.shape[0] // LANES), t.shape[1] // GROUP
+    rows = _CODE_ROWS[bits] + (2 if _kind(t) == AFFINE else 1)
+    return tiles * groups * rows * LANES * 4
+
+
 def packed_bits(t: TensorData) -> int | None:
     """4 or 8 if ``t`` is packed under the memory rule, else None."""
     if len(t.shape) != 2 or t.shape[1] % GROUP:

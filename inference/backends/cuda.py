@@ -88,6 +88,12 @@ class CudaBackend(Backend):
             data, qtype = dequantize(t).astype(np.float32), "F32"
         return ops.upload_matrix(self.dev, data, qtype, t.shape, t.name)
 
+    def held_bytes(self, t: TensorData) -> int:
+        """File bytes for the types the kernels read, float32 for the rest (BF16)."""
+        if len(t.shape) == 2 and t.qtype in _KERNEL_TYPES:
+            return t.nbytes
+        return super().held_bytes(t)
+
     def dense(self, t: TensorData) -> Any:
         host = np.ascontiguousarray(dequantize(t), dtype=np.float32).reshape(t.shape)
         return self.dev.to_device(host, t.name)

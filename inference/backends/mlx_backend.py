@@ -36,10 +36,17 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from inference.backends.base import QUANT_TYPES, Backend, TokenSampler, host_rss, tiled_attention
+from inference.backends.base import (
+    QUANT_TYPES,
+    SCORE_COPIES,
+    Backend,
+    TokenSampler,
+    host_rss,
+    tiled_attention,
+)
 from inference.errors import BackendUnavailableError
 from inference.events import MemorySample
-from inference.formats.affine import GROUP, SUB, to_affine
+from inference.formats.affine import AFFINE_TYPES, GROUP, SUB, to_affine
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams
@@ -155,6 +162,13 @@ class MlxBackend(Backend):
     name = "mlx"
     prefill_chunk = 2048  # as mlx-lm's prefill_step_size
     preallocate_kv = False
+    # Measured with mx.get_peak_memory on the CPU device (docs/app.md): the
+    # fused attention with a causal mask keeps about one score array, with a key mask (or
+    # the explicit soft-capped/windowed path) as many as the tiling budgets (the scores, the
+    # masked scores, their softmax); one chunk's lazy graph keeps about twelve hidden-sized
+    # rows a token live.
+    score_copies = 1
+    hidden_rows = 12
 
     def __init__(self, precision: str | None = None) -> None:
         self.precision = precision or default_precision()
@@ -231,6 +245,22 @@ class MlxBackend(Backend):
         raw = np.asarray(t.data).reshape(-1, t.data.shape[-1])
         w, s, z, at = to_affine(raw, t.qtype)
         return QWeight(mx.array(w), self._scales(s), self._scales(z), GROUP, at.bits, at.expand)
+
+    def _score_copies(self, masked: bool, capped: bool) -> int:
+        return SCORE_COPIES if masked or capped else self.score_copies
+
+    def held_bytes(self, t: TensorData) -> int:
+        """Affine codes plus a scale and a bias per group in the activations' dtype (twice
+        the codes for the expanded types); everything else in that dtype."""
+        n, size = math.prod(int(d) for d in t.shape), self.dtype.size
+        if not t.is_quantized:
+            return n * size
+        if t.qtype == "MLX":
+            bits, group, per = int(t.extra["bits"]), int(t.extra["group_size"]), 1
+        else:
+            at = AFFINE_TYPES[t.qtype]
+            bits, group, per = at.bits, GROUP, at.codes_per_weight
+        return per * (n * bits // 8 + 2 * (n // group) * size)
 
     def _scales(self, a: np.ndarray) -> mx.array:
         return mx.array(a).astype(self.dtype)

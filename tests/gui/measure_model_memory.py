@@ -1,13 +1,20 @@
 """Measure the memory a model takes on a backend; run as a script in a fresh process.
 
-    python -m tests.gui.measure_model_memory NAME BACKEND CONTEXT
+    python -m tests.gui.measure_model_memory NAME_OR_PATH BACKEND CONTEXT
 
-Loads the model and runs it once (so the backend's one-time costs, its imports and
-compiled kernels, are paid), closes it, then loads it again and runs a job that fills
+Loads the model and runs it once (so the backend's one-time costs, its imports, compiled
+kernels and caches, are paid), closes it, then loads it again and runs a job that fills
 ``CONTEXT`` tokens (a chat model) or embeds a full batch of the longest inputs (an
-encoder), sampling RSS every 5 ms. Prints JSON: the RSS growth over the baseline taken
-before the second load, at its peak while the model is loaded and in use (the load's
-own transient, the parsed file header, is gone before the model can be used).
+encoder), sampling RSS every 5 ms; the chat job's prompt fills all but 16 tokens of
+the context, so its last prefill chunk attends over (nearly) the whole context. Prints JSON:
+
+- ``loaded``, ``peak``: the RSS growth over the baseline taken just before the second
+  load, after it and at its peak while the model is in use (the load's own transient, the
+  parsed file header, is gone before the model can be used);
+- on ``mlx`` also ``mlx_loaded``, ``mlx_peak``: the same growth in MLX's own allocator
+  counters (``mx.get_active_memory`` after the load, ``mx.get_peak_memory`` over the job,
+  whose peak is reset when a generation starts), which count exactly the bytes of live
+  arrays: no Python objects, no buffer cache, no allocator slack.
 """
 
 from __future__ import annotations
@@ -22,12 +29,19 @@ import time
 def _job(model, context: int) -> None:  # noqa: ANN001
     if model.kind == "causal":
         ids = model.tokenize(" ".join(f"w{i}" for i in range(2 * context)))
-        text = model.detokenize(ids[: context - 80])
-        for _ev in model.generate(prompt=text, max_tokens=64):
+        text = model.detokenize(ids[: context - 16])  # fills the context, less a margin
+        for _ev in model.generate(prompt=text, max_tokens=8):  # for re-tokenizing
             pass
     else:
         model.embed([" ".join(f"w{i}" for i in range(j, j + 400)) for j in range(32)],
                     batch_size=32)
+
+
+def _mlx_active() -> int:
+    import mlx.core as mx
+
+    mx.synchronize()
+    return int(mx.get_active_memory())
 
 
 def main(name: str, backend: str, context: int) -> dict:
@@ -40,9 +54,12 @@ def main(name: str, backend: str, context: int) -> dict:
     del model
     gc.collect()
     trim_host_heap()
+    on_mlx = backend == "mlx"
+    mlx_base = _mlx_active() if on_mlx else 0
     base = host_rss()
     model = inference.load_model(name, backend=backend)
     loaded = host_rss()
+    mlx_loaded = _mlx_active() if on_mlx else 0
     peak = [loaded]
     stop = threading.Event()
 
@@ -58,7 +75,13 @@ def main(name: str, backend: str, context: int) -> dict:
     finally:
         stop.set()
         th.join()
-    return {"backend": model.backend.name, "loaded": loaded - base, "peak": peak[0] - base}
+    out = {"backend": model.backend.name, "loaded": loaded - base, "peak": peak[0] - base}
+    if on_mlx:
+        import mlx.core as mx
+
+        out.update(mlx_loaded=mlx_loaded - mlx_base,
+                   mlx_peak=int(mx.get_peak_memory()) - mlx_base)
+    return out
 
 
 if __name__ == "__main__":

@@ -36,3 +36,43 @@ def test_dark_system_scheme_gives_the_dark_theme_and_back(app, make_window, monk
         theme.apply(app)
     monkeypatch.setenv("INFERDESK_THEME", "dark")  # a forced choice wins
     assert theme.scheme(app) == "dark"
+
+
+def test_the_users_choice_wins_over_the_system_and_is_remembered(app, make_window, tmp_path,
+                                                                 monkeypatch) -> None:
+    from tests.gui.conftest import make_settings
+
+    monkeypatch.delenv("INFERDESK_THEME", raising=False)
+    hints = app.styleHints()
+    system = {"scheme": Qt.ColorScheme.Dark}
+    monkeypatch.setattr(theme, "system_scheme", lambda _app: system["scheme"])
+    w = make_window(tmp_path / "first")
+    try:
+        assert w.theme_actions["system"].isChecked()  # a fresh profile follows the system
+        w.theme_actions["light"].trigger()  # View > Theme > Light
+        assert w.settings.get("appearance/theme") == "light"
+        hints.colorSchemeChanged.emit(Qt.ColorScheme.Dark)  # the desktop goes dark ...
+        spin(50)
+        assert theme.scheme(app) == "light" and "light theme" in app.styleSheet()  # ... no
+        w.theme_actions["system"].trigger()  # follow the system again: dark at once
+        assert "dark theme" in app.styleSheet()
+        system["scheme"] = Qt.ColorScheme.Light
+        hints.colorSchemeChanged.emit(Qt.ColorScheme.Light)
+        spin(50)
+        assert "light theme" in app.styleSheet()
+        w.theme_actions["dark"].trigger()  # dark whatever the desktop says
+        assert "dark theme" in app.styleSheet() and w.theme_actions["dark"].isChecked()
+        # The choice is per profile and applied when a window opens on it.
+        second = tmp_path / "second"
+        second.mkdir()
+        s = make_settings(second / "settings.ini")
+        s.set("appearance/theme", "dark")
+        s.sync()
+        theme.set_choice(app, "system")
+        assert "light theme" in app.styleSheet()
+        w2 = make_window(second)
+        assert theme.choice() == "dark" and w2.theme_actions["dark"].isChecked()
+        assert "dark theme" in app.styleSheet()
+    finally:
+        system["scheme"] = Qt.ColorScheme.Unknown
+        theme.set_choice(app, "system")

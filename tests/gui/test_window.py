@@ -6,6 +6,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog
 
+from gui.model_picker import COLUMNS
 from tests.gui.conftest import wait_until
 
 
@@ -18,7 +19,8 @@ def test_window_lists_bundled_models_and_backends(make_window, qtbot) -> None:
     names = [w.picker.table.item(r, 0).text() for r in range(w.picker.table.rowCount())]
     assert any("SmolLM2" in n for n in names) and any("MiniLM" in n for n in names)
     # The fit column is decided against the chosen backend's free memory.
-    fits = {w.picker.table.item(r, 8).text() for r in range(w.picker.table.rowCount())}
+    col = COLUMNS.index("Fits")
+    fits = {w.picker.table.item(r, col).text() for r in range(w.picker.table.rowCount())}
     assert fits <= {"yes", "no"} and "yes" in fits
     combo = [w.picker.backend_combo.itemData(i) for i in range(w.picker.backend_combo.count())]
     assert combo[0] == "auto" and "numpy" in combo
