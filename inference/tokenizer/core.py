@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ class Tokenizer:
         # Added tokens that swallow the whitespace after them (Phi-3's markup).
         self._rstrip = {i for i, t in backend.get_added_tokens_decoder().items() if t.rstrip}
         self._plain_added_text = tuple(c for c, sp in self._added.values() if not sp)
+        self._settings = threading.Lock()
         pre = backend.pre_tokenizer
         # A Metaspace that adds SentencePiece's dummy space: "first" puts it before the start
         # of the input only, "always" also after each added token.
@@ -151,16 +153,17 @@ class Tokenizer:
             text = text.lstrip()
         if fresh:
             text = self._prefixed(text, parse_special)
-        pre = self.backend.pre_tokenizer
-        if not fresh and self._scheme is not None:
-            self.backend.pre_tokenizer = pre_tokenizers.Metaspace(
-                replacement=pre.replacement, prepend_scheme="never", split=pre.split)
-        self.backend.encode_special_tokens = not parse_special
-        try:
-            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-        finally:
-            self.backend.encode_special_tokens = False
-            self.backend.pre_tokenizer = pre
+        with self._settings:  # the switches below are the backend's state: one call at a time
+            pre = self.backend.pre_tokenizer
+            if not fresh and self._scheme is not None:
+                self.backend.pre_tokenizer = pre_tokenizers.Metaspace(
+                    replacement=pre.replacement, prepend_scheme="never", split=pre.split)
+            self.backend.encode_special_tokens = not parse_special
+            try:
+                return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+            finally:
+                self.backend.encode_special_tokens = False
+                self.backend.pre_tokenizer = pre
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True
                      ) -> list[list[int]]:
