@@ -44,16 +44,6 @@ def _row_step(k: int) -> int:
     return max(1, SCRATCH_BYTES // (4 * k))
 
 
-def _shares_conversion(w: PackedWeight) -> bool:
-    """Whether pairs of decode rows go through :func:`cpu_kernels.matvec_q8_rows`: 8-bit
-    codes with a scale only (Q8_0, Q6_K), where it measured 2.1x the one-row kernel per row
-    (Q8_0 49152x576, 8 rows, 1 thread: docs/server.md). 4-bit codes convert cheaply, and
-    there it was 0.6-0.8x: both are bound by loads and FMAs, not the conversion. The
-    affine layouts are left out because ``scale * sum + bias * xsum`` lets LLVM choose which
-    product to fuse, per compiled loop, so a row could differ from the row alone."""
-    return w.bits == 8 and (w.kind == K.SUB16 or (w.kind == K.SYMMETRIC and w.zero == 0))
-
-
 class CpuBackend(NumpyBackend):
     name = "cpu"
     device = "CPU (numba kernels, quantized weights)"
@@ -165,7 +155,13 @@ class CpuBackend(NumpyBackend):
 
     def _matvec(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
         out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
-        even = x.shape[0] - x.shape[0] % 2 if _shares_conversion(w) else 0
+        # Pairs of rows of 8-bit scale-only codes (Q8_0, Q6_K) share one conversion of the
+        # codes to float: 2.1x the one-row kernel per row (Q8_0 49152x576, 8 rows, 1
+        # thread: docs/server.md). 4-bit codes convert cheaply; there sharing measured
+        # 0.6-0.8x, as both kernels are bound by loads and FMAs. The affine layouts are
+        # left out because ``scale * sum + bias * xsum`` lets LLVM choose which product to
+        # fuse per compiled loop, so a row could differ from the row alone.
+        even = x.shape[0] - x.shape[0] % 2 if w.scale_only_int8 else 0
         if even:
             K.matvec_q8_rows(w.codes, w.blocks, w.halves, w.flat, w.kind, x[:even], out[:even])
         if even < x.shape[0]:

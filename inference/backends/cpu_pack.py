@@ -47,11 +47,16 @@ class PackedWeight:
 
     def __post_init__(self) -> None:
         n = self.blocks.shape[0]
-        signed = np.int8 if self.bits == 8 and (
-            self.kind == SUB16 or (self.kind == SYMMETRIC and self.zero == 0)) else np.uint8
-        self.codes = self.blocks.view(signed).reshape(n, -1, LANES)
+        self.codes = self.blocks.view(np.int8 if self.scale_only_int8 else np.uint8
+                                      ).reshape(n, -1, LANES)
         self.halves = self.blocks.view(np.uint16)
         self.flat = self.blocks.reshape(-1).view(np.uint8)
+
+    @property
+    def scale_only_int8(self) -> bool:
+        """8-bit signed codes with a scale and no bias (Q8_0, Q6_K): w = scale * code."""
+        return self.bits == 8 and (
+            self.kind == SUB16 or (self.kind == SYMMETRIC and self.zero == 0))
 
     @property
     def groups(self) -> int:

@@ -55,9 +55,12 @@ class Tokenizer:
         self._settings = threading.Lock()
         pre = backend.pre_tokenizer
         # A Metaspace that adds SentencePiece's dummy space: "first" puts it before the start
-        # of the input only, "always" also after each added token.
+        # of the input only, "always" also after each added token; ``_no_prefix`` is the
+        # same without it, for a piece that continues a prompt.
         self._scheme = (pre.prepend_scheme if isinstance(pre, pre_tokenizers.Metaspace)
                         and pre.prepend_scheme != "never" else None)
+        self._no_prefix = None if self._scheme is None else pre_tokenizers.Metaspace(
+            replacement=pre.replacement, prepend_scheme="never", split=pre.split)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -155,9 +158,8 @@ class Tokenizer:
             text = self._prefixed(text, parse_special)
         with self._settings:  # the switches below are the backend's state: one call at a time
             pre = self.backend.pre_tokenizer
-            if not fresh and self._scheme is not None:
-                self.backend.pre_tokenizer = pre_tokenizers.Metaspace(
-                    replacement=pre.replacement, prepend_scheme="never", split=pre.split)
+            if not fresh and self._no_prefix is not None:
+                self.backend.pre_tokenizer = self._no_prefix
             self.backend.encode_special_tokens = not parse_special
             try:
                 return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
