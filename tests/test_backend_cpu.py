@@ -18,7 +18,8 @@ from inference.formats.tensor import TensorData  # noqa: E402
 from tests import goldens_io as g  # noqa: E402
 from tests.bundled import INSTALL_HINT, load_bundled, random_tensor  # noqa: E402
 
-C, N = CpuBackend(), NumpyBackend()
+# The float kernels; tests/test_cpu_idot.py tests the integer ones.
+C, N = CpuBackend("float"), NumpyBackend()
 PACKED = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")
 RAW = ("Q5_0", "Q5_1", "Q5_K", "Q3_K", "Q2_K")
 
@@ -133,19 +134,24 @@ def _mlx_tensor(bits: int, rows: int, n: int, seed: int) -> TensorData:
                       {"scales": scales, "biases": biases, "group_size": 64, "bits": bits})
 
 
+@pytest.mark.parametrize("mode", ["float", "int16", "int8"])
 @pytest.mark.parametrize("qtype", PACKED + RAW + ("MLX4", "MLX8"))
-def test_decode_rows_are_each_bitwise_the_row_alone(qtype):
+def test_decode_rows_are_each_bitwise_the_row_alone(qtype, mode):
     """The server's continuous batching feeds several sequences' tokens through one mat-vec
-    call; each row must come out exactly as it does alone (scheduler.py), for every layout:
-    the one-row kernels, the shared-conversion kernel for pairs of rows, the odd row."""
+    call; each row must come out exactly as it does alone (scheduler.py), for every layout
+    and activation mode: the one-row kernels, the shared-conversion kernel for pairs of
+    rows, the odd row, the integer kernels."""
+    b = C if mode == "float" else CpuBackend(mode)
+    if b.activations != mode:
+        pytest.skip(f"{mode} activations need x86 AVX2")
     t = (_mlx_tensor(int(qtype[3]), 70, 512, seed=7) if qtype.startswith("MLX")
          else _tensor(qtype, 70, 512, seed=7))
-    w = C.weight(t)
+    w = b.weight(t)
     x = randn(8, 512, seed=8) * 3
     for rows in (2, 3, 8):
-        got = C.linear(x[:rows], w)
+        got = b.linear(x[:rows], w)
         for i in range(rows):
-            np.testing.assert_array_equal(got[i], C.linear(x[i:i + 1], w)[0])
+            np.testing.assert_array_equal(got[i], b.linear(x[i:i + 1], w)[0])
 
 
 @pytest.mark.parametrize("qtype", RAW + ("F16", "BF16"))
@@ -409,6 +415,7 @@ assert (got[~nan].view(np.uint32) == want[~nan].view(np.uint32)).all()
 
 x = np.random.default_rng(0).standard_normal((1, 3, 256)).astype(np.float32)
 C, N = CpuBackend(), NumpyBackend()
+assert C.activations == "float"  # no AVX2 promised: the integer kernels are not used
 for qtype in ("Q4_1", "Q6_K", "Q5_K"):  # float16 scales: packed 4-bit, packed 8-bit, raw
     t = random_tensor(qtype, 64, 256, seed=1)
     want = N.linear(x, N.weight(t))

@@ -129,19 +129,29 @@ def _bits_to_f32(typingctx, v):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
-def target_has_f16c() -> bool:
-    """Whether the code numba generates may use F16C (x86's float16 converts): the host's
-    CPU unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name another target. Other
-    architectures (ARM) convert float16 natively."""
+def _x86() -> bool:
     import platform
 
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
-        return True
-    if numba.config.CPU_FEATURES is not None:
-        return "+f16c" in numba.config.CPU_FEATURES.split(",")
-    if numba.config.CPU_NAME is not None:  # e.g. "generic": no F16C promised
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def target_has(feature: str) -> bool:
+    """Whether the code numba generates may use an x86 ``feature`` ("f16c", "avx2"): the
+    host's CPU unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name another target. False on
+    other architectures."""
+    if not _x86():
         return False
-    return "+f16c" in host_cpu_features().split(",")
+    if numba.config.CPU_FEATURES is not None:
+        return f"+{feature}" in numba.config.CPU_FEATURES.split(",")
+    if numba.config.CPU_NAME is not None:  # e.g. "generic": nothing beyond SSE2 promised
+        return False
+    return f"+{feature}" in host_cpu_features().split(",")
+
+
+def target_has_f16c() -> bool:
+    """Whether float16 converts compile to hardware ones: F16C on x86; other
+    architectures (ARM) convert float16 natively."""
+    return not _x86() or target_has("f16c")
 
 
 def _half_from_bits(builder: ir.IRBuilder, h16: ir.Value) -> ir.Value:

@@ -1,0 +1,352 @@
+"""Decode mat-vec over integer activations and integer dot products (x86 with AVX2).
+
+The same lane blocks as :mod:`cpu_kernels` (no second copy of the weights), multiplied by
+the activations quantized per group of 32, ``x ~ d * q`` with ``d = max|x| / L`` and
+``q`` rounded to nearest: 16-bit (``L = 32767``, the default) or 8-bit (``L = 127``, as
+llama.cpp does). Per block and lane the integer sum ``sum_j code_j * q_j`` is exact; the
+float scales come once at the end:
+
+    sum_j (s * code_j + z) * (d * q_j)  =  s * d * isum + z * xsum,  xsum = d * sum_j q_j
+
+so the result is exactly ``W @ (d * q)`` up to float32 rounding of the tail. ``xsum`` sums
+the quantized values, not ``x``: the codes of Q4_1/Q4_K are unsigned, ``s * code`` carries
+a large common offset that the bias cancels, and summing ``x`` would leave the offset's
+share of the rounding error uncancelled (SmolLM2 int8 decode: mean |delta log p| 0.08
+against 0.036 for ``d * sum q``).
+
+What quantizing costs (SmolLM2 Q4_1 decoded token by token against transformers' float32
+logits, docs/benchmarks.md): 8-bit loses too much for the parity bars (top-1 95-99.6%,
+mean |delta log p| 0.025-0.042), 16-bit keeps them; so 16-bit is the default and 8-bit a
+choice for speed. A row's result does not depend on the other rows, the thread count or
+the batch: integer sums are exact in any order, and the tail is one fixed expression.
+
+Why not plain numba: the lane loop of :mod:`cpu_kernels` puts one output row in each vector
+lane, and LLVM widens, converts and FMAs 8 codes per instruction. x86's ``vpmaddwd``
+multiplies 16-bit pairs and adds each pair into 32 bits, and ``vpmaddubsw`` does the same
+for unsigned x signed bytes into 16 bits; with two code rows ``j, j+1`` interleaved lane by
+lane (lane0 j, lane0 j+1, lane1 j, ...), one instruction does 8 (16-bit) or 16 (8-bit)
+lanes x 2 codes against the broadcast activation pair ``(q_j, q_j+1)``. LLVM's vectoriser
+does not find this on its own, so :func:`_dot4` / :func:`_dot8` write a block's inner
+products as LLVM IR (numba ``@intrinsic``), unrolled over the block:
+- 4-bit codes (0..15) x 8-bit ``q``: ``vpmaddubsw``; a pair sum is at most 2 * 15 * 127 =
+  3810, so eight of them (16 codes) add up in 16 bits without saturating (30480 < 32767);
+  codes 0-15 and 16-31 keep separate 16-bit sums, widened to 32 bits at the end.
+- everything else: codes widened to 16 bits, ``vpmaddwd``, 32-bit sums (at most
+  16 * 255 * 32767 per half block, far inside 32 bits).
+Measured on SmolLM2's 1536x576 Q4_1 weight, 1 thread (AMD EPYC, AVX2), with the
+quantization: 16-bit 2.0x, 8-bit 3.0x the float lane kernel (docs/benchmarks.md).
+
+Other CPUs (no AVX2, ARM, NUMBA_CPU_NAME=generic) keep the float kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from inference.backends import cpu_kernels as K
+
+_f32 = np.float32
+_jit = K._jit
+_i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+LEVELS = {"int8": 127, "int16": 32767}  # largest |q| per activation width
+
+
+def available() -> bool:
+    """Whether the integer kernels can be compiled for numba's target."""
+    return K.target_has("avx2")
+
+
+# -- the activations --------------------------------------------------------------------
+
+
+@_jit(fastmath=False)
+def _quantize(x: np.ndarray, levels: float, q: np.ndarray, d: np.ndarray,
+              xsum: np.ndarray) -> None:
+    for i in range(x.shape[0]):
+        for g in range(d.shape[1]):
+            amax = _f32(0.0)
+            for j in range(g * K.GROUP, (g + 1) * K.GROUP):
+                amax = max(amax, abs(x[i, j]))
+            inv = _f32(levels) / amax if amax > 0 else _f32(0.0)
+            total = 0
+            for j in range(g * K.GROUP, (g + 1) * K.GROUP):
+                q[i, j] = np.rint(x[i, j] * inv)
+                total += np.int32(q[i, j])
+            d[i, g] = amax / _f32(levels)
+            xsum[i, g] = d[i, g] * _f32(total)
+
+
+def quantize_rows(x: np.ndarray, width: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(T, K) float32 -> the codes ``q`` as pairs ``q[2i] | q[2i+1] << bits`` (T, K/2:
+    int16 for "int8", int32 for "int16"), the scales ``d`` and ``xsum = d * sum(q)``
+    (T, K/32) of each group of 32."""
+    t, k = x.shape
+    q = np.empty((t, k), dtype=np.int8 if width == "int8" else np.int16)
+    d = np.empty((t, k // K.GROUP), dtype=np.float32)
+    xsum = np.empty_like(d)
+    _quantize(x, float(LEVELS[width]), q, d, xsum)
+    return q.view(np.int16 if width == "int8" else np.int32), d, xsum
+
+
+# -- one block's integer sums, as LLVM IR -----------------------------------------------
+
+
+def _item_ptr(context, builder, aty, arr, idx):  # type: ignore[no-untyped-def]
+    ary = context.make_array(aty)(context, builder, arr)
+    return cgutils.get_item_pointer(context, builder, aty, ary, idx, wraparound=False,
+                                    boundscheck=False)
+
+
+def _i64_of(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    return builder.sext(v, _i64) if v.type.width < 64 else v
+
+
+def _splat(builder: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
+    vt = ir.VectorType(v.type, n)
+    v = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(_i32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vt, None),
+                                  ir.Constant(ir.VectorType(_i32, n), [0] * n))
+
+
+def _pair_bytes(builder: ir.IRBuilder, pair: ir.Value) -> ir.Value:
+    """An int8 pair (in an int16) broadcast to 16 pairs (32 bytes): ``vpmaddubsw``'s operand."""
+    return builder.bitcast(_splat(builder, pair, 16), ir.VectorType(_i8, 32))
+
+
+def _pair_words(builder: ir.IRBuilder, pair: ir.Value) -> ir.Value:
+    """An activation pair broadcast to 8 pairs of int16 (``vpmaddwd``'s operand): an int16
+    pair (held in an int32) as it is, an int8 pair (held in an int16) sign-extended."""
+    if pair.type.width == 16:
+        two = builder.sext(builder.bitcast(pair, ir.VectorType(_i8, 2)), ir.VectorType(_i16, 2))
+        pair = builder.bitcast(two, _i32)
+    return builder.bitcast(_splat(builder, pair, 8), ir.VectorType(_i16, 16))
+
+
+def _interleave(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int]) -> ir.Value:
+    """(a[l], b[l]) for each lane l in ``lanes``, as one vector of pairs."""
+    n = a.type.count
+    mask = [i for lane in lanes for i in (lane, n + lane)]
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_i32, len(mask)), mask))
+
+
+def _block_rows(context, builder, cty, carr, blk, rows, vt):  # type: ignore[no-untyped-def]
+    """Code rows ``rows`` of block ``blk`` (each LANES bytes) loaded as vectors ``vt``."""
+    out = []
+    for j in rows:
+        ptr = _item_ptr(context, builder, cty, carr, [blk, ir.Constant(_i64, j),
+                                                      ir.Constant(_i64, 0)])
+        out.append(builder.load(builder.bitcast(ptr, vt.as_pointer()), align=1))
+    return out
+
+
+def _pair(context, builder, xty, xarr, row, p0, p):  # type: ignore[no-untyped-def]
+    return builder.load(_item_ptr(context, builder, xty, xarr,
+                                  [row, builder.add(p0, ir.Constant(_i64, p))]))
+
+
+def _store_lanes(context, builder, oty, oarr, offset, parts, lanes_of):  # type: ignore
+    """Store int32 vectors ``parts`` (part i holds lanes ``lanes_of[i]``, in runs of 8
+    consecutive lanes) to ``out[offset + lane]``."""
+    for vec, lanes in zip(parts, lanes_of, strict=True):
+        for start in range(0, len(lanes), 8):
+            run = builder.shuffle_vector(vec, ir.Constant(vec.type, None), ir.Constant(
+                ir.VectorType(_i32, 8), list(range(start, start + 8))))
+            ptr = _item_ptr(context, builder, oty, oarr,
+                            [ir.Constant(_i64, offset + lanes[start])])
+            builder.store(run, builder.bitcast(ptr, ir.VectorType(_i32, 8).as_pointer()),
+                          align=4)
+
+
+def _maddwd(builder: ir.IRBuilder) -> ir.Function:
+    v16i16, v8i32 = ir.VectorType(_i16, 16), ir.VectorType(_i32, 8)
+    return cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd")
+
+
+def _words(builder: ir.IRBuilder, pairs: ir.Value, signed: bool) -> list[ir.Value]:
+    """32 bytes of code pairs (16 lanes) -> two vectors of 8 lanes' pairs as int16."""
+    wide = (builder.sext if signed else builder.zext)(pairs, ir.VectorType(_i16, 32))
+    return [builder.shuffle_vector(wide, ir.Constant(wide.type, None), ir.Constant(
+        ir.VectorType(_i32, 16), list(range(h, h + 16)))) for h in (0, 16)]
+
+
+# With 32 lanes of bytes in one 256-bit vector, AVX2's byte interleave works within each
+# 128-bit half: pairs of lanes 0-7 and 16-23 come out of one instruction, 8-15 and 24-31
+# of the other. The sums keep that order until they are stored.
+_HALVES = (list(range(0, 8)) + list(range(16, 24)), list(range(8, 16)) + list(range(24, 32)))
+_EIGHTS = [list(range(0, 8)), list(range(16, 24)), list(range(8, 16)), list(range(24, 32))]
+
+
+@intrinsic
+def _dot4(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
+    """``out[lane] = sum_j code_j * q_j`` (int32) over block ``blk``'s 32 4-bit codes of
+    each of the LANES lanes (byte j: code j low, code j+16 high), ``q`` the activation
+    pairs ``xp[row, p0:p0+16]`` (int8 pairs in int16, or int16 pairs in int32)."""
+    sig = types.void(codes, blk, xp, row, p0, out)
+    narrow = xp.dtype == types.int16
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        cty, _, xty, _, _, oty = signature.args
+        carr, cblk, xarr, crow, cp0, oarr = args
+        v32i8, v16i16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16)
+        v8i32 = ir.VectorType(_i32, 8)
+        maddubs = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]),
+            "llvm.x86.avx2.pmadd.ub.sw")
+        maddwd = _maddwd(builder)
+        m15 = ir.Constant(v32i8, [15] * 32)
+        four = ir.Constant(v32i8, [4] * 32)
+        blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+        if narrow:  # 16-bit sums: (half, codes 0-15 / 16-31)
+            acc = [ir.Constant(v16i16, [0] * 16) for _ in range(4)]
+        else:  # 32-bit sums of 8 lanes each, in _EIGHTS order
+            acc = [ir.Constant(v8i32, [0] * 8) for _ in range(4)]
+        for p in range(8):
+            r0, r1 = _block_rows(context, builder, cty, carr, blk, (2 * p, 2 * p + 1), v32i8)
+            lo_x, hi_x = (_pair(context, builder, xty, xarr, row, p0, p + o) for o in (0, 8))
+            if narrow:
+                lo_x, hi_x = _pair_bytes(builder, lo_x), _pair_bytes(builder, hi_x)
+            else:
+                lo_x, hi_x = _pair_words(builder, lo_x), _pair_words(builder, hi_x)
+            for h, lanes in enumerate(_HALVES):
+                u = _interleave(builder, r0, r1, lanes)
+                lo = builder.and_(u, m15)
+                hi = builder.and_(builder.lshr(u, four), m15)
+                if narrow:
+                    acc[2 * h] = builder.add(acc[2 * h], builder.call(maddubs, [lo, lo_x]))
+                    acc[2 * h + 1] = builder.add(acc[2 * h + 1],
+                                                 builder.call(maddubs, [hi, hi_x]))
+                    continue
+                for codes_, x in ((lo, lo_x), (hi, hi_x)):
+                    for e, words in enumerate(_words(builder, codes_, signed=False)):
+                        acc[2 * h + e] = builder.add(acc[2 * h + e],
+                                                     builder.call(maddwd, [words, x]))
+        if narrow:
+            v16i32 = ir.VectorType(_i32, 16)
+            parts = [builder.add(builder.sext(acc[2 * h], v16i32),
+                                 builder.sext(acc[2 * h + 1], v16i32)) for h in range(2)]
+            _store_lanes(context, builder, oty, oarr, 0, parts, _HALVES)
+        else:
+            _store_lanes(context, builder, oty, oarr, 0, acc, _EIGHTS)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _dot8(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
+    """``out[lane]`` / ``out[LANES + lane]`` = ``sum_j code_j * q_j`` (int32) over codes
+    0-15 / 16-31 of block ``blk``'s 8-bit codes (int8 or uint8 by the array's type)."""
+    sig = types.void(codes, blk, xp, row, p0, out)
+    signed = codes.dtype == types.int8
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        cty, _, xty, _, _, oty = signature.args
+        carr, cblk, xarr, crow, cp0, oarr = args
+        v32i8, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8)
+        maddwd = _maddwd(builder)
+        blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+        for half in range(2):  # codes 0-15, then 16-31
+            acc = [ir.Constant(v8i32, [0] * 8) for _ in range(4)]  # in _EIGHTS order
+            for p in range(8 * half, 8 * half + 8):
+                r0, r1 = _block_rows(context, builder, cty, carr, blk, (2 * p, 2 * p + 1), v32i8)
+                x = _pair_words(builder, _pair(context, builder, xty, xarr, row, p0, p))
+                for h, lanes in enumerate(_HALVES):
+                    for e, words in enumerate(_words(builder, _interleave(builder, r0, r1, lanes),
+                                                     signed)):
+                        acc[2 * h + e] = builder.add(acc[2 * h + e],
+                                                     builder.call(maddwd, [words, x]))
+            _store_lanes(context, builder, oty, oarr, half * K.LANES, acc, _EIGHTS)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# -- the mat-vec kernels ----------------------------------------------------------------
+
+
+@_jit(parallel=True)
+def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+              kind: int, zero: float, xp: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+              out: np.ndarray) -> None:
+    """out (T, tiles*LANES) = x @ W.T for a 4-bit W (uint8 ``codes`` view) and ``x`` given
+    by :func:`quantize_rows` as (xp, dx, xs), 8- or 16-bit; the other arguments as in
+    :func:`cpu_kernels.matvec_q4`."""
+    groups = dx.shape[1]
+    tiles = blocks.shape[0] // groups
+    row_bytes = blocks.shape[1] * K.LANES * 4
+    nl = codes.shape[2]  # == LANES, a runtime trip count (cpu_kernels docstring)
+    for t in prange(tiles):
+        acc = np.empty(nl, dtype=np.float32)
+        isum = np.empty(2 * nl, dtype=np.int32)
+        for i in range(dx.shape[0]):
+            acc[:] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                _dot4(codes, blk, xp, i, g * 16, isum)
+                d, xsum = dx[i, g], xs[i, g]
+                if kind == K.AFFINE_F16:
+                    h = halves[blk, 4]
+                    for lane in range(nl):
+                        acc[lane] += (K._half(h[lane]) * (d * _f32(isum[lane]))
+                                      + K._half(h[nl + lane]) * xsum)
+                elif kind == K.AFFINE:
+                    sg, zg = blocks[blk, 4], blocks[blk, 5]
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * (d * _f32(isum[lane])) + zg[lane] * xsum
+                else:
+                    sg, zx = blocks[blk, 4], _f32(zero) * xsum
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * (d * _f32(isum[lane]) - zx)
+            out[i, t * K.LANES:(t + 1) * K.LANES] = acc
+
+
+@_jit(parallel=True)
+def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+              kind: int, zero: float, xp: np.ndarray, dx: np.ndarray, xs: np.ndarray,
+              out: np.ndarray) -> None:
+    """As :func:`matvec_q4` for an 8-bit W (``codes`` int8 for Q8_0/Q6_K, else uint8)."""
+    groups = dx.shape[1]
+    tiles = blocks.shape[0] // groups
+    row_bytes = blocks.shape[1] * K.LANES * 4
+    nl = codes.shape[2]
+    for t in prange(tiles):
+        acc = np.empty(nl, dtype=np.float32)
+        isum = np.empty(2 * nl, dtype=np.int32)
+        for i in range(dx.shape[0]):
+            acc[:] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                _dot8(codes, blk, xp, i, g * 16, isum)
+                cb = codes[blk]
+                d, xsum = dx[i, g], xs[i, g]
+                if kind == K.SUB16:  # Q6_K: an int8 scale per 16 codes times a float16
+                    # (in float: 16-bit sums times a scale can pass 2**31)
+                    h = halves[blk, 8]
+                    for lane in range(nl):
+                        acc[lane] += (K._half(h[nl + lane]) * d) * (
+                            _f32(np.int32(cb[32, lane])) * _f32(isum[lane])
+                            + _f32(np.int32(cb[33, lane])) * _f32(isum[nl + lane]))
+                elif kind == K.AFFINE_F16:
+                    h = halves[blk, 8]
+                    for lane in range(nl):
+                        acc[lane] += (K._half(h[lane]) * (d * _f32(isum[lane] + isum[nl + lane]))
+                                      + K._half(h[nl + lane]) * xsum)
+                elif kind == K.AFFINE:
+                    sg, zg = blocks[blk, 8], blocks[blk, 9]
+                    for lane in range(nl):
+                        acc[lane] += (sg[lane] * (d * _f32(isum[lane] + isum[nl + lane]))
+                                      + zg[lane] * xsum)
+                else:
+                    sg, zx = blocks[blk, 8], _f32(zero) * xsum
+                    for lane in range(nl):
+                        acc[lane] += sg[lane] * (d * _f32(isum[lane] + isum[nl + lane]) - zx)
+            out[i, t * K.LANES:(t + 1) * K.LANES] = acc

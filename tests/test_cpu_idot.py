@@ -1,0 +1,151 @@
+"""Decode mat-vec over int16 / int8 activations (inference/backends/cpu_idot.py) against
+NumPy.
+
+The kernels compute ``W @ (d * q)`` exactly up to float32 rounding, where ``d * q`` is the
+activation row quantized per group of 32 (``quantize_rows``). So:
+- with activations already on the grid (``x = d * q``, ``d`` a power of two, one
+  ``|q| = L`` per group, L = 127 or 32767) quantizing changes nothing, and the result
+  equals the NumPy reference for ``x``;
+- for any ``x`` it equals the NumPy reference for ``d * q``;
+both with the float kernels' tolerance, 1e-5 of the output scale (float32 scales and a
+different summation order). What quantizing costs a real model is asserted on SmolLM2 for
+the default, int16, with the issue's bars (top-1 >= 99%, mean |delta log p| <= 0.01
+against transformers); int8 does not meet them there (docs/benchmarks.md has its figures).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inference.backends import cpu_idot
+from inference.backends.cpu import ACTIVATIONS_ENV, CpuBackend
+from inference.backends.numpy_backend import NumpyBackend
+from inference.errors import InvalidInputError
+from tests import goldens_io as g
+from tests.bundled import random_tensor
+from tests.test_backend_cpu import PACKED, _mlx_tensor
+
+pytestmark = pytest.mark.skipif(not cpu_idot.available(),
+                                reason="integer-dot kernels need x86 AVX2 (float kernels run)")
+
+N = NumpyBackend()
+TYPES = PACKED + ("MLX4", "MLX8")
+WIDTHS = list(cpu_idot.LEVELS)
+
+
+@pytest.fixture(scope="module", params=WIDTHS)
+def ci(request) -> CpuBackend:
+    return CpuBackend(request.param)
+
+
+def _weight(qtype: str, rows: int = 70, k: int = 512):
+    if qtype.startswith("MLX"):
+        return _mlx_tensor(int(qtype[3]), rows, k, seed=7)
+    return random_tensor(qtype, rows, k, seed=7)
+
+
+def _grid(rows: int, k: int, levels: int, seed: int) -> np.ndarray:
+    """Activations on the grid: d * q with d a power of two, one |q| = levels a group."""
+    r = np.random.default_rng(seed)
+    q = r.integers(-levels, levels + 1, size=(rows, k // 32, 32)).astype(np.float32)
+    q[:, :, 5] = levels * r.choice([-1, 1], size=(rows, k // 32))
+    d = 2.0 ** r.integers(-8, 3, size=(rows, k // 32, 1))
+    return (q * d).reshape(rows, k).astype(np.float32)
+
+
+def _dequantized(x: np.ndarray, width: str) -> np.ndarray:
+    xp, dx, _ = cpu_idot.quantize_rows(x, width)
+    q = xp.view(getattr(np, width)).reshape(x.shape[0], -1, 32).astype(np.float32)
+    return (q * dx[:, :, None]).reshape(x.shape)
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(got, want, atol=1e-5 * float(np.abs(want).max()), rtol=0)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_quantize_rows_matches_numpy(width):
+    levels = cpu_idot.LEVELS[width]
+    r = np.random.default_rng(0)
+    x = (r.standard_normal((3, 128)) * 10.0 ** r.integers(-3, 4, size=(3, 1))).astype(np.float32)
+    x[1, 32:64] = 0.0  # an all-zero group: d = 0, codes 0
+    x[2, 3] = 1e30
+    xp, dx, xs = cpu_idot.quantize_rows(x, width)
+    g4 = x.reshape(3, 4, 32)
+    amax = np.abs(g4).max(-1)
+    inv = np.where(amax > 0, np.float32(levels) / np.where(amax > 0, amax, 1), 0)
+    q = np.rint(g4 * inv.astype(np.float32)[..., None]).astype(getattr(np, width))
+    np.testing.assert_array_equal(xp.view(getattr(np, width)).reshape(3, 4, 32), q)
+    assert np.abs(q.astype(np.int32)).max() <= levels
+    np.testing.assert_array_equal(dx, amax / np.float32(levels))
+    np.testing.assert_allclose(xs, dx * q.astype(np.float32).sum(-1), rtol=1e-6)
+    assert dx[1, 1] == 0 and xs[1, 1] == 0
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_integer_matvec_is_exact_on_grid_activations(ci, qtype, rows):
+    t = _weight(qtype)
+    x = _grid(rows, 512, cpu_idot.LEVELS[ci.activations], seed=rows)
+    _close(ci.linear(x, ci.weight(t)), N.linear(x, N.weight(t)))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_integer_matvec_multiplies_the_quantized_activations(ci, qtype):
+    t = _weight(qtype, rows=100, k=768)  # 3 K-quant super-blocks, 24 groups
+    x = np.random.default_rng(1).standard_normal((2, 768)).astype(np.float32) * 3
+    _close(ci.linear(x, ci.weight(t)),
+           N.linear(_dequantized(x, ci.activations), N.weight(t)))
+
+
+def test_extreme_codes_and_activations_do_not_overflow(ci):
+    """The largest products the sums can meet: 8-bit codes of +-127 (Q8_0) and 255 (MLX
+    8-bit), and 15 (4-bit), against activations all at +-L."""
+    x = np.full((1, 512), 3.0, dtype=np.float32)
+    x[0, ::2] = -3.0
+    for qtype in ("Q8_0", "MLX8", "Q4_1", "Q6_K"):
+        t = _weight(qtype)
+        _close(ci.linear(x, ci.weight(t)), N.linear(x, N.weight(t)))
+
+
+def test_mode_from_argument_and_environment(monkeypatch):
+    monkeypatch.delenv(ACTIVATIONS_ENV, raising=False)
+    assert CpuBackend().activations == "int16"
+    monkeypatch.setenv(ACTIVATIONS_ENV, "float")
+    assert CpuBackend().activations == "float"
+    assert CpuBackend("int8").activations == "int8"
+    monkeypatch.setenv(ACTIVATIONS_ENV, "int4")
+    with pytest.raises(InvalidInputError, match="int16, int8, float"):
+        CpuBackend()
+
+
+def test_without_avx2_the_float_kernels_run(monkeypatch):
+    monkeypatch.setattr(cpu_idot, "available", lambda: False)
+    b = CpuBackend("int8")
+    assert b.activations == "float"
+    t = _weight("Q4_1")
+    x = np.random.default_rng(2).standard_normal((1, 512)).astype(np.float32)
+    _close(b.linear(x, b.weight(t)), N.linear(x, N.weight(t)))
+
+
+@pytest.fixture(scope="module")
+def smollm2_int16():
+    from inference import load_model
+
+    m = load_model("smollm2", backend="cpu")
+    assert m.backend.activations == "int16"
+    return m
+
+
+@pytest.mark.parametrize("name", ["prose", "chat"])
+def test_smollm2_int16_decode_matches_transformers(smollm2_int16, name):
+    """Token by token (the mat-vec path), against transformers' float32 logits."""
+    text = g.load_smollm2()["texts"][name]
+    ids = [int(i) for i in text["ids"]]
+    m, B = smollm2_int16, smollm2_int16.backend
+    cache = m.model.make_cache(len(ids))
+    rows = [B.to_numpy(m.model(B.array(np.asarray([[t]])), cache))[0, 0] for t in ids]
+    agree, dlogp = g.smollm2_agreement(text, np.stack(rows))
+    assert agree >= g.SMOLLM2_MIN_TOP1_AGREEMENT, agree
+    assert dlogp <= g.SMOLLM2_MAX_MEAN_ABS_DLOGP_TOP1, dlogp
