@@ -57,12 +57,11 @@ def weight_types(ckpt: Any, backend: Any) -> dict[str, Any]:
     """Gweights/s of a one-row ``linear`` for each weight type of ``ckpt``, on the largest
     2-D tensor of that type (the output head when it is the largest: it is read every
     token too)."""
-    largest: dict[str, Any] = {}
+    by_type: dict[str, list[Any]] = {}
     for t in ckpt.tensors.values():
-        if len(t.shape) == 2 and t.shape[0] * t.shape[1] > (
-                largest[t.qtype].shape[0] * largest[t.qtype].shape[1]
-                if t.qtype in largest else 0):
-            largest[t.qtype] = t
+        if len(t.shape) == 2:
+            by_type.setdefault(t.qtype, []).append(t)
+    largest = {q: max(ts, key=lambda t: t.shape[0] * t.shape[1]) for q, ts in by_type.items()}
     out: dict[str, Any] = {}
     rng = np.random.default_rng(0)
     for qtype, t in sorted(largest.items()):

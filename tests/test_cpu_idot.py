@@ -138,10 +138,11 @@ def smollm2_int16():
     return m
 
 
-@pytest.mark.parametrize("name", ["prose", "chat"])
-def test_smollm2_int16_decode_matches_transformers(smollm2_int16, name):
-    """Token by token (the mat-vec path), against transformers' float32 logits."""
-    text = g.load_smollm2()["texts"][name]
+def test_smollm2_int16_decode_matches_transformers(smollm2_int16):
+    """Token by token (the mat-vec path), against transformers' float32 logits, on the
+    chat golden (191 tokens; measured top-1 100%, mean |delta log p| 1.8e-4; the code and
+    prose goldens, 100% / 1.1e-4 and 99.2% / 1.9e-4, are in docs/benchmarks.md)."""
+    text = g.load_smollm2()["texts"]["chat"]
     ids = [int(i) for i in text["ids"]]
     m, B = smollm2_int16, smollm2_int16.backend
     cache = m.model.make_cache(len(ids))

@@ -148,15 +148,15 @@ def _pair(context, builder, xty, xarr, row, p0, p):  # type: ignore[no-untyped-d
                                   [row, builder.add(p0, ir.Constant(_i64, p))]))
 
 
-def _store_lanes(context, builder, oty, oarr, offset, parts, lanes_of):  # type: ignore
+def _store_lanes(context, builder, oty, oarr, row, offset, parts, lanes_of):  # type: ignore
     """Store int32 vectors ``parts`` (part i holds lanes ``lanes_of[i]``, in runs of 8
-    consecutive lanes) to ``out[offset + lane]``."""
+    consecutive lanes) to ``out[2 * LANES * row + offset + lane]`` (``row`` a constant)."""
     for vec, lanes in zip(parts, lanes_of, strict=True):
         for start in range(0, len(lanes), 8):
             run = builder.shuffle_vector(vec, ir.Constant(vec.type, None), ir.Constant(
                 ir.VectorType(_i32, 8), list(range(start, start + 8))))
             ptr = _item_ptr(context, builder, oty, oarr,
-                            [ir.Constant(_i64, offset + lanes[start])])
+                            [ir.Constant(_i64, 2 * K.LANES * row + offset + lanes[start])])
             builder.store(run, builder.bitcast(ptr, ir.VectorType(_i32, 8).as_pointer()),
                           align=4)
 
@@ -181,109 +181,162 @@ _HALVES = (list(range(0, 8)) + list(range(16, 24)), list(range(8, 16)) + list(ra
 _EIGHTS = [list(range(0, 8)), list(range(16, 24)), list(range(8, 16)), list(range(24, 32))]
 
 
-@intrinsic
-def _dot4(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
-    """``out[lane] = sum_j code_j * q_j`` (int32) over block ``blk``'s 32 4-bit codes of
-    each of the LANES lanes (byte j: code j low, code j+16 high), ``q`` the activation
-    pairs ``xp[row, p0:p0+16]`` (int8 pairs in int16, or int16 pairs in int32)."""
-    sig = types.void(codes, blk, xp, row, p0, out)
-    narrow = xp.dtype == types.int16
+def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
+    """An intrinsic ``(codes, blk, xp, row, p0, out)``: ``out[r, lane] = sum_j code_j * q_j``
+    (int32) for activation rows ``row + r``, r < ``nrows``, over block ``blk``'s 32
+    4-bit codes of each of the LANES lanes (byte j: code j low, code j+16 high), ``q``
+    the activation pairs ``xp[row + r, p0:p0+16]`` (int8 pairs in int16, or int16 pairs
+    in int32). The codes are unpacked once for all ``nrows`` rows."""
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        cty, _, xty, _, _, oty = signature.args
-        carr, cblk, xarr, crow, cp0, oarr = args
-        v32i8, v16i16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16)
-        v8i32 = ir.VectorType(_i32, 8)
-        maddubs = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]),
-            "llvm.x86.avx2.pmadd.ub.sw")
-        maddwd = _maddwd(builder)
-        m15 = ir.Constant(v32i8, [15] * 32)
-        four = ir.Constant(v32i8, [4] * 32)
-        blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
-        if narrow:  # 16-bit sums: (half, codes 0-15 / 16-31)
-            acc = [ir.Constant(v16i16, [0] * 16) for _ in range(4)]
-        else:  # 32-bit sums of 8 lanes each, in _EIGHTS order
-            acc = [ir.Constant(v8i32, [0] * 8) for _ in range(4)]
-        for p in range(8):
-            r0, r1 = _block_rows(context, builder, cty, carr, blk, (2 * p, 2 * p + 1), v32i8)
-            lo_x, hi_x = (_pair(context, builder, xty, xarr, row, p0, p + o) for o in (0, 8))
-            if narrow:
-                lo_x, hi_x = _pair_bytes(builder, lo_x), _pair_bytes(builder, hi_x)
-            else:
-                lo_x, hi_x = _pair_words(builder, lo_x), _pair_words(builder, hi_x)
-            for h, lanes in enumerate(_HALVES):
-                u = _interleave(builder, r0, r1, lanes)
-                lo = builder.and_(u, m15)
-                hi = builder.and_(builder.lshr(u, four), m15)
-                if narrow:
-                    acc[2 * h] = builder.add(acc[2 * h], builder.call(maddubs, [lo, lo_x]))
-                    acc[2 * h + 1] = builder.add(acc[2 * h + 1],
-                                                 builder.call(maddubs, [hi, hi_x]))
-                    continue
-                for codes_, x in ((lo, lo_x), (hi, hi_x)):
-                    for e, words in enumerate(_words(builder, codes_, signed=False)):
-                        acc[2 * h + e] = builder.add(acc[2 * h + e],
-                                                     builder.call(maddwd, [words, x]))
-        if narrow:
-            v16i32 = ir.VectorType(_i32, 16)
-            parts = [builder.add(builder.sext(acc[2 * h], v16i32),
-                                 builder.sext(acc[2 * h + 1], v16i32)) for h in range(2)]
-            _store_lanes(context, builder, oty, oarr, 0, parts, _HALVES)
-        else:
-            _store_lanes(context, builder, oty, oarr, 0, acc, _EIGHTS)
-        return context.get_dummy_value()
+    @intrinsic
+    def dot4(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
+        sig = types.void(codes, blk, xp, row, p0, out)
+        narrow = xp.dtype == types.int16
 
-    return sig, codegen
-
-
-@intrinsic
-def _dot8(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
-    """``out[lane]`` / ``out[LANES + lane]`` = ``sum_j code_j * q_j`` (int32) over codes
-    0-15 / 16-31 of block ``blk``'s 8-bit codes (int8 or uint8 by the array's type)."""
-    sig = types.void(codes, blk, xp, row, p0, out)
-    signed = codes.dtype == types.int8
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        cty, _, xty, _, _, oty = signature.args
-        carr, cblk, xarr, crow, cp0, oarr = args
-        v32i8, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8)
-        maddwd = _maddwd(builder)
-        blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
-        for half in range(2):  # codes 0-15, then 16-31
-            acc = [ir.Constant(v8i32, [0] * 8) for _ in range(4)]  # in _EIGHTS order
-            for p in range(8 * half, 8 * half + 8):
-                r0, r1 = _block_rows(context, builder, cty, carr, blk, (2 * p, 2 * p + 1), v32i8)
-                x = _pair_words(builder, _pair(context, builder, xty, xarr, row, p0, p))
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            cty, _, xty, _, _, oty = signature.args
+            carr, cblk, xarr, crow, cp0, oarr = args
+            v32i8, v16i16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16)
+            v8i32 = ir.VectorType(_i32, 8)
+            maddubs = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]),
+                "llvm.x86.avx2.pmadd.ub.sw")
+            maddwd = _maddwd(builder)
+            m15 = ir.Constant(v32i8, [15] * 32)
+            four = ir.Constant(v32i8, [4] * 32)
+            blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+            rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
+            zero = (ir.Constant(v16i16, [0] * 16) if narrow  # (half, codes 0-15 / 16-31)
+                    else ir.Constant(v8i32, [0] * 8))  # 8 lanes each, in _EIGHTS order
+            acc = [[zero] * 4 for _ in rows]
+            for p in range(8):
+                r0, r1 = _block_rows(context, builder, cty, carr, blk, (2 * p, 2 * p + 1),
+                                     v32i8)
+                splat = _pair_bytes if narrow else _pair_words
+                xs = [[splat(builder, _pair(context, builder, xty, xarr, rw, p0, p + o))
+                       for o in (0, 8)] for rw in rows]
                 for h, lanes in enumerate(_HALVES):
-                    for e, words in enumerate(_words(builder, _interleave(builder, r0, r1, lanes),
-                                                     signed)):
-                        acc[2 * h + e] = builder.add(acc[2 * h + e],
-                                                     builder.call(maddwd, [words, x]))
-            _store_lanes(context, builder, oty, oarr, half * K.LANES, acc, _EIGHTS)
-        return context.get_dummy_value()
+                    u = _interleave(builder, r0, r1, lanes)
+                    lo = builder.and_(u, m15)
+                    hi = builder.and_(builder.lshr(u, four), m15)
+                    if narrow:
+                        for a, (lo_x, hi_x) in zip(acc, xs, strict=True):
+                            a[2 * h] = builder.add(a[2 * h], builder.call(maddubs, [lo, lo_x]))
+                            a[2 * h + 1] = builder.add(a[2 * h + 1],
+                                                       builder.call(maddubs, [hi, hi_x]))
+                        continue
+                    for c, codes_ in enumerate((lo, hi)):
+                        for e, words in enumerate(_words(builder, codes_, signed=False)):
+                            for a, x in zip(acc, xs, strict=True):
+                                a[2 * h + e] = builder.add(a[2 * h + e],
+                                                           builder.call(maddwd, [words, x[c]]))
+            for r, a in enumerate(acc):
+                orow = r
+                if narrow:
+                    v16i32 = ir.VectorType(_i32, 16)
+                    parts = [builder.add(builder.sext(a[2 * h], v16i32),
+                                         builder.sext(a[2 * h + 1], v16i32)) for h in range(2)]
+                    _store_lanes(context, builder, oty, oarr, orow, 0, parts, _HALVES)
+                else:
+                    _store_lanes(context, builder, oty, oarr, orow, 0, a, _EIGHTS)
+            return context.get_dummy_value()
 
-    return sig, codegen
+        return sig, codegen
+
+    return dot4
 
 
-# -- the mat-vec kernels ----------------------------------------------------------------
+def _make_dot8(nrows: int):  # type: ignore[no-untyped-def]
+    """As :func:`_make_dot4` for 8-bit codes (int8 or uint8 by the array's type), with
+    ``out[r, lane]`` / ``out[r, LANES + lane]`` the sums over codes 0-15 / 16-31."""
+
+    @intrinsic
+    def dot8(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
+        sig = types.void(codes, blk, xp, row, p0, out)
+        signed = codes.dtype == types.int8
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            cty, _, xty, _, _, oty = signature.args
+            carr, cblk, xarr, crow, cp0, oarr = args
+            v32i8, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8)
+            maddwd = _maddwd(builder)
+            blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+            rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
+            for half in range(2):  # codes 0-15, then 16-31
+                acc = [[ir.Constant(v8i32, [0] * 8)] * 4 for _ in rows]  # _EIGHTS order
+                for p in range(8 * half, 8 * half + 8):
+                    r0, r1 = _block_rows(context, builder, cty, carr, blk,
+                                         (2 * p, 2 * p + 1), v32i8)
+                    xs = [_pair_words(builder, _pair(context, builder, xty, xarr, rw, p0, p))
+                          for rw in rows]
+                    for h, lanes in enumerate(_HALVES):
+                        pairs = _interleave(builder, r0, r1, lanes)
+                        for e, words in enumerate(_words(builder, pairs, signed)):
+                            for a, x in zip(acc, xs, strict=True):
+                                a[2 * h + e] = builder.add(a[2 * h + e],
+                                                           builder.call(maddwd, [words, x]))
+                for r, a in enumerate(acc):
+                    _store_lanes(context, builder, oty, oarr, r, half * K.LANES, a, _EIGHTS)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot8
 
 
-@_jit(parallel=True)
+# Two rows share each unpacking of the codes; more would not fit AVX2's 16 vector
+# registers (two rows already hold 8 accumulators).
+_dot4, _dot4x2 = _make_dot4(1), _make_dot4(2)
+_dot8, _dot8x2 = _make_dot8(1), _make_dot8(2)
+# The float tails (integer sums -> float, times the scales) are written out in each loop:
+# as one shared inline function the one-row kernel ran at 0.8x (measured, numba 0.68).
+# They compile without FMA contraction or reassociation, so every copy computes the same
+# bits for a row, alone or in a pair (the server's batching relies on it).
+_NO_FUSE = {"nnan", "ninf", "nsz", "arcp", "afn"}
+
+
+@_jit(parallel=True, fastmath=_NO_FUSE)
 def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
               kind: int, zero: float, xp: np.ndarray, dx: np.ndarray, xs: np.ndarray,
               out: np.ndarray) -> None:
     """out (T, tiles*LANES) = x @ W.T for a 4-bit W (uint8 ``codes`` view) and ``x`` given
     by :func:`quantize_rows` as (xp, dx, xs), 8- or 16-bit; the other arguments as in
-    :func:`cpu_kernels.matvec_q4`."""
-    groups = dx.shape[1]
+    :func:`cpu_kernels.matvec_q4`. Pairs of rows share the unpacked codes; an odd last
+    row goes alone."""
+    rows, groups = dx.shape
     tiles = blocks.shape[0] // groups
     row_bytes = blocks.shape[1] * K.LANES * 4
     nl = codes.shape[2]  # == LANES, a runtime trip count (cpu_kernels docstring)
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
         isum = np.empty(2 * nl, dtype=np.int32)
-        for i in range(dx.shape[0]):
+        pair = np.empty((2, nl), dtype=np.float32)
+        sums = np.empty(4 * nl, dtype=np.int32)
+        for i in range(0, rows - 1, 2):
+            pair[:] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                _dot4x2(codes, blk, xp, i, g * 16, sums)
+                for r in range(2):
+                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
+                    if kind == K.AFFINE_F16:
+                        h = halves[blk, 4]
+                        for lane in range(nl):
+                            pair[r, lane] += (K._half(h[lane]) * (d * _f32(sums[o + lane]))
+                                              + K._half(h[nl + lane]) * xsum)
+                    elif kind == K.AFFINE:
+                        sg, zg = blocks[blk, 4], blocks[blk, 5]
+                        for lane in range(nl):
+                            pair[r, lane] += sg[lane] * (d * _f32(sums[o + lane])) + zg[lane] * xsum
+                    else:
+                        sg, zx = blocks[blk, 4], _f32(zero) * xsum
+                        for lane in range(nl):
+                            pair[r, lane] += sg[lane] * (d * _f32(sums[o + lane]) - zx)
+            out[i:i + 2, t * K.LANES:(t + 1) * K.LANES] = pair
+        if rows % 2:
+            i = rows - 1
             acc[:] = 0.0
             for g in range(groups):
                 blk = t * groups + g
@@ -307,19 +360,58 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
             out[i, t * K.LANES:(t + 1) * K.LANES] = acc
 
 
-@_jit(parallel=True)
+@_jit(parallel=True, fastmath=_NO_FUSE)
 def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
               kind: int, zero: float, xp: np.ndarray, dx: np.ndarray, xs: np.ndarray,
               out: np.ndarray) -> None:
-    """As :func:`matvec_q4` for an 8-bit W (``codes`` int8 for Q8_0/Q6_K, else uint8)."""
-    groups = dx.shape[1]
+    """As :func:`matvec_q4` for an 8-bit W (``codes`` int8 for Q8_0/Q6_K, else uint8).
+    Q6_K's two scales multiply the 16-code sums in float: 16-bit sums times a scale can
+    pass 2**31."""
+    rows, groups = dx.shape
     tiles = blocks.shape[0] // groups
     row_bytes = blocks.shape[1] * K.LANES * 4
     nl = codes.shape[2]
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
         isum = np.empty(2 * nl, dtype=np.int32)
-        for i in range(dx.shape[0]):
+        pair = np.empty((2, nl), dtype=np.float32)
+        sums = np.empty(4 * nl, dtype=np.int32)
+        for i in range(0, rows - 1, 2):
+            pair[:] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                _dot8x2(codes, blk, xp, i, g * 16, sums)
+                cb = codes[blk]
+                for r in range(2):
+                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
+                    if kind == K.SUB16:
+                        h = halves[blk, 8]
+                        for lane in range(nl):
+                            pair[r, lane] += (K._half(h[nl + lane]) * d) * (
+                                _f32(np.int32(cb[32, lane])) * _f32(sums[o + lane])
+                                + _f32(np.int32(cb[33, lane])) * _f32(sums[o + nl + lane]))
+                    elif kind == K.AFFINE_F16:
+                        h = halves[blk, 8]
+                        for lane in range(nl):
+                            pair[r, lane] += (
+                                K._half(h[lane]) * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
+                                + K._half(h[nl + lane]) * xsum)
+                    elif kind == K.AFFINE:
+                        sg, zg = blocks[blk, 8], blocks[blk, 9]
+                        for lane in range(nl):
+                            pair[r, lane] += (
+                                sg[lane] * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
+                                + zg[lane] * xsum)
+                    else:
+                        sg, zx = blocks[blk, 8], _f32(zero) * xsum
+                        for lane in range(nl):
+                            pair[r, lane] += sg[lane] * (
+                                d * _f32(sums[o + lane] + sums[o + nl + lane]) - zx)
+            out[i:i + 2, t * K.LANES:(t + 1) * K.LANES] = pair
+        if rows % 2:
+            i = rows - 1
             acc[:] = 0.0
             for g in range(groups):
                 blk = t * groups + g
@@ -328,8 +420,7 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                 _dot8(codes, blk, xp, i, g * 16, isum)
                 cb = codes[blk]
                 d, xsum = dx[i, g], xs[i, g]
-                if kind == K.SUB16:  # Q6_K: an int8 scale per 16 codes times a float16
-                    # (in float: 16-bit sums times a scale can pass 2**31)
+                if kind == K.SUB16:
                     h = halves[blk, 8]
                     for lane in range(nl):
                         acc[lane] += (K._half(h[nl + lane]) * d) * (

@@ -1,0 +1,81 @@
+"""One-row mat-vec speed of the cpu backend per weight type and activation mode.
+
+    python scripts/bench_matvec.py [--threads 1] [--rounds 7] [--out docs/bench-results]
+
+For each packed type (random weights of SmolLM2's shapes: 1536x576 for the MLP's input,
+49152x576 for the output head) and each activation mode (float, int16, int8; the integer
+ones where the CPU has AVX2), ``backend.linear`` of one row is timed, the modes taking
+turns round by round so a load change hits all alike. CPU time per call (process time /
+calls), so other processes on the machine inflate every mode alike instead of adding
+their share to one. Prints Gweights/s and the ratio to float; writes the raw figures as
+JSON. A benchmark, not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from inference.backends import cpu_idot  # noqa: E402
+from inference.backends.cpu import CpuBackend  # noqa: E402
+from inference.bench import cpu_info  # noqa: E402
+from tests.bundled import random_tensor  # noqa: E402
+
+SHAPES = {"mlp_in": (1536, 576), "head": (49152, 576)}
+TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--seconds", type=float, default=0.1, help="per mode, per round")
+    ap.add_argument("--out", default="docs/bench-results")
+    args = ap.parse_args()
+    modes = ["float"] + (list(cpu_idot.LEVELS) if cpu_idot.available() else [])
+    backends = {m: CpuBackend(m) for m in modes}
+    for b in backends.values():
+        b.set_threads(args.threads)
+    x = np.random.default_rng(0).standard_normal((1, 576)).astype(np.float32)
+    rows = []
+    for qtype in TYPES:
+        for where, (n, k) in SHAPES.items():
+            t = random_tensor(qtype, n, k, seed=1)
+            ws = {m: b.weight(t) for m, b in backends.items()}
+            best = dict.fromkeys(modes, float("inf"))
+            for m, b in backends.items():
+                b.linear(x, ws[m])  # compile, page in
+            for _ in range(args.rounds):
+                for m, b in backends.items():
+                    calls, c0, t0 = 0, time.process_time(), time.perf_counter()
+                    while time.perf_counter() - t0 < args.seconds:
+                        b.linear(x, ws[m])
+                        calls += 1
+                    best[m] = min(best[m], (time.process_time() - c0) / calls)
+            row = {"qtype": qtype, "tensor": where, "shape": [n, k],
+                   "cpu_us_per_call": {m: round(v * 1e6, 2) for m, v in best.items()},
+                   "gweights_s": {m: round(n * k / v / 1e9, 2) for m, v in best.items()},
+                   "x_float": {m: round(best["float"] / v, 2) for m, v in best.items()}}
+            rows.append(row)
+            print(f"{qtype:5s} {where:6s} " + "  ".join(
+                f"{m} {row['gweights_s'][m]:6.2f} Gw/s ({row['x_float'][m]:.2f}x)" for m in modes))
+    stamp = time.strftime("%Y%m%d-%H%M")
+    out = Path(args.out) / f"{stamp}-matvec-modes-{args.threads}t.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "command": "python scripts/bench_matvec.py " + " ".join(sys.argv[1:]),
+        "cpu": cpu_info(), "threads": args.threads, "load_avg": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
