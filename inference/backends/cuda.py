@@ -6,23 +6,33 @@ emulator (tests) the same code runs with NumPy buffers and emulated launches.
 
 Inside the token loop nothing crosses the host/device boundary but the sampled id: masks
 are computed from positions in the kernels, the cache lives on the device, sampling runs
-on the device, and the next step's input id is the device copy of the sampled one.
+on the device, and the next step's input id is the device copy of the sampled one. A
+generation samples through :class:`CudaSampler` (the engine's lazy-token protocol, as MLX):
+the host reads token t only after step t+1 is queued, so host and GPU time overlap.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from inference.backends.base import Backend, host_rss
+from inference.backends.base import Backend, TokenSampler, host_rss
 from inference.errors import BackendUnavailableError
 from inference.events import MemorySample
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams, sample_on_device
 from kernels.cuda import ops
-from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason, self_test
+from kernels.cuda.device import (
+    CupyDevice,
+    Device,
+    PendingRead,
+    cuda_unavailable_reason,
+    self_test,
+)
 from kernels.cuda.ops import QuantMatrix
 from kernels.cuda.table import ATTN_MAX_HEAD_DIM, TYPES
 from kernels.errors import KernelLoadError
@@ -65,6 +75,10 @@ class CudaBackend(Backend):
 
     def synchronize(self, *outputs: Any) -> None:
         self.dev.synchronize()
+
+    def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
+                         rng: np.random.Generator) -> CudaSampler:
+        return CudaSampler(self, params, prompt_ids, rng)
 
     # --- moving data ----------------------------------------------------------------
     def array(self, a: np.ndarray) -> Any:
@@ -217,20 +231,70 @@ class CudaBackend(Backend):
         self._hist = (list(history), dev_ids)
         return dev_ids
 
-    def sample(self, logits: Any, params: SamplingParams, history: list[int],
-               rng: np.random.Generator) -> int:
+    def sample_id(self, logits: Any, params: SamplingParams, recent: Any,
+                  rng: np.random.Generator) -> Any:
+        """The next id as a (1,) int32 device array (-1 for a row that is not finite);
+        ``recent``: the penalty window's ids on the device, or None. Nothing is read."""
         xp = self.xp
         row = self._c(xp.reshape(logits, (-1,)))
-        recent = (self._history(history)[-params.repetition_window:]
-                  if params.repetition_penalty != 1.0 and history else None)
         u = 0.0 if params.greedy else rng.random()  # a kernel argument, not a copy
         dev_id = sample_on_device(
             xp, row, params, recent, u,
             argmax=lambda r: xp.reshape(ops.argmax(self.dev, xp.reshape(r, (1, -1))), ()))
-        dev_id = xp.reshape(dev_id.astype(xp.int32), (1,))
+        return xp.reshape(dev_id.astype(xp.int32), (1,))
+
+    def sample(self, logits: Any, params: SamplingParams, history: list[int],
+               rng: np.random.Generator) -> int:
+        recent = (self._history(history)[-params.repetition_window:]
+                  if params.repetition_penalty != 1.0 and history else None)
+        dev_id = self.sample_id(logits, params, recent, rng)
         tok = int(self.dev.to_host(dev_id, "sampled id")[0])
         self._last_id = (tok, dev_id)
         return tok
+
+
+@dataclass
+class DeviceToken:
+    """A sampled id on the device and its copy to the host, queued when it was sampled."""
+
+    ids: Any  # (1,) int32 device array
+    pending: PendingRead
+
+
+class CudaSampler(TokenSampler):
+    """Device-side sampling for one generation, the lazy-token protocol of
+    :class:`~inference.backends.base.TokenSampler` (the one MLX uses): tokens stay device
+    arrays, the next step reads its input id from the device, and :meth:`read` waits only
+    for the copy queued with the token, so the host reads token t while step t+1 runs.
+
+    The penalty window is a device array extended on the device by each sampled id; a
+    draw takes one host uniform from ``rng`` (a kernel argument), so draws equal the NumPy
+    sampler's."""
+
+    lazy = True
+    B: CudaBackend
+
+    def __init__(self, backend: CudaBackend, params: SamplingParams, prompt_ids: Sequence[int],
+                 rng: np.random.Generator):
+        super().__init__(backend, params, prompt_ids, rng)
+        self.window = params.repetition_window if params.repetition_penalty != 1.0 else 0
+        recent = list(prompt_ids)[-self.window:] if self.window else []
+        self.recent = (backend.dev.to_device(np.asarray(recent, np.int32), "history")
+                       if recent else None)
+
+    def sample(self, row: Any) -> DeviceToken:
+        B = self.B
+        ids = B.sample_id(row, self.params, self.recent, self.rng)
+        if self.window:
+            grown = ids if self.recent is None else B.xp.concatenate([self.recent, ids])
+            self.recent = grown[-self.window:]
+        return DeviceToken(ids, B.dev.read_later(ids, "sampled id"))
+
+    def as_input(self, tok: DeviceToken) -> Any:
+        return self.B.xp.reshape(tok.ids, (1, 1))
+
+    def read(self, tok: DeviceToken) -> int:
+        return int(tok.pending.result()[0])
 
 
 def probe() -> tuple[bool, str]:

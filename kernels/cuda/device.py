@@ -5,8 +5,9 @@
 - :class:`EmulatedDevice`: the host; the same .cu sources built by kernels/emulator, arrays
   are NumPy buffers standing in for device memory, ``xp`` is numpy.
 
-Both count every host<->device copy in :attr:`Device.transfers`, so tests can assert what a
-token loop moves. Launch configurations come from kernels/cuda/plan.py only.
+Both count every host<->device copy and every kernel launch in :attr:`Device.transfers`, so
+tests can assert what a token loop moves, and when. Launch configurations come from
+kernels/cuda/plan.py only.
 """
 
 from __future__ import annotations
@@ -60,12 +61,17 @@ def kernel_source(module: str) -> str:
 
 @dataclass
 class TransferLog:
-    """Every host<->device copy: (direction, bytes, label)."""
+    """Every host<->device copy: (direction, bytes, label) in ``events``, and in ``at`` the
+    number of kernels launched before it (where the copy sits in the launch order).
+    ``launches`` counts the device's kernel launches and is never cleared."""
 
     events: list[tuple[str, int, str]] = field(default_factory=list)
+    at: list[int] = field(default_factory=list)
+    launches: int = 0
 
     def record(self, direction: str, nbytes: int, label: str) -> None:
         self.events.append((direction, int(nbytes), label))
+        self.at.append(self.launches)
 
     def count(self, direction: str | None = None) -> int:
         return sum(1 for d, _, _ in self.events if direction in (None, d))
@@ -75,6 +81,28 @@ class TransferLog:
 
     def clear(self) -> None:
         self.events.clear()
+        self.at.clear()
+
+
+class PendingRead:
+    """A device->host copy queued behind the work that computes its source.
+
+    :meth:`result` waits for that copy alone, not for work queued after it, so the host can
+    queue the next step before it reads this one's result; the transfer is logged when the
+    host reads it (that is when the host waits)."""
+
+    def __init__(self, log: TransferLog, host: np.ndarray, label: str,
+                 wait: Any = None) -> None:
+        self._log, self._host, self._label, self._wait = log, host, label, wait
+        self._read = False
+
+    def result(self) -> np.ndarray:
+        if not self._read:
+            if self._wait is not None:
+                self._wait()
+            self._log.record("d2h", self._host.nbytes, self._label)
+            self._read = True
+        return self._host
 
 
 class Device:
@@ -86,7 +114,11 @@ class Device:
         self.transfers = TransferLog()
         self._functions: dict[tuple[str, str], Any] = {}
         self._module_cache: dict[str, Any] = {}
-        self.launches = 0
+
+    @property
+    def launches(self) -> int:
+        """Kernels launched through :meth:`launch` so far (CuPy's own ops not counted)."""
+        return self.transfers.launches
 
     # --- kernels -------------------------------------------------------------------
     def _load(self, module: str) -> Any:
@@ -115,7 +147,7 @@ class Device:
 
     def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         launch.check(self.limits)
-        self.launches += 1
+        self.transfers.launches += 1
         self.function(module, name)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
 
     # --- memory ----------------------------------------------------------------------
@@ -134,6 +166,11 @@ class Device:
         raise NotImplementedError
 
     def to_host(self, a: Any, label: str = "") -> np.ndarray:
+        raise NotImplementedError
+
+    def read_later(self, a: Any, label: str = "") -> PendingRead:
+        """Queue a copy of ``a`` to the host behind the work already queued; see
+        :class:`PendingRead`."""
         raise NotImplementedError
 
     def synchronize(self) -> None:
@@ -192,6 +229,16 @@ class CupyDevice(Device):
     def to_host(self, a: Any, label: str = "") -> np.ndarray:
         self.transfers.record("d2h", a.nbytes, label)
         return self._cupy.asnumpy(a)
+
+    def read_later(self, a: Any, label: str = "") -> PendingRead:
+        # Into page-locked memory, so the copy is asynchronous; the event marks its end on
+        # the stream, and waiting for it does not wait for kernels queued after the copy.
+        import cupyx
+
+        host = cupyx.empty_pinned(a.shape, a.dtype)
+        self._cupy.asnumpy(a, out=host, blocking=False)
+        done = self._cupy.cuda.get_current_stream().record()
+        return PendingRead(self.transfers, host, label, done.synchronize)
 
     def synchronize(self) -> None:
         self._cupy.cuda.get_current_stream().synchronize()
@@ -417,6 +464,10 @@ class EmulatedDevice(Device):
     def to_host(self, a: np.ndarray, label: str = "") -> np.ndarray:
         self.transfers.record("d2h", a.nbytes, label)
         return np.array(a, copy=True, subok=False)
+
+    def read_later(self, a: np.ndarray, label: str = "") -> PendingRead:
+        # Launches complete in order here, so the value is final when the copy is queued.
+        return PendingRead(self.transfers, np.array(a, copy=True, subok=False), label)
 
     def memory(self) -> tuple[int | None, int | None, int | None]:
         return None, None, None

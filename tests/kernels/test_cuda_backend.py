@@ -139,13 +139,56 @@ def test_decode_loop_moves_only_the_sampled_id(device: Device) -> None:
         steps.close()
 
 
+class _Counted:
+    """A model whose calls note the device's launch count when each forward is queued."""
+
+    def __init__(self, model, dev: Device):  # noqa: ANN001
+        self.model, self.dev, self.ends = model, dev, []
+        self.B = model.B
+
+    def make_cache(self, *a):  # noqa: ANN001, ANN202
+        return self.model.make_cache(*a)
+
+    def __call__(self, *a, **kw):  # noqa: ANN002, ANN003, ANN204
+        out = self.model(*a, **kw)
+        self.ends.append(self.dev.launches)
+        return out
+
+
+def test_sampled_id_is_read_one_step_behind(device: Device) -> None:
+    # The engine's lazy-token protocol (as MLX's): token t stays on the device as step
+    # t+1's input and its copy is read by the host only after step t+1 is queued, so the
+    # host's work on token t overlaps the GPU's on step t+1. Greedy ids equal NumPy's.
+    C = CudaBackend(device)
+    ckpt = tiny_llama("Q4_1")
+    model = _Counted(_build(llama, ckpt, C), device)
+    sp = SamplingParams(temperature=0.0)
+    steps = generate_step(model, [1, 5, 9, 2], sp, np.random.default_rng(1), max_len=64)
+    device.transfers.clear()
+    toks = list(itertools.islice(steps, 8))
+    steps.close()
+    reads = [at for (d, _, label), at in zip(device.transfers.events, device.transfers.at,
+                                             strict=True) if label == "sampled id"]
+    ups = [e for e in device.transfers.events if e[0] == "h2d"]
+    assert len(reads) == 8 and ups == [("h2d", 32, "input")], device.transfers.events  # prompt
+    # model.ends[0] is prefill; ends[t + 1] is step t+1's forward, which token t feeds.
+    # Read after step t+1 is queued, before step t+2 is: exactly one step behind.
+    ends = [*model.ends, float("inf")]
+    assert len(model.ends) == 1 + 8
+    for t, at in enumerate(reads):
+        assert ends[t + 1] <= at < ends[t + 2], (t, at, model.ends)
+    ref = generate_step(_build(llama, ckpt, N), [1, 5, 9, 2], sp, np.random.default_rng(1),
+                        max_len=64)
+    assert toks == list(itertools.islice(ref, 8))
+
+
 def test_decode_loop_check_sees_an_implicit_read() -> None:
     # The check above would catch a float() of a device array in the loop (on a GPU, a
     # hidden synchronising copy): a backend that peeks at the top logit every token.
     class Peeking(CudaBackend):
-        def sample(self, logits, params, history, rng):  # noqa: ANN001, ANN201
+        def sample_id(self, logits, params, recent, rng):  # noqa: ANN001, ANN201
             float(self.xp.max(logits))
-            return super().sample(logits, params, history, rng)
+            return super().sample_id(logits, params, recent, rng)
 
     dev = EmulatedDevice()
     model = _build(llama, tiny_llama("Q4_1"), Peeking(dev))
