@@ -27,6 +27,7 @@ from inference.generate import generate_step
 from inference.models import bert, llama
 from inference.models.common import Weights
 from inference.sampling import SamplingParams
+from kernels.cuda import ops
 from kernels.cuda.device import Device, EmulatedDevice
 from tests.bundled import minilm_dir, smollm2_gguf
 from tests.kernels.quantdata import make_weight
@@ -105,6 +106,44 @@ def test_tiny_llama_prefill_and_greedy_decode_match_numpy(qtype: str, device: De
     a = generate_step(mc, [1, 5, 9], sp, rng, max_len=40)  # 3 rows: the mat-vec path
     b = generate_step(mn, [1, 5, 9], sp, rng, max_len=40)
     assert list(itertools.islice(a, 12)) == list(itertools.islice(b, 12))
+
+
+def test_stacked_projections_are_one_mat_vec_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    # q/k/v and gate/up stack at load (Weights.linears: same type and width) into one
+    # weight each: a decode step runs 4 mat-vecs per layer instead of 7, plus the LM head.
+    # Each output row is its own dot product either way; the tolerance allows the GEMM
+    # path (prefill) to sum a wider product in another order: 1e-5 of the largest logit.
+    from inference.models import common
+
+    ckpt = tiny_llama("Q4_K")
+    calls: list[int] = []
+    mmv = ops.mul_mat_vec
+    monkeypatch.setattr(ops, "mul_mat_vec", lambda *a: (calls.append(1), mmv(*a))[1])
+
+    def run(stacked: bool) -> tuple[list[np.ndarray], int, list[int]]:
+        C = CudaBackend(EmulatedDevice())
+        with monkeypatch.context() as m:
+            if not stacked:
+                m.setattr(common, "_stackable", lambda a, b: False)
+            model = _build(llama, ckpt, C)
+        cache = model.make_cache(32)
+        out = [C.to_numpy(model(C.array(np.array([[1, 5, 9, 33, 2, 70, 11, 4, 8, 60]])),
+                                cache, last_only=True))]
+        calls.clear()
+        out.append(C.to_numpy(model(C.array(np.array([[3]])), cache, last_only=True)))
+        n = len(calls)
+        toks = generate_step(model, [1, 5, 9], SamplingParams(temperature=0.0),
+                             np.random.default_rng(0), max_len=32)
+        return out, n, list(itertools.islice(toks, 4))
+
+    fused, n_fused, toks_fused = run(True)
+    apart, n_apart, toks_apart = run(False)
+    assert (n_fused, n_apart) == (2 * 4 + 1, 2 * 7 + 1)
+    for a, b in zip(fused, apart, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
+    ref = generate_step(_build(llama, ckpt, N), [1, 5, 9], SamplingParams(temperature=0.0),
+                        np.random.default_rng(0), max_len=32)
+    assert toks_fused == toks_apart == list(itertools.islice(ref, 4))
 
 
 def test_half_precision_prefill_stays_close() -> None:
