@@ -82,7 +82,7 @@ def generate_step(model: CausalModel, prompt_ids: Sequence[int], sampling: Sampl
         tok = step(prefill(model, prompt_ids[skip:], cache, cancel))
         while True:
             if sampler.lazy:
-                nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+                nxt = step(sampler.decode(model, tok, cache))
                 t = checked(tok)
                 if owned:
                     prompt_cache.fed(t)  # already fed to the model above
@@ -90,7 +90,7 @@ def generate_step(model: CausalModel, prompt_ids: Sequence[int], sampling: Sampl
             else:
                 t = checked(tok)
                 yield t
-                nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+                nxt = step(sampler.decode(model, tok, cache))
                 if owned:
                     prompt_cache.fed(t)
             tok = nxt

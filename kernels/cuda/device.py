@@ -28,7 +28,7 @@ from kernels.errors import KernelLoadError
 
 CUDA_DIR = Path(__file__).resolve().parent
 MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "unary", "argmax",
-           "selftest")
+           "step", "selftest")
 
 
 def source_path(module: str) -> Path:
@@ -105,6 +105,46 @@ class PendingRead:
         return self._host
 
 
+class Graph:
+    """A captured sequence of launches: :meth:`launch` runs all of them, in order, as one
+    Python-level launch. It keeps the buffers allocated during capture alive."""
+
+    def __init__(self, dev: Device, keep: list[Any]) -> None:
+        self.dev, self.keep = dev, keep
+
+    def launch(self) -> None:
+        self.dev.transfers.launches += 1
+        self._replay()
+
+    def _replay(self) -> None:
+        raise NotImplementedError
+
+
+class RecordedGraph(Graph):
+    """The emulator's graph: the launch list recorded at capture, replayed through the same
+    checked path (guards, race checks) as an eager launch."""
+
+    def __init__(self, dev: Device, keep: list[Any],
+                 launches: list[tuple[str, str, Launch, tuple[Any, ...]]]) -> None:
+        super().__init__(dev, keep)
+        self.launches = launches
+
+    def _replay(self) -> None:
+        for module, name, launch, args in self.launches:
+            self.dev._run(module, name, launch, args)
+
+
+class CupyGraph(Graph):
+    """A CUDA graph (cupy.cuda.Graph) and the stream it was captured on."""
+
+    def __init__(self, dev: Device, keep: list[Any], graph: Any, stream: Any) -> None:
+        super().__init__(dev, keep)
+        self.graph, self.stream = graph, stream
+
+    def _replay(self) -> None:
+        self.graph.launch(stream=self.stream)
+
+
 class Device:
     name = "device"
     xp: Any = np
@@ -114,6 +154,7 @@ class Device:
         self.transfers = TransferLog()
         self._functions: dict[tuple[str, str], Any] = {}
         self._module_cache: dict[str, Any] = {}
+        self._keep: list[Any] | None = None  # buffers allocated while capturing
 
     @property
     def launches(self) -> int:
@@ -146,9 +187,28 @@ class Device:
         return self._functions[key]
 
     def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
+        """One Python-level launch (counted): run now, or record it while capturing."""
         launch.check(self.limits)
         self.transfers.launches += 1
+        self._run(module, name, launch, args)
+
+    def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         self.function(module, name)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+
+    # --- graphs (one Python-level launch for a captured sequence of kernels) ---------------
+    supports_graphs = False
+
+    def begin_capture(self) -> None:
+        """Launches from here on are captured, not run, until :meth:`end_capture`; buffers
+        allocated meanwhile are kept alive by the graph (its kernels write them)."""
+        raise NotImplementedError
+
+    def end_capture(self) -> Graph:
+        raise NotImplementedError
+
+    def abort_capture(self) -> None:
+        """Stop capturing and drop what was captured (nothing of it ran)."""
+        raise NotImplementedError
 
     # --- memory ----------------------------------------------------------------------
     @staticmethod
@@ -157,7 +217,12 @@ class Device:
         return int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        return self.xp.empty(shape, dtype)
+        return self._kept(self.xp.empty(shape, dtype))
+
+    def _kept(self, a: Any) -> Any:
+        if self._keep is not None:  # capturing: the graph's kernels own this buffer
+            self._keep.append(a)
+        return a
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
         return self.xp.zeros(shape, dtype)
@@ -207,6 +272,8 @@ class CupyDevice(Device):
         )
         self.properties = props
         self._device_id = device_id
+        self._graph_stream: Any = None
+        self._prev_stream: Any = None
         self._peak = 0
         self._total: int | None = None
 
@@ -218,9 +285,41 @@ class CupyDevice(Device):
         mod.compile()
         return mod
 
-    def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
+    def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         # CuPy has no None for pointer parameters; an 8-byte zero is the null pointer.
-        super().launch(module, name, launch, tuple(np.uint64(0) if a is None else a for a in args))
+        super()._run(module, name, launch, tuple(np.uint64(0) if a is None else a for a in args))
+
+    @property
+    def supports_graphs(self) -> bool:  # type: ignore[override]
+        return not self._cupy.cuda.runtime.is_hip
+
+    def begin_capture(self) -> None:
+        # The legacy default stream cannot be captured: capture on a stream of our own. It
+        # is a blocking stream, so it stays ordered with the work CuPy queues on the default
+        # stream before and after a replay.
+        if self._graph_stream is None:
+            self._graph_stream = self._cupy.cuda.Stream()
+        self._prev_stream = self._cupy.cuda.get_current_stream()
+        self._graph_stream.use()
+        self._keep = []
+        self._graph_stream.begin_capture()
+
+    def _stop_capture(self) -> tuple[Any, list[Any]]:
+        keep, self._keep = self._keep or [], None
+        try:
+            return self._graph_stream.end_capture(), keep
+        finally:
+            self._prev_stream.use()
+
+    def end_capture(self) -> Graph:
+        graph, keep = self._stop_capture()
+        return CupyGraph(self, keep, graph, self._graph_stream)
+
+    def abort_capture(self) -> None:
+        try:
+            self._stop_capture()
+        except Exception:  # a capture the runtime already invalidated: nothing to keep
+            pass
 
     def to_device(self, a: np.ndarray, label: str = "") -> Any:
         self.transfers.record("h2d", a.nbytes, label)
@@ -421,6 +520,20 @@ class EmulatedDevice(Device):
         self._guarded: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self._spans: dict[int, tuple[int, int]] = {}
         self.allocations: list[int] = []  # bytes of every buffer allocated, in order
+        self._recording: list[tuple[str, str, Launch, tuple[Any, ...]]] | None = None
+
+    supports_graphs = True
+
+    def begin_capture(self) -> None:
+        self._recording, self._keep = [], []
+
+    def end_capture(self) -> Graph:
+        graph = RecordedGraph(self, self._keep or [], self._recording or [])
+        self._recording = self._keep = None
+        return graph
+
+    def abort_capture(self) -> None:
+        self._recording = self._keep = None
 
     def _load(self, module: str) -> Any:
         from kernels.emulator.module import EmulatedModule
@@ -447,7 +560,7 @@ class EmulatedDevice(Device):
         self._spans[id(raw)] = (start, n)
         out = raw[start:start + n].view(dtype).reshape(shape).view(DeviceArray)
         out._log = self.transfers
-        return out
+        return self._kept(out)
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         a = self.empty(shape, dtype)
@@ -490,11 +603,14 @@ class EmulatedDevice(Device):
                 raise _emulator_error()(f"{name}: a thread wrote outside a {a.dtype} buffer "
                                         f"of shape {a.shape} (grid or block too large?)")
 
-    def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
+    def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         from kernels.emulator import module as emu
 
+        if self._recording is not None:  # capturing: recorded now, run at each replay
+            self._recording.append((module, name, launch, args))
+            return
         if not self.check_races:
-            super().launch(module, name, launch, args)
+            super()._run(module, name, launch, args)
             self._check_guards(name, args)
             return
         roots = {id(r): r for r in (self._root(a) for a in args if isinstance(a, np.ndarray))}
@@ -502,12 +618,12 @@ class EmulatedDevice(Device):
         saved = emu.schedule, emu.block_seed
         try:
             emu.schedule, emu.block_seed = "forward", 0
-            super().launch(module, name, launch, args)
+            super()._run(module, name, launch, args)
             forward = {k: r.copy() for k, r in roots.items()}
             for k, r in roots.items():
                 r[...] = before[k]
             emu.schedule, emu.block_seed = "reverse", self.launches  # a new order per launch
-            super().launch(module, name, launch, args)
+            super()._run(module, name, launch, args)
         finally:
             emu.schedule, emu.block_seed = saved
         self._check_guards(name, args)
