@@ -120,7 +120,7 @@ def test_stacked_projections_are_one_mat_vec_each(monkeypatch: pytest.MonkeyPatc
     mmv = ops.mul_mat_vec
     monkeypatch.setattr(ops, "mul_mat_vec", lambda *a: (calls.append(1), mmv(*a))[1])
 
-    def run(stacked: bool) -> tuple[list[np.ndarray], int, list[int]]:
+    def run(stacked: bool) -> tuple[list[np.ndarray], int]:
         C = CudaBackend(EmulatedDevice())
         with monkeypatch.context() as m:
             if not stacked:
@@ -131,19 +131,14 @@ def test_stacked_projections_are_one_mat_vec_each(monkeypatch: pytest.MonkeyPatc
                                 cache, last_only=True))]
         calls.clear()
         out.append(C.to_numpy(model(C.array(np.array([[3]])), cache, last_only=True)))
-        n = len(calls)
-        toks = generate_step(model, [1, 5, 9], SamplingParams(temperature=0.0),
-                             np.random.default_rng(0), max_len=32)
-        return out, n, list(itertools.islice(toks, 4))
+        return out, len(calls)
 
-    fused, n_fused, toks_fused = run(True)
-    apart, n_apart, toks_apart = run(False)
+    fused, n_fused = run(True)
+    apart, n_apart = run(False)
     assert (n_fused, n_apart) == (2 * 4 + 1, 2 * 7 + 1)
     for a, b in zip(fused, apart, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
-    ref = generate_step(_build(llama, ckpt, N), [1, 5, 9], SamplingParams(temperature=0.0),
-                        np.random.default_rng(0), max_len=32)
-    assert toks_fused == toks_apart == list(itertools.islice(ref, 4))
+        assert a.argmax() == b.argmax()
 
 
 def test_half_precision_prefill_stays_close() -> None:
