@@ -428,14 +428,17 @@ class CudaSampler(TokenSampler):
         dev.begin_capture()
         try:
             logits = model(ids, cache, last_only=True)
-        except Exception as e:  # GraphUnsupported, or a capture the runtime refused
+            graph = dev.end_capture()
+        except BaseException as e:  # GraphUnsupported, or a capture the runtime refused
             dev.abort_capture()
+            if not isinstance(e, Exception):  # KeyboardInterrupt: not a reason to go eager
+                raise
             B.graph_error = f"{type(e).__name__}: {e}"
             return None
         finally:
             B._step = None
             cache.offset = offset  # captured, not run: each replay runs and advances it
-        return StepGraph(dev.end_capture(), ids, pos, logits, max_kv, buffers)
+        return StepGraph(graph, ids, pos, logits, max_kv, buffers)
 
 
 def probe() -> tuple[bool, str]:

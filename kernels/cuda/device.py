@@ -316,6 +316,8 @@ class CupyDevice(Device):
         return CupyGraph(self, keep, graph, self._graph_stream)
 
     def abort_capture(self) -> None:
+        if self._keep is None:  # end_capture already stopped it (and raised)
+            return
         try:
             self._stop_capture()
         except Exception:  # a capture the runtime already invalidated: nothing to keep
