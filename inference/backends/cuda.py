@@ -368,15 +368,16 @@ class CudaSampler(TokenSampler):
     def __init__(self, backend: CudaBackend, params: SamplingParams, prompt_ids: Sequence[int],
                  rng: np.random.Generator):
         super().__init__(backend, params, prompt_ids, rng)
-        self.window = params.repetition_window if params.repetition_penalty != 1.0 else 0
-        recent = list(prompt_ids)[-self.window:] if self.window else []
+        self.penalized = params.repetition_penalty != 1.0
+        self.window = params.repetition_window  # sliced as sample_row does: 0 keeps all
+        recent = list(prompt_ids)[-self.window:] if self.penalized else []
         self.recent = (backend.dev.to_device(np.asarray(recent, np.int32), "history")
                        if recent else None)
 
     def sample(self, row: Any) -> DeviceToken:
         B = self.B
         ids = B.sample_id(row, self.params, self.recent, self.rng)
-        if self.window:
+        if self.penalized:
             grown = ids if self.recent is None else B.xp.concatenate([self.recent, ids])
             self.recent = grown[-self.window:]
         return DeviceToken(ids, B.dev.read_later(ids, "sampled id"))

@@ -95,9 +95,10 @@ STEPS = 8  # positions 4..11
 
 @cache  # shared by the tests below: each emulated step costs ~50 ms
 def _decode(graphs: bool, min_keys: int = CudaBackend.graph_min_keys, layers: int = 2,
-            steps: int = STEPS, softcap: float | None = None, prompt: tuple[int, ...] = PROMPT
-            ) -> tuple[list[int], list[np.ndarray], list[int], Any]:
-    """Greedy decode through the sampler's protocol: ids, logits, launches per step."""
+            steps: int = STEPS, softcap: float | None = None, prompt: tuple[int, ...] = PROMPT,
+            grow: bool = False) -> tuple[list[int], list[np.ndarray], list[int], Any]:
+    """Greedy decode through the sampler's protocol: ids, logits, launches per step.
+    ``grow``: a cache that grows in 8-row steps instead of one allocated up front."""
     cfg = {} if softcap is None else {"final_logit_softcapping": softcap}
     ckpt = tiny_llama("Q4_1", layers=layers)
     ckpt.config.update(cfg)
@@ -105,7 +106,9 @@ def _decode(graphs: bool, min_keys: int = CudaBackend.graph_min_keys, layers: in
     C = CudaBackend(dev, graphs=graphs)
     C.graph_min_keys = min_keys
     model = _build(llama, ckpt, C)
-    cache = model.make_cache(40)
+    cache = model.make_cache(None if grow else 40)
+    if grow:
+        cache.step = 8
     sampler = C.start_generation(GREEDY, prompt, np.random.default_rng(0))
     tok = sampler.sample(C.reshape(prefill(model, prompt, cache), (96,)))
     ids, logits, launches = [], [], []
@@ -134,18 +137,40 @@ def _numpy_ids(steps: int, softcap: float | None = None) -> list[int]:
 
 @pytest.mark.parametrize("min_keys", [8, 256])
 def test_replayed_decode_matches_eager_and_numpy(min_keys: int) -> None:
-    # 8: buckets of 8 and 16 keys, so the step is captured twice (positions 4 to 11);
     # 256: one capture, attention planned for 256 keys with its extra splits empty.
+    # 8, with a cache growing by 8 rows: positions 4..7 replay a capture for 8 keys; the
+    # step at 8 grows the cache (eagerly); 9..11 replay a new capture (new buffers, 16 keys).
     eager_ids, eager_logits, eager_n, _ = _decode(graphs=False)
-    ids, logits, n, C = _decode(graphs=True, min_keys=min_keys)
+    ids, logits, n, C = _decode(graphs=True, min_keys=min_keys, grow=min_keys == 8)
     assert C.graph_error is None
     assert ids == eager_ids == _numpy_ids(STEPS)
     for a, b in zip(logits, eager_logits, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     # A replayed step: step_inputs, the graph, the greedy argmax; a capture step more.
-    replays = [c for c in n if c == 3]
-    assert len(replays) == STEPS - (2 if min_keys == 8 else 1), n
-    assert min(eager_n) == 2 * 10 + 4  # eager: 10 kernels a layer (+ CuPy's adds, KV writes)
+    eager = 2 * 10 + 4  # 10 kernels a layer (+ CuPy's adds and KV writes), 4 more
+    assert eager_n == [eager] * STEPS
+    if min_keys == 8:
+        assert [c == 3 for c in n] == [False, True, True, True, False, False, True, True], n
+        assert n[4] == eager
+    else:
+        assert n[1:] == [3] * (STEPS - 1), n
+
+
+def test_sampled_generation_with_penalty_matches_numpy() -> None:
+    # Top-k/top-p/min-p draws with a repetition penalty whose window lives on the device
+    # (extended there by each sampled id): the same uniforms draw the same ids as NumPy.
+    from itertools import islice
+
+    from inference.generate import generate_step
+
+    sp = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02,
+                        repetition_penalty=1.3, repetition_window=6)
+    ckpt = tiny_llama("Q4_1")
+    got = generate_step(_build(llama, ckpt, CudaBackend(EmulatedDevice())), list(PROMPT), sp,
+                        np.random.default_rng(5), max_len=32)
+    want = generate_step(_build(llama, ckpt, N), list(PROMPT), sp, np.random.default_rng(5),
+                         max_len=32)
+    assert list(islice(got, 8)) == list(islice(want, 8))
 
 
 def test_replayed_step_launches_do_not_grow_with_layers() -> None:
