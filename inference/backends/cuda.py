@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends.base import Backend, TokenSampler, host_rss
+from inference.backends.base import OPS, Backend, TokenSampler, host_rss
 from inference.errors import BackendUnavailableError
 from inference.events import MemorySample
 from inference.formats.quants import dequantize
@@ -405,6 +405,8 @@ class CudaSampler(TokenSampler):
         capture refused: then every step of this generation runs eagerly)."""
         if (self._no_graph or not isinstance(cache, KVCache) or cache.keys[0] is None
                 or any(w is not None for w in cache.windows)):
+            return None
+        if any(op in vars(self.B) for op in OPS):  # an OpProfiler times each op: run them
             return None
         need, capacity = cache.offset + 1, cache.keys[0].shape[2]
         if need > capacity:

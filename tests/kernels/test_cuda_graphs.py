@@ -189,3 +189,18 @@ def test_a_step_the_graph_cannot_hold_runs_eagerly() -> None:
     assert C.graph_error is not None and "softcap" in C.graph_error
     assert n[1] == 2 * 10 + 4  # n[0] also paid for the launches of the refused capture
     assert ids == _numpy_ids(2, softcap=3.0)
+
+
+def test_profiled_decode_runs_eagerly() -> None:
+    # An OpProfiler times each op of each step; a replay would hide them, so while one
+    # is active every step calls the model (2 layers: 2 attention calls a forward).
+    from inference.backends.base import OpProfiler
+    from inference.generate import generate_step
+
+    C = CudaBackend(EmulatedDevice())
+    model = _build(llama, tiny_llama("Q4_1"), C)
+    with OpProfiler(C) as prof:
+        steps = generate_step(model, list(PROMPT), GREEDY, np.random.default_rng(0), max_len=16)
+        [next(steps) for _ in range(3)]  # prefill and 3 decode steps (one step ahead)
+        steps.close()
+    assert prof.counts["attention"] == 2 * 4
