@@ -135,14 +135,15 @@ class RecordedGraph(Graph):
 
 
 class CupyGraph(Graph):
-    """A CUDA graph (cupy.cuda.Graph) and the stream it was captured on."""
+    """A CUDA graph (cupy.cuda.Graph), replayed on the current stream: in order with the
+    work queued there before it (its inputs) and after it (what reads its outputs)."""
 
-    def __init__(self, dev: Device, keep: list[Any], graph: Any, stream: Any) -> None:
+    def __init__(self, dev: Device, keep: list[Any], graph: Any) -> None:
         super().__init__(dev, keep)
-        self.graph, self.stream = graph, stream
+        self.graph = graph
 
     def _replay(self) -> None:
-        self.graph.launch(stream=self.stream)
+        self.graph.launch()
 
 
 class Device:
@@ -294,11 +295,11 @@ class CupyDevice(Device):
         return not self._cupy.cuda.runtime.is_hip
 
     def begin_capture(self) -> None:
-        # The legacy default stream cannot be captured: capture on a stream of our own. It
-        # is a blocking stream, so it stays ordered with the work CuPy queues on the default
-        # stream before and after a replay.
+        # The legacy default stream cannot be captured: capture on a stream of our own,
+        # non-blocking so that nothing on the default stream joins the capture. Capturing
+        # runs nothing, so no ordering is needed here; replays run on the current stream.
         if self._graph_stream is None:
-            self._graph_stream = self._cupy.cuda.Stream()
+            self._graph_stream = self._cupy.cuda.Stream(non_blocking=True)
         self._prev_stream = self._cupy.cuda.get_current_stream()
         self._graph_stream.use()
         self._keep = []
@@ -313,7 +314,7 @@ class CupyDevice(Device):
 
     def end_capture(self) -> Graph:
         graph, keep = self._stop_capture()
-        return CupyGraph(self, keep, graph, self._graph_stream)
+        return CupyGraph(self, keep, graph)
 
     def abort_capture(self) -> None:
         if self._keep is None:  # end_capture already stopped it (and raised)
