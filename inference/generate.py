@@ -49,10 +49,11 @@ def generate_step(model: CausalModel, prompt_ids: Sequence[int], sampling: Sampl
 
     Inside the loop only the sampled id crosses from the device (the sampler's ``read``,
     -1 for a logits row that is not finite) and back (as the next step's input); the KV
-    cache and the causal mask stay with the backend. With a lazy sampler (MLX) the token
-    stays on the device and step n+1 is queued before step n is read, as mlx-lm's
+    cache and the causal mask stay with the backend. With a lazy sampler (MLX, CUDA) the
+    token stays on the device and step n+1 is queued before step n is read, as mlx-lm's
     generate_step does, so the device never waits for the host; the others sample
-    synchronously.
+    synchronously. The sampler runs each step (``sampler.decode``: the model, or a
+    captured step replayed, as CUDA graphs do).
     """
     B = model.B
     sampler = B.start_generation(sampling, prompt_ids, rng)
@@ -82,7 +83,7 @@ def generate_step(model: CausalModel, prompt_ids: Sequence[int], sampling: Sampl
         tok = step(prefill(model, prompt_ids[skip:], cache, cancel))
         while True:
             if sampler.lazy:
-                nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+                nxt = step(sampler.decode(model, tok, cache))
                 t = checked(tok)
                 if owned:
                     prompt_cache.fed(t)  # already fed to the model above
@@ -90,7 +91,7 @@ def generate_step(model: CausalModel, prompt_ids: Sequence[int], sampling: Sampl
             else:
                 t = checked(tok)
                 yield t
-                nxt = step(model(sampler.as_input(tok), cache, last_only=True))
+                nxt = step(sampler.decode(model, tok, cache))
                 if owned:
                     prompt_cache.fed(t)
             tok = nxt

@@ -178,6 +178,11 @@ class TokenSampler:
         """A sampled token as the next forward call's ``(1, 1)`` input ids."""
         return self.B.array(np.asarray([[tok]], dtype=np.int64))
 
+    def decode(self, model: Any, tok: Any, cache: Any) -> Any:
+        """The logits of the step that feeds ``tok`` to ``model`` (a backend may replay a
+        captured step instead of calling the model: CUDA graphs)."""
+        return model(self.as_input(tok), cache, last_only=True)
+
     def read(self, tok: Any) -> int:
         return int(tok)
 

@@ -6,23 +6,35 @@ emulator (tests) the same code runs with NumPy buffers and emulated launches.
 
 Inside the token loop nothing crosses the host/device boundary but the sampled id: masks
 are computed from positions in the kernels, the cache lives on the device, sampling runs
-on the device, and the next step's input id is the device copy of the sampled one.
+on the device, and the next step's input id is the device copy of the sampled one. A
+generation samples through :class:`CudaSampler` (the engine's lazy-token protocol, as MLX):
+the host reads token t only after step t+1 is queued, so host and GPU time overlap.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from inference.backends.base import Backend, host_rss
+from inference.backends.base import OPS, Backend, TokenSampler, host_rss
 from inference.errors import BackendUnavailableError
 from inference.events import MemorySample
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
+from inference.kv_cache import KVCache
 from inference.sampling import SamplingParams, sample_on_device
-from kernels.cuda import ops
-from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason, self_test
+from kernels.cuda import ops, step
+from kernels.cuda.device import (
+    CupyDevice,
+    Device,
+    Graph,
+    PendingRead,
+    cuda_unavailable_reason,
+    self_test,
+)
 from kernels.cuda.ops import QuantMatrix
 from kernels.cuda.table import ATTN_MAX_HEAD_DIM, TYPES
 from kernels.errors import KernelLoadError
@@ -36,13 +48,34 @@ MMV_MAX_ROWS = 8
 _KERNEL_TYPES = {"F32", "F16", *TYPES}
 
 
+class GraphUnsupported(Exception):
+    """A decode step being captured called an op a graph cannot hold here (a CuPy operator
+    rather than one of our kernels, or a shape that changes per step): it runs eagerly."""
+
+
+@dataclass
+class _Capture:
+    """While a decode step is captured: the device position the kernels read, and the most
+    keys any replay of the graph attends to (attention's grid is planned for it)."""
+
+    pos: Any
+    max_kv: int
+
+
 class CudaBackend(Backend):
     name = "cuda"
 
-    def __init__(self, device: Device | None = None, prefill_dtype: Any = np.float32):
+    # A captured decode step serves positions up to a bucket of keys: a power of two, at
+    # least this many (attention's split-K grid is planned for the bucket, and a replay past
+    # it needs a new capture). Smaller buckets mean more captures and fewer idle splits.
+    graph_min_keys = 256
+
+    def __init__(self, device: Device | None = None, prefill_dtype: Any = np.float32,
+                 graphs: bool = True):
         """prefill_dtype float16 dequantizes prefill weights to half and runs half GEMMs
         (half the weight traffic, ~1e-3 relative error); float32 (default) matches the
-        NumPy reference to float32 rounding."""
+        NumPy reference to float32 rounding. graphs: capture each decode step once per
+        bucket of keys and replay it (where the device supports graphs)."""
         self.dev = device if device is not None else CupyDevice()
         try:  # every module now: a missing NVRTC fails here, not mid-generation
             self.dev.load_all()
@@ -54,6 +87,9 @@ class CudaBackend(Backend):
         self._scratch: Any = None  # dequantized weight for prefill GEMMs, reused
         self._last_id: tuple[int, Any] | None = None  # (sampled id, its device copy)
         self._hist: tuple[list[int], Any] | None = None  # history ids and their device copy
+        self.graphs = graphs and self.dev.supports_graphs
+        self.graph_error: str | None = None  # why the last capture fell back to eager steps
+        self._step: _Capture | None = None  # set while a decode step is being captured
 
     # --- what this backend offers -------------------------------------------------
     def quant_types(self) -> set[str]:
@@ -65,6 +101,10 @@ class CudaBackend(Backend):
 
     def synchronize(self, *outputs: Any) -> None:
         self.dev.synchronize()
+
+    def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
+                         rng: np.random.Generator) -> CudaSampler:
+        return CudaSampler(self, params, prompt_ids, rng)
 
     # --- moving data ----------------------------------------------------------------
     def array(self, a: np.ndarray) -> Any:
@@ -100,7 +140,15 @@ class CudaBackend(Backend):
 
     # --- helpers --------------------------------------------------------------------
     def _c(self, x: Any) -> Any:
+        if self._step is not None and not (x.dtype == np.float32 and x.flags.c_contiguous):
+            raise GraphUnsupported("a copy to contiguous float32")
         return self.xp.ascontiguousarray(x, dtype=self.xp.float32)
+
+    def _eager_only(self, what: str) -> None:
+        """Refuse ``what`` (a CuPy operator) while a step is captured: the emulator records
+        only our kernels, so a graph holding it would replay without it."""
+        if self._step is not None:
+            raise GraphUnsupported(what)
 
     def _dequantized(self, w: QuantMatrix) -> Any:
         dtype = self.prefill_dtype
@@ -122,6 +170,8 @@ class CudaBackend(Backend):
     # --- ops ----------------------------------------------------------------------------
     def embedding(self, table: Any, ids: Any) -> Any:
         tab = self._as_table(table)
+        if self._step is not None and ids.dtype != np.int32:
+            raise GraphUnsupported("token ids that are not int32")
         flat = self.xp.ascontiguousarray(self.xp.reshape(ids, (-1,)), dtype=self.xp.int32)
         out = ops.get_rows(self.dev, tab, flat)
         return self.xp.reshape(out, (*ids.shape, tab.cols))
@@ -134,11 +184,14 @@ class CudaBackend(Backend):
             if x2.shape[0] <= MMV_MAX_ROWS:
                 y = ops.mul_mat_vec(self.dev, w, x2)
             else:  # cuBLAS on the GPU
+                self._eager_only("a GEMM")
                 wd = self._dequantized(w)
                 y = xp.matmul(x2.astype(wd.dtype, copy=False), wd.T).astype(xp.float32, copy=False)
         else:
+            self._eager_only("a float32 matmul")
             y = xp.matmul(x2, w.T)
         if bias is not None:
+            self._eager_only("a bias add")
             y = y + bias
         return xp.reshape(y, (*lead, y.shape[-1]))
 
@@ -153,6 +206,10 @@ class CudaBackend(Backend):
         # The models pass (b, h, t, d) views of contiguous (b, t, h, d) projections: rotate
         # those in place of a copy, positions running along axis 1.
         kw = dict(neox=not traditional, freq_factors=freq_factors)
+        if self._step is not None:  # one token, at the position the device holds
+            if x.shape[-2] != 1:
+                raise GraphUnsupported("rope over several positions")
+            return step.rope(self.dev, self._c(x), self._step.pos, theta, **kw)
         if x.ndim == 4:
             base = self.xp.transpose(x, (0, 2, 1, 3))
             if base.flags.c_contiguous:
@@ -167,6 +224,11 @@ class CudaBackend(Backend):
         b, hq, t, d = q.shape
         hk, s = k.shape[1], k.shape[2]
         mask = None if key_mask is None else self._c(key_mask)
+        if self._step is not None:  # keys 0..pos of the cache, pos read on the device
+            if key_mask is not None or window is not None or t != 1:
+                raise GraphUnsupported("attention with a mask, a window or several queries")
+            return step.attention(self.dev, self._c(q), k, v, scale, self._step.pos,
+                                  self._step.max_kv, softcap=softcap)
         window = window if window is not None and s > window else None  # else it hides nothing
         if d <= ATTN_MAX_HEAD_DIM and k.dtype == np.float32 and k.strides[-1] == 4 \
                 and v.strides == k.strides:
@@ -194,10 +256,37 @@ class CudaBackend(Backend):
 
     def softcap(self, x: Any, cap: float) -> Any:
         # Elementwise on the device (CuPy's fused tanh), like add and mul.
+        self._eager_only("softcap")
         return (cap * self.xp.tanh(x / cap)).astype(self.xp.float32, copy=False)
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
+        self._eager_only("a new zero buffer")
         return self.dev.zeros(shape, np.float32)
+
+    # Eagerly the generic ops are CuPy operators; a captured step needs them as kernels.
+    def add(self, a: Any, b: Any) -> Any:
+        if self._step is None:
+            return a + b
+        if a.shape != b.shape:
+            raise GraphUnsupported("a broadcasting add")
+        return step.add(self.dev, self._c(a), self._c(b))
+
+    def mul(self, a: Any, b: Any) -> Any:
+        self._eager_only("mul")
+        return a * b
+
+    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
+        y = x.reshape(shape)
+        if self._step is not None and self.dev.address(y) != self.dev.address(x):
+            raise GraphUnsupported("a reshape that copies")
+        return y
+
+    def set_slice(self, dst: Any, src: Any, axis: int, start: int) -> Any:
+        if self._step is None:
+            return super().set_slice(dst, src, axis, start)
+        if dst.ndim != 4 or axis != 2 or src.shape[2] != 1:
+            raise GraphUnsupported("a slice write other than one KV cache row")
+        return step.kv_store(self.dev, src, dst, self._step.pos)
 
     # --- sampling on the device --------------------------------------------------------
     def _history(self, history: list[int]) -> Any:
@@ -217,20 +306,142 @@ class CudaBackend(Backend):
         self._hist = (list(history), dev_ids)
         return dev_ids
 
-    def sample(self, logits: Any, params: SamplingParams, history: list[int],
-               rng: np.random.Generator) -> int:
+    def sample_id(self, logits: Any, params: SamplingParams, recent: Any,
+                  rng: np.random.Generator) -> Any:
+        """The next id as a (1,) int32 device array (-1 for a row that is not finite);
+        ``recent``: the penalty window's ids on the device, or None. Nothing is read."""
         xp = self.xp
         row = self._c(xp.reshape(logits, (-1,)))
-        recent = (self._history(history)[-params.repetition_window:]
-                  if params.repetition_penalty != 1.0 and history else None)
         u = 0.0 if params.greedy else rng.random()  # a kernel argument, not a copy
         dev_id = sample_on_device(
             xp, row, params, recent, u,
             argmax=lambda r: xp.reshape(ops.argmax(self.dev, xp.reshape(r, (1, -1))), ()))
-        dev_id = xp.reshape(dev_id.astype(xp.int32), (1,))
+        return xp.reshape(dev_id.astype(xp.int32), (1,))
+
+    def sample(self, logits: Any, params: SamplingParams, history: list[int],
+               rng: np.random.Generator) -> int:
+        recent = (self._history(history)[-params.repetition_window:]
+                  if params.repetition_penalty != 1.0 and history else None)
+        dev_id = self.sample_id(logits, params, recent, rng)
         tok = int(self.dev.to_host(dev_id, "sampled id")[0])
         self._last_id = (tok, dev_id)
         return tok
+
+
+@dataclass
+class StepGraph:
+    """One captured decode step: replayed for every position below ``max_kv`` while the
+    KV cache keeps the ``buffers`` it was captured with. ``ids`` and ``pos`` are the device
+    inputs written before each replay; ``logits`` is the buffer each replay writes."""
+
+    graph: Graph
+    ids: Any
+    pos: Any
+    logits: Any
+    max_kv: int
+    buffers: tuple[Any, ...]
+
+
+@dataclass
+class DeviceToken:
+    """A sampled id on the device and its copy to the host, queued when it was sampled."""
+
+    ids: Any  # (1,) int32 device array
+    pending: PendingRead
+
+
+class CudaSampler(TokenSampler):
+    """Device-side sampling for one generation, the lazy-token protocol of
+    :class:`~inference.backends.base.TokenSampler` (the one MLX uses): tokens stay device
+    arrays, the next step reads its input id from the device, and :meth:`read` waits only
+    for the copy queued with the token, so the host reads token t while step t+1 runs.
+
+    The penalty window is a device array extended on the device by each sampled id; a
+    draw takes one host uniform from ``rng`` (a kernel argument), so draws equal the NumPy
+    sampler's."""
+
+    lazy = True
+    B: CudaBackend
+    _step_graph: StepGraph | None = None
+    _no_graph = False
+
+    def __init__(self, backend: CudaBackend, params: SamplingParams, prompt_ids: Sequence[int],
+                 rng: np.random.Generator):
+        super().__init__(backend, params, prompt_ids, rng)
+        self.penalized = params.repetition_penalty != 1.0
+        self.window = params.repetition_window  # sliced as sample_row does: 0 keeps all
+        recent = list(prompt_ids)[-self.window:] if self.penalized else []
+        self.recent = (backend.dev.to_device(np.asarray(recent, np.int32), "history")
+                       if recent else None)
+
+    def sample(self, row: Any) -> DeviceToken:
+        B = self.B
+        ids = B.sample_id(row, self.params, self.recent, self.rng)
+        if self.penalized:
+            grown = ids if self.recent is None else B.xp.concatenate([self.recent, ids])
+            self.recent = grown[-self.window:]
+        return DeviceToken(ids, B.dev.read_later(ids, "sampled id"))
+
+    def as_input(self, tok: DeviceToken) -> Any:
+        return self.B.xp.reshape(tok.ids, (1, 1))
+
+    def read(self, tok: DeviceToken) -> int:
+        return int(tok.pending.result()[0])
+
+    def decode(self, model: Any, tok: DeviceToken, cache: Any) -> Any:
+        """The next step's logits: a replay of the captured step when there is one for
+        this position (two Python-level launches whatever the layer count), else eager."""
+        g = self._graph(model, cache) if self.B.graphs else None
+        if g is None:
+            return super().decode(model, tok, cache)
+        step.step_inputs(self.B.dev, tok.ids, g.ids, g.pos, cache.offset)
+        g.graph.launch()
+        cache.advance(1)
+        return g.logits
+
+    def _graph(self, model: Any, cache: Any) -> StepGraph | None:
+        """The captured step serving position cache.offset, captured now if needed; None
+        where a graph cannot serve (sliding windows, a cache about to grow, an op the
+        capture refused: then every step of this generation runs eagerly)."""
+        if (self._no_graph or not isinstance(cache, KVCache) or cache.keys[0] is None
+                or any(w is not None for w in cache.windows)):
+            return None
+        if any(op in vars(self.B) for op in OPS):  # an OpProfiler times each op: run them
+            return None
+        need, capacity = cache.offset + 1, cache.keys[0].shape[2]
+        if need > capacity:
+            return None  # this step grows the cache (eagerly); the next one captures anew
+        buffers = (cache, cache.keys[0], cache.keys[-1])
+        g = self._step_graph
+        if (g is not None and need <= g.max_kv
+                and all(a is b for a, b in zip(g.buffers, buffers, strict=True))):
+            return g
+        max_kv = min(capacity, max(self.B.graph_min_keys, 1 << (need - 1).bit_length()))
+        self._step_graph = None  # free the old graph's buffers before capturing
+        self._step_graph = self._capture(model, cache, max_kv, buffers)
+        self._no_graph = self._step_graph is None
+        return self._step_graph
+
+    def _capture(self, model: Any, cache: KVCache, max_kv: int,
+                 buffers: tuple[Any, ...]) -> StepGraph | None:
+        B, dev = self.B, self.B.dev
+        ids, pos = dev.empty((1, 1), np.int32), dev.empty((1,), np.int32)
+        offset = cache.offset
+        B._step = _Capture(pos, max_kv)
+        dev.begin_capture()
+        try:
+            logits = model(ids, cache, last_only=True)
+            graph = dev.end_capture()
+        except BaseException as e:  # GraphUnsupported, or a capture the runtime refused
+            dev.abort_capture()
+            if not isinstance(e, Exception):  # KeyboardInterrupt: not a reason to go eager
+                raise
+            B.graph_error = f"{type(e).__name__}: {e}"
+            return None
+        finally:
+            B._step = None
+            cache.offset = offset  # captured, not run: each replay runs and advances it
+        return StepGraph(graph, ids, pos, logits, max_kv, buffers)
 
 
 def probe() -> tuple[bool, str]:

@@ -32,7 +32,7 @@
 // scores key j against its warp's query; the warp updates its running max m and sum l and
 // rescales its accumulator (head_dim split across lanes) by exp(m_old - m_new); then adds
 // p_j * V[j], reading V rows straight from global memory, coalesced across the lanes.
-extern "C" __global__ void __launch_bounds__(256) attn_f32(
+static __device__ __forceinline__ void attn_block(
         const float * __restrict__ q, const float * __restrict__ k, const float * __restrict__ v,
         float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,
         const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,
@@ -147,6 +147,33 @@ extern "C" __global__ void __launch_bounds__(256) attn_f32(
         part_ml[2 * pr] = m;
         part_ml[2 * pr + 1] = l;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) attn_f32(
+        const float * __restrict__ q, const float * __restrict__ k, const float * __restrict__ v,
+        float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,
+        const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,
+        const long long kv_stride_b, const long long kv_stride_h, const long long kv_stride_s,
+        const float scale, const float softcap, const int causal_offset, const int window,
+        const float * __restrict__ key_mask, const long long mask_stride) {
+    attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads, kv_stride_b,
+               kv_stride_h, kv_stride_s, scale, softcap, causal_offset, window, key_mask,
+               mask_stride);
+}
+
+// attn_f32 for a captured decode step (CUDA graph): the new tokens' first position is read
+// from the device (*pos, written before each replay), so one launch serves every step:
+// causal_offset = *pos and n_kv = *pos + nq. The grid is planned for the largest n_kv the
+// graph serves; splits past the keys see no tile and weigh nothing in attn_combine_f32.
+extern "C" __global__ void __launch_bounds__(256) attn_f32_pos(
+        const float * __restrict__ q, const float * __restrict__ k, const float * __restrict__ v,
+        float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,
+        const int head_dim, const int rows, const int nq, const int * __restrict__ pos,
+        const int kv_heads, const long long kv_stride_b, const long long kv_stride_h,
+        const long long kv_stride_s, const float scale, const float softcap, const int window) {
+    const int p = *pos;
+    attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads, kv_stride_b,
+               kv_stride_h, kv_stride_s, scale, softcap, p, window, nullptr, 0);
 }
 
 // Merge the splits of attn_f32: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),

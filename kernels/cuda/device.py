@@ -5,8 +5,9 @@
 - :class:`EmulatedDevice`: the host; the same .cu sources built by kernels/emulator, arrays
   are NumPy buffers standing in for device memory, ``xp`` is numpy.
 
-Both count every host<->device copy in :attr:`Device.transfers`, so tests can assert what a
-token loop moves. Launch configurations come from kernels/cuda/plan.py only.
+Both count every host<->device copy and every kernel launch in :attr:`Device.transfers`, so
+tests can assert what a token loop moves, and when. Launch configurations come from
+kernels/cuda/plan.py only.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from kernels.errors import KernelLoadError
 
 CUDA_DIR = Path(__file__).resolve().parent
 MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "unary", "argmax",
-           "selftest")
+           "step", "selftest")
 
 
 def source_path(module: str) -> Path:
@@ -60,12 +61,17 @@ def kernel_source(module: str) -> str:
 
 @dataclass
 class TransferLog:
-    """Every host<->device copy: (direction, bytes, label)."""
+    """Every host<->device copy: (direction, bytes, label) in ``events``, and in ``at`` the
+    number of kernels launched before it (where the copy sits in the launch order).
+    ``launches`` counts the device's kernel launches and is never cleared."""
 
     events: list[tuple[str, int, str]] = field(default_factory=list)
+    at: list[int] = field(default_factory=list)
+    launches: int = 0
 
     def record(self, direction: str, nbytes: int, label: str) -> None:
         self.events.append((direction, int(nbytes), label))
+        self.at.append(self.launches)
 
     def count(self, direction: str | None = None) -> int:
         return sum(1 for d, _, _ in self.events if direction in (None, d))
@@ -75,6 +81,69 @@ class TransferLog:
 
     def clear(self) -> None:
         self.events.clear()
+        self.at.clear()
+
+
+class PendingRead:
+    """A device->host copy queued behind the work that computes its source.
+
+    :meth:`result` waits for that copy alone, not for work queued after it, so the host can
+    queue the next step before it reads this one's result; the transfer is logged when the
+    host reads it (that is when the host waits)."""
+
+    def __init__(self, log: TransferLog, host: np.ndarray, label: str,
+                 wait: Any = None) -> None:
+        self._log, self._host, self._label, self._wait = log, host, label, wait
+        self._read = False
+
+    def result(self) -> np.ndarray:
+        if not self._read:
+            if self._wait is not None:
+                self._wait()
+            self._log.record("d2h", self._host.nbytes, self._label)
+            self._read = True
+        return self._host
+
+
+class Graph:
+    """A captured sequence of launches: :meth:`launch` runs all of them, in order, as one
+    Python-level launch. It keeps the buffers allocated during capture alive."""
+
+    def __init__(self, dev: Device, keep: list[Any]) -> None:
+        self.dev, self.keep = dev, keep
+
+    def launch(self) -> None:
+        self.dev.transfers.launches += 1
+        self._replay()
+
+    def _replay(self) -> None:
+        raise NotImplementedError
+
+
+class RecordedGraph(Graph):
+    """The emulator's graph: the launch list recorded at capture, replayed through the same
+    checked path (guards, race checks) as an eager launch."""
+
+    def __init__(self, dev: Device, keep: list[Any],
+                 launches: list[tuple[str, str, Launch, tuple[Any, ...]]]) -> None:
+        super().__init__(dev, keep)
+        self.launches = launches
+
+    def _replay(self) -> None:
+        for module, name, launch, args in self.launches:
+            self.dev._run(module, name, launch, args)
+
+
+class CupyGraph(Graph):
+    """A CUDA graph (cupy.cuda.Graph), replayed on the current stream: in order with the
+    work queued there before it (its inputs) and after it (what reads its outputs)."""
+
+    def __init__(self, dev: Device, keep: list[Any], graph: Any) -> None:
+        super().__init__(dev, keep)
+        self.graph = graph
+
+    def _replay(self) -> None:
+        self.graph.launch()
 
 
 class Device:
@@ -86,7 +155,12 @@ class Device:
         self.transfers = TransferLog()
         self._functions: dict[tuple[str, str], Any] = {}
         self._module_cache: dict[str, Any] = {}
-        self.launches = 0
+        self._keep: list[Any] | None = None  # buffers allocated while capturing
+
+    @property
+    def launches(self) -> int:
+        """Kernels launched through :meth:`launch` so far (CuPy's own ops not counted)."""
+        return self.transfers.launches
 
     # --- kernels -------------------------------------------------------------------
     def _load(self, module: str) -> Any:
@@ -114,9 +188,28 @@ class Device:
         return self._functions[key]
 
     def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
+        """One Python-level launch (counted): run now, or record it while capturing."""
         launch.check(self.limits)
-        self.launches += 1
+        self.transfers.launches += 1
+        self._run(module, name, launch, args)
+
+    def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         self.function(module, name)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+
+    # --- graphs (one Python-level launch for a captured sequence of kernels) ---------------
+    supports_graphs = False
+
+    def begin_capture(self) -> None:
+        """Launches from here on are captured, not run, until :meth:`end_capture`; buffers
+        allocated meanwhile are kept alive by the graph (its kernels write them)."""
+        raise NotImplementedError
+
+    def end_capture(self) -> Graph:
+        raise NotImplementedError
+
+    def abort_capture(self) -> None:
+        """Stop capturing and drop what was captured (nothing of it ran)."""
+        raise NotImplementedError
 
     # --- memory ----------------------------------------------------------------------
     @staticmethod
@@ -125,7 +218,12 @@ class Device:
         return int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        return self.xp.empty(shape, dtype)
+        return self._kept(self.xp.empty(shape, dtype))
+
+    def _kept(self, a: Any) -> Any:
+        if self._keep is not None:  # capturing: the graph's kernels own this buffer
+            self._keep.append(a)
+        return a
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
         return self.xp.zeros(shape, dtype)
@@ -134,6 +232,11 @@ class Device:
         raise NotImplementedError
 
     def to_host(self, a: Any, label: str = "") -> np.ndarray:
+        raise NotImplementedError
+
+    def read_later(self, a: Any, label: str = "") -> PendingRead:
+        """Queue a copy of ``a`` to the host behind the work already queued; see
+        :class:`PendingRead`."""
         raise NotImplementedError
 
     def synchronize(self) -> None:
@@ -170,6 +273,8 @@ class CupyDevice(Device):
         )
         self.properties = props
         self._device_id = device_id
+        self._graph_stream: Any = None
+        self._prev_stream: Any = None
         self._peak = 0
         self._total: int | None = None
 
@@ -181,9 +286,43 @@ class CupyDevice(Device):
         mod.compile()
         return mod
 
-    def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
+    def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         # CuPy has no None for pointer parameters; an 8-byte zero is the null pointer.
-        super().launch(module, name, launch, tuple(np.uint64(0) if a is None else a for a in args))
+        super()._run(module, name, launch, tuple(np.uint64(0) if a is None else a for a in args))
+
+    @property
+    def supports_graphs(self) -> bool:  # type: ignore[override]
+        return not self._cupy.cuda.runtime.is_hip
+
+    def begin_capture(self) -> None:
+        # The legacy default stream cannot be captured: capture on a stream of our own,
+        # non-blocking so that nothing on the default stream joins the capture. Capturing
+        # runs nothing, so no ordering is needed here; replays run on the current stream.
+        if self._graph_stream is None:
+            self._graph_stream = self._cupy.cuda.Stream(non_blocking=True)
+        self._prev_stream = self._cupy.cuda.get_current_stream()
+        self._graph_stream.use()
+        self._keep = []
+        self._graph_stream.begin_capture()
+
+    def _stop_capture(self) -> tuple[Any, list[Any]]:
+        keep, self._keep = self._keep or [], None
+        try:
+            return self._graph_stream.end_capture(), keep
+        finally:
+            self._prev_stream.use()
+
+    def end_capture(self) -> Graph:
+        graph, keep = self._stop_capture()
+        return CupyGraph(self, keep, graph)
+
+    def abort_capture(self) -> None:
+        if self._keep is None:  # end_capture already stopped it (and raised)
+            return
+        try:
+            self._stop_capture()
+        except Exception:  # a capture the runtime already invalidated: nothing to keep
+            pass
 
     def to_device(self, a: np.ndarray, label: str = "") -> Any:
         self.transfers.record("h2d", a.nbytes, label)
@@ -192,6 +331,16 @@ class CupyDevice(Device):
     def to_host(self, a: Any, label: str = "") -> np.ndarray:
         self.transfers.record("d2h", a.nbytes, label)
         return self._cupy.asnumpy(a)
+
+    def read_later(self, a: Any, label: str = "") -> PendingRead:
+        # Into page-locked memory, so the copy is asynchronous; the event marks its end on
+        # the stream, and waiting for it does not wait for kernels queued after the copy.
+        import cupyx
+
+        host = cupyx.empty_pinned(a.shape, a.dtype)
+        self._cupy.asnumpy(a, out=host, blocking=False)
+        done = self._cupy.cuda.get_current_stream().record()
+        return PendingRead(self.transfers, host, label, done.synchronize)
 
     def synchronize(self) -> None:
         self._cupy.cuda.get_current_stream().synchronize()
@@ -374,6 +523,20 @@ class EmulatedDevice(Device):
         self._guarded: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self._spans: dict[int, tuple[int, int]] = {}
         self.allocations: list[int] = []  # bytes of every buffer allocated, in order
+        self._recording: list[tuple[str, str, Launch, tuple[Any, ...]]] | None = None
+
+    supports_graphs = True
+
+    def begin_capture(self) -> None:
+        self._recording, self._keep = [], []
+
+    def end_capture(self) -> Graph:
+        graph = RecordedGraph(self, self._keep or [], self._recording or [])
+        self._recording = self._keep = None
+        return graph
+
+    def abort_capture(self) -> None:
+        self._recording = self._keep = None
 
     def _load(self, module: str) -> Any:
         from kernels.emulator.module import EmulatedModule
@@ -400,7 +563,7 @@ class EmulatedDevice(Device):
         self._spans[id(raw)] = (start, n)
         out = raw[start:start + n].view(dtype).reshape(shape).view(DeviceArray)
         out._log = self.transfers
-        return out
+        return self._kept(out)
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         a = self.empty(shape, dtype)
@@ -417,6 +580,10 @@ class EmulatedDevice(Device):
     def to_host(self, a: np.ndarray, label: str = "") -> np.ndarray:
         self.transfers.record("d2h", a.nbytes, label)
         return np.array(a, copy=True, subok=False)
+
+    def read_later(self, a: np.ndarray, label: str = "") -> PendingRead:
+        # Launches complete in order here, so the value is final when the copy is queued.
+        return PendingRead(self.transfers, np.array(a, copy=True, subok=False), label)
 
     def memory(self) -> tuple[int | None, int | None, int | None]:
         return None, None, None
@@ -439,11 +606,14 @@ class EmulatedDevice(Device):
                 raise _emulator_error()(f"{name}: a thread wrote outside a {a.dtype} buffer "
                                         f"of shape {a.shape} (grid or block too large?)")
 
-    def launch(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
+    def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         from kernels.emulator import module as emu
 
+        if self._recording is not None:  # capturing: recorded now, run at each replay
+            self._recording.append((module, name, launch, args))
+            return
         if not self.check_races:
-            super().launch(module, name, launch, args)
+            super()._run(module, name, launch, args)
             self._check_guards(name, args)
             return
         roots = {id(r): r for r in (self._root(a) for a in args if isinstance(a, np.ndarray))}
@@ -451,12 +621,12 @@ class EmulatedDevice(Device):
         saved = emu.schedule, emu.block_seed
         try:
             emu.schedule, emu.block_seed = "forward", 0
-            super().launch(module, name, launch, args)
+            super()._run(module, name, launch, args)
             forward = {k: r.copy() for k, r in roots.items()}
             for k, r in roots.items():
                 r[...] = before[k]
             emu.schedule, emu.block_seed = "reverse", self.launches  # a new order per launch
-            super().launch(module, name, launch, args)
+            super()._run(module, name, launch, args)
         finally:
             emu.schedule, emu.block_seed = saved
         self._check_guards(name, args)

@@ -111,6 +111,11 @@ def plan_self_test(n: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
     return Launch((1, 1, 1), (SELFTEST_THREADS, 1, 1)).check(limits)
 
 
+def plan_step_inputs(limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    """step_inputs_i32 writes two ints: one thread does it; a warp is the smallest block."""
+    return Launch((1, 1, 1), (table.WARP, 1, 1)).check(limits)
+
+
 # Streaming elementwise kernels: 256 threads per block, one element (or pair) per thread.
 ELEMENTWISE_THREADS = 256
 

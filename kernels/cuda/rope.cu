@@ -5,8 +5,7 @@
 //   neox (Hugging Face): elements (i, i + D/2);  normal (GGML): elements (2i, 2i + 1).
 #include "common.cuh"
 
-// One thread per rotated pair; 1-D grid (see plan.plan_elementwise).
-extern "C" __global__ void __launch_bounds__(256) rope_f32(
+static __device__ __forceinline__ void rope_pair(
         const float * __restrict__ x, float * __restrict__ y, const int head_dim,
         const long long npairs, const int seq, const int seq_div, const int offset,
         const float theta, const int neox, const float * __restrict__ freq_factors) {
@@ -27,4 +26,21 @@ extern "C" __global__ void __launch_bounds__(256) rope_f32(
     const float a = x[i0], b = x[i1];
     y[i0] = a * c - b * s;
     y[i1] = a * s + b * c;
+}
+
+// One thread per rotated pair; 1-D grid (see plan.plan_elementwise).
+extern "C" __global__ void __launch_bounds__(256) rope_f32(
+        const float * __restrict__ x, float * __restrict__ y, const int head_dim,
+        const long long npairs, const int seq, const int seq_div, const int offset,
+        const float theta, const int neox, const float * __restrict__ freq_factors) {
+    rope_pair(x, y, head_dim, npairs, seq, seq_div, offset, theta, neox, freq_factors);
+}
+
+// rope_f32 for a captured decode step (CUDA graph): the offset is read from the device
+// (*pos, written before each replay), so one launch serves every position.
+extern "C" __global__ void __launch_bounds__(256) rope_f32_pos(
+        const float * __restrict__ x, float * __restrict__ y, const int head_dim,
+        const long long npairs, const int seq, const int seq_div, const int * __restrict__ pos,
+        const float theta, const int neox, const float * __restrict__ freq_factors) {
+    rope_pair(x, y, head_dim, npairs, seq, seq_div, *pos, theta, neox, freq_factors);
 }

@@ -79,6 +79,9 @@ BUDGETS: dict[str, KernelBudget] = {
     "gelu_tanh_mul_f32": KernelBudget(256, 64, 0),
     "attn_f32": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
     "attn_combine_f32": KernelBudget(256, 64, 0),
+    "step_inputs_i32": KernelBudget(32, 32, 0),
+    "kv_store_f32": KernelBudget(256, 64, 0),
+    "add_f32": KernelBudget(256, 64, 0),
     "type_info": KernelBudget(32, 64, 0),
     "selftest_f16": KernelBudget(32, 32, 0),
 }

@@ -27,6 +27,7 @@ from inference.generate import generate_step
 from inference.models import bert, llama
 from inference.models.common import Weights
 from inference.sampling import SamplingParams
+from kernels.cuda import ops
 from kernels.cuda.device import Device, EmulatedDevice
 from tests.bundled import minilm_dir, smollm2_gguf
 from tests.kernels.quantdata import make_weight
@@ -65,14 +66,14 @@ def _tensor(name: str, qtype: str, shape: tuple[int, int], rng: np.random.Genera
     return TensorData(name, shape, qtype, make_weight(qtype, *shape, rng, scale=0.005))
 
 
-def tiny_llama(qtype: str, embed_type: str = "Q8_0") -> Checkpoint:
+def tiny_llama(qtype: str, embed_type: str = "Q8_0", layers: int = 2) -> Checkpoint:
     hidden, inter, vocab = 256, 512, 96  # K-quants need rows of 256
-    cfg = {"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": 2,
+    cfg = {"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
            "intermediate_size": inter, "num_attention_heads": 4, "num_key_value_heads": 2,
            "vocab_size": vocab, "rms_norm_eps": 1e-5, "tie_word_embeddings": True}
     rng = np.random.default_rng(7)
     ts = {"model.embed_tokens.weight": _tensor("e", embed_type, (vocab, hidden), rng)}
-    for i in range(2):
+    for i in range(layers):
         p = f"model.layers.{i}."
         for n, shape in [("q", (256, 256)), ("k", (128, 256)), ("v", (128, 256)),
                          ("o", (256, 256))]:
@@ -107,6 +108,39 @@ def test_tiny_llama_prefill_and_greedy_decode_match_numpy(qtype: str, device: De
     assert list(itertools.islice(a, 12)) == list(itertools.islice(b, 12))
 
 
+def test_stacked_projections_are_one_mat_vec_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    # q/k/v and gate/up stack at load (Weights.linears: same type and width) into one
+    # weight each: a decode step runs 4 mat-vecs per layer instead of 7, plus the LM head.
+    # Each output row is its own dot product either way; the tolerance allows the GEMM
+    # path (prefill) to sum a wider product in another order: 1e-5 of the largest logit.
+    from inference.models import common
+
+    ckpt = tiny_llama("Q4_K")
+    calls: list[int] = []
+    mmv = ops.mul_mat_vec
+    monkeypatch.setattr(ops, "mul_mat_vec", lambda *a: (calls.append(1), mmv(*a))[1])
+
+    def run(stacked: bool) -> tuple[list[np.ndarray], int]:
+        C = CudaBackend(EmulatedDevice())
+        with monkeypatch.context() as m:
+            if not stacked:
+                m.setattr(common, "_stackable", lambda a, b: False)
+            model = _build(llama, ckpt, C)
+        cache = model.make_cache(32)
+        out = [C.to_numpy(model(C.array(np.array([[1, 5, 9, 33, 2, 70, 11, 4, 8, 60]])),
+                                cache, last_only=True))]
+        calls.clear()
+        out.append(C.to_numpy(model(C.array(np.array([[3]])), cache, last_only=True)))
+        return out, len(calls)
+
+    fused, n_fused = run(True)
+    apart, n_apart = run(False)
+    assert (n_fused, n_apart) == (2 * 4 + 1, 2 * 7 + 1)
+    for a, b in zip(fused, apart, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
+        assert a.argmax() == b.argmax()
+
+
 def test_half_precision_prefill_stays_close() -> None:
     # float16 weights and activations in the prefill GEMMs: atol/rtol 2e-2 on the logits.
     ckpt = tiny_llama("Q4_K", embed_type="Q8_0")
@@ -132,20 +166,59 @@ def test_decode_loop_moves_only_the_sampled_id(device: Device) -> None:
         dev.transfers.clear()
         launches = dev.launches
         toks = [next(steps) for _ in range(10)]
-        assert dev.launches - launches > 10 * 10  # the loop did run kernels
+        assert dev.launches - launches >= 2 * 10  # the loop did run kernels (graphs on)
         assert dev.transfers.count("h2d") == 0, dev.transfers.events
         assert dev.transfers.events == [("d2h", 4, "sampled id")] * 10, dev.transfers.events
         assert all(0 <= t < 96 for t in toks)
         steps.close()
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_sampled_id_is_read_one_step_behind(graphs: bool) -> None:
+    # The engine's lazy-token protocol (as MLX's): token t stays on the device as step
+    # t+1's input and its copy is read by the host only after step t+1 is queued, so the
+    # host's work on token t overlaps the GPU's on step t+1. Greedy ids equal NumPy's.
+    dev = EmulatedDevice()
+    C = CudaBackend(dev, graphs=graphs)
+    ckpt = tiny_llama("Q4_1")
+    queued: list[int] = []  # launches so far when each forward (eager or replayed) is queued
+    start = C.start_generation
+
+    def counted(*a):  # noqa: ANN002, ANN202
+        sampler = start(*a)
+        decode = sampler.decode
+        sampler.decode = lambda *b: (decode(*b), queued.append(dev.launches))[0]
+        return sampler
+
+    C.start_generation = counted
+    sp = SamplingParams(temperature=0.0)
+    steps = generate_step(_build(llama, ckpt, C), [1, 5, 9, 2], sp, np.random.default_rng(1),
+                          max_len=64)
+    dev.transfers.clear()
+    toks = list(itertools.islice(steps, 8))
+    steps.close()
+    reads = [at for (d, _, label), at in zip(dev.transfers.events, dev.transfers.at,
+                                             strict=True) if label == "sampled id"]
+    ups = [e for e in dev.transfers.events if e[0] == "h2d"]
+    assert len(reads) == 8 and ups == [("h2d", 32, "input")], dev.transfers.events  # prompt
+    # queued[t] is step t+1's forward, which token t feeds: token t is read after it and
+    # before step t+2 is queued, exactly one step behind.
+    assert len(queued) == 8
+    ends = [*queued, float("inf")]
+    for t, at in enumerate(reads):
+        assert ends[t] <= at < ends[t + 1], (t, at, queued)
+    ref = generate_step(_build(llama, ckpt, N), [1, 5, 9, 2], sp, np.random.default_rng(1),
+                        max_len=64)
+    assert toks == list(itertools.islice(ref, 8))
+
+
 def test_decode_loop_check_sees_an_implicit_read() -> None:
     # The check above would catch a float() of a device array in the loop (on a GPU, a
     # hidden synchronising copy): a backend that peeks at the top logit every token.
     class Peeking(CudaBackend):
-        def sample(self, logits, params, history, rng):  # noqa: ANN001, ANN201
+        def sample_id(self, logits, params, recent, rng):  # noqa: ANN001, ANN201
             float(self.xp.max(logits))
-            return super().sample(logits, params, history, rng)
+            return super().sample_id(logits, params, recent, rng)
 
     dev = EmulatedDevice()
     model = _build(llama, tiny_llama("Q4_1"), Peeking(dev))

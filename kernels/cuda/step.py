@@ -1,0 +1,110 @@
+"""Checked entry points of the kernels a captured decode step uses (step.cu, and the
+``_pos`` variants of rope.cu and attention.cu).
+
+A CUDA graph replays its launches with the arguments they were captured with, so nothing a
+step changes may be a kernel argument: the input id and the position live in device
+buffers (``ids``, ``pos``), written by :func:`step_inputs` before each replay, and the
+kernels below read them there. Each function serves one new token (t = 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kernels.cuda import plan
+from kernels.cuda.device import Device
+from kernels.cuda.ops import _f32_contig, _need, f32, i32, i64
+
+
+def _pos_buffer(pos: Any) -> None:
+    _need(pos.dtype == np.int32 and pos.shape == (1,), "pos must be a (1,) int32 device array")
+
+
+def step_inputs(dev: Device, tok: Any, ids: Any, pos: Any, position: int) -> None:
+    """ids[0] = tok[0] on the device (the sampled id never visits the host) and
+    pos[0] = position (a kernel argument, not a copy)."""
+    _pos_buffer(pos)
+    _need(tok.dtype == np.int32 and ids.dtype == np.int32 and tok.size == ids.size == 1,
+          "tok and ids must hold one int32 each")
+    dev.launch("step", "step_inputs_i32", plan.plan_step_inputs(dev.limits),
+               (tok, ids, pos, i32(position)))
+
+
+def add(dev: Device, a: Any, b: Any) -> Any:
+    """a + b, float32 arrays of one shape (the residual adds)."""
+    _f32_contig(a, "a")
+    _f32_contig(b, "b")
+    _need(a.shape == b.shape, f"add of {a.shape} and {b.shape}")
+    y = dev.empty(a.shape, np.float32)
+    dev.launch("step", "add_f32", plan.plan_elementwise(a.size, dev.limits),
+               (a, b, y, i64(a.size)))
+    return y
+
+
+def kv_store(dev: Device, src: Any, dst: Any, pos: Any) -> Any:
+    """Write src (batch, heads, 1, head_dim) into row pos[0] of the cache dst (batch, heads,
+    capacity, head_dim; any strides, contiguous head_dim). Returns dst."""
+    _pos_buffer(pos)
+    _need(src.dtype == np.float32 and src.ndim == 4 and src.shape[2] == 1,
+          f"kv_store writes one float32 row per head, got {src.dtype} {src.shape}")
+    _need(dst.dtype == np.float32 and dst.ndim == 4 and dst.strides[-1] == 4
+          and dst.shape[:2] == src.shape[:2] and dst.shape[3] == src.shape[3],
+          f"cache {dst.shape} does not fit rows {src.shape}")
+    _need(src.flags.c_contiguous, "kv_store needs contiguous rows")
+    b, h, _, d = src.shape
+    sb, sh, ss = (s // 4 for s in dst.strides[:3])
+    dev.launch("step", "kv_store_f32", plan.plan_elementwise(src.size, dev.limits),
+               (src, dst, i32(h), i32(d), i64(sb), i64(sh), i64(ss), pos, i64(src.size)))
+    return dst
+
+
+def rope(dev: Device, x: Any, pos: Any, theta: float, *, neox: bool = True,
+         freq_factors: Any | None = None) -> Any:
+    """Rotate every head vector of a contiguous (..., head_dim) array of one token by
+    position pos[0] (see rope.cu)."""
+    _pos_buffer(pos)
+    _f32_contig(x, "x")
+    d = x.shape[-1]
+    _need(d % 2 == 0, f"rope needs an even head_dim, got {d}")
+    if freq_factors is not None:
+        _f32_contig(freq_factors, "freq_factors")
+        _need(freq_factors.shape == (d // 2,), f"freq_factors {freq_factors.shape} != ({d // 2},)")
+    pairs = x.size // 2
+    y = dev.empty(x.shape, np.float32)
+    dev.launch("rope", "rope_f32_pos", plan.plan_elementwise(pairs, dev.limits),
+               (x, y, i32(d), i64(pairs), i32(1), i32(1), pos, f32(theta),
+                i32(1 if neox else 0), freq_factors))
+    return y
+
+
+def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_kv: int, *,
+              window: int | None = None, softcap: float | None = None) -> Any:
+    """ops.attention for one new token at position pos[0] over keys 0..pos[0] of the cache
+    k, v (batch, kv_heads, capacity, head_dim); the grid is planned for ``max_kv`` keys,
+    the most any replay of the graph may see."""
+    _pos_buffer(pos)
+    _f32_contig(q, "q")
+    b, h, t, d = q.shape
+    _need(t == 1, f"a captured step attends one token, got {t}")
+    _need(k.shape == v.shape and k.strides == v.strides, "k and v must share shape and layout")
+    _need(k.dtype == np.float32 and k.strides[-1] == 4,
+          "k/v must be float32 with contiguous head_dim")
+    kb, kvh, _, kd = k.shape
+    _need(kb == b and kd == d and h % kvh == 0, f"q {q.shape} does not fit k {k.shape}")
+    rows = h // kvh
+    p = plan.plan_attention(d, rows, max_kv, b * kvh, dev.limits)
+    sb, sh, ss = (s // 4 for s in k.strides[:3])
+    out = dev.empty(q.shape, np.float32)
+    part = part_ml = None
+    if p.combine is not None:
+        part = dev.empty((p.splits * b * kvh * rows * d,), np.float32)
+        part_ml = dev.empty((p.splits * b * kvh * rows * 2,), np.float32)
+    dev.launch("attention", "attn_f32_pos", p.main,
+               (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(1), pos, i32(kvh),
+                i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0), i32(window or 0)))
+    if p.combine is not None:
+        dev.launch("attention", "attn_combine_f32", p.combine,
+                   (part, part_ml, out, i32(d), i32(rows), i32(p.splits)))
+    return out

@@ -1,0 +1,206 @@
+"""The captured decode step (CUDA graphs) on the emulated device.
+
+The emulator models a capture as the list of launches it records and a replay as running
+that list again through the same checked launch path, so a replayed step runs the same
+kernels as a GPU's graph would, and its results can be compared with the eager step's.
+
+Tolerances: the kernels a replay runs differ from the eager step's only in where the
+position comes from (rope, attention, the KV row write) and in attention's split-K grid,
+planned for the bucket's keys rather than the step's: float32 sums in another order,
+atol 1e-5 on logits of magnitude ~1-10.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inference.backends.cuda import CudaBackend
+from inference.generate import prefill
+from inference.models import llama
+from inference.sampling import SamplingParams
+from kernels.cuda import ops, step
+from kernels.cuda.device import EmulatedDevice
+from tests.kernels.test_cuda_backend import N, _build, tiny_llama
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = (1, 5, 9, 2)
+
+
+def _f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_position_kernels_match_the_eager_kernels() -> None:
+    # Awkward shapes (head_dim 40, 3 kv heads, GQA 2, batch 2, cache rows 150), with the
+    # two-order race check on. attn_f32_pos is planned for 150 keys but reads 98 from the
+    # device: its last split sees no key and must weigh nothing.
+    dev = EmulatedDevice(check_races=True)
+    rng = np.random.default_rng(0)
+    p = 97
+    pos = dev.to_device(np.array([p], np.int32))
+    x = dev.to_device(_f32(rng, 2, 1, 6, 40))
+    ff = dev.to_device((1 + rng.random(20)).astype(np.float32))
+    for neox in (True, False):
+        got = step.rope(dev, x, pos, 1e4, neox=neox, freq_factors=ff)
+        want = ops.rope(dev, x, p, 1e4, neox=neox, seq_axis=1, freq_factors=ff)
+        np.testing.assert_array_equal(dev.to_host(got), dev.to_host(want))
+
+    k = dev.to_device(_f32(rng, 2, 3, 150, 40))
+    v = dev.to_device(_f32(rng, 2, 3, 150, 40))
+    row = dev.to_device(_f32(rng, 2, 3, 1, 40))
+    want_k = dev.to_host(k)
+    want_k[:, :, p] = dev.to_host(row)[:, :, 0]
+    assert step.kv_store(dev, row, k, pos) is k
+    np.testing.assert_array_equal(dev.to_host(k), want_k)
+
+    q = dev.to_device(_f32(rng, 2, 6, 1, 40))
+    for softcap in (None, 5.0):
+        got = step.attention(dev, q, k, v, 0.15, pos, 150, softcap=softcap)
+        want = ops.attention(dev, q, k[:, :, :p + 1], v[:, :, :p + 1], 0.15, causal_offset=p,
+                             softcap=softcap)
+        np.testing.assert_allclose(dev.to_host(got), dev.to_host(want), rtol=0, atol=1e-6)
+
+    a, b = (dev.to_device(_f32(rng, 3, 77)) for _ in range(2))
+    np.testing.assert_array_equal(dev.to_host(step.add(dev, a, b)), dev.to_host(a) + dev.to_host(b))
+
+    tok, ids = dev.to_device(np.array([41], np.int32)), dev.to_device(np.zeros((1, 1), np.int32))
+    step.step_inputs(dev, tok, ids, pos, 12)
+    assert (dev.to_host(ids)[0, 0], dev.to_host(pos)[0]) == (41, 12)
+
+
+def test_a_replay_runs_the_captured_launches_as_one() -> None:
+    dev = EmulatedDevice()
+    a = dev.to_device(np.arange(5, dtype=np.float32))
+    dev.begin_capture()
+    y = step.add(dev, a, a)
+    z = step.add(dev, y, a)  # y: allocated during capture, kept alive by the graph
+    graph = dev.end_capture()
+    assert dev.to_host(z).tobytes() == b"\xff" * 20  # captured, not run: still poisoned
+    launches = dev.launches
+    graph.launch()
+    assert dev.launches == launches + 1
+    np.testing.assert_array_equal(dev.to_host(z), 3 * np.arange(5))
+    a[...] = 1  # a replay reads the buffers as they are now
+    graph.launch()
+    np.testing.assert_array_equal(dev.to_host(z), [3] * 5)
+    assert any(k is y for k in graph.keep)
+
+
+STEPS = 8  # positions 4..11
+
+
+@cache  # shared by the tests below: each emulated step costs ~50 ms
+def _decode(graphs: bool, min_keys: int = CudaBackend.graph_min_keys, layers: int = 2,
+            steps: int = STEPS, softcap: float | None = None, prompt: tuple[int, ...] = PROMPT,
+            grow: bool = False) -> tuple[list[int], list[np.ndarray], list[int], Any]:
+    """Greedy decode through the sampler's protocol: ids, logits, launches per step.
+    ``grow``: a cache that grows in 8-row steps instead of one allocated up front."""
+    cfg = {} if softcap is None else {"final_logit_softcapping": softcap}
+    ckpt = tiny_llama("Q4_1", layers=layers)
+    ckpt.config.update(cfg)
+    dev = EmulatedDevice()
+    C = CudaBackend(dev, graphs=graphs)
+    C.graph_min_keys = min_keys
+    model = _build(llama, ckpt, C)
+    cache = model.make_cache(None if grow else 40)
+    if grow:
+        cache.step = 8
+    sampler = C.start_generation(GREEDY, prompt, np.random.default_rng(0))
+    tok = sampler.sample(C.reshape(prefill(model, prompt, cache), (96,)))
+    ids, logits, launches = [], [], []
+    for _ in range(steps):
+        n = dev.launches
+        out = sampler.decode(model, tok, cache)
+        ids.append(sampler.read(tok))
+        tok = sampler.sample(C.reshape(out, (96,)))
+        launches.append(dev.launches - n)
+        logits.append(dev.to_host(out).reshape(-1))
+    return ids, logits, launches, C
+
+
+def _numpy_ids(steps: int, softcap: float | None = None) -> list[int]:
+    ckpt = tiny_llama("Q4_1")
+    if softcap is not None:
+        ckpt.config["final_logit_softcapping"] = softcap
+    model = _build(llama, ckpt, N)
+    cache = model.make_cache(40)
+    out, ids = prefill(model, PROMPT, cache), []
+    for _ in range(steps):
+        ids.append(int(np.argmax(out.reshape(-1))))
+        out = model(np.array([[ids[-1]]]), cache, last_only=True)
+    return ids
+
+
+@pytest.mark.parametrize("min_keys", [8, 256])
+def test_replayed_decode_matches_eager_and_numpy(min_keys: int) -> None:
+    # 256: one capture, attention planned for 256 keys with its extra splits empty.
+    # 8, with a cache growing by 8 rows: positions 4..7 replay a capture for 8 keys; the
+    # step at 8 grows the cache (eagerly); 9..11 replay a new capture (new buffers, 16 keys).
+    eager_ids, eager_logits, eager_n, _ = _decode(graphs=False)
+    ids, logits, n, C = _decode(graphs=True, min_keys=min_keys, grow=min_keys == 8)
+    assert C.graph_error is None
+    assert ids == eager_ids == _numpy_ids(STEPS)
+    for a, b in zip(logits, eager_logits, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    # A replayed step: step_inputs, the graph, the greedy argmax; a capture step more.
+    eager = 2 * 10 + 4  # 10 kernels a layer (+ CuPy's adds and KV writes), 4 more
+    assert eager_n == [eager] * STEPS
+    if min_keys == 8:
+        assert [c == 3 for c in n] == [False, True, True, True, False, False, True, True], n
+        assert n[4] == eager
+    else:
+        assert n[1:] == [3] * (STEPS - 1), n
+
+
+def test_sampled_generation_with_penalty_matches_numpy() -> None:
+    # Top-k/top-p/min-p draws with a repetition penalty whose window lives on the device
+    # (extended there by each sampled id): the same uniforms draw the same ids as NumPy.
+    from itertools import islice
+
+    from inference.generate import generate_step
+
+    sp = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02,
+                        repetition_penalty=1.3, repetition_window=6)
+    ckpt = tiny_llama("Q4_1")
+    got = generate_step(_build(llama, ckpt, CudaBackend(EmulatedDevice())), list(PROMPT), sp,
+                        np.random.default_rng(5), max_len=32)
+    want = generate_step(_build(llama, ckpt, N), list(PROMPT), sp, np.random.default_rng(5),
+                         max_len=32)
+    assert list(islice(got, 8)) == list(islice(want, 8))
+
+
+def test_replayed_step_launches_do_not_grow_with_layers() -> None:
+    # The issue's bound: with graphs, a decode step's Python-level launches through the
+    # device are the same for 2 and 6 layers (3: inputs, graph, argmax); eager grows 10 a layer.
+    two = _decode(graphs=True)[2][:2]
+    six = _decode(graphs=True, layers=6, steps=2, prompt=(1,))[2]
+    assert two[1] == six[1] == 3  # step 0 captured the graph
+    assert six[0] - two[0] == 4 * (10 + 4)  # the capture records 14 launches a layer
+
+
+def test_a_step_the_graph_cannot_hold_runs_eagerly() -> None:
+    # A final logit soft-cap is a CuPy operator here: the capture is refused, every step
+    # of the generation runs eagerly, with the reason kept, and the ids are unchanged.
+    ids, _, n, C = _decode(graphs=True, steps=2, softcap=3.0)
+    assert C.graph_error is not None and "softcap" in C.graph_error
+    assert n[1] == 2 * 10 + 4  # n[0] also paid for the launches of the refused capture
+    assert ids == _numpy_ids(2, softcap=3.0)
+
+
+def test_profiled_decode_runs_eagerly() -> None:
+    # An OpProfiler times each op of each step; a replay would hide them, so while one
+    # is active every step calls the model (2 layers: 2 attention calls a forward).
+    from inference.backends.base import OpProfiler
+    from inference.generate import generate_step
+
+    C = CudaBackend(EmulatedDevice())
+    model = _build(llama, tiny_llama("Q4_1"), C)
+    with OpProfiler(C) as prof:
+        steps = generate_step(model, list(PROMPT), GREEDY, np.random.default_rng(0), max_len=16)
+        [next(steps) for _ in range(3)]  # prefill and 3 decode steps (one step ahead)
+        steps.close()
+    assert prof.counts["attention"] == 2 * 4
