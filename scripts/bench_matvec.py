@@ -2,8 +2,9 @@
 
     python scripts/bench_matvec.py [--threads 1] [--rounds 7] [--out docs/bench-results]
 
-For each packed type (random weights of SmolLM2's shapes: 1536x576 for the MLP's input,
-49152x576 for the output head) and each activation mode (float, int16, int8; the integer
+For each packed type (random weights; a 1536x1536 matrix that stays in cache, and a
+32768x1024 one, like an output head, that streams from memory; K-quants need rows of 256)
+and each activation mode (float, int16, int8; the integer
 ones where the CPU has AVX2), ``backend.linear`` of one row is timed, the modes taking
 turns round by round so a load change hits all alike. CPU time per call (process time /
 calls), so other processes on the machine inflate every mode alike instead of adding
@@ -29,7 +30,7 @@ from inference.backends.cpu import CpuBackend  # noqa: E402
 from inference.bench import cpu_info  # noqa: E402
 from tests.bundled import random_tensor  # noqa: E402
 
-SHAPES = {"mlp_in": (1536, 576), "head": (49152, 576)}
+SHAPES = {"cached": (1536, 1536), "streamed": (32768, 1024)}
 TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")
 
 
@@ -44,11 +45,11 @@ def main() -> None:
     backends = {m: CpuBackend(m) for m in modes}
     for b in backends.values():
         b.set_threads(args.threads)
-    x = np.random.default_rng(0).standard_normal((1, 576)).astype(np.float32)
-    rows = []
+        rows = []
     for qtype in TYPES:
         for where, (n, k) in SHAPES.items():
             t = random_tensor(qtype, n, k, seed=1)
+            x = np.random.default_rng(0).standard_normal((1, k)).astype(np.float32)
             ws = {m: b.weight(t) for m, b in backends.items()}
             best = dict.fromkeys(modes, float("inf"))
             for m, b in backends.items():
@@ -65,7 +66,7 @@ def main() -> None:
                    "gweights_s": {m: round(n * k / v / 1e9, 2) for m, v in best.items()},
                    "x_float": {m: round(best["float"] / v, 2) for m, v in best.items()}}
             rows.append(row)
-            print(f"{qtype:5s} {where:6s} " + "  ".join(
+            print(f"{qtype:5s} {where:8s} " + "  ".join(
                 f"{m} {row['gweights_s'][m]:6.2f} Gw/s ({row['x_float'][m]:.2f}x)" for m in modes))
     stamp = time.strftime("%Y%m%d-%H%M")
     out = Path(args.out) / f"{stamp}-matvec-modes-{args.threads}t.json"
