@@ -106,12 +106,22 @@ def test_idle_indicator_counts_the_draft(small_context, qtbot) -> None:
     w = small_context
     w.tabs.setCurrentWidget(w.chat)
     w.chat.new_conversation()
-    with qtbot.waitSignal(w.handle.measured, timeout=30_000) as first:
-        w.chat.input.setPlainText("Hello there")
-    with qtbot.waitSignal(w.handle.measured, timeout=30_000) as second:
-        w.chat.input.setPlainText("Hello there, " + "and a much longer draft " * 20)
-    assert second.args[0] > first.args[0] > 0
-    assert w.chat.context_label.text() == f"{second.args[0]} / 512 tokens"
+    model = _chat_model(w)
+
+    def shows(draft: str) -> int:
+        # A count for an earlier draft (or chat) may still be on its way from the worker:
+        # wait for the one this draft gives, not for the next signal. The draft fits the
+        # context whole, so every policy counts it the same.
+        messages = w.chat._history() + [{"role": "user", "content": draft.strip()}]
+        want = fit(model, messages, "rolling", SMALL_CONTEXT, 1).n_prompt
+        w.chat.input.setPlainText(draft)
+        wait_until(lambda: w.chat.context_label.text() == f"{want} / {SMALL_CONTEXT} tokens",
+                   30_000, f"the indicator to show {want} tokens")
+        return want
+
+    short = shows("Hello there")
+    longer = shows("Hello there, " + "and a much longer draft " * 20)
+    assert longer > short > 0
     w.chat.input.clear()
 
 
