@@ -38,3 +38,14 @@ def minilm():
     from inference import load_model
 
     return load_model("all-MiniLM-L6-v2", backend="numpy")
+
+
+@pytest.fixture(scope="session")
+def smollm2_prose_logits(smollm2):
+    """The NumPy SmolLM2's logits over the prose golden, computed once: scored against
+    transformers (test_parity) and against the cpu backend (test_backend_cpu)."""
+    from tests.goldens_io import load_smollm2
+
+    logits = smollm2.logits([int(i) for i in load_smollm2()["texts"]["prose"]["ids"]])
+    logits.setflags(write=False)  # shared: no test may change it
+    return logits
