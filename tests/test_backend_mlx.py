@@ -373,12 +373,13 @@ def _load(name: str, backend: str):
 
 
 @pytest.mark.slow
-def test_smollm2_logits_top1_agreement_with_reference():
-    # ~10 s of it is MLX's CPU forward over 100 tokens (~13 GMAC at ~1.5 GMAC/s).
+def test_smollm2_logits_top1_agreement_with_reference(smollm2):
+    # ~10 s of it is MLX's CPU forward over 100 tokens (~13 GMAC at ~1.5 GMAC/s). The
+    # reference is the session's NumPy SmolLM2 (tests/conftest.py), not a second load.
     from tests.goldens_io import SMOLLM2_MIN_TOP1_AGREEMENT, load_smollm2
 
     ids = [int(i) for i in load_smollm2()["texts"]["prose"]["ids"][:100]]
-    want = _load("SmolLM2-135M-Instruct.Q4_1", "numpy").logits(ids)
+    want = smollm2.logits(ids)
     model = _load("SmolLM2-135M-Instruct.Q4_1", "mlx")
     assert model.backend.name == "mlx"
     got = model.logits(ids)
@@ -388,11 +389,11 @@ def test_smollm2_logits_top1_agreement_with_reference():
 
 
 @pytest.mark.slow
-def test_minilm_embeddings_cosine_with_reference():
+def test_minilm_embeddings_cosine_with_reference(minilm):
     from tests.goldens_io import MINILM_MIN_COSINE, cosine_rows, load_minilm_sentences
 
     # Two dozen short sentences (incl. ""): MLX on Linux runs matmuls on reference BLAS.
     sentences = load_minilm_sentences()[:24]
-    want = _load("all-MiniLM-L6-v2", "numpy").embed(sentences)
+    want = minilm.embed(sentences)  # the session's NumPy MiniLM
     got = _load("all-MiniLM-L6-v2", "mlx").embed(sentences)
     assert cosine_rows(got, want).min() >= max(MINILM_MIN_COSINE, 0.9999)

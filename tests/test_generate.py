@@ -20,8 +20,15 @@ def run(model, **kw):
     return events[:-1], events[-1]
 
 
-def test_greedy_chat_answers_and_streams(smollm2):
-    tokens, done = run(smollm2, messages=MESSAGES, max_tokens=24, sampling=GREEDY)
+@pytest.fixture(scope="module")
+def greedy_answer(smollm2):
+    """The greedy 24-token answer to MESSAGES: checked below, and the stop-string test's
+    reference (computed once)."""
+    return run(smollm2, messages=MESSAGES, max_tokens=24, sampling=GREEDY)
+
+
+def test_greedy_chat_answers_and_streams(smollm2, greedy_answer):
+    tokens, done = greedy_answer
     assert "Paris" in done.text
     assert "".join(t.text for t in tokens) == done.text
     assert done.finish_reason in ("eos", "length")
@@ -48,8 +55,8 @@ def test_seeded_sampling_is_reproducible(smollm2):
     assert a == b
 
 
-def test_stop_string_is_cut_and_never_streamed(smollm2):
-    _, free = run(smollm2, messages=MESSAGES, max_tokens=24, sampling=GREEDY)
+def test_stop_string_is_cut_and_never_streamed(smollm2, greedy_answer):
+    _, free = greedy_answer
     stop = "Paris"
     assert stop in free.text
     tokens, done = run(smollm2, messages=MESSAGES, max_tokens=24, sampling=GREEDY, stop=[stop])

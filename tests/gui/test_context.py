@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from PySide6.QtCore import QObject, Signal, Slot
 
 from gui.context_fit import ContextFullError, fit
 from tests.gui.conftest import wait_until
@@ -102,16 +105,56 @@ def test_rolling_window_in_the_window_and_stop_says_what_to_change(small_context
     assert w.chat.policy_combo.currentData() == "rolling"  # remembered per chat
 
 
+class _Drain(QObject):
+    """Lives on the worker's thread: its slot runs after every request queued before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = threading.Event()
+
+    @Slot()
+    def mark(self) -> None:
+        self.done.set()
+
+
+class _Ping(QObject):
+    sent = Signal()
+
+
+_DRAINS: list[_Drain] = []  # never deleted from this thread while the worker may touch one
+
+
+def _drain_worker(w) -> None:  # noqa: ANN001
+    """Wait until the worker has finished every request queued so far. A quiet measure
+    reports no busy state, so ``handle.job`` cannot tell; queued requests run in order."""
+    drain, ping = _Drain(), _Ping()
+    _DRAINS.append(drain)
+    drain.moveToThread(w.handle.thread)
+    ping.sent.connect(drain.mark)  # queued: the receiver lives on the worker's thread
+    ping.sent.emit()
+    wait_until(drain.done.is_set, 60_000, "the worker's queued requests")
+    ping.sent.disconnect(drain.mark)
+
+
 def test_idle_indicator_counts_the_draft(small_context, qtbot) -> None:
     w = small_context
     w.tabs.setCurrentWidget(w.chat)
     w.chat.new_conversation()
-    with qtbot.waitSignal(w.handle.measured, timeout=30_000) as first:
-        w.chat.input.setPlainText("Hello there")
-    with qtbot.waitSignal(w.handle.measured, timeout=30_000) as second:
-        w.chat.input.setPlainText("Hello there, " + "and a much longer draft " * 20)
-    assert second.args[0] > first.args[0] > 0
-    assert w.chat.context_label.text() == f"{second.args[0]} / 512 tokens"
+    # A count for an earlier chat or draft may still be on its way from the worker: let
+    # the pane's timer fire and the worker finish, then count each draft here (the model
+    # is used only while the worker is idle) and wait for the indicator to show exactly
+    # that, not for the next signal. The drafts fit whole, so every policy counts alike.
+    wait_until(lambda: not w.chat._measure_timer.isActive(), 30_000, "the measure timer")
+    _drain_worker(w)
+    model = _chat_model(w)
+    drafts = ["Hello there", "Hello there, " + "and a much longer draft " * 20]
+    want = [fit(model, w.chat._history() + [{"role": "user", "content": d.strip()}],
+                "rolling", SMALL_CONTEXT, 1).n_prompt for d in drafts]
+    for draft, n in zip(drafts, want, strict=True):
+        w.chat.input.setPlainText(draft)
+        wait_until(lambda n=n: w.chat.context_label.text() == f"{n} / {SMALL_CONTEXT} tokens",
+                   30_000, f"the indicator to show {n} tokens")
+    assert want[1] > want[0] > 0
     w.chat.input.clear()
 
 
