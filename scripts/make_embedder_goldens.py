@@ -22,6 +22,21 @@ LayerNorm weights 1 + N(0, 0.1), drawn in sorted-name order from default_rng(see
                ids by gguf.SpecialVocab. The sentence-transformers directory it came from is
                not kept; bert_bge.npz holds its embeddings. ``--only bert`` writes these two
                alone.
+    nomic_embed/  nomic-embed-text-v1.5's shape: NomicBertModel (RoPE base 1000 on whole
+               heads, SwiGLU MLP, no biases but the LayerNorms, post-norm as BERT), saved by
+               transformers in its own layout, the WordPiece tokenizer above, mean pooling,
+               Normalize
+    nomic_embed_hub/  the same weights, tokenizer and pipeline in the layout the Hub's
+               nomic-ai checkpoints ship: GPT-2-style config keys (n_embd, rotary_emb_base,
+               activation_function "swiglu", ...) and contrastors' tensor names (emb_ln,
+               encoder.layers.N.attn.Wqkv = [q; k; v] rows, fc11 = up, fc12 = gate, fc2,
+               norm1, norm2); checked here to load in transformers (its conversion mapping)
+               to the same hidden states
+    nomic_embed.gguf  the same model as llama.cpp's converter writes a NomicBertModel: arch
+               "nomic-bert", tensors named by gguf-py's own TensorNameMap from the Hub
+               layout, rope.freq_base, pooling_type 1 (mean), F32, the vocabulary as for
+               bert_bge.gguf. All three share nomic_embed.npz. ``--only nomic`` writes them
+               alone.
 
 sentence-transformers writes modules.json, 1_Pooling/config.json and sentence_bert_config.json
 itself, so the engine reads the pooling the way real checkpoints declare it.
@@ -47,8 +62,11 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers import models as st_models
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
+    AutoModel,
     BertConfig,
     BertModel,
+    NomicBertConfig,
+    NomicBertModel,
     Qwen3Config,
     Qwen3Model,
     XLMRobertaConfig,
@@ -228,17 +246,7 @@ def make_bert_gguf(name: str, seed: int) -> None:
         w.add_pooling_type(gguf.PoolingType.CLS)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         w.add_token_type_count(cfg.type_vocab_size)
-        vocab = json.loads((base / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
-        special = {a.content for a in tk.get_added_tokens_decoder().values() if a.special}
-        tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-        types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
-                 for t in tokens]
-        w.add_tokenizer_model("bert")
-        w.add_tokenizer_pre("default")
-        w.add_token_list([t if ty == gguf.TokenType.CONTROL else t[2:] if t.startswith("##")
-                          else "\u2581" + t for t, ty in zip(tokens, types, strict=True)])
-        w.add_token_types(types)
-        gguf.SpecialVocab(base, n_vocab=len(tokens)).add_to_gguf(w)
+        add_wordpiece_vocab(w, tk, base)
         names = {"embeddings.word_embeddings": "token_embd",
                  "embeddings.position_embeddings": "position_embd",
                  "embeddings.token_type_embeddings": "token_types",
@@ -258,6 +266,134 @@ def make_bert_gguf(name: str, seed: int) -> None:
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+
+
+def add_wordpiece_vocab(w, tk: Tokenizer, base: Path) -> None:
+    """The WordPiece vocabulary of ``tk`` (saved in ``base``) as llama.cpp's converter writes
+    a BERT's: "phantom space" pieces (see the module docstring), special ids by
+    gguf.SpecialVocab."""
+    import gguf
+
+    vocab = json.loads((base / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    special = {a.content for a in tk.get_added_tokens_decoder().values() if a.special}
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
+             for t in tokens]
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([t if ty == gguf.TokenType.CONTROL else t[2:] if t.startswith("##")
+                      else "\u2581" + t for t, ty in zip(tokens, types, strict=True)])
+    w.add_token_types(types)
+    gguf.SpecialVocab(base, n_vocab=len(tokens)).add_to_gguf(w)
+
+
+# transformers' nomic_bert conversion mapping, reversed: its names -> the Hub's (contrastors').
+NOMIC_HUB_NAMES = [("embeddings.LayerNorm", "emb_ln"), ("layers.", "encoder.layers."),
+                   ("self_attn.o_proj", "attn.out_proj"), ("mlp.up_proj", "mlp.fc11"),
+                   ("mlp.gate_proj", "mlp.fc12"), ("mlp.down_proj", "mlp.fc2"),
+                   ("post_attention_layernorm", "norm1"), ("post_mlp_layernorm", "norm2")]
+
+
+def nomic_hub_layout(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A NomicBertModel state dict in the Hub's layout: q/k/v fused into Wqkv rows."""
+    out = {}
+    for name, t in sd.items():
+        if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
+            continue
+        if ".self_attn.q_proj." in name:
+            t = torch.cat([sd[name.replace("q_proj", x)] for x in ("q_proj", "k_proj", "v_proj")])
+            name = name.replace("self_attn.q_proj", "attn.Wqkv")
+        for a, b in NOMIC_HUB_NAMES:
+            name = name.replace(a, b)
+        out[name] = t.contiguous()
+    return out
+
+
+def make_nomic(name: str, seed: int) -> None:
+    """nomic_embed/, nomic_embed_hub/ and nomic_embed.gguf (see the module docstring)."""
+    import gguf
+    from safetensors.torch import save_file
+
+    d, hub = OUT / name, OUT / f"{name}_hub"
+    for old in (d, hub):
+        shutil.rmtree(old, ignore_errors=True)
+    base = OUT / f"_{name}_base"
+    base.mkdir(parents=True)
+    tk = wordpiece_tokenizer()
+    tk.save(str(base / "tokenizer.json"))
+    (base / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "BertTokenizer", "do_lower_case": True, "cls_token": "[CLS]",
+        "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
+        "mask_token": "[MASK]", "model_max_length": 8192}, indent=1))
+    dims = dict(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                num_attention_heads=4, head_dim=16, intermediate_size=128,
+                max_position_embeddings=2 * MAX_SEQ, type_vocab_size=2)
+    cfg = NomicBertConfig(**dims, hidden_act="silu", layer_norm_eps=1e-12, pad_token_id=0,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    model = NomicBertModel(cfg)
+    init_weights(model, seed)
+    model.save_pretrained(base, safe_serialization=True)
+    transformer = st_models.Transformer(str(base), max_seq_length=MAX_SEQ)
+    pool = st_models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    st = SentenceTransformer(modules=[transformer, pool, st_models.Normalize()], device="cpu")
+    st.save(str(d))
+    (d / "README.md").unlink(missing_ok=True)
+    shutil.rmtree(base)
+    reference(d, {"pooling": "mean", "normalize": True,
+                  "sources": [name, f"{name}_hub", f"{name}.gguf"]})
+
+    # The Hub layout: everything but the weights and config.json as in d.
+    shutil.copytree(d, hub)
+    (hub / "model.safetensors").unlink()
+    hub_sd = nomic_hub_layout(model.state_dict())
+    save_file(hub_sd, str(hub / "model.safetensors"), metadata={"format": "pt"})
+    (hub / "config.json").write_text(json.dumps({
+        "architectures": ["NomicBertModel"], "model_type": "nomic_bert",
+        "activation_function": "swiglu", "n_embd": cfg.hidden_size,
+        "n_head": cfg.num_attention_heads, "n_inner": cfg.intermediate_size,
+        "n_layer": cfg.num_hidden_layers, "n_positions": cfg.max_position_embeddings,
+        "max_trained_positions": cfg.max_position_embeddings,
+        "layer_norm_epsilon": cfg.layer_norm_eps, "vocab_size": cfg.vocab_size,
+        "type_vocab_size": cfg.type_vocab_size, "pad_token_id": 0,
+        "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+        "rotary_emb_scale_base": None, "rotary_scaling_factor": None, "causal": False,
+        "prenorm": False, "parallel_block": False, "use_rms_norm": False,
+        "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False,
+        "torch_dtype": "float32"}, indent=1))
+    # transformers reads the Hub's tensor names (conversion_mapping.py) but not its GPT-2
+    # config keys, so the dimensions are passed; the hidden states must be the same.
+    again = AutoModel.from_pretrained(str(hub), **dims, hidden_act="silu", layer_norm_eps=1e-12)
+    ids = torch.tensor([st.tokenizer("A cat sits on the mat.")["input_ids"]])
+    with torch.no_grad():
+        diff = (model(ids).last_hidden_state - again(ids).last_hidden_state).abs().max()
+    assert float(diff) == 0.0, float(diff)
+
+    w = gguf.GGUFWriter(str(OUT / f"{name}.gguf"), "nomic-bert")
+    w.add_name(name)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_layer_norm_eps(cfg.layer_norm_eps)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_rope_freq_base(1000.0)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_token_type_count(cfg.type_vocab_size)
+    with tempfile.TemporaryDirectory() as t:
+        tk.save(str(Path(t) / "tokenizer.json"))
+        shutil.copy(d / "tokenizer_config.json", t)
+        add_wordpiece_vocab(w, tk, Path(t))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.NOMIC_BERT, cfg.num_hidden_layers)
+    for hname, p in hub_sd.items():
+        gname = names.get_name(hname, try_suffixes=(".weight", ".bias"))
+        assert gname is not None, hname
+        w.add_tensor(gname, p.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def reference(d: Path, facts: dict) -> None:
@@ -281,10 +417,15 @@ def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", choices=["bert"], help="write the BERT GGUF golden alone")
+    ap.add_argument("--only", choices=["bert", "nomic"],
+                    help="write the BERT GGUF or the nomic-bert goldens alone")
     torch.manual_seed(0)
-    if ap.parse_args().only == "bert":
+    only = ap.parse_args().only
+    if only == "bert":
         make_bert_gguf("bert_bge", seed=14)
+        return
+    if only == "nomic":
+        make_nomic("nomic_embed", seed=15)
         return
     if OUT.exists():
         shutil.rmtree(OUT)
@@ -293,6 +434,7 @@ def main() -> None:
     make_xlmr("xlmr_bge", "cls", seed=12)
     make_qwen3_embed("qwen3_embed", seed=13)
     make_bert_gguf("bert_bge", seed=14)
+    make_nomic("nomic_embed", seed=15)
     for p in sorted(OUT.rglob("*")):
         if p.is_file():
             print(f"{p.relative_to(ROOT)} {p.stat().st_size // 1024} KiB")
