@@ -23,18 +23,18 @@ LayerNorm weights 1 + N(0, 0.1), drawn in sorted-name order from default_rng(see
                not kept; bert_bge.npz holds its embeddings. ``--only bert`` writes these two
                alone.
     nomic_embed/  nomic-embed-text-v1.5's shape: NomicBertModel (RoPE base 1000 on whole
-               heads, SwiGLU MLP, no biases but the LayerNorms, post-norm as BERT), saved by
-               transformers in its own layout, the WordPiece tokenizer above, mean pooling,
-               Normalize
-    nomic_embed_hub/  the same weights, tokenizer and pipeline in the layout the Hub's
-               nomic-ai checkpoints ship: GPT-2-style config keys (n_embd, rotary_emb_base,
-               activation_function "swiglu", ...) and contrastors' tensor names (emb_ln,
+               heads, SwiGLU MLP, no biases but the LayerNorms, post-norm as BERT), the
+               WordPiece tokenizer above, mean pooling, Normalize. transformers 5 writes
+               its own config keys and the Hub's tensor names (contrastors': emb_ln,
                encoder.layers.N.attn.Wqkv = [q; k; v] rows, fc11 = up, fc12 = gate, fc2,
-               norm1, norm2); checked here to load in transformers (its conversion mapping)
-               to the same hidden states
+               norm1, norm2), reversing its conversion mapping.
+    nomic_embed_hub/  the same directory with config.json as nomic-ai's checkpoints ship
+               it: GPT-2-style keys (n_embd, n_inner, rotary_emb_base, activation_function
+               "swiglu", ...). transformers ignores those keys, so it is checked here with
+               the dimensions passed in: it loads to the same hidden states.
     nomic_embed.gguf  the same model as llama.cpp's converter writes a NomicBertModel: arch
-               "nomic-bert", tensors named by gguf-py's own TensorNameMap from the Hub
-               layout, rope.freq_base, pooling_type 1 (mean), F32, the vocabulary as for
+               "nomic-bert", tensors named by gguf-py's own TensorNameMap from the Hub's
+               names, rope.freq_base, pooling_type 1 (mean), F32, the vocabulary as for
                bert_bge.gguf. All three share nomic_embed.npz. ``--only nomic`` writes them
                alone.
 
@@ -287,32 +287,10 @@ def add_wordpiece_vocab(w, tk: Tokenizer, base: Path) -> None:
     gguf.SpecialVocab(base, n_vocab=len(tokens)).add_to_gguf(w)
 
 
-# transformers' nomic_bert conversion mapping, reversed: its names -> the Hub's (contrastors').
-NOMIC_HUB_NAMES = [("embeddings.LayerNorm", "emb_ln"), ("layers.", "encoder.layers."),
-                   ("self_attn.o_proj", "attn.out_proj"), ("mlp.up_proj", "mlp.fc11"),
-                   ("mlp.gate_proj", "mlp.fc12"), ("mlp.down_proj", "mlp.fc2"),
-                   ("post_attention_layernorm", "norm1"), ("post_mlp_layernorm", "norm2")]
-
-
-def nomic_hub_layout(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A NomicBertModel state dict in the Hub's layout: q/k/v fused into Wqkv rows."""
-    out = {}
-    for name, t in sd.items():
-        if ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
-            continue
-        if ".self_attn.q_proj." in name:
-            t = torch.cat([sd[name.replace("q_proj", x)] for x in ("q_proj", "k_proj", "v_proj")])
-            name = name.replace("self_attn.q_proj", "attn.Wqkv")
-        for a, b in NOMIC_HUB_NAMES:
-            name = name.replace(a, b)
-        out[name] = t.contiguous()
-    return out
-
-
 def make_nomic(name: str, seed: int) -> None:
     """nomic_embed/, nomic_embed_hub/ and nomic_embed.gguf (see the module docstring)."""
     import gguf
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file
 
     d, hub = OUT / name, OUT / f"{name}_hub"
     for old in (d, hub):
@@ -327,7 +305,7 @@ def make_nomic(name: str, seed: int) -> None:
         "mask_token": "[MASK]", "model_max_length": 8192}, indent=1))
     dims = dict(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
                 num_attention_heads=4, head_dim=16, intermediate_size=128,
-                max_position_embeddings=2 * MAX_SEQ, type_vocab_size=2)
+                max_position_embeddings=MAX_SEQ, type_vocab_size=2)
     cfg = NomicBertConfig(**dims, hidden_act="silu", layer_norm_eps=1e-12, pad_token_id=0,
                           rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
     model = NomicBertModel(cfg)
@@ -342,11 +320,8 @@ def make_nomic(name: str, seed: int) -> None:
     reference(d, {"pooling": "mean", "normalize": True,
                   "sources": [name, f"{name}_hub", f"{name}.gguf"]})
 
-    # The Hub layout: everything but the weights and config.json as in d.
+    # nomic-ai's config.json; model.safetensors is the same file (git stores it once).
     shutil.copytree(d, hub)
-    (hub / "model.safetensors").unlink()
-    hub_sd = nomic_hub_layout(model.state_dict())
-    save_file(hub_sd, str(hub / "model.safetensors"), metadata={"format": "pt"})
     (hub / "config.json").write_text(json.dumps({
         "architectures": ["NomicBertModel"], "model_type": "nomic_bert",
         "activation_function": "swiglu", "n_embd": cfg.hidden_size,
@@ -360,14 +335,11 @@ def make_nomic(name: str, seed: int) -> None:
         "prenorm": False, "parallel_block": False, "use_rms_norm": False,
         "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False,
         "torch_dtype": "float32"}, indent=1))
-    # transformers reads the Hub's tensor names (conversion_mapping.py) but not its GPT-2
-    # config keys, so the dimensions are passed; the hidden states must be the same.
     again = AutoModel.from_pretrained(str(hub), **dims, hidden_act="silu", layer_norm_eps=1e-12)
     ids = torch.tensor([st.tokenizer("A cat sits on the mat.")["input_ids"]])
     with torch.no_grad():
         diff = (model(ids).last_hidden_state - again(ids).last_hidden_state).abs().max()
     assert float(diff) == 0.0, float(diff)
-
     w = gguf.GGUFWriter(str(OUT / f"{name}.gguf"), "nomic-bert")
     w.add_name(name)
     w.add_context_length(cfg.max_position_embeddings)
@@ -381,12 +353,9 @@ def make_nomic(name: str, seed: int) -> None:
     w.add_rope_freq_base(1000.0)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_token_type_count(cfg.type_vocab_size)
-    with tempfile.TemporaryDirectory() as t:
-        tk.save(str(Path(t) / "tokenizer.json"))
-        shutil.copy(d / "tokenizer_config.json", t)
-        add_wordpiece_vocab(w, tk, Path(t))
+    add_wordpiece_vocab(w, tk, d)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.NOMIC_BERT, cfg.num_hidden_layers)
-    for hname, p in hub_sd.items():
+    for hname, p in load_file(str(d / "model.safetensors")).items():  # the Hub's names
         gname = names.get_name(hname, try_suffixes=(".weight", ".bias"))
         assert gname is not None, hname
         w.add_tensor(gname, p.float().numpy())
