@@ -4,15 +4,16 @@
     bert         learned table from row 0       three linears          GELU (erf)         all
     xlm-roberta  learned table after the pad id three linears          GELU               all
     roberta      as xlm-roberta
-    nomic_bert   RoPE on whole heads (NeoX      three linears, or one  SwiGLU:            norms
-                 half-split), base rope_theta   fused [q; k; v]        silu(gate) * up    only
+    nomic_bert   RoPE on whole heads (NeoX      one fused linear,      SwiGLU:            norms
+                 half-split), base rope_theta   rows [q; k; v]         silu(gate) * up    only
 
 Every block is ``h = LN(x + attn(x)); out = LN(h + mlp(h))`` over embeddings
-``LN(word + type [+ position])``. XLM-RoBERTa counts positions from ``pad_token_id + 1``, so
+``LN(word [+ position] + type)``. XLM-RoBERTa counts positions from ``pad_token_id + 1``, so
 its table's first rows are never used. nomic_bert (nomic-embed-text v1, v1.5) reaches the
 model in transformers' names and config fields; the Hub's own layout (contrastors' tensor
-names, GPT-2-style config keys) and llama.cpp's ``nomic-bert`` GGUF are mapped to them by
-the readers in :mod:`inference.formats`, a fused Wqkv as ``self_attn.qkv_proj``. Settings of
+names, which transformers also writes, and GPT-2-style config keys) and llama.cpp's
+``nomic-bert`` GGUF are mapped to them by the readers in :mod:`inference.formats`; the fused
+Wqkv that every one of them stores stays one tensor, ``self_attn.qkv_proj``. Settings of
 the Hub's config that would change the math are refused at load, each by name.
 """
 
@@ -56,10 +57,7 @@ class Names:
     """One architecture's tensor names inside layer ``layer`` (``{i}`` its index)."""
 
     layer: str
-    q: str
-    k: str
-    v: str
-    qkv: str | None  # one tensor of [q; k; v] rows, used where the checkpoint has it
+    qkv: tuple[str, ...]  # q, k, v; or one name: a tensor of [q; k; v] rows
     out: str
     attn_norm: str
     up: str
@@ -70,18 +68,18 @@ class Names:
 
 
 BERT_NAMES = Names(
-    layer="encoder.layer.{i}.", q="attention.self.query", k="attention.self.key",
-    v="attention.self.value", qkv=None, out="attention.output.dense",
+    layer="encoder.layer.{i}.",
+    qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+    out="attention.output.dense",
     attn_norm="attention.output.LayerNorm", up="intermediate.dense", gate=None,
     down="output.dense", out_norm="output.LayerNorm", biases=True)
 NOMIC_NAMES = Names(
-    layer="layers.{i}.", q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
-    qkv="self_attn.qkv_proj", out="self_attn.o_proj", attn_norm="post_attention_layernorm",
+    layer="layers.{i}.", qkv=("self_attn.qkv_proj",), out="self_attn.o_proj",
+    attn_norm="post_attention_layernorm",
     up="mlp.up_proj", gate="mlp.gate_proj", down="mlp.down_proj",
     out_norm="post_mlp_layernorm", biases=False)
 NAMES = {"nomic_bert": NOMIC_NAMES}
 
-_QKV = ("num_attention_heads*head_dim", "hidden_size")
 register("nomic_bert", ArchSpec(
     positive=("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
               "vocab_size", "max_position_embeddings", "type_vocab_size"),
@@ -92,7 +90,6 @@ register("nomic_bert", ArchSpec(
         "embeddings.token_type_embeddings.weight": ("type_vocab_size", "hidden_size"),
         "embeddings.LayerNorm.weight": ("hidden_size",),
         "embeddings.LayerNorm.bias": ("hidden_size",),
-        **{f"layers.{{i}}.self_attn.{n}_proj.weight": _QKV for n in "qkv"},
         "layers.{i}.self_attn.qkv_proj.weight": ("qkv_rows", "hidden_size"),
         "layers.{i}.self_attn.o_proj.weight": ("hidden_size", "num_attention_heads*head_dim"),
         "layers.{i}.mlp.gate_proj.weight": ("intermediate_size", "hidden_size"),
@@ -230,12 +227,14 @@ class SelfAttention:
         self.scale = self.head_dim ** -0.5
         self.eps = args.layer_norm_eps
         self.theta = args.rope_theta if args.rotary else None
-        names = [f"{p}{x}.weight" for x in (n.q, n.k, n.v)]
-        biases = [f"{p}{x}.bias" for x in (n.q, n.k, n.v)] if n.biases else None
-        for b in biases or []:
-            w.tensor(b)  # present, or refused by name (linears would read it as zeros)
-        fused = f"{p}{n.qkv}.weight" if n.qkv and w.has(f"{p}{n.qkv}.weight") else None
-        self.qkv = w.linears(names, biases, fused=fused, sizes=[self.n_heads * self.head_dim] * 3)
+        sizes = [self.n_heads * self.head_dim] * 3
+        if len(n.qkv) == 1:
+            self.qkv = w.linears([], fused=f"{p}{n.qkv[0]}.weight", sizes=sizes)
+        else:
+            biases = [f"{p}{x}.bias" for x in n.qkv] if n.biases else None
+            for b in biases or []:
+                w.tensor(b)  # present, or refused by name (linears would read it as zeros)
+            self.qkv = w.linears([f"{p}{x}.weight" for x in n.qkv], biases)
         self.out = _linear(w, p + n.out, n.biases)
         self.norm = (w.dense(f"{p}{n.attn_norm}.weight"), w.dense(f"{p}{n.attn_norm}.bias"))
 
