@@ -206,6 +206,17 @@ def wordpiece_tokenizer() -> Tokenizer:
     return out
 
 
+def save_wordpiece_tokenizer(base: Path, model_max_length: int) -> Tokenizer:
+    """wordpiece_tokenizer() saved in ``base`` with bert-base-uncased's tokenizer_config."""
+    tk = wordpiece_tokenizer()
+    tk.save(str(base / "tokenizer.json"))
+    (base / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "BertTokenizer", "do_lower_case": True, "cls_token": "[CLS]",
+        "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
+        "mask_token": "[MASK]", "model_max_length": model_max_length}, indent=1))
+    return tk
+
+
 def make_bert_gguf(name: str, seed: int) -> None:
     """A tiny BERT embedder (CLS pooling, Normalize) as a sentence-transformers directory in
     a temporary place, its embeddings as the reference, and the model as llama.cpp's
@@ -215,12 +226,7 @@ def make_bert_gguf(name: str, seed: int) -> None:
     with tempfile.TemporaryDirectory() as t:
         d, base = Path(t) / name, Path(t) / "base"
         base.mkdir()
-        tk = wordpiece_tokenizer()
-        tk.save(str(base / "tokenizer.json"))
-        (base / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "BertTokenizer", "do_lower_case": True, "cls_token": "[CLS]",
-            "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
-            "mask_token": "[MASK]", "model_max_length": 512}, indent=1))
+        tk = save_wordpiece_tokenizer(base, model_max_length=512)
         cfg = BertConfig(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
                          num_attention_heads=4, intermediate_size=128,
                          max_position_embeddings=MAX_SEQ, type_vocab_size=2,
@@ -234,19 +240,7 @@ def make_bert_gguf(name: str, seed: int) -> None:
         st.save(str(d))
         reference(d, {"pooling": "cls", "normalize": True, "source": "bert_bge.gguf"})
 
-        w = gguf.GGUFWriter(str(OUT / f"{name}.gguf"), "bert")
-        w.add_name(name)
-        w.add_context_length(cfg.max_position_embeddings)
-        w.add_embedding_length(cfg.hidden_size)
-        w.add_feed_forward_length(cfg.intermediate_size)
-        w.add_block_count(cfg.num_hidden_layers)
-        w.add_head_count(cfg.num_attention_heads)
-        w.add_layer_norm_eps(cfg.layer_norm_eps)
-        w.add_causal_attention(False)
-        w.add_pooling_type(gguf.PoolingType.CLS)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_token_type_count(cfg.type_vocab_size)
-        add_wordpiece_vocab(w, tk, base)
+        w = encoder_gguf(name, "bert", cfg, gguf.PoolingType.CLS, tk, base)
         names = {"embeddings.word_embeddings": "token_embd",
                  "embeddings.position_embeddings": "position_embd",
                  "embeddings.token_type_embeddings": "token_types",
@@ -262,10 +256,35 @@ def make_bert_gguf(name: str, seed: int) -> None:
             stem, kind = hname.rsplit(".", 1)
             if stem in names:
                 w.add_tensor(f"{names[stem]}.{kind}", p.float().numpy())
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        finish_gguf(w)
+
+
+def encoder_gguf(name: str, arch: str, cfg, pooling, tk: Tokenizer, tok_dir: Path):
+    """A GGUFWriter for OUT/name.gguf with an encoder's header as llama.cpp's BertModel
+    converter writes it (F32) and the WordPiece vocabulary of ``tk`` (saved in ``tok_dir``)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(OUT / f"{name}.gguf"), arch)
+    w.add_name(name)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_layer_norm_eps(cfg.layer_norm_eps)
+    w.add_causal_attention(False)
+    w.add_pooling_type(pooling)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_token_type_count(cfg.type_vocab_size)
+    add_wordpiece_vocab(w, tk, tok_dir)
+    return w
+
+
+def finish_gguf(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def add_wordpiece_vocab(w, tk: Tokenizer, base: Path) -> None:
@@ -297,12 +316,7 @@ def make_nomic(name: str, seed: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
     base = OUT / f"_{name}_base"
     base.mkdir(parents=True)
-    tk = wordpiece_tokenizer()
-    tk.save(str(base / "tokenizer.json"))
-    (base / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "BertTokenizer", "do_lower_case": True, "cls_token": "[CLS]",
-        "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
-        "mask_token": "[MASK]", "model_max_length": 8192}, indent=1))
+    tk = save_wordpiece_tokenizer(base, model_max_length=8192)
     dims = dict(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
                 num_attention_heads=4, head_dim=16, intermediate_size=128,
                 max_position_embeddings=MAX_SEQ, type_vocab_size=2)
@@ -340,29 +354,15 @@ def make_nomic(name: str, seed: int) -> None:
     with torch.no_grad():
         diff = (model(ids).last_hidden_state - again(ids).last_hidden_state).abs().max()
     assert float(diff) == 0.0, float(diff)
-    w = gguf.GGUFWriter(str(OUT / f"{name}.gguf"), "nomic-bert")
-    w.add_name(name)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_layer_norm_eps(cfg.layer_norm_eps)
-    w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType.MEAN)
+
+    w = encoder_gguf(name, "nomic-bert", cfg, gguf.PoolingType.MEAN, tk, d)
     w.add_rope_freq_base(1000.0)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_token_type_count(cfg.type_vocab_size)
-    add_wordpiece_vocab(w, tk, d)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.NOMIC_BERT, cfg.num_hidden_layers)
     for hname, p in load_file(str(d / "model.safetensors")).items():  # the Hub's names
         gname = names.get_name(hname, try_suffixes=(".weight", ".bias"))
         assert gname is not None, hname
         w.add_tensor(gname, p.float().numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
 
 
 def reference(d: Path, facts: dict) -> None:
