@@ -106,8 +106,8 @@ def read_safetensors_dir(path: str | Path) -> Checkpoint:
     if config.get("model_type") in ENCODER_TYPES:
         tensors = {_strip_bert(n): TensorData(_strip_bert(n), t.shape, t.qtype, t.data, t.extra)
                    for n, t in tensors.items()}
-    if config.get("model_type") == "nomic_bert":
-        config, tensors = _nomic_from_hub(config, tensors)
+        if config["model_type"] == "nomic_bert":
+            config, tensors = _nomic_from_hub(config, tensors)
     elif "embed_tokens.weight" in tensors and "model.embed_tokens.weight" not in tensors:
         # A bare decoder (Qwen3Model, as decoder embedders ship) names its tensors without
         # the "model." a ForCausalLM checkpoint puts in front.

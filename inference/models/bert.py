@@ -125,10 +125,10 @@ class ModelArgs:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.model_type in _ROTARY:
             self.position_embedding_type = "rotary"
-        if self.position_embedding_type not in ("absolute", "rotary"):
+        elif self.position_embedding_type != "absolute":
             raise UnsupportedModelError(
                 f"This {self.model_type} model uses '{self.position_embedding_type}' position "
-                "embeddings; Inferdesk's encoder computes only absolute and rotary ones.")
+                f"embeddings; Inferdesk's {self.model_type} encoder computes only absolute ones.")
         if self.rotary and self.head_dim % 2:
             raise UnsupportedModelError(
                 f"This {self.model_type} model has heads of {self.head_dim} dimensions; RoPE "
@@ -270,7 +270,8 @@ class MLP:
 
     def __call__(self, x: Any) -> Any:
         B = self.B
-        y = self.act(*self.gate_up(x)) if self.gate_up else self.act(B.linear(x, *self.up))
+        y = (self.act(*self.gate_up(x)) if self.gate_up is not None
+             else self.act(B.linear(x, *self.up)))
         return B.linear(y, *self.down)
 
 
