@@ -22,6 +22,21 @@ LayerNorm weights 1 + N(0, 0.1), drawn in sorted-name order from default_rng(see
                ids by gguf.SpecialVocab. The sentence-transformers directory it came from is
                not kept; bert_bge.npz holds its embeddings. ``--only bert`` writes these two
                alone.
+    nomic_embed/  nomic-embed-text-v1.5's shape: NomicBertModel (RoPE base 1000 on whole
+               heads, SwiGLU MLP, no biases but the LayerNorms, post-norm as BERT), the
+               WordPiece tokenizer above, mean pooling, Normalize. transformers 5 writes
+               its own config keys and the Hub's tensor names (contrastors': emb_ln,
+               encoder.layers.N.attn.Wqkv = [q; k; v] rows, fc11 = up, fc12 = gate, fc2,
+               norm1, norm2), reversing its conversion mapping.
+    nomic_embed_hub/  the same directory with config.json as nomic-ai's checkpoints ship
+               it: GPT-2-style keys (n_embd, n_inner, rotary_emb_base, activation_function
+               "swiglu", ...). transformers ignores those keys, so it is checked here with
+               the dimensions passed in: it loads to the same hidden states.
+    nomic_embed.gguf  the same model as llama.cpp's converter writes a NomicBertModel: arch
+               "nomic-bert", tensors named by gguf-py's own TensorNameMap from the Hub's
+               names, rope.freq_base, pooling_type 1 (mean), F32, the vocabulary as for
+               bert_bge.gguf. All three share nomic_embed.npz. ``--only nomic`` writes them
+               alone.
 
 sentence-transformers writes modules.json, 1_Pooling/config.json and sentence_bert_config.json
 itself, so the engine reads the pooling the way real checkpoints declare it.
@@ -47,8 +62,11 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers import models as st_models
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
+    AutoModel,
     BertConfig,
     BertModel,
+    NomicBertConfig,
+    NomicBertModel,
     Qwen3Config,
     Qwen3Model,
     XLMRobertaConfig,
@@ -188,6 +206,17 @@ def wordpiece_tokenizer() -> Tokenizer:
     return out
 
 
+def save_wordpiece_tokenizer(base: Path, model_max_length: int) -> Tokenizer:
+    """wordpiece_tokenizer() saved in ``base`` with bert-base-uncased's tokenizer_config."""
+    tk = wordpiece_tokenizer()
+    tk.save(str(base / "tokenizer.json"))
+    (base / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "BertTokenizer", "do_lower_case": True, "cls_token": "[CLS]",
+        "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
+        "mask_token": "[MASK]", "model_max_length": model_max_length}, indent=1))
+    return tk
+
+
 def make_bert_gguf(name: str, seed: int) -> None:
     """A tiny BERT embedder (CLS pooling, Normalize) as a sentence-transformers directory in
     a temporary place, its embeddings as the reference, and the model as llama.cpp's
@@ -197,12 +226,7 @@ def make_bert_gguf(name: str, seed: int) -> None:
     with tempfile.TemporaryDirectory() as t:
         d, base = Path(t) / name, Path(t) / "base"
         base.mkdir()
-        tk = wordpiece_tokenizer()
-        tk.save(str(base / "tokenizer.json"))
-        (base / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "BertTokenizer", "do_lower_case": True, "cls_token": "[CLS]",
-            "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]",
-            "mask_token": "[MASK]", "model_max_length": 512}, indent=1))
+        tk = save_wordpiece_tokenizer(base, model_max_length=512)
         cfg = BertConfig(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
                          num_attention_heads=4, intermediate_size=128,
                          max_position_embeddings=MAX_SEQ, type_vocab_size=2,
@@ -216,29 +240,7 @@ def make_bert_gguf(name: str, seed: int) -> None:
         st.save(str(d))
         reference(d, {"pooling": "cls", "normalize": True, "source": "bert_bge.gguf"})
 
-        w = gguf.GGUFWriter(str(OUT / f"{name}.gguf"), "bert")
-        w.add_name(name)
-        w.add_context_length(cfg.max_position_embeddings)
-        w.add_embedding_length(cfg.hidden_size)
-        w.add_feed_forward_length(cfg.intermediate_size)
-        w.add_block_count(cfg.num_hidden_layers)
-        w.add_head_count(cfg.num_attention_heads)
-        w.add_layer_norm_eps(cfg.layer_norm_eps)
-        w.add_causal_attention(False)
-        w.add_pooling_type(gguf.PoolingType.CLS)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_token_type_count(cfg.type_vocab_size)
-        vocab = json.loads((base / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
-        special = {a.content for a in tk.get_added_tokens_decoder().values() if a.special}
-        tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-        types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
-                 for t in tokens]
-        w.add_tokenizer_model("bert")
-        w.add_tokenizer_pre("default")
-        w.add_token_list([t if ty == gguf.TokenType.CONTROL else t[2:] if t.startswith("##")
-                          else "\u2581" + t for t, ty in zip(tokens, types, strict=True)])
-        w.add_token_types(types)
-        gguf.SpecialVocab(base, n_vocab=len(tokens)).add_to_gguf(w)
+        w = encoder_gguf(name, "bert", cfg, gguf.PoolingType.CLS, tk, base)
         names = {"embeddings.word_embeddings": "token_embd",
                  "embeddings.position_embeddings": "position_embd",
                  "embeddings.token_type_embeddings": "token_types",
@@ -254,10 +256,113 @@ def make_bert_gguf(name: str, seed: int) -> None:
             stem, kind = hname.rsplit(".", 1)
             if stem in names:
                 w.add_tensor(f"{names[stem]}.{kind}", p.float().numpy())
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        finish_gguf(w)
+
+
+def encoder_gguf(name: str, arch: str, cfg, pooling, tk: Tokenizer, tok_dir: Path):
+    """A GGUFWriter for OUT/name.gguf with an encoder's header as llama.cpp's BertModel
+    converter writes it (F32) and the WordPiece vocabulary of ``tk`` (saved in ``tok_dir``)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(OUT / f"{name}.gguf"), arch)
+    w.add_name(name)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_layer_norm_eps(cfg.layer_norm_eps)
+    w.add_causal_attention(False)
+    w.add_pooling_type(pooling)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_token_type_count(cfg.type_vocab_size)
+    add_wordpiece_vocab(w, tk, tok_dir)
+    return w
+
+
+def finish_gguf(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def add_wordpiece_vocab(w, tk: Tokenizer, base: Path) -> None:
+    """The WordPiece vocabulary of ``tk`` (saved in ``base``) as llama.cpp's converter writes
+    a BERT's: "phantom space" pieces (see the module docstring), special ids by
+    gguf.SpecialVocab."""
+    import gguf
+
+    vocab = json.loads((base / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    special = {a.content for a in tk.get_added_tokens_decoder().values() if a.special}
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
+             for t in tokens]
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([t if ty == gguf.TokenType.CONTROL else t[2:] if t.startswith("##")
+                      else "\u2581" + t for t, ty in zip(tokens, types, strict=True)])
+    w.add_token_types(types)
+    gguf.SpecialVocab(base, n_vocab=len(tokens)).add_to_gguf(w)
+
+
+def make_nomic(name: str, seed: int) -> None:
+    """nomic_embed/, nomic_embed_hub/ and nomic_embed.gguf (see the module docstring)."""
+    import gguf
+    from safetensors.torch import load_file
+
+    d, hub = OUT / name, OUT / f"{name}_hub"
+    for old in (d, hub):
+        shutil.rmtree(old, ignore_errors=True)
+    base = OUT / f"_{name}_base"
+    base.mkdir(parents=True)
+    tk = save_wordpiece_tokenizer(base, model_max_length=8192)
+    dims = dict(vocab_size=tk.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                num_attention_heads=4, head_dim=16, intermediate_size=128,
+                max_position_embeddings=MAX_SEQ, type_vocab_size=2)
+    cfg = NomicBertConfig(**dims, hidden_act="silu", layer_norm_eps=1e-12, pad_token_id=0,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    model = NomicBertModel(cfg)
+    init_weights(model, seed)
+    model.save_pretrained(base, safe_serialization=True)
+    transformer = st_models.Transformer(str(base), max_seq_length=MAX_SEQ)
+    pool = st_models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    st = SentenceTransformer(modules=[transformer, pool, st_models.Normalize()], device="cpu")
+    st.save(str(d))
+    (d / "README.md").unlink(missing_ok=True)
+    shutil.rmtree(base)
+    reference(d, {"pooling": "mean", "normalize": True,
+                  "sources": [name, f"{name}_hub", f"{name}.gguf"]})
+
+    # nomic-ai's config.json; model.safetensors is the same file (git stores it once).
+    shutil.copytree(d, hub)
+    (hub / "config.json").write_text(json.dumps({
+        "architectures": ["NomicBertModel"], "model_type": "nomic_bert",
+        "activation_function": "swiglu", "n_embd": cfg.hidden_size,
+        "n_head": cfg.num_attention_heads, "n_inner": cfg.intermediate_size,
+        "n_layer": cfg.num_hidden_layers, "n_positions": cfg.max_position_embeddings,
+        "max_trained_positions": cfg.max_position_embeddings,
+        "layer_norm_epsilon": cfg.layer_norm_eps, "vocab_size": cfg.vocab_size,
+        "type_vocab_size": cfg.type_vocab_size, "pad_token_id": 0,
+        "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+        "rotary_emb_scale_base": None, "rotary_scaling_factor": None, "causal": False,
+        "prenorm": False, "parallel_block": False, "use_rms_norm": False,
+        "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False,
+        "torch_dtype": "float32"}, indent=1))
+    again = AutoModel.from_pretrained(str(hub), **dims, hidden_act="silu", layer_norm_eps=1e-12)
+    ids = torch.tensor([st.tokenizer("A cat sits on the mat.")["input_ids"]])
+    with torch.no_grad():
+        diff = (model(ids).last_hidden_state - again(ids).last_hidden_state).abs().max()
+    assert float(diff) == 0.0, float(diff)
+
+    w = encoder_gguf(name, "nomic-bert", cfg, gguf.PoolingType.MEAN, tk, d)
+    w.add_rope_freq_base(1000.0)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.NOMIC_BERT, cfg.num_hidden_layers)
+    for hname, p in load_file(str(d / "model.safetensors")).items():  # the Hub's names
+        gname = names.get_name(hname, try_suffixes=(".weight", ".bias"))
+        assert gname is not None, hname
+        w.add_tensor(gname, p.float().numpy())
+    finish_gguf(w)
 
 
 def reference(d: Path, facts: dict) -> None:
@@ -281,10 +386,15 @@ def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", choices=["bert"], help="write the BERT GGUF golden alone")
+    ap.add_argument("--only", choices=["bert", "nomic"],
+                    help="write the BERT GGUF or the nomic-bert goldens alone")
     torch.manual_seed(0)
-    if ap.parse_args().only == "bert":
+    only = ap.parse_args().only
+    if only == "bert":
         make_bert_gguf("bert_bge", seed=14)
+        return
+    if only == "nomic":
+        make_nomic("nomic_embed", seed=15)
         return
     if OUT.exists():
         shutil.rmtree(OUT)
@@ -293,6 +403,7 @@ def main() -> None:
     make_xlmr("xlmr_bge", "cls", seed=12)
     make_qwen3_embed("qwen3_embed", seed=13)
     make_bert_gguf("bert_bge", seed=14)
+    make_nomic("nomic_embed", seed=15)
     for p in sorted(OUT.rglob("*")):
         if p.is_file():
             print(f"{p.relative_to(ROOT)} {p.stat().st_size // 1024} KiB")

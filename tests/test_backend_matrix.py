@@ -31,7 +31,8 @@ USUAL_QUANT_TYPES = {"llama": _DECODER, "mistral": _DECODER, "qwen2": _DECODER,
                      "gemma3_text": _DECODER, "phi3": _DECODER,
                      "bert": {"F32", "F16", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}}
 USUAL_QUANT_TYPES |= {"xlm-roberta": USUAL_QUANT_TYPES["bert"],
-                      "roberta": USUAL_QUANT_TYPES["bert"]}
+                      "roberta": USUAL_QUANT_TYPES["bert"],
+                      "nomic_bert": USUAL_QUANT_TYPES["bert"]}
 
 BACKENDS = [p.name for p in backends.probe_all()]
 

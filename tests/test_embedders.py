@@ -2,9 +2,11 @@
 
 Tiny random models saved by sentence-transformers (scripts/make_embedder_goldens.py):
 XLM-RoBERTa in multilingual-e5's shape (mean pooling) and bge-m3's (CLS pooling), and a
-Qwen3 decoder in Qwen3-Embedding's (last-token pooling), all normalised, as each model's
+Qwen3 decoder in Qwen3-Embedding's (last-token pooling), a nomic-bert in nomic-embed-text-
+v1.5's (RoPE, SwiGLU, mean pooling) in the layout transformers writes, with nomic-ai's
+config.json, and as llama.cpp's nomic-bert GGUF, all normalised, as each model's
 modules.json and 1_Pooling/config.json declare; and a BERT in bge-small's shape (WordPiece,
-CLS pooling) as llama.cpp writes it to GGUF, whose pooling comes from its pooling_type.
+CLS pooling) as llama.cpp writes it to GGUF. A GGUF's pooling comes from its pooling_type.
 Bar: cosine >= 0.9999 per sentence (float32 on every backend; the CUDA backend runs
 through the host emulator).
 """
@@ -23,12 +25,19 @@ from inference.errors import UnsupportedModelError
 from tests.goldens_io import MINILM_MIN_COSINE, cosine_rows, load_npz
 
 EMBEDDERS = Path(__file__).parent / "goldens" / "embedders"
-NAMES = ["xlmr_e5", "xlmr_bge", "qwen3_embed", "bert_bge"]
+# Test name -> (model under EMBEDDERS, its golden .npz): one golden per set of weights.
+SOURCES = {"xlmr_e5": ("xlmr_e5", "xlmr_e5"), "xlmr_bge": ("xlmr_bge", "xlmr_bge"),
+           "qwen3_embed": ("qwen3_embed", "qwen3_embed"),
+           "bert_bge": ("bert_bge.gguf", "bert_bge"),
+           "nomic_embed": ("nomic_embed", "nomic_embed"),
+           "nomic_embed_hub": ("nomic_embed_hub", "nomic_embed"),
+           "nomic_embed_gguf": ("nomic_embed.gguf", "nomic_embed")}
+NAMES = list(SOURCES)
 BACKENDS = ["numpy", "cpu", "mlx", "cuda"]
 
 
 def golden(name: str) -> tuple[dict[str, np.ndarray], dict]:
-    return load_npz(f"embedders/{name}.npz")
+    return load_npz(f"embedders/{SOURCES[name][1]}.npz")
 
 
 _loaded: dict[tuple[str, str], object] = {}
@@ -39,9 +48,7 @@ def encoder(name: str, backend: str):
         pytest.importorskip("mlx.core")
     key = (name, backend)
     if key not in _loaded:
-        path = EMBEDDERS / name
-        if not path.exists():  # bert_bge: a GGUF file, not a directory
-            path = EMBEDDERS / f"{name}.gguf"
+        path = EMBEDDERS / SOURCES[name][0]
         if backend == "cuda":
             from inference.api import Encoder
             from inference.backends.cuda import CudaBackend
@@ -56,8 +63,11 @@ def encoder(name: str, backend: str):
     return _loaded[key]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", NAMES)
+# nomic_embed_hub differs from nomic_embed only in config.json: one backend shows it is read.
+PARITY = [(n, b) for n in NAMES for b in BACKENDS if n != "nomic_embed_hub" or b == "numpy"]
+
+
+@pytest.mark.parametrize("name,backend", PARITY)
 def test_embeddings_match_sentence_transformers(name, backend):
     gold, meta = golden(name)
     m = encoder(name, backend)
@@ -80,7 +90,8 @@ def test_ids_and_truncation_match_sentence_transformers(name):
 
 
 @pytest.mark.parametrize("name,other", [("xlmr_bge", "mean"), ("xlmr_e5", "cls"),
-                                        ("qwen3_embed", "mean"), ("bert_bge", "mean")])
+                                        ("qwen3_embed", "mean"), ("bert_bge", "mean"),
+                                        ("nomic_embed", "cls")])
 def test_pooling_changes_the_vectors(name, other):
     # Pooling another way is measurably wrong, so the parity test above could not pass
     # with a default in place of the mode each model declares.
@@ -173,3 +184,66 @@ def test_gguf_bert_reads_its_own_pipeline_and_wordpiece(tmp_path):
         {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
     assert Pipeline.from_dir(tmp_path / "bert.gguf", gguf_pooling=2) == Pipeline("cls", True)
     assert Pipeline.from_dir(tmp_path / "bert.gguf") == Pipeline("mean", True)
+
+
+# --- nomic-bert -------------------------------------------------------------------------------
+
+def nomic_hub_copy(tmp_path: Path, **config: object) -> Path:
+    """nomic_embed_hub with ``config`` over nomic-ai's config.json keys."""
+    import shutil
+
+    d = tmp_path / "nomic"
+    shutil.copytree(EMBEDDERS / "nomic_embed_hub", d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, **config}))
+    return d
+
+
+@pytest.mark.parametrize("name", ["nomic_embed", "nomic_embed_hub", "nomic_embed_gguf"])
+def test_nomic_is_listed_as_an_encoder(name):
+    from inference.store import spec_for_path
+
+    spec = spec_for_path(EMBEDDERS / SOURCES[name][0])
+    assert (spec.kind, spec.architecture, spec.problem) == ("encoder", "nomic_bert", None)
+    assert spec.context_length == golden(name)[1]["max_seq_length"]
+
+
+def test_nomic_reads_its_rope_base(tmp_path):
+    # The base (1000 in nomic-embed-text-v1.5, not RoPE's usual 10000) moves every vector,
+    # so the parity test above could not pass with it ignored.
+    gold, meta = golden("nomic_embed")
+    m = load_model(str(nomic_hub_copy(tmp_path, rotary_emb_base=10000)), backend="numpy")
+    assert m.args.rope_theta == 10000.0
+    assert cosine_rows(m.embed(meta["sentences"]), gold["embeddings"]).min() < 0.999
+
+
+@pytest.mark.parametrize("config,named", [
+    ({"rotary_emb_fraction": 0.5}, "rotary_emb_fraction"),
+    ({"rotary_emb_interleaved": True}, "rotary_emb_interleaved"),
+    ({"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
+    ({"activation_function": "gelu"}, "activation_function"),
+    ({"qkv_proj_bias": True}, "qkv_proj_bias"),
+    ({"prenorm": True}, "prenorm"),
+    ({"moe_every_n_layers": 2, "num_experts": 8}, "mixture of experts"),
+])
+def test_nomic_variants_it_does_not_compute_are_refused_by_name(tmp_path, config, named):
+    from inference.store import spec_for_path
+
+    d = nomic_hub_copy(tmp_path, **config)
+    with pytest.raises(UnsupportedModelError, match=named):
+        load_model(str(d), backend="numpy")
+    assert named in spec_for_path(d).problem  # the picker says why before a load
+
+
+def test_nomic_bert_moe_gguf_is_refused_by_name(tmp_path):
+    import gguf
+
+    from inference.formats import read_checkpoint
+
+    w = gguf.GGUFWriter(str(tmp_path / "moe.gguf"), "nomic-bert-moe")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError, match="'nomic-bert-moe'"):
+        read_checkpoint(tmp_path / "moe.gguf")

@@ -11,7 +11,8 @@ Qwen2 and Qwen3 files are not permuted (llama.cpp runs them with NeoX RoPE).
 
 Tensor names without a Hugging Face equivalent (e.g. ``rope_freqs.weight``) keep their
 GGUF name. BERT names are the bare ``embeddings.*``/``encoder.*`` form (no ``bert.``
-prefix), as in :mod:`inference.formats.safetensors_dir`.
+prefix), as in :mod:`inference.formats.safetensors_dir`; ``nomic-bert`` names are
+transformers' nomic_bert ones, with ``attn_qkv`` kept fused as ``self_attn.qkv_proj``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "bert": ("bert", "BertModel"),
+    "nomic-bert": ("nomic_bert", "NomicBertModel"),
 }
 
 # Architectures whose q/k rows llama.cpp's converter permuted (see module docstring).
@@ -79,6 +81,18 @@ _BERT_BLOCK = {
     "ffn_down": "output.dense",
     "layer_output_norm": "output.LayerNorm",
 }
+_NOMIC_BLOCK = {  # transformers' nomic_bert names; attn_qkv is the fused [q; k; v] rows
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_output_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.up_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_down": "mlp.down_proj",
+    "layer_output_norm": "post_mlp_layernorm",
+}
+# Encoder architectures: the prefix of layer i's names and the names inside it.
+_ENCODER_BLOCKS = {"bert": ("encoder.layer.", _BERT_BLOCK),
+                   "nomic-bert": ("layers.", _NOMIC_BLOCK)}
 # Per-architecture differences from _DECODER_BLOCK: Phi-3 keeps its fused projections;
 # Gemma 2/3 have a norm after attention and after the MLP, and ffn_norm is the one before
 # the MLP (HF's post_attention_layernorm is the norm after attention there).
@@ -309,14 +323,16 @@ def _config(arch: str, md: dict[str, Any], tensors: dict[str, TensorData]) -> di
         if f"tokenizer.ggml.{gguf_key}" in md:
             cfg[hf_key] = int(md[f"tokenizer.ggml.{gguf_key}"])
 
-    if arch == "bert":
+    if arch in _ENCODER_BLOCKS:
         cfg.update(
-            hidden_act="gelu",
+            hidden_act="gelu" if arch == "bert" else "silu",  # nomic-bert: SwiGLU
             layer_norm_eps=float(get("attention.layer_norm_epsilon", 1e-12)),
             type_vocab_size=int(tensors["token_types.weight"].shape[0])
             if "token_types.weight" in tensors else 2,
-            position_embedding_type="absolute",
+            position_embedding_type="absolute" if arch == "bert" else "rotary",
         )
+        if arch == "nomic-bert":  # llama.cpp's base where the file has none
+            cfg["rope_theta"] = float(get("rope.freq_base", 10000.0))
         if get("pooling_type") is not None:
             cfg["pooling_type"] = int(get("pooling_type"))  # llama.cpp enum: 1 mean, 2 cls
         return cfg
@@ -413,16 +429,18 @@ def _scalar(v: Any) -> Any:
 
 def hf_name(arch: str, name: str) -> str:
     """The Hugging Face name of GGUF tensor ``name`` (unchanged if it has none)."""
-    top = _BERT_NAMES if arch == "bert" else _DECODER_NAMES
+    encoder = _ENCODER_BLOCKS.get(arch)
+    top = _BERT_NAMES if encoder else _DECODER_NAMES
     if name in top:
         return top[name]
     m = _BLOCK_RE.match(name)
     if m:
         layer, part, kind = m.groups()
-        if arch == "bert" and part in _BERT_BLOCK:
-            return f"encoder.layer.{layer}.{_BERT_BLOCK[part]}.{kind}"
+        if encoder:
+            prefix, block = encoder
+            return f"{prefix}{layer}.{block[part]}.{kind}" if part in block else name
         block = {**_DECODER_BLOCK, **_ARCH_BLOCK.get(arch, {})}
-        if arch != "bert" and part in block:
+        if part in block:
             return f"model.layers.{layer}.{block[part]}.{kind}"
     return name
 

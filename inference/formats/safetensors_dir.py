@@ -12,6 +12,11 @@ file size resident for MiniLM) and cannot represent bfloat16, which NumPy lacks.
   ``embeddings.position_ids``), not weights, and are left out.
 - BERT names are normalised to the bare form ``embeddings.*`` / ``encoder.*`` /
   ``pooler.*``: a leading ``bert.`` (BertForMaskedLM and friends) is dropped.
+- nomic_bert tensors are saved under the Hub's names (contrastors': ``emb_ln``,
+  ``encoder.layers.N.attn.Wqkv``, ``mlp.fc11`` ...; transformers writes them too) and
+  nomic-ai's config.json has GPT-2-style keys (``n_embd`` ...): both get transformers' names,
+  as its conversion mapping gives them, but the fused ``attn.Wqkv`` stays one tensor,
+  ``self_attn.qkv_proj``.
 - MLX-quantized directories (``"quantization": {"group_size", "bits"}`` in config.json,
   tensors ``X.weight`` uint32 + ``X.scales`` + ``X.biases``) give TensorData of qtype "MLX"
   with ``extra = {scales, biases, group_size, bits}`` and format "mlx". bfloat16 scales
@@ -40,7 +45,19 @@ _INT_DTYPES = {
 _ITEMSIZE = {"BF16": 2} | {k: np.dtype(v).itemsize for k, v in _FLOAT_DTYPES.items()} \
     | {k: np.dtype(v).itemsize for k, v in _INT_DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024  # the format caps headers at 100 MB
-ENCODER_TYPES = {"bert", "xlm-roberta", "roberta"}
+ENCODER_TYPES = {"bert", "xlm-roberta", "roberta", "nomic_bert"}
+# The Hub's nomic_bert checkpoints (nomic-ai, contrastors' code) -> transformers' names, as
+# transformers' own conversion mapping renames them: GPT-2-style config keys, and tensor
+# name parts in this order (Wqkv stays one tensor of [q; k; v] rows).
+_NOMIC_HUB_CONFIG = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers",
+                     "n_head": "num_attention_heads", "n_inner": "intermediate_size",
+                     "n_positions": "max_position_embeddings",
+                     "layer_norm_epsilon": "layer_norm_eps", "rotary_emb_base": "rope_theta"}
+_NOMIC_HUB_TENSORS = [("encoder.layers.", "layers."), ("emb_ln", "embeddings.LayerNorm"),
+                      ("attn.out_proj", "self_attn.o_proj"), ("attn.Wqkv", "self_attn.qkv_proj"),
+                      ("mlp.fc11", "mlp.up_proj"), ("mlp.fc12", "mlp.gate_proj"),
+                      ("mlp.fc2", "mlp.down_proj"), ("norm1", "post_attention_layernorm"),
+                      ("norm2", "post_mlp_layernorm")]
 
 
 def is_model_dir(path: Path) -> bool:
@@ -89,6 +106,8 @@ def read_safetensors_dir(path: str | Path) -> Checkpoint:
     if config.get("model_type") in ENCODER_TYPES:
         tensors = {_strip_bert(n): TensorData(_strip_bert(n), t.shape, t.qtype, t.data, t.extra)
                    for n, t in tensors.items()}
+        if config["model_type"] == "nomic_bert":
+            config, tensors = _nomic_from_hub(config, tensors)
     elif "embed_tokens.weight" in tensors and "model.embed_tokens.weight" not in tensors:
         # A bare decoder (Qwen3Model, as decoder embedders ship) names its tensors without
         # the "model." a ForCausalLM checkpoint puts in front.
@@ -104,6 +123,25 @@ def _strip_bert(name: str) -> str:
         if name.startswith(prefix):
             return name[len(prefix):]
     return name
+
+
+def _nomic_from_hub(config: dict[str, Any], tensors: dict[str, TensorData]
+                    ) -> tuple[dict[str, Any], dict[str, TensorData]]:
+    """A nomic_bert checkpoint in transformers' config keys and tensor names. The Hub's
+    tensor names are also what transformers itself writes; its config keys only the Hub's
+    checkpoints have. Keys without a transformers counterpart stay (the model refuses values
+    it does not compute); activation "swiglu" is transformers' SiLU-gated MLP."""
+    cfg = {_NOMIC_HUB_CONFIG.get(k, k): v for k, v in config.items()}
+    if cfg.get("activation_function") == "swiglu":
+        cfg["hidden_act"] = "silu"
+
+    def rename(name: str) -> str:
+        for old, new in _NOMIC_HUB_TENSORS:
+            name = name.replace(old, new)
+        return name
+
+    return cfg, {rename(n): TensorData(rename(n), t.shape, t.qtype, t.data, t.extra)
+                 for n, t in tensors.items()}
 
 
 def _read_json(p: Path) -> Any:

@@ -19,6 +19,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "bert": bert,
     "xlm-roberta": bert,
     "roberta": bert,
+    "nomic_bert": bert,
 }
 CAUSAL = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"}
 
