@@ -38,6 +38,11 @@ _KERNEL_TYPES = {"F32", "F16", *TYPES}
 
 class CudaBackend(Backend):
     name = "cuda"
+    # Mat-vecs of Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights quantize x to q8_1 and use
+    # integer dot products (__dp4a, sm_61+), the path that reaches memory bandwidth on every
+    # such GPU (kernels/cuda/mmv.cu); x is then rounded to 8 bits per 32 values, as
+    # llama.cpp does. False: the float kernels, equal to NumPy up to float32 rounding.
+    q8_1_activations = True
 
     def __init__(self, device: Device | None = None, prefill_dtype: Any = np.float32):
         """prefill_dtype float16 dequantizes prefill weights to half and runs half GEMMs
@@ -132,7 +137,7 @@ class CudaBackend(Backend):
         x2 = xp.reshape(self._c(x), (-1, k))
         if isinstance(w, QuantMatrix):
             if x2.shape[0] <= MMV_MAX_ROWS:
-                y = ops.mul_mat_vec(self.dev, w, x2)
+                y = ops.mul_mat_vec(self.dev, w, x2, q8_1=self.q8_1_activations)
             else:  # cuBLAS on the GPU
                 wd = self._dequantized(w)
                 y = xp.matmul(x2.astype(wd.dtype, copy=False), wd.T).astype(xp.float32, copy=False)

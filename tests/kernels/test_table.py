@@ -21,12 +21,12 @@ def test_block_geometry_matches_gguf() -> None:
 
 
 def test_kernels_see_the_same_constants(dev: Device) -> None:
-    out = dev.zeros((3 * len(CUDA_ORDER),), np.int32)
+    out = dev.zeros((4 * len(CUDA_ORDER),), np.int32)
     dev.launch("dequant", "type_info", Launch((1, 1, 1), (32, 1, 1)), (out,))
-    got = np.asarray(out if isinstance(out, np.ndarray) else out.get()).reshape(-1, 3)
-    for (qk, nbytes, ept), name in zip(got.tolist(), CUDA_ORDER, strict=True):
+    got = np.asarray(out if isinstance(out, np.ndarray) else out.get()).reshape(-1, 4)
+    for (qk, nbytes, ept, dp4a), name in zip(got.tolist(), CUDA_ORDER, strict=True):
         t = TYPES[name]
-        assert (qk, nbytes, ept) == (t.qk, t.block_bytes, t.ept), name
+        assert (qk, nbytes, ept, bool(dp4a)) == (t.qk, t.block_bytes, t.ept, t.dp4a), name
 
 
 def test_attention_limits_match_the_source() -> None:
