@@ -15,7 +15,7 @@ between the same two barriers form one instruction. Per kernel argument this giv
 A model, not a profiler: it sees only accesses through those helpers (plain pointer
 dereferences are invisible), assumes no cache, and counts shared memory not at all.
 
-    python -m kernels.emulator.traffic     # the decode mat-vec table of docs/cuda.md
+    python -m kernels.emulator.traffic     # the decode mat-vec tables of docs/cuda.md
 """
 
 from __future__ import annotations
@@ -149,3 +149,80 @@ def recording() -> Iterator[list[tuple[str, np.ndarray]]]:
         yield module.access_log
     finally:
         module.access_log = saved
+
+
+# --- the decode mat-vec report (docs/cuda.md, README) -------------------------------------
+
+# Llama 2 7B in llama.cpp's Q4_K_M mix: (name, rows, cols, count per token, type). attn_v and
+# ffn_down are Q6_K in 16 of the 32 layers (use_more_bits: the first and last 4, and every
+# third between), Q4_K in the rest; the output head is Q6_K; the embedding reads one row.
+LLAMA2_7B_Q4_K_M = (
+    ("attn_q, attn_k, attn_output", 4096, 4096, 3 * 32, "Q4_K"),
+    ("attn_v", 4096, 4096, 16, "Q4_K"),
+    ("attn_v", 4096, 4096, 16, "Q6_K"),
+    ("ffn_gate, ffn_up", 11008, 4096, 2 * 32, "Q4_K"),
+    ("ffn_down", 4096, 11008, 16, "Q4_K"),
+    ("ffn_down", 4096, 11008, 16, "Q6_K"),
+    ("output", 32000, 4096, 1, "Q6_K"),
+)
+# Published peak DRAM bandwidth, bytes/s.
+GPUS = (("H100 SXM", 3.35e12), ("RTX 4090", 1.008e12), ("T4", 320e9))
+SAMPLE_ROWS = 16  # rows emulated per shape: row starts at every alignment a type allows
+
+
+def mat_vec_streams(qtype: str, cols: int, q8_1: bool, rows: int = SAMPLE_ROWS) -> dict:
+    """Weight and x load Streams of one emulated decode mat-vec (batch 1)."""
+    from kernels.cuda import ops
+    from kernels.cuda.table import TYPES
+
+    dev = TrafficDevice()
+    rng = np.random.default_rng(0)
+    t = TYPES[qtype]
+    raw = rng.integers(0, 256, (rows, t.row_bytes(cols)), dtype=np.uint8)  # codes only
+    w = ops.upload_matrix(dev, raw, qtype, (rows, cols))
+    ops.mul_mat_vec(dev, w, dev.to_device(np.ones((1, cols), np.float32)), q8_1=q8_1)
+    (kernel,) = [k for k in dev.traffic if k.startswith("mul_mat_vec")]
+    return {"kernel": kernel, "w": dev.traffic[kernel][(0, "load")],
+            "x": dev.traffic[kernel][(1, "load")]}
+
+
+def decode_report(model: tuple = LLAMA2_7B_Q4_K_M) -> dict:
+    """Per (type, cols) and path: sector efficiencies; per path: bytes per token."""
+    from kernels.cuda.table import TYPES, q8_1_row_bytes
+
+    shapes = sorted({(q, c) for _, _, c, _, q in model})
+    eff = {(q, c, p): mat_vec_streams(q, c, p == "q8_1") for q, c in shapes
+           for p in ("float", "q8_1")}
+    tokens = {}
+    for path in ("float", "q8_1"):
+        file_b = w_moved = x_moved = 0.0
+        for _, rows, cols, n, q in model:
+            st = eff[(q, cols, path)]
+            wb = rows * TYPES[q].row_bytes(cols)
+            file_b += n * wb
+            w_moved += n * wb * st["w"].moved_per_useful
+            # x: the float path reads x once per row; the integer path once per block of 4
+            # rows (q8_1 bytes), sectors at the measured efficiency.
+            xb = rows * 4 * cols if path == "float" else -(-rows // 4) * q8_1_row_bytes(cols)
+            x_moved += n * xb / st["x"].efficiency
+        tokens[path] = {"file": file_b, "w_moved": w_moved, "x_moved": x_moved}
+    return {"efficiency": eff, "tokens": tokens}
+
+
+def main() -> None:
+    r = decode_report()
+    print("sector efficiency, decode mat-vec (emulated, batch 1, "
+          f"{SAMPLE_ROWS} rows): weights / x")
+    for (q, c, p), st in r["efficiency"].items():
+        print(f"  {st['kernel']:22s} {q} cols {c:5d} {p:5s}: weights {st['w'].efficiency:6.1%} "
+              f"(moved/useful {st['w'].moved_per_useful:.2f}), x {st['x'].efficiency:6.1%}")
+    print("Llama 2 7B Q4_K_M, per token (on paper):")
+    for p, t in r["tokens"].items():
+        floors = ", ".join(f"{g} {bw / t['w_moved']:.0f} tok/s" for g, bw in GPUS)
+        print(f"  {p:5s}: weights {t['file'] / 1e9:.3f} GB in the file, "
+              f"{t['w_moved'] / 1e9:.3f} GB in sectors; x {t['x_moved'] / 1e9:.3f} GB in "
+              f"sectors; weight-sector bound {floors}")
+
+
+if __name__ == "__main__":
+    main()

@@ -9,11 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.cuda import ops
 from kernels.cuda.table import TYPES
 from kernels.emulator.module import EmulatedModule, EmulatorError
-from kernels.emulator.traffic import TrafficDevice, aligned_empty, analyze, recording
-from tests.kernels.quantdata import make_weight
+from kernels.emulator.traffic import aligned_empty, analyze, mat_vec_streams, recording
 
 PROBES = Path(__file__).with_name("emu_probes.cu")
 
@@ -50,26 +48,19 @@ def test_every_typed_access_is_checked_for_alignment(probes: EmulatedModule) -> 
         probes.get_function("load_at")((1,), (32,), (x, y, np.int32(2)))
 
 
-# Decode shape: a 4096-wide row (Llama 7B's hidden size), 8 rows, batch 1.
-COLS, ROWS = 4096, 8
+# Decode shapes, batch 1: rows of 4096 (Llama 7B's hidden size) for every type, and of
+# 11008 (its FFN width) for the K-quants, whose rows then start at 8 different alignments.
+# (python -m kernels.emulator.traffic reports 16 rows of each.)
+BAR_CASES = ([(n, 4096, 4) for n, t in TYPES.items() if t.dp4a]
+             + [("Q4_K", 11008, 8), ("Q6_K", 11008, 8)])
 
 
-def mat_vec_traffic(qtype: str, q8_1: bool) -> dict:
-    """{(argument, kind): Stream} of the mat-vec kernel (not the x quantization)."""
-    dev = TrafficDevice()
-    rng = np.random.default_rng(5)
-    w = ops.upload_matrix(dev, make_weight(qtype, ROWS, COLS, rng), qtype, (ROWS, COLS))
-    ops.mul_mat_vec(dev, w, dev.to_device(rng.standard_normal((1, COLS), dtype=np.float32)),
-                    q8_1=q8_1)
-    (kernel,) = [k for k in dev.traffic if k.startswith("mul_mat_vec")]
-    return dev.traffic[kernel] | {"w_bytes": w.data.nbytes}
-
-
-@pytest.mark.parametrize("qtype", [n for n, t in TYPES.items() if t.dp4a])
-def test_integer_mat_vec_meets_the_sector_bars(qtype: str) -> None:
-    t = mat_vec_traffic(qtype, q8_1=True)
-    w, x = t[(0, "load")], t[(1, "load")]
-    assert w.footprint == t["w_bytes"]  # every weight byte went through the model
+@pytest.mark.parametrize("qtype, cols, rows", BAR_CASES)
+def test_integer_mat_vec_meets_the_sector_bars(qtype: str, cols: int, rows: int) -> None:
+    st = mat_vec_streams(qtype, cols, q8_1=True, rows=rows)
+    w, x = st["w"], st["x"]
+    assert st["kernel"] == f"mul_mat_vec_q_{TYPES[qtype].suffix}"
+    assert w.footprint == rows * TYPES[qtype].row_bytes(cols)  # every byte seen
     assert w.efficiency >= 0.90 and w.moved_per_useful <= 1.1, (w.efficiency, w.moved_per_useful)
     assert x.efficiency >= 0.80, x.efficiency
 
@@ -77,5 +68,5 @@ def test_integer_mat_vec_meets_the_sector_bars(qtype: str) -> None:
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K"])
 def test_float_mat_vec_is_what_the_issue_measured(qtype: str) -> None:
     # The old path: 2-byte weight loads at block strides, x as float4 per lane 64-128 B apart.
-    t = mat_vec_traffic(qtype, q8_1=False)
-    assert t[(0, "load")].efficiency < 0.3 and t[(1, "load")].efficiency == 0.5
+    st = mat_vec_streams(qtype, 4096, q8_1=False, rows=4)
+    assert st["w"].efficiency < 0.3 and st["x"].efficiency == 0.5
