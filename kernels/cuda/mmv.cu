@@ -141,8 +141,9 @@ static __device__ __forceinline__ void mul_mat_vec_q(
         }
         __syncthreads();
         if (row < nrows && lane < groups) {
-            const uint8_t * b = (const uint8_t *) sw + ((uintptr_t) wc - a0) + (lane / GROUPS) * Q::BYTES;
-            acc += Q::vdot(b, lane % GROUPS, (const uint8_t *) sx + lane * Q8_1_BYTES);
+            const uint8_t * b = (const uint8_t *) sw + ((uintptr_t) wc - a0);
+            acc += Q::vdot(b + (lane / GROUPS) * Q::BYTES, lane % GROUPS,
+                           (const uint8_t *) sx + lane * Q8_1_BYTES);
         }
         __syncthreads();  // the next step overwrites the stage
     }

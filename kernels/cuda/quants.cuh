@@ -37,17 +37,35 @@ struct q8_1 {  // a staged q8_1 block: scales and the 8 ints of packed quants
 static __device__ __forceinline__ int int_b2(const uint8_t * p) {
     return ld_global((const uint16_t *) p) | ((int) ld_global((const uint16_t *) p + 1) << 16);
 }
-static __device__ __forceinline__ int int_b4(const uint8_t * p) { return ld_global((const int *) p); }
+static __device__ __forceinline__ int int_b4(const uint8_t * p) {
+    return ld_global((const int *) p);
+}
 
-// Bits 4j..4j+3 of t spread to bit 4 of each byte (the fifth bit of 5-bit quants).
+// Bits 0..3 of t spread to bit 4 of each byte (the fifth bit of 5-bit quants).
 static __device__ __forceinline__ int spread4(const uint32_t t) {
     return ((t & 1) << 4) | ((t & 2) << 11) | ((t & 4) << 18) | ((t & 8) << 25);
+}
+
+// Integer dot of a 32-element block of the legacy 4/5-bit types with a q8_1 block: v holds
+// the 16 nibble bytes (low nibbles are elements 0-15, high nibbles 16-31), bit j of qh is
+// element j's fifth bit (0 for 4-bit types).
+static __device__ __forceinline__ int dot_nibbles(const int (&v)[4], const uint32_t qh,
+                                                  const q8_1 & x) {
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        sumi = __dp4a((v[i] & 0x0F0F0F0F) | spread4(qh >> (4 * i)), x.u[i], sumi);
+        sumi = __dp4a(((v[i] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * i + 16)), x.u[i + 4], sumi);
+    }
+    return sumi;
 }
 
 struct t_f32 {
     static constexpr int QK = 1, BYTES = 4, EPT = 1;
     static constexpr bool DP4A = false;
-    static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) { y[0] = ld_global((const float *) b); }
+    static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
+        y[0] = ld_global((const float *) b);
+    }
 };
 
 struct t_f16 {
@@ -63,14 +81,8 @@ struct t_q4_0 {
     // sum (q - 8) * d * xq * dx = d * (dx * sum(q * xq) - 8 * s)
     static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
         const q8_1 x = q8_1::read(xb);
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int v = int_b2(b + 2 + 4 * i);
-            sumi = __dp4a(v & 0x0F0F0F0F, x.u[i], sumi);
-            sumi = __dp4a((v >> 4) & 0x0F0F0F0F, x.u[i + 4], sumi);
-        }
-        return load_f16(b) * (x.d * sumi - 8.0f * x.s);
+        const int v[4] = {int_b2(b + 2), int_b2(b + 6), int_b2(b + 10), int_b2(b + 14)};
+        return load_f16(b) * (x.d * dot_nibbles(v, 0, x) - 8.0f * x.s);
     }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b);
@@ -90,14 +102,8 @@ struct t_q4_1 {
     // sum (q * d + m) * xq * dx = d * dx * sum(q * xq) + m * s
     static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
         const q8_1 x = q8_1::read(xb);
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int v = int_b4(b + 4 + 4 * i);
-            sumi = __dp4a(v & 0x0F0F0F0F, x.u[i], sumi);
-            sumi = __dp4a((v >> 4) & 0x0F0F0F0F, x.u[i + 4], sumi);
-        }
-        return load_f16(b) * x.d * sumi + load_f16(b + 2) * x.s;
+        const int v[4] = {int_b4(b + 4), int_b4(b + 8), int_b4(b + 12), int_b4(b + 16)};
+        return load_f16(b) * x.d * dot_nibbles(v, 0, x) + load_f16(b + 2) * x.s;
     }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b), m = load_f16(b + 2);
@@ -120,15 +126,8 @@ struct t_q5_0 {
     static constexpr bool DP4A = true;
     static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
         const q8_1 x = q8_1::read(xb);
-        const uint32_t qh = load_u32_b2(b + 2);
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int v = int_b2(b + 6 + 4 * i);
-            sumi = __dp4a((v & 0x0F0F0F0F) | spread4(qh >> (4 * i)), x.u[i], sumi);
-            sumi = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * i + 16)), x.u[i + 4], sumi);
-        }
-        return load_f16(b) * (x.d * sumi - 16.0f * x.s);
+        const int v[4] = {int_b2(b + 6), int_b2(b + 10), int_b2(b + 14), int_b2(b + 18)};
+        return load_f16(b) * (x.d * dot_nibbles(v, load_u32_b2(b + 2), x) - 16.0f * x.s);
     }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b);
@@ -148,15 +147,9 @@ struct t_q5_1 {
     static constexpr bool DP4A = true;
     static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
         const q8_1 x = q8_1::read(xb);
+        const int v[4] = {int_b4(b + 8), int_b4(b + 12), int_b4(b + 16), int_b4(b + 20)};
         const uint32_t qh = (uint32_t) int_b4(b + 4);
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int v = int_b4(b + 8 + 4 * i);
-            sumi = __dp4a((v & 0x0F0F0F0F) | spread4(qh >> (4 * i)), x.u[i], sumi);
-            sumi = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * i + 16)), x.u[i + 4], sumi);
-        }
-        return load_f16(b) * x.d * sumi + load_f16(b + 2) * x.s;
+        return load_f16(b) * x.d * dot_nibbles(v, qh, x) + load_f16(b + 2) * x.s;
     }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b), m = load_f16(b + 2);
@@ -248,22 +241,32 @@ static __device__ __forceinline__ void scale_min_k4(int j, const uint8_t * q, in
     }
 }
 
+// Q4_K/Q5_K group g against a q8_1 block: nibble g % 2 of qs[(g / 2) * 32 + l], and for Q5_K
+// (qh not null) fifth bit g of qh[l]; x = d*sc*q - dmin*m.
+static __device__ __forceinline__ float vdot_k4(const uint8_t * b, const uint8_t * qs,
+                                                const uint8_t * qh, const int g,
+                                                const uint8_t * xb) {
+    const q8_1 x = q8_1::read(xb);
+    int sc, mn;
+    scale_min_k4(g, b + 4, sc, mn);
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int v = (int_b4(qs + (g / 2) * 32 + 4 * i) >> (4 * (g % 2))) & 0x0F0F0F0F;
+        if (qh) {
+            v |= ((int_b4(qh + 4 * i) >> g) & 0x01010101) << 4;
+        }
+        sumi = __dp4a(v, x.u[i], sumi);
+    }
+    return load_f16(b) * sc * x.d * sumi - load_f16(b + 2) * mn * x.s;
+}
+
 // Q4_K: d, dmin, scales[12], qs[128]; x = d*sc*q - dmin*m over 32-element groups.
 struct t_q4_k {
     static constexpr int QK = 256, BYTES = 144, EPT = 16;
     static constexpr bool DP4A = true;
-    // group g: nibble g % 2 of qs[(g / 2) * 32 + l]; x = d*sc*q - dmin*m
     static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
-        const q8_1 x = q8_1::read(xb);
-        int sc, mn;
-        scale_min_k4(g, b + 4, sc, mn);
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int v = int_b4(b + 16 + (g / 2) * 32 + 4 * i);
-            sumi = __dp4a((v >> (4 * (g % 2))) & 0x0F0F0F0F, x.u[i], sumi);
-        }
-        return load_f16(b) * sc * x.d * sumi - load_f16(b + 2) * mn * x.s;
+        return vdot_k4(b, b + 16, nullptr, g, xb);
     }
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const float d = load_f16(b), dmin = load_f16(b + 2);
@@ -283,20 +286,8 @@ struct t_q4_k {
 struct t_q5_k {
     static constexpr int QK = 256, BYTES = 176, EPT = 16;
     static constexpr bool DP4A = true;
-    // group g: nibble g % 2 of qs[(g / 2) * 32 + l], fifth bit g of qh[l]
     static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
-        const q8_1 x = q8_1::read(xb);
-        int sc, mn;
-        scale_min_k4(g, b + 4, sc, mn);
-        int sumi = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int v = int_b4(b + 48 + (g / 2) * 32 + 4 * i);
-            const int h = int_b4(b + 16 + 4 * i);
-            sumi = __dp4a(((v >> (4 * (g % 2))) & 0x0F0F0F0F) | (((h >> g) & 0x01010101) << 4),
-                          x.u[i], sumi);
-        }
-        return load_f16(b) * sc * x.d * sumi - load_f16(b + 2) * mn * x.s;
+        return vdot_k4(b, b + 48, b + 16, g, xb);
     }
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const float d = load_f16(b), dmin = load_f16(b + 2);
@@ -328,7 +319,8 @@ struct t_q6_k {
         for (int i = 0; i < 8; ++i) {
             const int lo = int_b2(b + n * 64 + 32 * (k & 1) + 4 * i);
             const int hi = int_b2(b + 128 + n * 32 + 4 * i);
-            const int q = ((lo >> (4 * (k >> 1))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4);
+            const int q = ((lo >> (4 * (k >> 1))) & 0x0F0F0F0F) |
+                          (((hi >> (2 * k)) & 0x03030303) << 4);
             sum[i / 4] = __dp4a(q, x.u[i], sum[i / 4]);
             sx[i / 4] = __dp4a(0x01010101, x.u[i], sx[i / 4]);
         }
