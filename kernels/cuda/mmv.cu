@@ -55,13 +55,13 @@ FOR_EACH_TYPE(MMV_KERNEL)
 // (a) every warp-level load moves whole 32-byte sectors it uses and (b) the arithmetic per
 // weight byte is small. The float path above fails (a) for x (each lane reads its own
 // float4s, 64-128 bytes apart) and for weights (2-byte loads at block-size strides), and
-// spends ~2 float FMAs per weight. Here x is quantized once per call to q8_1 (4.5x fewer
+// spends ~2 float FMAs per weight. Here x is quantized once per call to q8_1 (3.6x fewer
 // x bytes than float32) and multiplied with integer dot products (__dp4a, sm_61+: 4
 // int8 products per instruction); the float scales are applied once per 32 elements.
 // Both operands are staged in shared memory with aligned 16-byte loads by consecutive
 // lanes: whole sectors whatever the block size (GGML blocks are 2-byte aligned).
 
-// quantize_q8_1: one warp per q8_1 block, blockDim = (32, 8); grid (blocks / 8, batch).
+// quantize_q8_1: one warp per q8_1 block, blockDim = (32, <= 8); grid (row blocks, batch).
 // x row b is ncols floats; its q8_1 row starts at xq + b * xq_stride (16-byte multiple).
 extern "C" __global__ void __launch_bounds__(256) quantize_q8_1(
         const float * __restrict__ x, uint8_t * __restrict__ xq, const int ncols,
@@ -86,8 +86,8 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_1(
 
 // A warp step covers MMVQ_COLS columns: lane l takes the l-th 32-element group (a whole
 // 32-element block, or one group of a 256-element K-quant block) and its q8_1 block.
-#define MMVQ_COLS 1024
-#define MMVQ_ROWS 4  // warps (= output rows) per block: table.py mmvq_rows_per_block
+#define MMVQ_COLS 1024  // table.MMVQ_COLS
+#define MMVQ_ROWS 4  // warps (= output rows) per block: table.MMVQ_ROWS
 #define MMVQ_X_WORDS (MMVQ_COLS / 32 * Q8_1_BYTES / 16)  // 72 uint4: a step's q8_1 blocks
 #define MMVQ_W_WORDS 72  // uint4 per warp: a step's weight bytes (<= 1088, Q8_0) + 2 partial
 

@@ -29,7 +29,7 @@ def test_kernels_see_the_same_constants(dev: Device) -> None:
         assert (qk, nbytes, ept, bool(dp4a)) == (t.qk, t.block_bytes, t.ept, t.dp4a), name
 
 
-def test_attention_limits_match_the_source() -> None:
+def test_attention_and_mat_vec_limits_match_the_source() -> None:
     import re
 
     from kernels.cuda import table
@@ -40,3 +40,8 @@ def test_attention_limits_match_the_source() -> None:
     assert int(defines["ATTN_MAX_D"]) == table.ATTN_MAX_HEAD_DIM
     assert int(defines["ATTN_MAX_ROWS"]) == table.ATTN_MAX_ROWS
     assert int(re.search(r"#define ATTN_TILE (\d+)", src).group(1)) == table.ATTN_TILE
+    mmv = source_path("mmv").read_text()
+    assert int(re.search(r"#define MMVQ_ROWS (\d+)", mmv).group(1)) == table.MMVQ_ROWS
+    assert int(re.search(r"#define MMVQ_COLS (\d+)", mmv).group(1)) == table.MMVQ_COLS
+    assert int(re.search(r"#define Q8_1_BYTES (\d+)", source_path("quants").with_suffix(
+        ".cuh").read_text()).group(1)) == table.Q8_1_BYTES
