@@ -137,7 +137,7 @@ class CudaBackend(Backend):
         x2 = xp.reshape(self._c(x), (-1, k))
         if isinstance(w, QuantMatrix):
             if x2.shape[0] <= MMV_MAX_ROWS:
-                y = ops.mul_mat_vec(self.dev, w, x2, q8_1=self.q8_1_activations)
+                y = ops.mul_mat_vec(self.dev, w, x2, self.q8_1_activations)
             else:  # cuBLAS on the GPU
                 wd = self._dequantized(w)
                 y = xp.matmul(x2.astype(wd.dtype, copy=False), wd.T).astype(xp.float32, copy=False)

@@ -81,7 +81,7 @@ def dp4a_applies(dev: Device, w: QuantMatrix) -> bool:
     return w.kt.dp4a and dev.address(w.data) % 16 == 0
 
 
-def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, *, q8_1: bool = True) -> Any:
+def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True) -> Any:
     """(batch, cols) float32 -> (batch, rows) float32.
 
     With q8_1 (default) and a weight type that has one, x is quantized to q8_1 and the
