@@ -104,6 +104,9 @@ def cases(dev: Device, small: bool) -> list[tuple[str, str, int, Callable[[], An
             nbytes = rows * t.row_bytes(cols) + x.nbytes + rows * 4
             out.append(("mmv", f"mul_mat_vec {qtype} {rows}x{cols}", nbytes,
                         lambda m=m, x=x: ops.mul_mat_vec(dev, m, x)))
+            if t.dp4a:  # the row above is the integer kernel (with x's q8_1 quantization)
+                out.append(("mmv", f"mul_mat_vec {qtype} {rows}x{cols} float", nbytes,
+                            lambda m=m, x=x: ops.mul_mat_vec(dev, m, x, q8_1=False)))
             if (rows, cols) == (4096 // s, max(t.qk, 4096 // s // t.qk * t.qk)):
                 out.append(("dequant", f"dequantize {qtype}->f16 {rows}x{cols}",
                             rows * t.row_bytes(cols) + rows * cols * 2,

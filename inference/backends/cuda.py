@@ -64,6 +64,11 @@ class _Capture:
 
 class CudaBackend(Backend):
     name = "cuda"
+    # Mat-vecs of Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights quantize x to q8_1 and use
+    # integer dot products (__dp4a, sm_61+), the path that reaches memory bandwidth on every
+    # such GPU (kernels/cuda/mmv.cu); x is then rounded to 8 bits per 32 values, as
+    # llama.cpp does. False: the float kernels, equal to NumPy up to float32 rounding.
+    q8_1_activations = True
 
     # A captured decode step serves positions up to a bucket of keys: a power of two, at
     # least this many (attention's split-K grid is planned for the bucket, and a replay past
@@ -182,7 +187,7 @@ class CudaBackend(Backend):
         x2 = xp.reshape(self._c(x), (-1, k))
         if isinstance(w, QuantMatrix):
             if x2.shape[0] <= MMV_MAX_ROWS:
-                y = ops.mul_mat_vec(self.dev, w, x2)
+                y = ops.mul_mat_vec(self.dev, w, x2, self.q8_1_activations)
             else:  # cuBLAS on the GPU
                 self._eager_only("a GEMM")
                 wd = self._dequantized(w)

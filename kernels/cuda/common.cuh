@@ -16,15 +16,36 @@ typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;
 #else
 #include <stdint.h>
 #endif
 
 #if defined(INFERDESK_EMULATOR)
 #define CHECK_ALIGNED(p, n) emu_check_aligned((const void *) (p), (n))
+// The caller's source position names the access site for the emulator's memory model.
+#define EMU_SITE_PARAM , const unsigned emu_site = __builtin_LINE() + 7919u * \
+    (unsigned) ((uintptr_t) __builtin_FILE() % 65521u)
+#define EMU_ACCESS(p, n, store) emu_access((const void *) (p), (n), (store), emu_site)
 #else
 #define CHECK_ALIGNED(p, n) ((void) 0)
+#define EMU_SITE_PARAM
+#define EMU_ACCESS(p, n, store) ((void) 0)
 #endif
+
+// Typed global loads and stores. On a GPU a plain access; in the emulator each is checked
+// for natural alignment (sizeof(T)) and, when the memory model is on, logged as one lane's
+// part of a warp-level transaction (kernels/emulator/traffic.py counts 32-byte sectors).
+template <typename T>
+static __device__ __forceinline__ T ld_global(const T * p EMU_SITE_PARAM) {
+    EMU_ACCESS(p, sizeof(T), false);
+    return *p;
+}
+template <typename T>
+static __device__ __forceinline__ void st_global(T * p, const T v EMU_SITE_PARAM) {
+    EMU_ACCESS(p, sizeof(T), true);
+    *p = v;
+}
 
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
@@ -83,8 +104,7 @@ static __device__ __forceinline__ float block_reduce_max(float v, float * s) {
 
 // 16-byte aligned vector load of 4 floats.
 static __device__ __forceinline__ float4 load_float4(const float * p) {
-    CHECK_ALIGNED(p, 16);
-    return *(const float4 *) p;
+    return ld_global((const float4 *) p);
 }
 
 // 16 consecutive bytes at a 2-aligned address as 8 half-word loads: GGML blocks are only
@@ -95,11 +115,10 @@ struct bytes16 {
 };
 
 static __device__ __forceinline__ bytes16 load_bytes16(const uint8_t * p) {
-    CHECK_ALIGNED(p, 2);
     bytes16 r;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        r.h[i] = ((const uint16_t *) p)[i];
+        r.h[i] = ld_global((const uint16_t *) p + i);
     }
     return r;
 }

@@ -52,9 +52,12 @@ static __device__ __forceinline__ void dequantize_rows(
 FOR_EACH_TYPE(DEQUANT_KERNELS)
 
 // The per-type constants as the kernels see them, for the test against table.py:
-// out[3*i + {0,1,2}] = QK, BYTES, EPT of the i-th type of FOR_EACH_TYPE.
-#define TYPE_INFO(Q, name) \
-    if (threadIdx.x == n) { out[3 * n] = Q::QK; out[3 * n + 1] = Q::BYTES; out[3 * n + 2] = Q::EPT; } \
+// out[4*i + {0,1,2,3}] = QK, BYTES, EPT, DP4A of the i-th type of FOR_EACH_TYPE.
+#define TYPE_INFO(Q, name)                                                                 \
+    if (threadIdx.x == n) {                                                                \
+        out[4 * n] = Q::QK; out[4 * n + 1] = Q::BYTES; out[4 * n + 2] = Q::EPT;            \
+        out[4 * n + 3] = Q::DP4A;                                                          \
+    }                                                                                      \
     ++n;
 extern "C" __global__ void type_info(int * out) {
     int n = 0;

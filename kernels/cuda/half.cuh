@@ -9,6 +9,5 @@
 #endif
 
 static __device__ __forceinline__ float load_f16(const uint8_t * p) {
-    CHECK_ALIGNED(p, 2);
-    return __half2float(__ushort_as_half(*(const uint16_t *) p));
+    return __half2float(__ushort_as_half(ld_global((const uint16_t *) p)));
 }

@@ -31,13 +31,13 @@ static __device__ __forceinline__ void mul_mat_vec(
                     acc += v[j] * xv.x + v[j + 1] * xv.y + v[j + 2] * xv.z + v[j + 3] * xv.w;
                 }
             } else {
-                acc += v[0] * xs[0];  // F32/F16: one element per slice
+                acc += v[0] * ld_global(xs);  // F32/F16: one element per slice
             }
         }
     }
     acc = warp_reduce_sum(acc);
     if (row < nrows && threadIdx.x == 0) {
-        y[row] = acc;
+        st_global(y + row, acc);
     }
 }
 
@@ -49,3 +49,114 @@ static __device__ __forceinline__ void mul_mat_vec(
         mul_mat_vec<Q>(w, x, y, ncols, nrows, row_bytes);                                        \
     }
 FOR_EACH_TYPE(MMV_KERNEL)
+
+// ---- the integer mat-vec: q8_1 activations, __dp4a ---------------------------------------
+// Decode reads each weight once per token, so the mat-vec runs at memory bandwidth only if
+// (a) every warp-level load moves whole 32-byte sectors it uses and (b) the arithmetic per
+// weight byte is small. The float path above fails (a) for x (each lane reads its own
+// float4s, 64-128 bytes apart) and for weights (2-byte loads at block-size strides), and
+// spends ~2 float FMAs per weight. Here x is quantized once per call to q8_1 (3.6x fewer
+// x bytes than float32) and multiplied with integer dot products (__dp4a, sm_61+: 4
+// int8 products per instruction); the float scales are applied once per 32 elements.
+// Both operands are staged in shared memory with aligned 16-byte loads by consecutive
+// lanes: whole sectors whatever the block size (GGML blocks are 2-byte aligned).
+
+// quantize_q8_1: one warp per q8_1 block, blockDim = (32, <= 8); grid (row blocks, batch).
+// x row b is ncols floats; its q8_1 row starts at xq + b * xq_stride (16-byte multiple).
+extern "C" __global__ void __launch_bounds__(256) quantize_q8_1(
+        const float * __restrict__ x, uint8_t * __restrict__ xq, const int ncols,
+        const long long xq_stride) {
+    const int blk = blockIdx.x * blockDim.y + threadIdx.y;
+    if (blk >= ncols / 32) {
+        return;  // the whole warp: no lane of it reaches the shuffles below
+    }
+    const float v = ld_global(x + (long long) blockIdx.y * ncols + blk * 32 + threadIdx.x);
+    const float amax = warp_reduce_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : (int) roundf(v / d);
+    const float sum = warp_reduce_sum((float) q);  // |sum| <= 4064: exact in float
+    uint8_t * out = xq + blockIdx.y * xq_stride + blk * Q8_1_BYTES;
+    st_global((int8_t *) out + 4 + threadIdx.x, (int8_t) q);
+    if (threadIdx.x == 0) {
+        const uint32_t ds = __half_as_ushort(__float2half_rn(d)) |
+                            ((uint32_t) __half_as_ushort(__float2half_rn(d * sum)) << 16);
+        st_global((uint32_t *) out, ds);
+    }
+}
+
+// A warp step covers MMVQ_COLS columns: lane l takes the l-th 32-element group (a whole
+// 32-element block, or one group of a 256-element K-quant block) and its q8_1 block.
+#define MMVQ_COLS 1024  // table.MMVQ_COLS
+#define MMVQ_ROWS 4  // warps (= output rows) per block: table.MMVQ_ROWS
+#define MMVQ_X_WORDS (MMVQ_COLS / 32 * Q8_1_BYTES / 16)  // 72 uint4: a step's q8_1 blocks
+#define MMVQ_W_WORDS 72  // uint4 per warp: a step's weight bytes (<= 1088, Q8_0) + 2 partial
+
+// One shared array for every mul_mat_vec_q kernel (5,760 bytes): the step's x blocks, then
+// each warp's weight bytes. Declared in a plain function so the emulator poisons it.
+static __device__ __forceinline__ uint4 * mmvq_smem() {
+    __shared__ uint4 s[MMVQ_X_WORDS + MMVQ_ROWS * MMVQ_W_WORDS];
+    return s;
+}
+
+// y[b, row] = sum over 32-element groups of Q::vdot, one warp per row, blockDim =
+// (32, rows <= MMVQ_ROWS), grid (row blocks, batch). The weight buffer and every q8_1 row
+// start 16-byte aligned (ops.mul_mat_vec checks); a weight row starts anywhere 2-aligned, so
+// a warp loads the aligned 16-byte words that cover its step's bytes: up to 15 bytes before
+// and after them belong to the neighbouring rows (never outside the buffer: its start is
+// aligned and its end is inside an aligned word). Every warp runs every step (the barriers
+// are uniform); warps past the last row stage and compute nothing.
+template <typename Q>
+static __device__ __forceinline__ void mul_mat_vec_q(
+        const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, float * __restrict__ y,
+        const int ncols, const int nrows, const long long row_bytes, const long long xq_stride,
+        uint4 * smem) {
+    constexpr int GROUPS = Q::QK / 32;  // lanes per weight block
+    constexpr int STEP_BYTES = MMVQ_COLS / Q::QK * Q::BYTES;
+    static_assert(Q::QK % 32 == 0 && MMVQ_COLS % Q::QK == 0, "a step holds whole blocks");
+    static_assert((STEP_BYTES + 30) / 16 <= MMVQ_W_WORDS, "a step's weights fit the stage");
+    const int lane = threadIdx.x;
+    const int tid = threadIdx.y * WARP_SIZE + lane, nthreads = blockDim.y * WARP_SIZE;
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    uint4 * sx = smem;
+    uint4 * sw = smem + MMVQ_X_WORDS + threadIdx.y * MMVQ_W_WORDS;
+    const uint8_t * xr = xq + blockIdx.y * xq_stride;
+    const uint8_t * wr = w + (long long) row * row_bytes;
+
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < ncols; c0 += MMVQ_COLS) {
+        const int groups = min(MMVQ_COLS, ncols - c0) / 32;
+        // x: this step's q8_1 blocks, shared by the block's warps (rounded up to whole
+        // words: q8_1 rows are padded to 16 bytes).
+        const uint4 * xs = (const uint4 *) (xr + (c0 / 32) * Q8_1_BYTES);
+        for (int i = tid; i < (groups * Q8_1_BYTES + 15) / 16; i += nthreads) {
+            sx[i] = ld_global(xs + i);
+        }
+        const uint8_t * wc = wr + (c0 / Q::QK) * Q::BYTES;
+        const uintptr_t a0 = (uintptr_t) wc & ~(uintptr_t) 15;
+        if (row < nrows) {
+            const int words = (int) (((uintptr_t) wc + groups / GROUPS * Q::BYTES + 15 - a0) / 16);
+            for (int i = lane; i < words; i += WARP_SIZE) {
+                sw[i] = ld_global((const uint4 *) a0 + i);
+            }
+        }
+        __syncthreads();
+        if (row < nrows && lane < groups) {
+            const uint8_t * b = (const uint8_t *) sw + ((uintptr_t) wc - a0);
+            acc += Q::vdot(b + (lane / GROUPS) * Q::BYTES, lane % GROUPS,
+                           (const uint8_t *) sx + lane * Q8_1_BYTES);
+        }
+        __syncthreads();  // the next step overwrites the stage
+    }
+    acc = warp_reduce_sum(acc);
+    if (row < nrows && lane == 0) {
+        st_global(y + (long long) blockIdx.y * nrows + row, acc);
+    }
+}
+
+#define MMVQ_KERNEL(Q, name)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MMVQ_ROWS * WARP_SIZE) mul_mat_vec_q_##name(   \
+            const uint8_t * w, const uint8_t * xq, float * y, const int ncols, const int nrows,  \
+            const long long row_bytes, const long long xq_stride) {                              \
+        mul_mat_vec_q<Q>(w, xq, y, ncols, nrows, row_bytes, xq_stride, mmvq_smem());             \
+    }
+FOR_EACH_DP4A_TYPE(MMVQ_KERNEL)

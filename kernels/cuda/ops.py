@@ -14,7 +14,7 @@ import numpy as np
 
 from kernels.cuda import plan
 from kernels.cuda.device import Device
-from kernels.cuda.table import TYPES, KernelType
+from kernels.cuda.table import TYPES, KernelType, q8_1_row_bytes
 from kernels.errors import LaunchError
 
 i32, i64, f32 = np.int32, np.int64, np.float32
@@ -63,11 +63,43 @@ def upload_matrix(dev: Device, data: np.ndarray, qtype: str, shape: tuple[int, i
     return QuantMatrix(dev.to_device(host, label), qtype, rows, cols)
 
 
-def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any) -> Any:
-    """(batch, cols) float32 -> (batch, rows) float32."""
+def quantize_q8_1(dev: Device, x: Any) -> Any:
+    """(batch, cols) float32, cols % 32 == 0 -> (batch, q8_1_row_bytes(cols)) uint8 q8_1
+    blocks (quants.cuh), each row 16-byte aligned."""
+    _f32_contig(x, "x")
+    _need(x.ndim == 2 and x.shape[1] % 32 == 0, f"q8_1 needs (batch, 32k) floats, got {x.shape}")
+    stride = q8_1_row_bytes(x.shape[1])
+    xq = dev.empty((x.shape[0], stride), np.uint8)
+    dev.launch("mmv", "quantize_q8_1", plan.plan_quantize_q8_1(x.shape[1], x.shape[0], dev.limits),
+               (x, xq, i32(x.shape[1]), i64(stride)))
+    return xq
+
+
+def dp4a_applies(dev: Device, w: QuantMatrix) -> bool:
+    """Whether mul_mat_vec takes the integer path for w: its type has one, and its data
+    starts 16-byte aligned (the kernel loads aligned 16-byte words around each row)."""
+    return w.kt.dp4a and dev.address(w.data) % 16 == 0
+
+
+def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True) -> Any:
+    """(batch, cols) float32 -> (batch, rows) float32.
+
+    With q8_1 (default) and a weight type that has one, x is quantized to q8_1 and the
+    integer kernel (mul_mat_vec_q_*) runs: what reaches memory bandwidth on every GPU since
+    sm_61 (__dp4a), at the cost of rounding x to 8 bits per 32-value block (relative error
+    <= 1/254 of each block's max |x|). Otherwise, and for F32/F16/Q2_K/Q3_K, the float
+    kernel (mul_mat_vec_*), exact to float32 rounding."""
     _f32_contig(x, "x")
     _need(x.ndim == 2 and x.shape[1] == w.cols,
           f"x {x.shape} does not match weight {w.cols} columns")
+    if q8_1 and dp4a_applies(dev, w):
+        xq = quantize_q8_1(dev, x)
+        y = dev.empty((x.shape[0], w.rows), np.float32)
+        launch = plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, x.shape[0], dev.limits)
+        dev.launch("mmv", f"mul_mat_vec_q_{w.kt.suffix}", launch,
+                   (w.data, xq, y, i32(w.cols), i32(w.rows), i64(w.row_bytes),
+                    i64(xq.shape[1])))
+        return y
     if dev.address(x) % 16:  # the quantized kernels read x as float4
         x = x.copy()
     y = dev.empty((x.shape[0], w.rows), np.float32)

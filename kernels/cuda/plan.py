@@ -92,6 +92,29 @@ def plan_mul_mat_vec(t: KernelType, ncols: int, nrows: int, batch: int = 1,
     return Launch((_cdiv(nrows, rows), batch, 1), (32, rows, 1)).check(limits)
 
 
+def plan_quantize_q8_1(ncols: int, batch: int = 1,
+                       limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    """One warp per q8_1 block (mmv.cu quantize_q8_1); batch rows on grid.y."""
+    if ncols % table.Q8_1_QK or ncols < 1 or batch < 1:
+        raise LaunchError(f"q8_1 needs whole blocks of {table.Q8_1_QK} values, got {ncols}")
+    nb = ncols // table.Q8_1_QK
+    warps = min(table.Q8_1_WARPS, nb)
+    return Launch((_cdiv(nb, warps), batch, 1), (32, warps, 1)).check(limits)
+
+
+def plan_mul_mat_vec_q(t: KernelType, ncols: int, nrows: int, batch: int = 1,
+                       limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    """Integer mat-vec (mmv.cu mul_mat_vec_q_*): one warp per output row, up to
+    table.MMVQ_ROWS per block (they share the staged x); batch rows of x on grid.y."""
+    if not t.dp4a:
+        raise LaunchError(f"{t.name} has no integer mat-vec")
+    if ncols % t.qk or ncols < 1 or nrows < 1 or batch < 1:
+        raise LaunchError(f"{t.name} mat-vec needs columns in whole blocks of {t.qk}, "
+                          f"got ({nrows}, {ncols}) x batch {batch}")
+    rows = min(table.MMVQ_ROWS, nrows)
+    return Launch((_cdiv(nrows, rows), batch, 1), (32, rows, 1)).check(limits)
+
+
 def plan_dequantize(t: KernelType, ncols: int, nrows: int,
                     limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
     """One thread per t.ept elements (see dequant.cu); 1-D grid."""

@@ -6,23 +6,84 @@
 //         16-element sub-block for K-quants (their scales cover 16 or 32 elements, so a
 //         16-element slice always has a single scale), one element for F32/F16.
 // dq(b, sub, y) writes elements [sub*EPT, (sub+1)*EPT) of the block at b into y.
+// Types with DP4A = true also have vdot(b, g, xb): the dot product of their 32-element group
+// g (0 .. QK/32-1) with the q8_1 block xb (below), integer products by __dp4a and the float
+// scales applied once at the end. b and xb point to shared memory (mmv.cu stages them).
 // Blocks are only 2-byte aligned (18, 22, 34, 110, 210 bytes): quants load as half-words.
 #pragma once
 #include "half.cuh"
 
+// ---- q8_1: the activation blocks of the integer mat-vec -----------------------------------
+// 32 consecutive x values as int8 q[i] = round(x[i] / d), d = max|x| / 127, with two halves
+// in front: d and s = d * sum(q). 36 bytes, 4-byte aligned (quantize_q8_1 in mmv.cu).
+#define Q8_1_BYTES 36
+
+struct q8_1 {  // a staged q8_1 block: scales and the 8 ints of packed quants
+    float d, s;
+    int u[8];
+    static __device__ __forceinline__ q8_1 read(const uint8_t * xb) {
+        q8_1 r;
+        r.d = load_f16(xb);
+        r.s = load_f16(xb + 2);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            r.u[i] = ld_global((const int *) (xb + 4) + i);
+        }
+        return r;
+    }
+};
+
+// Four weight bytes as one int, from an address 2- or 4-byte aligned.
+static __device__ __forceinline__ int int_b2(const uint8_t * p) {
+    return ld_global((const uint16_t *) p) | ((int) ld_global((const uint16_t *) p + 1) << 16);
+}
+static __device__ __forceinline__ int int_b4(const uint8_t * p) {
+    return ld_global((const int *) p);
+}
+
+// Bits 0..3 of t spread to bit 4 of each byte (the fifth bit of 5-bit quants).
+static __device__ __forceinline__ int spread4(const uint32_t t) {
+    return ((t & 1) << 4) | ((t & 2) << 11) | ((t & 4) << 18) | ((t & 8) << 25);
+}
+
+// Integer dot of a 32-element block of the legacy 4/5-bit types with a q8_1 block: v holds
+// the 16 nibble bytes (low nibbles are elements 0-15, high nibbles 16-31), bit j of qh is
+// element j's fifth bit (0 for 4-bit types).
+static __device__ __forceinline__ int dot_nibbles(const int (&v)[4], const uint32_t qh,
+                                                  const q8_1 & x) {
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        sumi = __dp4a((v[i] & 0x0F0F0F0F) | spread4(qh >> (4 * i)), x.u[i], sumi);
+        sumi = __dp4a(((v[i] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * i + 16)), x.u[i + 4], sumi);
+    }
+    return sumi;
+}
+
 struct t_f32 {
     static constexpr int QK = 1, BYTES = 4, EPT = 1;
-    static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) { y[0] = *(const float *) b; }
+    static constexpr bool DP4A = false;
+    static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
+        y[0] = ld_global((const float *) b);
+    }
 };
 
 struct t_f16 {
     static constexpr int QK = 1, BYTES = 2, EPT = 1;
+    static constexpr bool DP4A = false;
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) { y[0] = load_f16(b); }
 };
 
 // Q4_0: d, 16 bytes of nibbles; low nibbles are elements 0-15, high nibbles 16-31.
 struct t_q4_0 {
     static constexpr int QK = 32, BYTES = 18, EPT = 32;
+    static constexpr bool DP4A = true;
+    // sum (q - 8) * d * xq * dx = d * (dx * sum(q * xq) - 8 * s)
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
+        const q8_1 x = q8_1::read(xb);
+        const int v[4] = {int_b2(b + 2), int_b2(b + 6), int_b2(b + 10), int_b2(b + 14)};
+        return load_f16(b) * (x.d * dot_nibbles(v, 0, x) - 8.0f * x.s);
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b);
         const bytes16 qs = load_bytes16(b + 2);
@@ -37,6 +98,13 @@ struct t_q4_0 {
 // Q4_1: d, m, nibbles; x = q*d + m.
 struct t_q4_1 {
     static constexpr int QK = 32, BYTES = 20, EPT = 32;
+    static constexpr bool DP4A = true;
+    // sum (q * d + m) * xq * dx = d * dx * sum(q * xq) + m * s
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
+        const q8_1 x = q8_1::read(xb);
+        const int v[4] = {int_b4(b + 4), int_b4(b + 8), int_b4(b + 12), int_b4(b + 16)};
+        return load_f16(b) * x.d * dot_nibbles(v, 0, x) + load_f16(b + 2) * x.s;
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b), m = load_f16(b + 2);
         const bytes16 qs = load_bytes16(b + 4);
@@ -49,13 +117,18 @@ struct t_q4_1 {
 };
 
 static __device__ __forceinline__ uint32_t load_u32_b2(const uint8_t * p) {  // 2-aligned
-    CHECK_ALIGNED(p, 2);
-    return ((const uint16_t *) p)[0] | ((uint32_t) ((const uint16_t *) p)[1] << 16);
+    return ld_global((const uint16_t *) p) | ((uint32_t) ld_global((const uint16_t *) p + 1) << 16);
 }
 
 // Q5_0: d, 32 high bits (bit j is element j's fifth bit), nibbles; x = (q - 16)*d.
 struct t_q5_0 {
     static constexpr int QK = 32, BYTES = 22, EPT = 32;
+    static constexpr bool DP4A = true;
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
+        const q8_1 x = q8_1::read(xb);
+        const int v[4] = {int_b2(b + 6), int_b2(b + 10), int_b2(b + 14), int_b2(b + 18)};
+        return load_f16(b) * (x.d * dot_nibbles(v, load_u32_b2(b + 2), x) - 16.0f * x.s);
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b);
         const uint32_t qh = load_u32_b2(b + 2);
@@ -71,6 +144,13 @@ struct t_q5_0 {
 // Q5_1: d, m, high bits, nibbles; x = q*d + m.
 struct t_q5_1 {
     static constexpr int QK = 32, BYTES = 24, EPT = 32;
+    static constexpr bool DP4A = true;
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
+        const q8_1 x = q8_1::read(xb);
+        const int v[4] = {int_b4(b + 8), int_b4(b + 12), int_b4(b + 16), int_b4(b + 20)};
+        const uint32_t qh = (uint32_t) int_b4(b + 4);
+        return load_f16(b) * x.d * dot_nibbles(v, qh, x) + load_f16(b + 2) * x.s;
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b), m = load_f16(b + 2);
         const uint32_t qh = load_u32_b2(b + 4);
@@ -86,6 +166,16 @@ struct t_q5_1 {
 // Q8_0: d, 32 int8.
 struct t_q8_0 {
     static constexpr int QK = 32, BYTES = 34, EPT = 32;
+    static constexpr bool DP4A = true;
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
+        const q8_1 x = q8_1::read(xb);
+        int sumi = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            sumi = __dp4a(int_b2(b + 2 + 4 * i), x.u[i], sumi);
+        }
+        return load_f16(b) * x.d * sumi;
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
         const float d = load_f16(b);
         const bytes16 lo = load_bytes16(b + 2), hi = load_bytes16(b + 18);
@@ -104,9 +194,10 @@ struct t_q8_0 {
 // Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.
 struct t_q2_k {
     static constexpr int QK = 256, BYTES = 84, EPT = 16;
+    static constexpr bool DP4A = false;
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const float d = load_f16(b + 80), dmin = load_f16(b + 82);
-        const int sc = b[sub];
+        const int sc = ld_global(b + sub);
         const float dl = d * (sc & 0xF), ml = dmin * (sc >> 4);
         const bytes16 q = load_bytes16(b + 16 + (sub / 8) * 32 + (sub % 2) * 16);
         const int shift = 2 * ((sub % 8) / 2);
@@ -120,12 +211,13 @@ struct t_q2_k {
 // Q3_K: hmask[32], qs[64], 12 bytes of 6-bit scales, d; x = d*(sc-32)*(q2 - (high bit ? 0 : 4)).
 struct t_q3_k {
     static constexpr int QK = 256, BYTES = 110, EPT = 16;
+    static constexpr bool DP4A = false;
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const uint8_t * hmask = b;
         const uint8_t * raw = b + 96;
         const float d = load_f16(b + 108);
-        const int lo = sub < 8 ? (raw[sub] & 0xF) : (raw[sub - 8] >> 4);
-        const int hi = (raw[8 + sub % 4] >> (2 * (sub / 4))) & 3;
+        const int lo = sub < 8 ? (ld_global(raw + sub) & 0xF) : (ld_global(raw + sub - 8) >> 4);
+        const int hi = (ld_global(raw + 8 + sub % 4) >> (2 * (sub / 4))) & 3;
         const float dl = d * ((lo | (hi << 4)) - 32);
         const int h = sub / 8, j = (sub % 8) / 2, t0 = (sub % 2) * 16;
         const bytes16 q = load_bytes16(b + 32 + h * 32 + t0);
@@ -141,17 +233,41 @@ struct t_q3_k {
 // 6-bit scale and min number j (0..7) of Q4_K/Q5_K, packed in 12 bytes.
 static __device__ __forceinline__ void scale_min_k4(int j, const uint8_t * q, int & sc, int & mn) {
     if (j < 4) {
-        sc = q[j] & 63;
-        mn = q[j + 4] & 63;
+        sc = ld_global(q + j) & 63;
+        mn = ld_global(q + j + 4) & 63;
     } else {
-        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        sc = (ld_global(q + j + 4) & 0xF) | ((ld_global(q + j - 4) >> 6) << 4);
+        mn = (ld_global(q + j + 4) >> 4) | ((ld_global(q + j) >> 6) << 4);
     }
+}
+
+// Q4_K/Q5_K group g against a q8_1 block: nibble g % 2 of qs[(g / 2) * 32 + l], and for Q5_K
+// (qh not null) fifth bit g of qh[l]; x = d*sc*q - dmin*m.
+static __device__ __forceinline__ float vdot_k4(const uint8_t * b, const uint8_t * qs,
+                                                const uint8_t * qh, const int g,
+                                                const uint8_t * xb) {
+    const q8_1 x = q8_1::read(xb);
+    int sc, mn;
+    scale_min_k4(g, b + 4, sc, mn);
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int v = (int_b4(qs + (g / 2) * 32 + 4 * i) >> (4 * (g % 2))) & 0x0F0F0F0F;
+        if (qh) {
+            v |= ((int_b4(qh + 4 * i) >> g) & 0x01010101) << 4;
+        }
+        sumi = __dp4a(v, x.u[i], sumi);
+    }
+    return load_f16(b) * sc * x.d * sumi - load_f16(b + 2) * mn * x.s;
 }
 
 // Q4_K: d, dmin, scales[12], qs[128]; x = d*sc*q - dmin*m over 32-element groups.
 struct t_q4_k {
     static constexpr int QK = 256, BYTES = 144, EPT = 16;
+    static constexpr bool DP4A = true;
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
+        return vdot_k4(b, b + 16, nullptr, g, xb);
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const float d = load_f16(b), dmin = load_f16(b + 2);
         int sc, mn;
@@ -169,6 +285,10 @@ struct t_q4_k {
 // Q5_K: d, dmin, scales[12], qh[32], qs[128]; the fifth bit of group g/nibble n is bit 2g+n.
 struct t_q5_k {
     static constexpr int QK = 256, BYTES = 176, EPT = 16;
+    static constexpr bool DP4A = true;
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
+        return vdot_k4(b, b + 48, b + 16, g, xb);
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const float d = load_f16(b), dmin = load_f16(b + 2);
         int sc, mn;
@@ -188,9 +308,29 @@ struct t_q5_k {
 // Q6_K: ql[128], qh[64], int8 scales[16], d; x = d*sc*(q6 - 32).
 struct t_q6_k {
     static constexpr int QK = 256, BYTES = 210, EPT = 16;
+    static constexpr bool DP4A = true;
+    // group g = 4n + k: elements 128n + 32k + l; a scale per 16 of them, so two integer sums
+    // (q - 32 folded in as 32 * sum(xq), the x sums by __dp4a with ones).
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
+        const q8_1 x = q8_1::read(xb);
+        const int n = g / 4, k = g % 4;
+        int sum[2] = {0, 0}, sx[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int lo = int_b2(b + n * 64 + 32 * (k & 1) + 4 * i);
+            const int hi = int_b2(b + 128 + n * 32 + 4 * i);
+            const int q = ((lo >> (4 * (k >> 1))) & 0x0F0F0F0F) |
+                          (((hi >> (2 * k)) & 0x03030303) << 4);
+            sum[i / 4] = __dp4a(q, x.u[i], sum[i / 4]);
+            sx[i / 4] = __dp4a(0x01010101, x.u[i], sx[i / 4]);
+        }
+        const int8_t * sc = (const int8_t *) (b + 192 + 2 * g);
+        return load_f16(b + 208) * x.d *
+               (ld_global(sc) * (sum[0] - 32 * sx[0]) + ld_global(sc + 1) * (sum[1] - 32 * sx[1]));
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const float d = load_f16(b + 208);
-        const float dl = d * ((const int8_t *) (b + 192))[sub];
+        const float dl = d * ld_global((const int8_t *) (b + 192) + sub);
         const int n = sub / 8, k = (sub % 8) / 2, l0 = (sub % 2) * 16;
         const bytes16 ql = load_bytes16(b + n * 64 + l0 + 32 * (k & 1));
         const bytes16 qh = load_bytes16(b + 128 + n * 32 + l0);
@@ -215,4 +355,15 @@ struct t_q6_k {
     X(t_q3_k, q3_k)      \
     X(t_q4_k, q4_k)      \
     X(t_q5_k, q5_k)      \
+    X(t_q6_k, q6_k)
+
+// X(tag, name): the types with a vdot (the integer mat-vec, mul_mat_vec_q_*).
+#define FOR_EACH_DP4A_TYPE(X) \
+    X(t_q4_0, q4_0)           \
+    X(t_q4_1, q4_1)           \
+    X(t_q5_0, q5_0)           \
+    X(t_q5_1, q5_1)           \
+    X(t_q8_0, q8_0)           \
+    X(t_q4_k, q4_k)           \
+    X(t_q5_k, q5_k)           \
     X(t_q6_k, q6_k)

@@ -1,6 +1,6 @@
 """Every per-type launch constant of the CUDA kernels, in one table.
 
-The C++ side (quants.cuh) mirrors ``qk``, ``block_bytes`` and ``ept``; a test reads them
+The C++ side (quants.cuh) mirrors ``qk``, ``block_bytes``, ``ept`` and ``dp4a``; a test reads them
 back from the ``type_info`` kernel and compares, and another compares ``qk``/``block_bytes``
 with gguf-py's GGML_QUANT_SIZES. Planners take launch parameters only from here.
 """
@@ -20,6 +20,7 @@ class KernelType:
     ept: int  # elements one thread dequantizes (a block, a 16-element sub-block, or 1)
     mmv_rows_per_block: int  # warps (= output rows) per block of mul_mat_vec
     dequant_threads: int  # threads per block of dequantize_* (one thread per ept elements)
+    dp4a: bool = False  # has mul_mat_vec_q_<suffix>: q8_1 activations, integer dot products
 
     @property
     def threads_per_qblock(self) -> int:
@@ -39,18 +40,36 @@ TYPES: dict[str, KernelType] = {
     for t in (
         _T("F32", "f32", 0, 1, 4, 1, 4, 256),
         _T("F16", "f16", 1, 1, 2, 1, 4, 256),
-        _T("Q4_0", "q4_0", 2, 32, 18, 32, 4, 256),
-        _T("Q4_1", "q4_1", 3, 32, 20, 32, 4, 256),
-        _T("Q5_0", "q5_0", 6, 32, 22, 32, 4, 256),
-        _T("Q5_1", "q5_1", 7, 32, 24, 32, 4, 256),
-        _T("Q8_0", "q8_0", 8, 32, 34, 32, 4, 256),
+        _T("Q4_0", "q4_0", 2, 32, 18, 32, 4, 256, True),
+        _T("Q4_1", "q4_1", 3, 32, 20, 32, 4, 256, True),
+        _T("Q5_0", "q5_0", 6, 32, 22, 32, 4, 256, True),
+        _T("Q5_1", "q5_1", 7, 32, 24, 32, 4, 256, True),
+        _T("Q8_0", "q8_0", 8, 32, 34, 32, 4, 256, True),
         _T("Q2_K", "q2_k", 10, 256, 84, 16, 4, 256),
         _T("Q3_K", "q3_k", 11, 256, 110, 16, 4, 256),
-        _T("Q4_K", "q4_k", 12, 256, 144, 16, 4, 256),
-        _T("Q5_K", "q5_k", 13, 256, 176, 16, 4, 256),
-        _T("Q6_K", "q6_k", 14, 256, 210, 16, 4, 256),
+        _T("Q4_K", "q4_k", 12, 256, 144, 16, 4, 256, True),
+        _T("Q5_K", "q5_k", 13, 256, 176, 16, 4, 256, True),
+        _T("Q6_K", "q6_k", 14, 256, 210, 16, 4, 256, True),
     )
 }
+
+# q8_1 activation blocks (quants.cuh): 32 int8 and two halves. A q8_1 row of x is padded to
+# a multiple of 16 bytes so that every row starts 16-byte aligned (mmv.cu loads uint4).
+Q8_1_QK = 32
+Q8_1_BYTES = 36
+# Integer mat-vec (mul_mat_vec_q_*): 4 warps (rows) per block like the float path, and
+# MMVQ_COLS columns per warp step (32 lanes x one 32-element group each): MMVQ_* in mmv.cu.
+MMVQ_ROWS = 4
+MMVQ_COLS = 1024
+# quantize_q8_1: one warp per q8_1 block, 8 warps per block (256 threads, as the
+# elementwise kernels).
+Q8_1_WARPS = 8
+
+
+def q8_1_row_bytes(ncols: int) -> int:
+    """Bytes of one q8_1 row of ncols values (ncols % 32 == 0), padded to 16."""
+    return -(-(ncols // Q8_1_QK * Q8_1_BYTES) // 16) * 16
+
 
 # Order of FOR_EACH_TYPE in quants.cuh (the type_info kernel writes in this order).
 CUDA_ORDER: tuple[str, ...] = tuple(TYPES)
@@ -68,6 +87,8 @@ class KernelBudget:
 # Keyed by kernel name prefix (longest match wins).
 BUDGETS: dict[str, KernelBudget] = {
     "mul_mat_vec_": KernelBudget(256, 64, 0),
+    "mul_mat_vec_q_": KernelBudget(128, 64, 16 * (72 + 4 * 72)),
+    "quantize_q8_1": KernelBudget(256, 32, 0),
     "dequantize_": KernelBudget(256, 64, 0),
     "rms_norm_f32": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),

@@ -89,7 +89,10 @@ def scan_kernels(source: Path) -> dict[str, int]:
 def _shim(source: Path, names: list[str]) -> str:
     lines = [f'#include "{HEADER}"', f'#include "{source}"', "#define EMU_API extern \"C\" "
              "__attribute__((visibility(\"default\")))",
-             "EMU_API const char * emu_error() { return emu::g.err; }"]
+             "EMU_API const char * emu_error() { return emu::g.err; }",
+             "EMU_API void emu_trace_start() { emu::trace.on = 1; emu::trace.n = 0; }",
+             "EMU_API size_t emu_trace_stop(const emu::Access ** ev) "
+             "{ emu::trace.on = 0; *ev = emu::trace.ev; return emu::trace.n; }"]
     for n in names:
         lines.append(f"EMU_API int emu_launch_{n}(const emu::Cfg * c, void ** a) "
                      f"{{ return emu::launch({n}, c, a); }}")

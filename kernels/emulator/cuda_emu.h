@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -52,6 +53,9 @@ struct dim3 { unsigned int x, y, z; };
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 struct int2 { int x, y; };
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
+struct alignas(4) char4 { signed char x, y, z, w; };
+struct alignas(4) uchar4 { unsigned char x, y, z, w; };
 static inline float2 make_float2(float x, float y) { return {x, y}; }
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 static inline int2 make_int2(int x, int y) { return {x, y}; }
@@ -129,7 +133,26 @@ struct Fiber {
     uint3 tid;
     int lane, warp;
     State state;
+    // Memory-transaction model: barriers this thread has passed (warp or block), and how
+    // often it executed each traced load/store site since the last one. Threads of a warp
+    // between the same two barriers that reach a site for the n-th time are one warp-level
+    // instruction (they run the same code: a lane that skips a site is an inactive lane).
+    uint32_t epoch, site_epoch;
+    int nsite;
+    uint32_t site[16], count[16];
 };
+
+// One lane's part of a traced global access; see emu_access.
+struct Access {
+    uint64_t addr;
+    uint32_t size, store, block, warp, site, epoch, inst, pad;
+};
+struct Trace {
+    Access* ev = nullptr;
+    size_t n = 0, cap = 0;
+    int on = 0;
+};
+static Trace trace;
 
 struct Warp {
     uint32_t live;     // lanes that exist and have not returned
@@ -279,6 +302,7 @@ static void fiber_main() {
 }
 
 static void syncthreads() {
+    g.cur->epoch++;
     if (g.exited) fail("__syncthreads after %d thread(s) of the block returned (divergent barrier)", g.exited);
     g.cur->state = WAIT_BAR;
     if (++g.bar_arrived == g.live) {
@@ -292,6 +316,7 @@ static void syncthreads() {
 // Arrive at a warp barrier with `value`; returns the slot parity to read peers from.
 static int warp_arrive(uint32_t mask, uint64_t value) {
     Fiber* f = g.cur;
+    f->epoch++;
     Warp& w = g.warps[f->warp];
     const uint32_t bit = 1u << f->lane;
     if (!(mask & bit)) fail("warp intrinsic with mask 0x%08x that excludes the calling lane", mask);
@@ -350,6 +375,8 @@ static void run_block(bool reverse) {
     for (int i = 0; i < n; ++i) {
         Fiber& f = g.fibers[i];
         f.state = READY;
+        f.epoch = f.site_epoch = 0;
+        f.nsite = 0;
 #ifdef EMU_UCONTEXT
         getcontext(&g_uctx[i]);
         g_uctx[i].uc_stack.ss_sp = g.stacks + i * slot + g.page;
@@ -550,6 +577,64 @@ template <class... A> static const char* signature(void (*)(A...)) {
 // their alignment assumptions with CHECK_ALIGNED (common.cuh) and the emulator checks them.
 static inline void emu_check_aligned(const void* p, size_t n) {
     if ((uintptr_t)p % n) emu::fail("misaligned %zu-byte access at %p", n, p);
+}
+
+// A typed global load or store of n bytes (ld_global/st_global in common.cuh): always
+// checked for alignment to n, and logged for the memory-transaction model when it is on
+// (kernels/emulator/traffic.py groups the log into warp instructions and 32-byte sectors).
+// Accesses to shared memory are checked but not logged.
+static inline void emu_access(const void* p, size_t n, bool store, unsigned site) {
+    if ((uintptr_t)p % n) emu::fail("misaligned %zu-byte %s at %p", n, store ? "store" : "load", p);
+    emu::Trace& t = emu::trace;
+    if (!t.on) return;
+    const char* c = (const char*)p;
+    if ((c >= __start_emu_shared && c < __stop_emu_shared) ||
+        (c >= emu::g.dyn_smem && c < emu::g.dyn_smem + sizeof emu::g.dyn_smem))
+        return;
+    emu::Fiber* f = emu::g.cur;
+    if (f->site_epoch != f->epoch) {
+        f->nsite = 0;
+        f->site_epoch = f->epoch;
+    }
+    int k = 0;
+    while (k < f->nsite && f->site[k] != site) ++k;
+    if (k == f->nsite) {
+        if (k == 16) emu::fail("more than 16 traced access sites between two barriers");
+        f->site[k] = site;
+        f->count[k] = 0;
+        f->nsite++;
+    }
+    if (t.n == t.cap) {
+        t.cap = t.cap ? 2 * t.cap : 4096;
+        t.ev = (emu::Access*)realloc(t.ev, t.cap * sizeof(emu::Access));
+        if (!t.ev) emu::fail("out of memory for the access trace");
+    }
+    const uint3 b = emu::g.block_idx;
+    const dim3 gd = emu::g.grid_dim;
+    t.ev[t.n++] = {(uint64_t)(uintptr_t)p, (uint32_t)n, store ? 1u : 0u,
+                   b.x + gd.x * (b.y + gd.y * b.z), (uint32_t)f->warp, site, f->epoch,
+                   f->count[k]++, 0};
+}
+
+// ---- integer dot products (sm_61+) ------------------------------------------------------
+// __dp4a(a, b, c): c plus the sum of the four byte-wise products of a and b, bytes signed
+// for int/char4 arguments and unsigned for unsigned/uchar4 ones (wrapping like the 32-bit
+// hardware result).
+static inline int __dp4a(int a, int b, int c) {
+    uint32_t s = (uint32_t)c;
+    for (int i = 0; i < 4; ++i) s += (uint32_t)((int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i)));
+    return (int)s;
+}
+static inline unsigned int __dp4a(unsigned int a, unsigned int b, unsigned int c) {
+    unsigned int s = c;
+    for (int i = 0; i < 4; ++i) s += ((a >> (8 * i)) & 0xFFu) * ((b >> (8 * i)) & 0xFFu);
+    return s;
+}
+static inline int __dp4a(char4 a, char4 b, int c) {
+    return (int)((uint32_t)c + (uint32_t)(a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w));
+}
+static inline unsigned int __dp4a(uchar4 a, uchar4 b, unsigned int c) {
+    return c + (unsigned)a.x * b.x + (unsigned)a.y * b.y + (unsigned)a.z * b.z + (unsigned)a.w * b.w;
 }
 
 // ---- CUDA intrinsics --------------------------------------------------------------------

@@ -53,6 +53,14 @@ _LOCK = threading.Lock()
 schedule = "forward"
 # 0 runs blocks in grid order (x fastest); any other value a permutation derived from it.
 block_seed = 0
+# When a list, every launch appends (kernel name, access log): the typed global loads and
+# stores of its lanes (ACCESS_DTYPE records, see emu_access in cuda_emu.h), for the memory-
+# transaction model in kernels/emulator/traffic.py.
+access_log: list[tuple[str, np.ndarray]] | None = None
+
+ACCESS_DTYPE = np.dtype([("addr", "<u8"), ("size", "<u4"), ("store", "<u4"), ("block", "<u4"),
+                         ("warp", "<u4"), ("site", "<u4"), ("epoch", "<u4"), ("inst", "<u4"),
+                         ("pad", "<u4")])
 
 
 def _dim3(v: int | Sequence[int]) -> tuple[int, int, int]:
@@ -85,6 +93,10 @@ class EmulatedKernel:
         self.signature: str = sig().decode()
         self._error = lib.emu_error
         self._error.restype = ctypes.c_char_p
+        self._trace_start = lib.emu_trace_start
+        self._trace_stop = lib.emu_trace_stop
+        self._trace_stop.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._trace_stop.restype = ctypes.c_size_t
 
     def _pack(self, args: Sequence[Any]) -> list[Any]:
         if len(args) != len(self.signature):
@@ -111,7 +123,18 @@ class EmulatedKernel:
         cfg = _Cfg(_dim3(grid), _dim3(block), int(shared_mem), int(schedule == "reverse"),
                    self.max_threads, block_seed)
         with _LOCK:
+            log = access_log
+            if log is not None:
+                self._trace_start()
             rc = self._launch(ctypes.byref(cfg), ptrs)
+            if log is not None:
+                ev = ctypes.c_void_p()
+                n = self._trace_stop(ctypes.byref(ev))
+                events = np.empty(0, ACCESS_DTYPE)
+                if n:
+                    buf = (ctypes.c_char * (n * ACCESS_DTYPE.itemsize)).from_address(ev.value)
+                    events = np.frombuffer(buf, ACCESS_DTYPE, count=n).copy()
+                log.append((self.name, events))
             if rc:
                 raise EmulatorError(f"{self.name}: {self._error().decode()}")
 

@@ -41,3 +41,25 @@ extern "C" __global__ void histogram(const int * x, int * hist, int * max_out, c
         atomicMax(max_out, x[i]);
     }
 }
+
+// Memory-model probes (test_traffic.py): y[i] = x[i * stride], one float per lane.
+extern "C" __global__ void gather_stride(const float * x, float * y, const int stride, const int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        st_global(y + i, ld_global(x + (long long) i * stride));
+    }
+}
+
+// A typed load `offset` bytes into x: misaligned unless offset % 4 == 0.
+extern "C" __global__ void load_at(const uint8_t * x, float * y, const int offset) {
+    st_global(y + threadIdx.x, ld_global((const float *) (x + offset) + threadIdx.x));
+}
+
+// out[i] = __dp4a(a[i], b[i], c[i]) signed, out[n + i] the unsigned variant (as unsigned bits).
+extern "C" __global__ void dp4a(const int * a, const int * b, const int * c, int * out, const int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        out[i] = __dp4a(a[i], b[i], c[i]);
+        out[n + i] = (int) __dp4a((unsigned) a[i], (unsigned) b[i], (unsigned) c[i]);
+    }
+}

@@ -40,3 +40,63 @@ def reference(qtype: str, data: np.ndarray, cols: int) -> np.ndarray:
     if qtype in ("F32", "F16"):
         return np.asarray(data, dtype=np.float32)
     return quants.dequantize(data, GGMLQuantizationType[qtype]).reshape(data.shape[0], cols)
+
+
+# --- q8_1 activations, as kernels/cuda/mmv.cu quantize_q8_1 makes them ----------------------
+
+def quantize_q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(batch, cols) float32 -> (q int8 (batch, cols), d half (batch, cols/32), s half).
+
+    The kernel's arithmetic step by step in float32: d = max|x| / 127, q = roundf(x / d)
+    (half away from zero; 0 when max|x| = 0), s = d * sum(q); d and s stored as half.
+    """
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(-1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = (xb / d[..., None]).astype(np.float64)
+    q = np.where(v >= 0, np.floor(v + 0.5), np.ceil(v - 0.5))
+    q = np.where(amax[..., None] == 0, 0, q).astype(np.int32)
+    s = (d * q.sum(-1).astype(np.float32)).astype(np.float32)
+    return (q.astype(np.int8).reshape(x.shape), d.astype(np.float16), s.astype(np.float16))
+
+
+def q8_1_bytes(q: np.ndarray, d: np.ndarray, s: np.ndarray, row_bytes: int) -> np.ndarray:
+    """The q8_1 rows' bytes (blocks of d, s, 32 int8), each row padded to row_bytes."""
+    batch, nb = d.shape
+    blocks = np.empty((batch, nb, 36), np.uint8)
+    blocks[..., 0:2] = d.view(np.uint8).reshape(batch, nb, 2)
+    blocks[..., 2:4] = s.view(np.uint8).reshape(batch, nb, 2)
+    blocks[..., 4:] = q.reshape(batch, nb, 32).view(np.uint8)
+    out = np.zeros((batch, row_bytes), np.uint8)
+    out[:, :nb * 36] = blocks.reshape(batch, -1)
+    return out
+
+
+def _k_scale_min(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K 6-bit scales and mins, (..., 12) bytes -> two (..., 8) arrays."""
+    sc = sc.astype(np.int32)
+    lo = np.concatenate([sc[..., 0:4] & 63, (sc[..., 8:12] & 0xF) | ((sc[..., 0:4] >> 6) << 4)], -1)
+    mn = np.concatenate([sc[..., 4:8] & 63, (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)], -1)
+    return lo, mn
+
+
+def group_offsets(qtype: str, data: np.ndarray, cols: int) -> np.ndarray:
+    """Per 32-element group, the constant c in w = scale * code + c that the integer kernels
+    apply through the q8_1 sum s (0 where the offset is folded into the integers):
+    (rows, cols/32) float64."""
+    rows = data.shape[0]
+    t = TYPES[qtype]
+    blocks = data.reshape(rows, cols // t.qk, t.block_bytes)
+
+    def half(off: int) -> np.ndarray:
+        return blocks[..., off:off + 2].copy().view(np.float16)[..., 0].astype(np.float64)
+
+    if qtype in ("Q4_0", "Q5_0"):
+        return -(8 if qtype == "Q4_0" else 16) * half(0)
+    if qtype in ("Q4_1", "Q5_1"):
+        return half(2)
+    if qtype in ("Q4_K", "Q5_K"):
+        _, mn = _k_scale_min(blocks[..., 4:16])
+        return (-half(2)[..., None] * mn).reshape(rows, -1)
+    return np.zeros((rows, cols // 32))

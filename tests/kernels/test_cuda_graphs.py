@@ -148,6 +148,8 @@ def test_replayed_decode_matches_eager_and_numpy(min_keys: int) -> None:
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     # A replayed step: step_inputs, the graph, the greedy argmax; a capture step more.
     eager = 2 * 10 + 4  # 10 kernels a layer (+ CuPy's adds and KV writes), 4 more
+    if C.q8_1_activations:  # each of the 2 * 4 + 1 mat-vecs quantizes its input first
+        eager += 2 * 4 + 1
     assert eager_n == [eager] * STEPS
     if min_keys == 8:
         assert [c == 3 for c in n] == [False, True, True, True, False, False, True, True], n
@@ -166,7 +168,9 @@ def test_sampled_generation_with_penalty_matches_numpy() -> None:
     sp = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02,
                         repetition_penalty=1.3, repetition_window=6)
     ckpt = tiny_llama("Q4_1")
-    got = generate_step(_build(llama, ckpt, CudaBackend(EmulatedDevice())), list(PROMPT), sp,
+    C = CudaBackend(EmulatedDevice())
+    C.q8_1_activations = False  # float mat-vecs: NumPy's logits, so the same draws
+    got = generate_step(_build(llama, ckpt, C), list(PROMPT), sp,
                         np.random.default_rng(5), max_len=32)
     want = generate_step(_build(llama, ckpt, N), list(PROMPT), sp, np.random.default_rng(5),
                          max_len=32)
@@ -179,7 +183,10 @@ def test_replayed_step_launches_do_not_grow_with_layers() -> None:
     two = _decode(graphs=True)[2][:2]
     six = _decode(graphs=True, layers=6, steps=2, prompt=(1,))[2]
     assert two[1] == six[1] == 3  # step 0 captured the graph
-    assert six[0] - two[0] == 4 * (10 + 4)  # the capture records 14 launches a layer
+    # The capture records 14 launches a layer, and a q8_1 quantize before each of its 4
+    # mat-vecs.
+    per_layer = 10 + 4 + (4 if CudaBackend(EmulatedDevice()).q8_1_activations else 0)
+    assert six[0] - two[0] == 4 * per_layer
 
 
 def test_a_step_the_graph_cannot_hold_runs_eagerly() -> None:
@@ -187,7 +194,8 @@ def test_a_step_the_graph_cannot_hold_runs_eagerly() -> None:
     # of the generation runs eagerly, with the reason kept, and the ids are unchanged.
     ids, _, n, C = _decode(graphs=True, steps=2, softcap=3.0)
     assert C.graph_error is not None and "softcap" in C.graph_error
-    assert n[1] == 2 * 10 + 4  # n[0] also paid for the launches of the refused capture
+    # n[0] also paid for the launches of the refused capture; q8_1: a quantize per mat-vec
+    assert n[1] == 2 * 10 + 4 + (2 * 4 + 1 if C.q8_1_activations else 0)
     assert ids == _numpy_ids(2, softcap=3.0)
 
 

@@ -218,6 +218,24 @@ def test_warp_shuffles_and_ballot(probes: EmulatedModule) -> None:
     assert (out[128:] == float(0xAAAAAAAA)).all()
 
 
+def test_dp4a_signed_and_unsigned(probes: EmulatedModule) -> None:
+    # Four byte products plus c, bytes as int8 (int overload) or uint8 (unsigned overload),
+    # the 32-bit sum wrapping as the hardware's does.
+    rng = np.random.default_rng(4)
+    n = 1000
+    a, b, c = (rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32) for _ in range(3))
+    c[:4] = [2**31 - 1, -2**31, 0, -1]
+    a[:4] = b[:4] = 0x7F7F7F7F
+    out = np.zeros(2 * n, np.int32)
+    probes.get_function("dp4a")((4,), (256,), (a, b, c, out, np.int32(n)))
+    s8 = lambda v: v.view(np.int8).reshape(n, 4).astype(np.int64)  # noqa: E731
+    u8 = lambda v: v.view(np.uint8).reshape(n, 4).astype(np.int64)  # noqa: E731
+    want_s = ((s8(a) * s8(b)).sum(1) + c) & 0xFFFFFFFF
+    want_u = ((u8(a) * u8(b)).sum(1) + c.view(np.uint32)) & 0xFFFFFFFF
+    assert np.array_equal(out[:n].view(np.uint32), want_s.astype(np.uint32))
+    assert np.array_equal(out[n:].view(np.uint32), want_u.astype(np.uint32))
+
+
 def test_atomics_across_blocks(probes: EmulatedModule) -> None:
     x = np.random.default_rng(1).integers(0, 17, 5000).astype(np.int32)
     hist, mx = np.zeros(17, np.int32), np.zeros(1, np.int32)

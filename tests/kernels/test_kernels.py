@@ -41,6 +41,7 @@ def rng() -> np.random.Generator:
 
 @pytest.mark.parametrize("qtype", list(TYPES))
 def test_mul_mat_vec(dev: Device, qtype: str, rng: np.random.Generator) -> None:
+    # The float kernels (q8_1=False; the integer ones: test_mmvq.py).
     # |y - ref| <= 2e-5 * sum_c |w_rc x_c| + 1e-6: float32 accumulation in another order.
     for cols in _cols_for(qtype):
         for rows, batch in [(1, 1), (37, 1), (5, 3)] + ([(300, 1)] if cols <= 1024 else []):
@@ -48,7 +49,7 @@ def test_mul_mat_vec(dev: Device, qtype: str, rng: np.random.Generator) -> None:
             w_ref = reference(qtype, raw, cols).astype(np.float64)
             w = ops.upload_matrix(dev, raw, qtype, (rows, cols))
             x = rng.standard_normal((batch, cols), dtype=np.float32)
-            y = host(dev, ops.mul_mat_vec(dev, w, dev.to_device(x)))
+            y = host(dev, ops.mul_mat_vec(dev, w, dev.to_device(x), q8_1=False))
             ref = x.astype(np.float64) @ w_ref.T
             bound = 2e-5 * (np.abs(x) @ np.abs(w_ref).T) + 1e-6
             assert y.shape == (batch, rows)
@@ -321,7 +322,9 @@ def test_no_kernel_depends_on_thread_order(rng: np.random.Generator) -> None:
     for qtype in ("Q4_0", "Q6_K", "F16"):
         cols = 512
         m = ops.upload_matrix(dev, make_weight(qtype, 9, cols, rng), qtype, (9, cols))
-        ops.mul_mat_vec(dev, m, dev.to_device(rng.standard_normal((2, cols), dtype=np.float32)))
+        x2 = dev.to_device(rng.standard_normal((2, cols), dtype=np.float32))
+        ops.mul_mat_vec(dev, m, x2)  # the integer kernel where the type has one
+        ops.mul_mat_vec(dev, m, x2, q8_1=False)
         ops.dequantize(dev, m, np.float16)
     q = dev.to_device(rng.standard_normal((1, 4, 1, 64), dtype=np.float32))
     kv = dev.to_device(rng.standard_normal((1, 2, 300, 64), dtype=np.float32))

@@ -67,6 +67,30 @@ def test_mat_vec_planner() -> None:
             plan.plan_mul_mat_vec(t, t.qk + 1, 4) if t.qk > 1 else plan.plan_mul_mat_vec(t, 0, 4)
 
 
+def test_integer_mat_vec_and_q8_1_planners() -> None:
+    for t in (t for t in TYPES.values() if t.dp4a):
+        for mult, nrows, batch in itertools.product([1, 3, 5, 33, 128], ROWS, [1, 2, 5]):
+            ncols = mult * t.qk
+            lp = plan.plan_mul_mat_vec_q(t, ncols, nrows, batch)
+            _limits_ok(lp, f"mul_mat_vec_q_{t.suffix}")
+            assert lp.block[0] == 32 and lp.block[1] <= table.MMVQ_ROWS and lp.grid[1] == batch
+            rows = (np.arange(lp.grid[0])[:, None] * lp.block[1] + np.arange(lp.block[1])).ravel()
+            assert np.array_equal(np.bincount(rows[rows < nrows], minlength=nrows), np.ones(nrows))
+            lq = plan.plan_quantize_q8_1(ncols, batch)
+            _limits_ok(lq, "quantize_q8_1")
+            blocks = (np.arange(lq.grid[0])[:, None] * lq.block[1] + np.arange(lq.block[1])).ravel()
+            nb = ncols // 32
+            assert np.array_equal(np.bincount(blocks[blocks < nb], minlength=nb), np.ones(nb))
+            assert table.q8_1_row_bytes(ncols) % 16 == 0
+            assert table.q8_1_row_bytes(ncols) >= nb * table.Q8_1_BYTES
+        with pytest.raises(LaunchError):
+            plan.plan_mul_mat_vec_q(t, t.qk + 16, 4)
+    with pytest.raises(LaunchError):
+        plan.plan_mul_mat_vec_q(TYPES["Q2_K"], 256, 4)  # no integer kernel
+    with pytest.raises(LaunchError):
+        plan.plan_quantize_q8_1(48)
+
+
 def test_dequantize_planner() -> None:
     for t in TYPES.values():
         for mult, nrows in itertools.product([1, 3, 16, 128], ROWS):

@@ -21,15 +21,15 @@ def test_block_geometry_matches_gguf() -> None:
 
 
 def test_kernels_see_the_same_constants(dev: Device) -> None:
-    out = dev.zeros((3 * len(CUDA_ORDER),), np.int32)
+    out = dev.zeros((4 * len(CUDA_ORDER),), np.int32)
     dev.launch("dequant", "type_info", Launch((1, 1, 1), (32, 1, 1)), (out,))
-    got = np.asarray(out if isinstance(out, np.ndarray) else out.get()).reshape(-1, 3)
-    for (qk, nbytes, ept), name in zip(got.tolist(), CUDA_ORDER, strict=True):
+    got = np.asarray(out if isinstance(out, np.ndarray) else out.get()).reshape(-1, 4)
+    for (qk, nbytes, ept, dp4a), name in zip(got.tolist(), CUDA_ORDER, strict=True):
         t = TYPES[name]
-        assert (qk, nbytes, ept) == (t.qk, t.block_bytes, t.ept), name
+        assert (qk, nbytes, ept, bool(dp4a)) == (t.qk, t.block_bytes, t.ept, t.dp4a), name
 
 
-def test_attention_limits_match_the_source() -> None:
+def test_attention_and_mat_vec_limits_match_the_source() -> None:
     import re
 
     from kernels.cuda import table
@@ -40,3 +40,8 @@ def test_attention_limits_match_the_source() -> None:
     assert int(defines["ATTN_MAX_D"]) == table.ATTN_MAX_HEAD_DIM
     assert int(defines["ATTN_MAX_ROWS"]) == table.ATTN_MAX_ROWS
     assert int(re.search(r"#define ATTN_TILE (\d+)", src).group(1)) == table.ATTN_TILE
+    mmv = source_path("mmv").read_text()
+    assert int(re.search(r"#define MMVQ_ROWS (\d+)", mmv).group(1)) == table.MMVQ_ROWS
+    assert int(re.search(r"#define MMVQ_COLS (\d+)", mmv).group(1)) == table.MMVQ_COLS
+    assert int(re.search(r"#define Q8_1_BYTES (\d+)", source_path("quants").with_suffix(
+        ".cuh").read_text()).group(1)) == table.Q8_1_BYTES
