@@ -296,7 +296,7 @@ def test_smollm2_q4_1_layers_match_numpy(layers: int) -> None:
     assert list(itertools.islice(a, 5)) == list(itertools.islice(b, 5))
 
 
-@pytest.mark.slow
+@pytest.mark.long  # ~48 s on 2 cores: opt-in (INFERDESK_LONG=1), figures in docs/cuda.md
 def test_smollm2_decode_with_q8_1_activations() -> None:
     # The default integer mat-vec through all 30 layers, 6 positions on the mat-vec path.
     # Measured: max |logit - NumPy's| 0.86 (largest |logit| 35.2: 2.4%), top-1 equal at all
