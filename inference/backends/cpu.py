@@ -179,7 +179,11 @@ class CpuBackend(NumpyBackend):
             kern = cpu_idot.matvec_q4 if w.bits == 4 else cpu_idot.matvec_q8
             kern(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero,
                  *cpu_idot.quantize_rows(x, self.activations), out)
-            return out if out.shape[1] == w.shape[0] else np.ascontiguousarray(out[:, : w.shape[0]])
+        else:
+            self._matvec_float(x, w, out)
+        return out if out.shape[1] == w.shape[0] else np.ascontiguousarray(out[:, : w.shape[0]])
+
+    def _matvec_float(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         # Pairs of rows of 8-bit scale-only codes (Q8_0, Q6_K) share one conversion of the
         # codes to float: 2.1x the one-row kernel per row (Q8_0 49152x576, 8 rows, 1
         # thread: docs/server.md). 4-bit codes convert cheaply; there sharing measured
@@ -192,7 +196,6 @@ class CpuBackend(NumpyBackend):
         if even < x.shape[0]:
             kern = K.matvec_q4 if w.bits == 4 else K.matvec_q8
             kern(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x[even:], out[even:])
-        return out if out.shape[1] == w.shape[0] else np.ascontiguousarray(out[:, : w.shape[0]])
 
     def _buffer(self, n: int) -> np.ndarray:
         buf = getattr(self._local, "scratch", None)
