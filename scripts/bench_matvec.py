@@ -31,7 +31,7 @@ from inference.bench import cpu_info  # noqa: E402
 from tests.bundled import random_tensor  # noqa: E402
 
 SHAPES = {"cached": (1536, 1536), "streamed": (32768, 1024)}
-TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")
+TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K")
 
 
 def main() -> None:

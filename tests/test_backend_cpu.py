@@ -20,8 +20,8 @@ from tests.bundled import INSTALL_HINT, load_bundled, random_tensor  # noqa: E40
 
 # The float kernels; tests/test_cpu_idot.py tests the integer ones.
 C, N = CpuBackend("float"), NumpyBackend()
-PACKED = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")
-RAW = ("Q5_0", "Q5_1", "Q5_K", "Q3_K", "Q2_K")
+PACKED = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K")
+RAW = ("Q3_K", "Q2_K")
 
 
 def randn(*shape: int, seed: int = 0) -> np.ndarray:
@@ -50,9 +50,10 @@ def test_pack_is_exact_and_within_memory_rule(qtype):
     np.testing.assert_array_equal(unpack(w), dequantize_raw(t.data, qtype))
     # bytes held per byte of file, padding to 96 rows aside: Q4_1 keeps its float16 scale
     # and bias in one row (as large as the file); Q4_K's scales are float32; Q6_K keeps its
-    # int8 scale per 16 weights and float16 d in one row
-    growth = {"Q4_0": 640 / 576, "Q4_1": 1.0, "Q4_K": 768 / 576, "Q8_0": 1152 / 1088,
-              "Q6_K": 1152 / 840}
+    # int8 scale per 16 weights and float16 d in one row; 5-bit codes take one row more
+    # than 4-bit ones (the plane of high bits), so Q5_1 is as large as the file too
+    growth = {"Q4_0": 640 / 576, "Q4_1": 1.0, "Q4_K": 768 / 576, "Q5_0": 768 / 704,
+              "Q5_1": 1.0, "Q5_K": 896 / 704, "Q8_0": 1152 / 1088, "Q6_K": 1152 / 840}
     assert w.nbytes == pytest.approx(growth[qtype] * t.data.nbytes * 96 / 70)
 
 
@@ -135,7 +136,7 @@ def _mlx_tensor(bits: int, rows: int, n: int, seed: int) -> TensorData:
 
 
 @pytest.mark.parametrize("mode", ["float", "int16", "int8"])
-@pytest.mark.parametrize("qtype", PACKED + RAW + ("MLX4", "MLX8"))
+@pytest.mark.parametrize("qtype", PACKED + RAW + ("MLX4", "MLX5", "MLX8"))
 def test_decode_rows_are_each_bitwise_the_row_alone(qtype, mode):
     """The server's continuous batching feeds several sequences' tokens through one mat-vec
     call; each row must come out exactly as it does alone (scheduler.py), for every layout

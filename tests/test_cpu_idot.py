@@ -22,6 +22,7 @@ from inference.backends import cpu_idot
 from inference.backends.cpu import ACTIVATIONS_ENV, CpuBackend
 from inference.backends.numpy_backend import NumpyBackend
 from inference.errors import InvalidInputError
+from inference.formats.tensor import TensorData
 from tests import goldens_io as g
 from tests.bundled import random_tensor
 from tests.test_backend_cpu import PACKED, _mlx_tensor
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.skipif(not cpu_idot.available(),
                                 reason="integer-dot kernels need x86 AVX2 (float kernels run)")
 
 N = NumpyBackend()
-TYPES = PACKED + ("MLX4", "MLX8")
+TYPES = PACKED + ("MLX4", "MLX5", "MLX8")
 WIDTHS = list(cpu_idot.LEVELS)
 
 
@@ -107,6 +108,27 @@ def test_extreme_codes_and_activations_do_not_overflow(ci):
     for qtype in ("Q8_0", "MLX8", "Q4_1", "Q6_K"):
         t = _weight(qtype)
         _close(ci.linear(x, ci.weight(t)), N.linear(x, N.weight(t)))
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_largest_5_bit_sums_do_not_overflow(ci, rows):
+    """Every 5-bit code at 31 against activations all at +L: with int8 activations a pair
+    of products is 2 * 31 * 127 = 7874, so the 16-bit sums must be widened every 4 pairs
+    (8 pairs would pass 32767)."""
+    from inference.formats.affine import pack_codes
+
+    codes = np.full((70, 512), 31, dtype=np.uint8)
+    scales = np.full((70, 8), 0.01, dtype=np.float16)
+    t = _mlx_tensor(5, 70, 512, seed=7)
+    t = TensorData("w", t.shape, "MLX", pack_codes(codes, 5),
+                {**t.extra, "scales": scales, "biases": np.zeros_like(scales)})
+    blocks = np.frombuffer(bytearray(np.asarray(_weight("Q5_1").data).tobytes()), np.uint8)
+    blocks = blocks.reshape(-1, 24)
+    blocks[:, 4:] = 0xFF  # qh and qs: every code 31
+    q51 = TensorData("w", (70, 512), "Q5_1", blocks.reshape(70, -1))
+    x = np.full((rows, 512), 3.0, dtype=np.float32)
+    for w in (t, q51):
+        _close(ci.linear(x, ci.weight(w)), N.linear(x, N.weight(w)))
 
 
 def test_mode_from_argument_and_environment(monkeypatch):

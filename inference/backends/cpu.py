@@ -2,7 +2,7 @@
 
 Weights stay quantized (lane layout, :mod:`cpu_pack`). ``linear`` picks by the number of
 token rows ``M``:
-- ``M <= MATVEC_ROWS`` (decode): the numba mat-vec kernels read the 4/8-bit codes
+- ``M <= MATVEC_ROWS`` (decode): the numba mat-vec kernels read the 4/5/8-bit codes
   directly, parallel over tiles of 32 output rows (types kept as file bytes: the
   :mod:`cpu_raw` kernels, block by block);
 - larger ``M`` (prefill, teacher forcing): a chunk of W is dequantized into a float32
@@ -176,9 +176,12 @@ class CpuBackend(NumpyBackend):
     def _matvec(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
         out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
         if self.activations != "float":
-            kern = cpu_idot.matvec_q4 if w.bits == 4 else cpu_idot.matvec_q8
-            kern(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero,
-                 *cpu_idot.quantize_rows(x, self.activations), out)
+            xq = cpu_idot.quantize_rows(x, self.activations)
+            if w.bits == 8:
+                cpu_idot.matvec_q8(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, *xq, out)
+            else:
+                cpu_idot.matvec_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero,
+                                   *xq, out)
         else:
             self._matvec_float(x, w, out)
         return out if out.shape[1] == w.shape[0] else np.ascontiguousarray(out[:, : w.shape[0]])
@@ -193,9 +196,13 @@ class CpuBackend(NumpyBackend):
         even = x.shape[0] - x.shape[0] % 2 if w.scale_only_int8 else 0
         if even:
             K.matvec_q8_rows(w.codes, w.blocks, w.halves, w.flat, w.kind, x[:even], out[:even])
-        if even < x.shape[0]:
-            kern = K.matvec_q4 if w.bits == 4 else K.matvec_q8
-            kern(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x[even:], out[even:])
+        if even == x.shape[0]:
+            return
+        if w.bits == 8:
+            K.matvec_q8(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x[even:], out[even:])
+        else:
+            K.matvec_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x[even:],
+                        out[even:])
 
     def _buffer(self, n: int) -> np.ndarray:
         buf = getattr(self._local, "scratch", None)

@@ -182,20 +182,23 @@ _EIGHTS = [list(range(0, 8)), list(range(16, 24)), list(range(8, 16)), list(rang
 
 
 def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
-    """An intrinsic ``(codes, blk, xp, row, p0, out)``: ``out[r, lane] = sum_j code_j * q_j``
-    (int32) for activation rows ``row + r``, r < ``nrows``, over block ``blk``'s 32
-    4-bit codes of each of the LANES lanes (byte j: code j low, code j+16 high), ``q``
-    the activation pairs ``xp[row + r, p0:p0+16]`` (int8 pairs in int16, or int16 pairs
-    in int32). The codes are unpacked once for all ``nrows`` rows."""
+    """An intrinsic ``(codes, blk, xp, row, p0, out, high)``: ``out[r, lane] = sum_j
+    code_j * q_j`` (int32) for activation rows ``row + r``, r < ``nrows``, over block
+    ``blk``'s 32 4-bit codes of each of the LANES lanes (byte j: code j low, code j+16
+    high), ``q`` the activation pairs ``xp[row + r, p0:p0+16]`` (int8 pairs in int16, or
+    int16 pairs in int32). The codes are unpacked once for all ``nrows`` rows. With
+    ``high`` an array (not None) the codes are 5-bit: bit 4 comes from the plane of high
+    bits, code bytes 16-19 (``cpu_kernels`` docstring; read through ``codes``)."""
 
     @intrinsic
-    def dot4(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
-        sig = types.void(codes, blk, xp, row, p0, out)
+    def dot4(typingctx, codes, blk, xp, row, p0, out, high):  # type: ignore[no-untyped-def]
+        sig = types.void(codes, blk, xp, row, p0, out, high)
         narrow = xp.dtype == types.int16
+        five = not isinstance(high, types.NoneType)
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            cty, _, xty, _, _, oty = signature.args
-            carr, cblk, xarr, crow, cp0, oarr = args
+            cty, _, xty, _, _, oty, _ = signature.args
+            carr, cblk, xarr, crow, cp0, oarr, _ = args
             v32i8, v16i16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16)
             v8i32 = ir.VectorType(_i32, 8)
             maddubs = cgutils.get_or_insert_function(
@@ -209,6 +212,14 @@ def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
             zero = (ir.Constant(v16i16, [0] * 16) if narrow  # (half, codes 0-15 / 16-31)
                     else ir.Constant(v8i32, [0] * 8))  # 8 lanes each, in _EIGHTS order
             acc = [[zero] * 4 for _ in rows]
+            v16i32 = ir.VectorType(_i32, 16)
+            wide = [[ir.Constant(v16i32, [0] * 16)] * 4 for _ in rows]  # narrow: 32-bit sums
+            if five:  # bit 4 of codes (2p, 2p+1) / (2p+16, 2p+17) as pairs, per lane half
+                el, ol, eh, oh = _block_rows(context, builder, cty, carr, blk, (16, 17, 18, 19),
+                                             v32i8)
+                tops = [(_interleave(builder, el, ol, lanes), _interleave(builder, eh, oh, lanes))
+                        for lanes in _HALVES]
+                one = ir.Constant(v32i8, [1] * 32)
             for p in range(8):
                 r0, r1 = _block_rows(context, builder, cty, carr, blk, (2 * p, 2 * p + 1),
                                      v32i8)
@@ -219,6 +230,11 @@ def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
                     u = _interleave(builder, r0, r1, lanes)
                     lo = builder.and_(u, m15)
                     hi = builder.and_(builder.lshr(u, four), m15)
+                    if five:
+                        bit = ir.Constant(v32i8, [p] * 32)
+                        lo, hi = (builder.or_(c, builder.shl(builder.and_(
+                            builder.lshr(top, bit), one), four)) for c, top in zip(
+                                (lo, hi), tops[h], strict=True))
                     if narrow:
                         for a, (lo_x, hi_x) in zip(acc, xs, strict=True):
                             a[2 * h] = builder.add(a[2 * h], builder.call(maddubs, [lo, lo_x]))
@@ -230,12 +246,17 @@ def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
                             for a, x in zip(acc, xs, strict=True):
                                 a[2 * h + e] = builder.add(a[2 * h + e],
                                                            builder.call(maddwd, [words, x[c]]))
+                # 16-bit sums of 5-bit codes (pairs up to 2 * 31 * 127 = 7874) hold 4 pairs.
+                if narrow and (p == 7 or (five and p == 3)):
+                    for a, w in zip(acc, wide, strict=True):
+                        for i in range(4):
+                            w[i] = builder.add(w[i], builder.sext(a[i], v16i32))
+                            a[i] = zero
             for r, a in enumerate(acc):
                 orow = r
                 if narrow:
-                    v16i32 = ir.VectorType(_i32, 16)
-                    parts = [builder.add(builder.sext(a[2 * h], v16i32),
-                                         builder.sext(a[2 * h + 1], v16i32)) for h in range(2)]
+                    w = wide[r]
+                    parts = [builder.add(w[2 * h], w[2 * h + 1]) for h in range(2)]
                     _store_lanes(context, builder, oty, oarr, orow, 0, parts, _HALVES)
                 else:
                     _store_lanes(context, builder, oty, oarr, orow, 0, a, _EIGHTS)
@@ -297,16 +318,17 @@ _NO_FUSE = {"nnan", "ninf", "nsz", "arcp", "afn"}
 
 @_jit(parallel=True, fastmath=_NO_FUSE)
 def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
-              kind: int, zero: float, xp: np.ndarray, dx: np.ndarray, xs: np.ndarray,
-              out: np.ndarray) -> None:
-    """out (T, tiles*LANES) = x @ W.T for a 4-bit W (uint8 ``codes`` view) and ``x`` given
-    by :func:`quantize_rows` as (xp, dx, xs), 8- or 16-bit; the other arguments as in
-    :func:`cpu_kernels.matvec_q4`. Pairs of rows share the unpacked codes; an odd last
-    row goes alone."""
+              high: np.ndarray | None, kind: int, zero: float, xp: np.ndarray, dx: np.ndarray,
+              xs: np.ndarray, out: np.ndarray) -> None:
+    """out (T, tiles*LANES) = x @ W.T for a 4-bit W (uint8 ``codes`` view), or a 5-bit one
+    with its plane of high bits ``high``, and ``x`` given by :func:`quantize_rows` as
+    (xp, dx, xs), 8- or 16-bit; the other arguments as in :func:`cpu_kernels.matvec_q4`.
+    Pairs of rows share the unpacked codes; an odd last row goes alone."""
     rows, groups = dx.shape
     tiles = blocks.shape[0] // groups
     row_bytes = blocks.shape[1] * K.LANES * 4
     nl = codes.shape[2]  # == LANES, a runtime trip count (cpu_kernels docstring)
+    c = 4 if high is None else 5  # the block's row of scales
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
         isum = np.empty(2 * nl, dtype=np.int32)
@@ -318,20 +340,20 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                 blk = t * groups + g
                 if i == 0:
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
-                _dot4x2(codes, blk, xp, i, g * 16, sums)
+                _dot4x2(codes, blk, xp, i, g * 16, sums, high)
                 for r in range(2):
                     o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
                     if kind == K.AFFINE_F16:
-                        h = halves[blk, 4]
+                        h = halves[blk, c]
                         for lane in range(nl):
                             pair[r, lane] += (K._half(h[lane]) * (d * _f32(sums[o + lane]))
                                               + K._half(h[nl + lane]) * xsum)
                     elif kind == K.AFFINE:
-                        sg, zg = blocks[blk, 4], blocks[blk, 5]
+                        sg, zg = blocks[blk, c], blocks[blk, c + 1]
                         for lane in range(nl):
                             pair[r, lane] += sg[lane] * (d * _f32(sums[o + lane])) + zg[lane] * xsum
                     else:
-                        sg, zx = blocks[blk, 4], _f32(zero) * xsum
+                        sg, zx = blocks[blk, c], _f32(zero) * xsum
                         for lane in range(nl):
                             pair[r, lane] += sg[lane] * (d * _f32(sums[o + lane]) - zx)
             out[i:i + 2, t * K.LANES:(t + 1) * K.LANES] = pair
@@ -342,19 +364,19 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                 blk = t * groups + g
                 if i == 0:
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
-                _dot4(codes, blk, xp, i, g * 16, isum)
+                _dot4(codes, blk, xp, i, g * 16, isum, high)
                 d, xsum = dx[i, g], xs[i, g]
                 if kind == K.AFFINE_F16:
-                    h = halves[blk, 4]
+                    h = halves[blk, c]
                     for lane in range(nl):
                         acc[lane] += (K._half(h[lane]) * (d * _f32(isum[lane]))
                                       + K._half(h[nl + lane]) * xsum)
                 elif kind == K.AFFINE:
-                    sg, zg = blocks[blk, 4], blocks[blk, 5]
+                    sg, zg = blocks[blk, c], blocks[blk, c + 1]
                     for lane in range(nl):
                         acc[lane] += sg[lane] * (d * _f32(isum[lane])) + zg[lane] * xsum
                 else:
-                    sg, zx = blocks[blk, 4], _f32(zero) * xsum
+                    sg, zx = blocks[blk, c], _f32(zero) * xsum
                     for lane in range(nl):
                         acc[lane] += sg[lane] * (d * _f32(isum[lane]) - zx)
             out[i, t * K.LANES:(t + 1) * K.LANES] = acc

@@ -6,7 +6,10 @@ Layout (made by :mod:`inference.backends.cpu_pack`): output rows are grouped in 
 
 - rows ``0 .. C-1`` are the codes as bytes, viewed as ``codes[blk, j, lane]``: 4-bit
   (C=4): byte ``j`` holds code ``j`` in its low and code ``j + 16`` in its high nibble,
-  as in GGML's Q4_0/Q4_1; 8-bit (C=8): one code per byte (int8 for Q8_0);
+  as in GGML's Q4_0/Q4_1; 5-bit (C=5): the same 16 nibble bytes for bits 0-3, then the
+  plane of bit 4 in bytes 16-19: bit ``p`` of byte 16 / 17 / 18 / 19 belongs to code
+  ``2p`` / ``2p+1`` / ``2p+16`` / ``2p+17`` (Q5_0, Q5_1, Q5_K: as small as the file's
+  ``qh``); 8-bit (C=8): one code per byte (int8 for Q8_0);
 - then the scale and bias of each lane, ``w = scale * code + bias``, in one of three
   layouts (``kind``): ``SYMMETRIC`` row ``C`` holds float32 scales and
   ``bias = -zero * scale``; ``AFFINE`` rows ``C`` and ``C + 1`` hold float32 scales and
@@ -243,6 +246,14 @@ SYMMETRIC, AFFINE, AFFINE_F16, SUB16 = 0, 1, 2, 3  # scale layouts (module docst
 
 
 @_jit(inline="always")
+def _high(hb: np.ndarray, j: int, lane: int) -> np.int32:
+    """Bit 4 of 5-bit code ``j`` of a lane, from a block's plane of high bits ``hb``
+    (4, LANES): byte ``(j & 1) + 2 * (j >= 16)``, bit ``(j % 16) // 2``."""
+    plane = (j & 1) + 2 * (j >> 4)
+    return ((np.int32(hb[plane, lane]) >> np.int32((j & 15) >> 1)) & np.int32(1)) << np.int32(4)
+
+
+@_jit(inline="always")
 def _block_scales(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, blk: int,
                   c: int, kind: int, zero: float, sg: np.ndarray, sg2: np.ndarray,
                   zg: np.ndarray) -> None:
@@ -291,6 +302,36 @@ def _codes4(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int) -> float:
 
 
 @_jit(inline="always", fastmath=_NO_REASSOC)
+def _codes5(cb: np.ndarray, hb: np.ndarray, xi: np.ndarray, b0: int, lane: int) -> float:
+    """As :func:`_codes4` for 5-bit codes, bit 4 from the plane ``hb`` (module docstring)."""
+    el, ol = np.int32(hb[0, lane]), np.int32(hb[1, lane])
+    eh, oh = np.int32(hb[2, lane]), np.int32(hb[3, lane])
+    p0 = _f32(0.0)
+    p1 = _f32(0.0)
+    p2 = _f32(0.0)
+    p3 = _f32(0.0)
+    for j in range(0, 16, 2):
+        q = np.int32(cb[j, lane])
+        r = np.int32(cb[j + 1, lane])
+        b = np.int32(j >> 1)
+        p0 += _f32(np.int32(q & 15) | (((el >> b) & 1) << 4)) * xi[b0 + j]
+        p1 += _f32(np.int32(q >> 4) | (((eh >> b) & 1) << 4)) * xi[b0 + 16 + j]
+        p2 += _f32(np.int32(r & 15) | (((ol >> b) & 1) << 4)) * xi[b0 + j + 1]
+        p3 += _f32(np.int32(r >> 4) | (((oh >> b) & 1) << 4)) * xi[b0 + 17 + j]
+    return (p0 + p1) + (p2 + p3)
+
+
+@_jit(inline="always", fastmath=_NO_REASSOC)
+def _codes_nib(cb: np.ndarray, high: np.ndarray | None, blk: int, xi: np.ndarray, b0: int,
+               lane: int) -> float:
+    """:func:`_codes4`, or :func:`_codes5` when there is a plane of high bits (the branch
+    is resolved when numba compiles: ``high`` is None or an array)."""
+    if high is None:
+        return _codes4(cb, xi, b0, lane)
+    return _codes5(cb, high[blk], xi, b0, lane)
+
+
+@_jit(inline="always", fastmath=_NO_REASSOC)
 def _codes16(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int, j0: int) -> float:
     """sum_j code_j * x[b0 + j] over one lane's 8-bit codes j0 .. j0+15, in four chains."""
     p0 = _f32(0.0)
@@ -313,8 +354,10 @@ def _codes8(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int) -> float:
 
 @_jit(parallel=True, fastmath=_NO_REASSOC)
 def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
-              kind: int, zero: float, x: np.ndarray, out: np.ndarray) -> None:
-    """out (T, tiles*LANES) = x (T, K) @ W.T for a 4-bit W; T is small (decode).
+              high: np.ndarray | None, kind: int, zero: float, x: np.ndarray,
+              out: np.ndarray) -> None:
+    """out (T, tiles*LANES) = x (T, K) @ W.T for a 4-bit W, or a 5-bit W given its plane of
+    high bits ``high`` (nblk, 4, LANES); T is small (decode).
 
     codes (nblk, 4*R, LANES), halves (nblk, R, 2*LANES) and flat (nblk*R*4*LANES,) are
     byte, uint16 and flat byte views of blocks (nblk, R, LANES) float32."""
@@ -323,6 +366,7 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
     tiles = blocks.shape[0] // groups
     row_bytes = blocks.shape[1] * LANES * 4
     nl = codes.shape[2]  # == LANES, but a runtime trip count: see module docstring
+    c = 4 if high is None else 5  # the block's row of scales
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
         for i in range(x.shape[0]):
@@ -337,18 +381,19 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                 xs = xsum[i, g]
                 # One lane loop per scale layout (kind is the same for every block).
                 if kind == AFFINE_F16:
-                    h = halves[blk, 4]
+                    h = halves[blk, c]
                     for lane in range(nl):
-                        acc[lane] += (_half(h[lane]) * _codes4(cb, xi, b0, lane)
+                        acc[lane] += (_half(h[lane]) * _codes_nib(cb, high, blk, xi, b0, lane)
                                       + _half(h[nl + lane]) * xs)
                 elif kind == AFFINE:
-                    sg, zg = blocks[blk, 4], blocks[blk, 5]
+                    sg, zg = blocks[blk, c], blocks[blk, c + 1]
                     for lane in range(nl):
-                        acc[lane] += sg[lane] * _codes4(cb, xi, b0, lane) + zg[lane] * xs
+                        acc[lane] += (sg[lane] * _codes_nib(cb, high, blk, xi, b0, lane)
+                                      + zg[lane] * xs)
                 else:
-                    sg, zx = blocks[blk, 4], _f32(zero) * xs
+                    sg, zx = blocks[blk, c], _f32(zero) * xs
                     for lane in range(nl):
-                        acc[lane] += sg[lane] * (_codes4(cb, xi, b0, lane) - zx)
+                        acc[lane] += sg[lane] * (_codes_nib(cb, high, blk, xi, b0, lane) - zx)
             out[i, t * LANES:(t + 1) * LANES] = acc
 
 
@@ -480,7 +525,7 @@ def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: i
               bits: int, zero: float, groups: int, t0: int, t1: int, out: np.ndarray) -> None:
     """Tiles t0..t1 of W -> out (K, (t1-t0)*LANES) float32: that slice of W.T, row-major
     in the output rows, so BLAS computes x @ out without a transpose."""
-    c = 4 if bits == 4 else 8
+    c = bits  # rows of codes: 32 codes of ``bits`` bits are ``bits`` float32 words a lane
     sg = np.empty(LANES, dtype=np.float32)
     sg2 = np.empty(LANES, dtype=np.float32)
     zg = np.empty(LANES, dtype=np.float32)
@@ -489,11 +534,20 @@ def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: i
         for g in range(groups):
             blk = t * groups + g
             _block_scales(codes, blocks, halves, blk, c, kind, zero, sg, sg2, zg)
-            if bits == 4:
+            if bits != 8:
+                hb = codes[blk, 16:20]
                 for j in range(16):
                     row = codes[blk, j]
                     lo = out[g * GROUP + j]
                     hi = out[g * GROUP + 16 + j]
+                    if bits == 5:  # a loop of its own: the 4-bit one stays as simple
+                        for lane in range(LANES):
+                            q = np.int32(row[lane])
+                            a = np.int32(q & 15) | _high(hb, j, lane)
+                            b = np.int32(q >> 4) | _high(hb, j + 16, lane)
+                            lo[col + lane] = sg[lane] * _f32(a) + zg[lane]
+                            hi[col + lane] = sg2[lane] * _f32(b) + zg[lane]
+                        continue
                     for lane in range(LANES):
                         q = np.int32(row[lane])
                         lo[col + lane] = sg[lane] * _f32(np.int32(q & 15)) + zg[lane]
@@ -511,7 +565,7 @@ def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: i
 def gather_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: int,
                 bits: int, zero: float, groups: int, ids: np.ndarray, out: np.ndarray) -> None:
     """Embedding lookup: rows ``ids`` of W, dequantized into out (n, K)."""
-    c = 4 if bits == 4 else 8
+    c = bits  # rows of codes: 32 codes of ``bits`` bits are ``bits`` float32 words a lane
     sg = np.empty(LANES, dtype=np.float32)
     sg2 = np.empty(LANES, dtype=np.float32)
     zg = np.empty(LANES, dtype=np.float32)
@@ -521,11 +575,17 @@ def gather_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind:
             blk = t * groups + g
             _block_scales(codes, blocks, halves, blk, c, kind, zero, sg, sg2, zg)
             s, s2, z = sg[lane], sg2[lane], zg[lane]
-            if bits == 4:
+            if bits != 8:
+                hb = codes[blk, 16:20]
                 for j in range(16):
                     q = np.int32(codes[blk, j, lane])
-                    out[i, g * GROUP + j] = s * _f32(np.int32(q & 15)) + z
-                    out[i, g * GROUP + 16 + j] = s2 * _f32(np.int32(q >> 4)) + z
+                    a = np.int32(q & 15)
+                    b = np.int32(q >> 4)
+                    if bits == 5:
+                        a |= _high(hb, j, lane)
+                        b |= _high(hb, j + 16, lane)
+                    out[i, g * GROUP + j] = s * _f32(a) + z
+                    out[i, g * GROUP + 16 + j] = s2 * _f32(b) + z
             else:
                 for j in range(GROUP):
                     q = _f32(np.int32(codes[blk, j, lane]))

@@ -3,15 +3,18 @@
 Codes, scales and biases per group of 32 come from :func:`formats.affine.block_groups` (the
 one decoder of GGML blocks into affine groups, exact for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0/Q3_K);
 Q6_K, whose scales cover 16 weights, from ``quants.q6_k_fields`` (``SUB16``).
-4-bit types keep 4 bits a weight; other types take 8. Scales and biases stay float16 where
+4-bit types keep 4 bits a weight, 5-bit types (Q5_0, Q5_1, Q5_K, MLX 5-bit) a 4-bit code
+plus a bit in a plane of high bits (``cpu_kernels`` docstring); other types take 8. Scales
+and biases stay float16 where
 the file has them so and both are needed (Q4_1, MLX with float16 scales: ``AFFINE_F16``),
 else float32 (a Q4_K scale is a float16 times a 6-bit integer, not a float16).
 
 Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
-its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q6_K 1.37x, Q8_0 1.06x, MLX
-4-bit with float16 scales 1.0x, 8-bit 1.0x). Other types (Q5_*, Q3_K, Q2_K, F16, BF16,
-3/5/6-bit MLX) stay as raw file bytes (1.0x): :mod:`cpu_raw` reads the GGML ones and the
-floats block by block; MLX's are dequantized by NumPy a chunk of rows at a time (slow).
+its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q5_0 1.09x, Q5_1 1.0x, Q5_K
+1.27x, Q6_K 1.37x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.0x).
+Other types (Q3_K, Q2_K, F16, BF16, 3/6-bit MLX) stay as raw file bytes (1.0x):
+:mod:`cpu_raw` reads the GGML ones and the floats block by block; MLX's are dequantized
+by NumPy a chunk of rows at a time (slow).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from inference.formats.tensor import TensorData
 
 MAX_GROWTH = 1.5
 FOUR_BIT = frozenset({"Q4_0", "Q4_1", "Q4_K"})
+FIVE_BIT = frozenset({"Q5_0", "Q5_1", "Q5_K"})
 # Symmetric types store no bias row: w = scale * (code - zero). Q8_0 codes stay int8.
-SYMMETRIC_ZERO = {"Q4_0": 8.0, "Q8_0": 0.0}
-_CODE_ROWS = {4: 4, 8: 8}  # float32 rows of LANES that hold a block's 32 x LANES codes
+SYMMETRIC_ZERO = {"Q4_0": 8.0, "Q5_0": 16.0, "Q8_0": 0.0}
+CODE_BITS = (4, 5, 8)  # a block's codes take as many float32 rows (4 * bits bytes a lane)
 _ROWS_PER_STEP = 1024  # repack this many rows at once: bounds the uint8-per-code temporary
 
 
@@ -40,7 +44,7 @@ class PackedWeight:
     tiles of ``LANES`` with zero scales."""
 
     blocks: np.ndarray  # (tiles * K/32, R, LANES) float32: code bytes, scale[, bias]
-    bits: int  # 4 or 8
+    bits: int  # 4, 5 or 8
     zero: float  # SYMMETRIC: w = scale * (code - zero)
     shape: tuple[int, int]  # logical (out, in)
     kind: int = SYMMETRIC  # how a block holds its scales (cpu_kernels docstring)
@@ -51,6 +55,8 @@ class PackedWeight:
                                       ).reshape(n, -1, LANES)
         self.halves = self.blocks.view(np.uint16)
         self.flat = self.blocks.reshape(-1).view(np.uint8)
+        # 5-bit codes: the plane of high bits (4 byte rows after the nibbles), else None.
+        self.high = self.codes[:, 16:20] if self.bits == 5 else None
 
     @property
     def scale_only_int8(self) -> bool:
@@ -143,20 +149,20 @@ def packed_nbytes(t: TensorData) -> int | None:
     if bits is None:
         return None
     tiles, groups = -(-t.shape[0] // LANES), t.shape[1] // GROUP
-    rows = _CODE_ROWS[bits] + (2 if _kind(t) == AFFINE else 1)
+    rows = bits + (2 if _kind(t) == AFFINE else 1)
     return tiles * groups * rows * LANES * 4
 
 
 def packed_bits(t: TensorData) -> int | None:
-    """4 or 8 if ``t`` is packed under the memory rule, else None."""
+    """4, 5 or 8 if ``t`` is packed under the memory rule, else None."""
     if len(t.shape) != 2 or t.shape[1] % GROUP:
         return None
     if t.qtype == "MLX":
         bits = int(t.extra["bits"])
-        return bits if bits in (4, 8) else None
+        return bits if bits in CODE_BITS else None
     if t.qtype not in BLOCK_TYPES or BLOCK_TYPES[t.qtype].is_float:
         return None
-    bits = 4 if t.qtype in FOUR_BIT else 8
+    bits = 4 if t.qtype in FOUR_BIT else 5 if t.qtype in FIVE_BIT else 8
     file_bytes = t.shape[0] * BLOCK_TYPES[t.qtype].row_bytes(t.shape[1])
     scale_bytes = 4 if _kind(t) != AFFINE else 8  # per group: one float32 row, or two
     packed = t.shape[0] * t.shape[1] * (bits / 8 + scale_bytes / GROUP)
@@ -168,7 +174,7 @@ def _kind(t: TensorData) -> int:
         return SYMMETRIC
     if t.qtype == "Q6_K":
         return SUB16  # a scale per 16 weights: kept exact, not requantized
-    if t.qtype == "Q4_1" or (t.qtype == "MLX" and all(
+    if t.qtype in ("Q4_1", "Q5_1") or (t.qtype == "MLX" and all(
             np.asarray(t.extra[k]).dtype == np.float16 for k in ("scales", "biases"))):
         return AFFINE_F16  # float16 in the file: exact in half the room
     return AFFINE
@@ -181,7 +187,7 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
         return RawWeight(np.array(t.data), t.qtype, (n_out, k))  # copy: drop the file map
     tiles, groups = -(-n_out // LANES), k // GROUP
     kind = _kind(t)
-    c = _CODE_ROWS[bits]
+    c = bits  # rows of codes
     blocks = np.zeros((tiles * groups, c + (2 if kind == AFFINE else 1), LANES),
                       dtype=np.float32)
     code_bytes = blocks.view(np.uint8).reshape(len(blocks), -1, LANES)
@@ -194,8 +200,8 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
             q, s, z = (np.pad(a, ((0, pad), (0, 0))) for a in (q, s, z))
         nt = len(q) // LANES
         q = q.view(np.uint8).reshape(nt, LANES, groups, GROUP).transpose(0, 2, 3, 1)
-        if bits == 4:
-            q = q[:, :, :16] | (q[:, :, 16:] << np.uint8(4))
+        if bits != 8:
+            q = _nibbles_and_high_bits(q) if bits == 5 else _nibbles(q)
         b0, b1 = r0 // LANES * groups, (r0 // LANES + nt) * groups
         code_bytes[b0:b1, : q.shape[2]] = q.reshape(b1 - b0, -1, LANES)
         s, z = (a.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(-1, LANES)
@@ -216,12 +222,36 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
     return PackedWeight(blocks, bits, SYMMETRIC_ZERO.get(t.qtype, 0.0), (n_out, k), kind)
 
 
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """(tiles, groups, 32 codes, LANES) < 16 -> 16 bytes: code j low, code j + 16 high."""
+    return q[:, :, :16] | (q[:, :, 16:] << np.uint8(4))
+
+
+def _nibbles_and_high_bits(q: np.ndarray) -> np.ndarray:
+    """5-bit codes -> the 16 nibble bytes of :func:`_nibbles`, then 4 bytes of high bits:
+    bit p of byte 16 / 17 / 18 / 19 is bit 4 of code 2p / 2p+1 / 2p+16 / 2p+17. Codes
+    j and j+1 sit in adjacent nibble rows, so the integer kernels, which interleave two
+    rows, interleave bytes 16 and 17 (or 18 and 19) to the same pairs."""
+    top = (q >> np.uint8(4)).astype(np.uint8)
+    weights = (np.uint8(1) << np.arange(8, dtype=np.uint8))[:, None]
+    planes = [(top[:, :, first::2][:, :, :8] * weights).sum(axis=2, dtype=np.uint8)
+              for first in (0, 1, 16, 17)]
+    return np.concatenate([_nibbles(q & np.uint8(15)), np.stack(planes, axis=2)], axis=2)
+
+
 def unpack(w: PackedWeight) -> np.ndarray:
     """Back to a float32 (out, in) matrix (tests and small fallbacks)."""
-    c = _CODE_ROWS[w.bits]
-    q = w.codes[:, : 16 if w.bits == 4 else GROUP].astype(np.int32)
-    if w.bits == 4:
+    c = w.bits  # rows of codes
+    q = w.codes[:, : GROUP if w.bits == 8 else 16].astype(np.int32)
+    if w.bits != 8:
         q = np.concatenate([q & 15, q >> 4], axis=1)
+    if w.bits == 5:
+        hb = w.high.astype(np.int32)  # (blocks, 4, LANES)
+        p = np.arange(8)[None, :, None]
+        top = np.empty_like(q)
+        for i, first in enumerate((0, 1, 16, 17)):
+            top[:, first:first + 16:2] = (hb[:, i:i + 1] >> p) & 1
+        q = q | (top << 4)
     if w.kind == SUB16:
         d = w.blocks.view(np.float16)[:, c, LANES:].astype(np.float32)
         sc = w.codes[:, 4 * c:4 * c + 2].astype(np.float32)  # (blocks, 2, LANES)

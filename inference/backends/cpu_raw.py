@@ -1,7 +1,7 @@
 """numba kernels over GGML blocks exactly as the file stores them (CPU backend).
 
-Types with no lane-block form within the memory rule (:mod:`cpu_pack`: Q5_0, Q5_1, Q2_K,
-Q3_K, Q5_K, F16, BF16) stay as file bytes, 1.0x the file. Decode reads them here: a row is
+Types with no lane-block form within the memory rule (:mod:`cpu_pack`: Q2_K, Q3_K, F16,
+BF16) stay as file bytes, 1.0x the file. Decode reads them here: a row is
 walked block by block, each block decoded into a small float32 buffer and dotted with the
 activations (4-7 Gweights/s at 2 threads). Before these kernels the backend dequantized
 the whole matrix with NumPy on every call: 0.3 Gweights/s.
@@ -22,9 +22,8 @@ from inference.backends.cpu_kernels import _bits_to_f32, _f32, _half, _jit
 from inference.formats.quants import BLOCK_TYPES
 
 # Type codes the kernels branch on (the branch is the same for every block of a call).
-F16, BF16, Q5_0, Q5_1, Q2_K, Q3_K, Q5_K = range(7)
-CODE = {"F16": F16, "BF16": BF16, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q2_K": Q2_K, "Q3_K": Q3_K,
-        "Q5_K": Q5_K}
+F16, BF16, Q2_K, Q3_K = range(4)
+CODE = {"F16": F16, "BF16": BF16, "Q2_K": Q2_K, "Q3_K": Q3_K}
 RAW_TYPES = tuple(CODE)
 FLOAT_RUN = 64  # float types are walked in runs of 64 values, as if blocks of that size
 _SIZES = np.array([(FLOAT_RUN, 2 * FLOAT_RUN) if BLOCK_TYPES[t].is_float
@@ -46,30 +45,6 @@ def _u16(b: np.ndarray, off: int) -> np.uint16:
 @_jit(inline="always")
 def _f16_at(b: np.ndarray, off: int) -> float:
     return _half(_u16(b, off))
-
-
-@_jit(inline="always")
-def _decode_q5(b: np.ndarray, affine: bool, out: np.ndarray) -> None:
-    """Q5_0 (d, qh, qs: w = d*(q-16)) and Q5_1 (d, m, qh, qs: w = d*q + m)."""
-    qh0 = 4 if affine else 2
-    qs0 = qh0 + 4
-    d = _f16_at(b, 0)
-    qh = (np.int32(b[qh0]) | (np.int32(b[qh0 + 1]) << np.int32(8))
-          | (np.int32(b[qh0 + 2]) << np.int32(16)) | (np.int32(b[qh0 + 3]) << np.int32(24)))
-    for j in range(out.shape[0] // 2):  # 16, as a runtime trip count
-        q = np.int32(b[qs0 + j])
-        lo = (q & np.int32(15)) | (((qh >> np.int32(j)) & np.int32(1)) << np.int32(4))
-        hi = (q >> np.int32(4)) | (((qh >> np.int32(j + 16)) & np.int32(1)) << np.int32(4))
-        if affine:
-            out[j] = d * _f32(lo)
-            out[j + 16] = d * _f32(hi)
-        else:
-            out[j] = d * _f32(lo - np.int32(16))
-            out[j + 16] = d * _f32(hi - np.int32(16))
-    if affine:
-        m = _f16_at(b, 2)
-        for j in range(32):
-            out[j] = out[j] + m
 
 
 # Q2_K, Q3_K: element e = half*128 + s*32 + lane takes its low bits from byte
@@ -125,36 +100,6 @@ def _decode_q3_k(b: np.ndarray, out: np.ndarray) -> None:
 
 
 @_jit(inline="always")
-def _k_scale_min(b: np.ndarray, j: int) -> tuple[np.int32, np.int32]:
-    """Q5_K (as Q4_K): 6-bit scale and min of sub-block j from bytes 4-15."""
-    if j < 4:
-        sc = np.int32(b[4 + j]) & np.int32(63)
-        mn = np.int32(b[8 + j]) & np.int32(63)
-    else:
-        md = np.int32(b[12 + j - 4])
-        sc = (md & np.int32(15)) | ((np.int32(b[4 + j - 4]) >> np.int32(2)) & np.int32(48))
-        mn = (md >> np.int32(4)) | ((np.int32(b[8 + j - 4]) >> np.int32(2)) & np.int32(48))
-    return sc, mn
-
-
-@_jit(inline="always")
-def _decode_q5_k(b: np.ndarray, out: np.ndarray) -> None:
-    d = _f16_at(b, 0)
-    dmin = _f16_at(b, 2)
-    n32 = out.shape[0] // 8
-    for j in range(8):  # sub-blocks of 32: low nibbles of chunk j//2, high bit j of qh
-        sc, mn = _k_scale_min(b, j)
-        dl = d * _f32(sc)
-        ml = dmin * _f32(mn)
-        base = 48 + (j // 2) * 32
-        shift = np.int32(4 * (j % 2))
-        for lane in range(n32):
-            low = (np.int32(b[base + lane]) >> shift) & np.int32(15)
-            high = (np.int32(b[16 + lane]) >> np.int32(j)) & np.int32(1)
-            out[j * 32 + lane] = dl * _f32(low | (high << np.int32(4))) - ml
-
-
-@_jit(inline="always")
 def _decode(code: int, b: np.ndarray, out: np.ndarray) -> None:
     """One block of type ``code`` (bytes ``b``) -> ``out`` (block_size float32)."""
     if code == F16:
@@ -163,16 +108,10 @@ def _decode(code: int, b: np.ndarray, out: np.ndarray) -> None:
     elif code == BF16:  # the high half of a float32
         for e in range(out.shape[0]):
             out[e] = _bits_to_f32(np.int32(_u16(b, 2 * e)) << np.int32(16))
-    elif code == Q5_0:
-        _decode_q5(b, False, out)
-    elif code == Q5_1:
-        _decode_q5(b, True, out)
     elif code == Q2_K:
         _decode_q2_k(b, out)
-    elif code == Q3_K:
-        _decode_q3_k(b, out)
     else:
-        _decode_q5_k(b, out)
+        _decode_q3_k(b, out)
 
 
 @_jit(parallel=True)
