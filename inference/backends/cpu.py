@@ -218,8 +218,8 @@ class CpuBackend(NumpyBackend):
         for t0 in range(0, tiles, step):
             t1 = min(tiles, t0 + step)
             wt = self._buffer(k * (t1 - t0) * K.LANES).reshape(k, (t1 - t0) * K.LANES)
-            K.dequant_t(w.codes, w.blocks, w.halves, w.kind, w.bits, w.zero, w.groups, t0, t1,
-                        wt)
+            K.dequant_t(w.codes, w.blocks, w.halves, w.high, w.kind, w.bits, w.zero, w.groups,
+                        t0, t1, wt)
             r0, r1 = t0 * K.LANES, min(n_out, t1 * K.LANES)
             y[:, r0:r1] = x @ wt[:, : r1 - r0]
         return y

@@ -1,0 +1,67 @@
+"""Parity of the `cpu` backend on SmolLM2 requantized by llama.cpp (Q4_K_M, Q3_K_M, Q5_K_M,
+Q6_K) against transformers' float32 logits: top-1 agreement and mean |delta log p(top-1)|
+per file, golden text, path (prefill; decode token by token) and activation mode.
+
+    INFERDESK_KQUANT_DIR=DIR python scripts/cpu_kquant_parity.py [--modes int16 int8 float]
+
+The files come from ``scripts/make_kquant_goldens.py --files DIR --check``. Prints a table
+and writes the raw figures as JSON (docs/bench-results). tests/test_cpu_kquants.py asserts
+the bars for the default mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from inference.api import load_model  # noqa: E402
+from inference.backends.cpu import ACTIVATIONS, ACTIVATIONS_ENV  # noqa: E402
+from inference.bench import cpu_info  # noqa: E402
+from tests import goldens_io as g  # noqa: E402
+from tests.test_cpu_kquants import TYPES, decode_logits, kquant_file  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--modes", nargs="+", default=["int16"], choices=ACTIVATIONS)
+    ap.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
+    ap.add_argument("--out", default="docs/bench-results")
+    args = ap.parse_args()
+    rows = []
+    for mode in args.modes:
+        os.environ[ACTIVATIONS_ENV] = mode
+        for qtype in args.types:
+            path, z, meta = kquant_file(qtype)
+            model = load_model(str(path), backend="cpu")
+            for text in meta["texts"]:
+                golden = {k: z[f"{qtype}.{text}.{k}"] for k in ("top_ids", "top_logp")}
+                ids = z[f"{qtype}.{text}.ids"].tolist()
+                paths = [("decode", decode_logits)]
+                if mode == args.modes[0]:  # prefill runs float activations in every mode
+                    paths.insert(0, ("prefill", lambda m, i: m.logits(i)))
+                for name, run in paths:
+                    agree, dlogp = g.smollm2_agreement(golden, run(model, ids))
+                    rows.append({"mode": mode, "file": qtype, "text": text, "path": name,
+                                 "tokens": len(ids), "top1": round(agree, 4),
+                                 "mean_abs_dlogp": float(f"{dlogp:.3g}")})
+                    print(f"{mode:6s} {qtype:7s} {text:8s} {name:8s} top-1 {agree:.1%} "
+                          f"mean |d log p| {dlogp:.2g}", flush=True)
+            del model
+    stamp = time.strftime("%Y%m%d-%H%M")
+    out = Path(args.out) / f"{stamp}-cpu-kquant-parity.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "command": "python scripts/cpu_kquant_parity.py " + " ".join(sys.argv[1:]),
+        "cpu": cpu_info(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows},
+        indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The `cpu` backend on the files people download: SmolLM2 requantized by llama.cpp's own
+quantizer into Q4_K_M, Q3_K_M, Q5_K_M and Q6_K (mixes of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+Q4_K, Q5_K, Q6_K), against transformers' float32 logits on the same file
+(tests/goldens/smollm2_kquants.npz), with issue 13's bars: top-1 agreement >= 99% and
+mean |delta log p(top-1)| <= 0.01 on every golden text.
+
+- decode, token by token, with the default int16 activations (the integer mat-vecs);
+- prefill (teacher forcing: the dequantize + sgemm path, float activations).
+
+Opt-in, as tests/test_mlx_kquants.py: the files (93-138 MB) are not in the repository;
+``scripts/make_kquant_goldens.py --files DIR --check`` remakes them byte for byte, and
+INFERDESK_KQUANT_DIR points at them. Measured figures: docs/cpu-backend.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference.backends import cpu_idot
+from tests import goldens_io as g
+
+TYPES = ("Q4_K_M", "Q3_K_M", "Q5_K_M", "Q6_K")
+MIN_TOP1, MAX_DLOGP = 0.99, 0.01  # issue 13's bars (int16 activations quantize x)
+
+
+def kquant_file(qtype: str) -> tuple[Path, np.lib.npyio.NpzFile, dict]:
+    """The requantized file for ``qtype`` (checked against the goldens' sha256), the
+    goldens and their metadata; skips when INFERDESK_KQUANT_DIR does not hold it."""
+    d = os.environ.get("INFERDESK_KQUANT_DIR")
+    path = Path(d or ".") / f"SmolLM2-135M-Instruct.{qtype}.gguf"
+    if not d or not path.is_file():
+        pytest.skip("set INFERDESK_KQUANT_DIR to the files that "
+                    "`scripts/make_kquant_goldens.py --files DIR --check` makes")
+    z = np.load(g.GOLDENS_DIR / "smollm2_kquants.npz", allow_pickle=False)
+    meta = json.loads(str(z["meta"]))
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["files"][qtype]["sha256"]
+    return path, z, meta
+
+
+def decode_logits(model, ids: list[int]) -> np.ndarray:
+    """Logits of every position, one token per call (the decode mat-vec path)."""
+    B = model.backend
+    cache = model.model.make_cache(len(ids))
+    return np.stack([B.to_numpy(model.model(B.array(np.asarray([[t]])), cache))[0, 0]
+                     for t in ids])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", TYPES)
+def test_llama_cpp_kquant_files_match_transformers_on_cpu(qtype):
+    from inference.api import load_model
+
+    path, z, meta = kquant_file(qtype)
+    model = load_model(str(path), backend="cpu")
+    if cpu_idot.available():
+        assert model.backend.activations == "int16"
+    for text in meta["texts"]:
+        golden = {k: z[f"{qtype}.{text}.{k}"] for k in ("top_ids", "top_logp")}
+        ids = z[f"{qtype}.{text}.ids"].tolist()
+        for path_name, logits in (("prefill", model.logits(ids)),
+                                  ("decode", decode_logits(model, ids))):
+            agree, dlogp = g.smollm2_agreement(golden, logits)
+            assert agree >= MIN_TOP1 and dlogp <= MAX_DLOGP, (text, path_name, agree, dlogp)
