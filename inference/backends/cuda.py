@@ -47,6 +47,10 @@ MMV_MAX_ROWS = 8
 
 _KERNEL_TYPES = {"F32", "F16", *TYPES}
 
+# The KV cache's element type unless CudaBackend(kv_dtype=...) says otherwise: see
+# docs/cuda.md ("A float16 KV cache") for the parity that chose it.
+KV_DTYPE = np.float32
+
 
 class GraphUnsupported(Exception):
     """A decode step being captured called an op a graph cannot hold here (a CuPy operator
@@ -76,17 +80,22 @@ class CudaBackend(Backend):
     graph_min_keys = 256
 
     def __init__(self, device: Device | None = None, prefill_dtype: Any = np.float32,
-                 graphs: bool = True):
+                 graphs: bool = True, kv_dtype: Any = KV_DTYPE):
         """prefill_dtype float16 dequantizes prefill weights to half and runs half GEMMs
         (half the weight traffic, ~1e-3 relative error); float32 (default) matches the
         NumPy reference to float32 rounding. graphs: capture each decode step once per
-        bucket of keys and replay it (where the device supports graphs)."""
+        bucket of keys and replay it (where the device supports graphs). kv_dtype: the KV
+        cache's element type, float32 or float16 (half the cache's bytes; attention reads
+        half and accumulates in float32; parity in docs/cuda.md)."""
         self.dev = device if device is not None else CupyDevice()
         try:  # every module now: a missing NVRTC fails here, not mid-generation
             self.dev.load_all()
         except KernelLoadError as e:
             raise BackendUnavailableError(f"The CUDA backend cannot start: {e}.") from e
         self.prefill_dtype = np.dtype(prefill_dtype)
+        self.kv_dtype = np.dtype(kv_dtype)
+        if self.kv_dtype not in ops.KV_KERNELS:
+            raise ValueError(f"kv_dtype must be float32 or float16, got {self.kv_dtype}")
         self.xp = self.dev.xp
         self.device = getattr(self.dev, "device_name", self.dev.name)
         self._scratch: Any = None  # dequantized weight for prefill GEMMs, reused
@@ -235,14 +244,15 @@ class CudaBackend(Backend):
             return step.attention(self.dev, self._c(q), k, v, scale, self._step.pos,
                                   self._step.max_kv, softcap=softcap)
         window = window if window is not None and s > window else None  # else it hides nothing
-        if d <= ATTN_MAX_HEAD_DIM and k.dtype == np.float32 and k.strides[-1] == 4 \
-                and v.strides == k.strides:
+        if d <= ATTN_MAX_HEAD_DIM and k.dtype in ops.KV_KERNELS and k.dtype == v.dtype \
+                and k.strides[-1] == k.itemsize and v.strides == k.strides:
             # Prefill and decode: the tiled kernel, no score matrix (split-K at long context).
             return ops.attention(self.dev, self._c(q), k, v, scale, causal_offset=causal_offset,
                                  key_mask=mask, window=window, softcap=softcap)
         # Head dims past the kernel's limit, or K/V in other layouts: grouped queries fold
         # into rows, two GEMMs around the masked softmax (a t x n_kv score matrix).
         qg = xp.reshape(self._c(q), (b, hk, (hq // hk) * t, d))
+        k, v = k.astype(xp.float32, copy=False), v.astype(xp.float32, copy=False)
         scores = xp.matmul(qg, xp.transpose(k, (0, 1, 3, 2)))
         if softcap is not None:
             scores, scale = self.softcap(scores * scale, softcap), 1.0
@@ -267,6 +277,10 @@ class CudaBackend(Backend):
     def zeros(self, shape: tuple[int, ...]) -> Any:
         self._eager_only("a new zero buffer")
         return self.dev.zeros(shape, np.float32)
+
+    def kv_zeros(self, shape: tuple[int, ...]) -> Any:
+        self._eager_only("a new zero buffer")
+        return self.dev.zeros(shape, self.kv_dtype)
 
     # Eagerly the generic ops are CuPy operators; a captured step needs them as kernels.
     def add(self, a: Any, b: Any) -> Any:

@@ -11,3 +11,5 @@
 static __device__ __forceinline__ float load_f16(const uint8_t * p) {
     return __half2float(__ushort_as_half(ld_global((const uint16_t *) p)));
 }
+
+static __device__ __forceinline__ float to_f32(const __half v) { return __half2float(v); }

@@ -213,13 +213,32 @@ def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
     return y
 
 
+# The attention kernel for each KV cache element type: (module, kernel). The float16 cache
+# (kv_f16.cu) is read as half and accumulated in float32.
+KV_KERNELS = {np.dtype(np.float32): ("attention", "attn_f32"),
+              np.dtype(np.float16): ("kv_f16", "attn_kv_f16")}
+
+
+def kv_layout(k: Any, v: Any) -> tuple[str, str, tuple[int, int, int]]:
+    """(module, kernel, strides in elements over batch/head/position) of a K/V cache view:
+    float32 or float16, contiguous head_dim, the same shape and layout for k and v."""
+    _need(k.shape == v.shape and k.strides == v.strides and k.dtype == v.dtype,
+          "k and v must share shape, dtype and layout")
+    _need(k.ndim == 4, f"k/v must be (batch, kv_heads, n_kv, head_dim), got {k.shape}")
+    _need(k.dtype in KV_KERNELS and k.strides[-1] == k.itemsize,
+          f"k/v must be float32 or float16 with contiguous head_dim, got {k.dtype}")
+    _need(all(s % k.itemsize == 0 for s in k.strides), "k/v strides are not whole elements")
+    module, kernel = KV_KERNELS[np.dtype(k.dtype)]
+    return module, kernel, tuple(s // k.itemsize for s in k.strides[:3])
+
+
 def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
               causal_offset: int | None = None, key_mask: Any | None = None,
               window: int | None = None, softcap: float | None = None) -> Any:
     """Masked softmax(q k^T * scale) v without a score matrix (see attention.cu).
 
-    q (batch, heads, t, D) contiguous; k, v (batch, kv_heads, n_kv, D) views of the cache
-    (any strides over batch/head/position, contiguous head_dim, the same layout for both);
+    q (batch, heads, t, D) contiguous; k, v (batch, kv_heads, n_kv, D) views of the cache,
+    float32 or float16 (see :func:`kv_layout`);
     key_mask (batch, n_kv), 0 hides a key. Query i sees keys j <= causal_offset + i (all
     keys when None) and, with a window, only j > causal_offset + i - window. Returns
     (batch, heads, t, D). Scratch: only split-K partials, plan.AttentionPlan.scratch_bytes,
@@ -230,9 +249,7 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
           "a window needs a causal offset and at least one key")
     _need(softcap is None or softcap > 0, "softcap must be positive")
     b, h, t, d = q.shape
-    _need(k.shape == v.shape and k.strides == v.strides, "k and v must share shape and layout")
-    _need(k.dtype == np.float32 and k.strides[-1] == 4,
-          "k/v must be float32 with contiguous head_dim")
+    module, kernel, (sb, sh, ss) = kv_layout(k, v)
     kb, kvh, n_kv, kd = k.shape
     _need(kb == b and kd == d and h % kvh == 0, f"q {q.shape} does not fit k {k.shape}")
     if key_mask is not None:
@@ -240,13 +257,12 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
               and key_mask.strides[-1] == 4, "key_mask must be float32 (batch, n_kv)")
     rows = (h // kvh) * t
     p = plan.plan_attention(d, rows, n_kv, b * kvh, dev.limits)
-    sb, sh, ss = (s // 4 for s in k.strides[:3])
     out = dev.empty(q.shape, np.float32)
     part = part_ml = None
     if p.combine is not None:
         part = dev.empty((p.splits * b * kvh * rows * d,), np.float32)
         part_ml = dev.empty((p.splits * b * kvh * rows * 2,), np.float32)
-    dev.launch("attention", "attn_f32", p.main,
+    dev.launch(module, kernel, p.main,
                (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(t), i32(n_kv), i32(kvh),
                 i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0),
                 i32(-1 if causal_offset is None else causal_offset), i32(window or 0),
