@@ -14,7 +14,7 @@ import numpy as np
 
 from kernels.cuda import plan
 from kernels.cuda.device import Device
-from kernels.cuda.table import TYPES, KernelType, q8_1_row_bytes
+from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, q8_1_row_bytes
 from kernels.errors import LaunchError
 
 i32, i64, f32 = np.int32, np.int64, np.float32
@@ -33,7 +33,7 @@ def _f32_contig(x: Any, what: str) -> None:
 @dataclass
 class QuantMatrix:
     """A 2-D weight on the device in its GGML layout: (rows, row_bytes) uint8 blocks, or a
-    plain (rows, cols) float32/float16 array for F32/F16."""
+    plain (rows, cols) float32/float16 array for F32/F16, uint16 bit patterns for BF16."""
 
     data: Any
     qtype: str
@@ -56,7 +56,7 @@ def upload_matrix(dev: Device, data: np.ndarray, qtype: str, shape: tuple[int, i
     rows, cols = shape
     kt = TYPES[qtype]
     _need(cols % kt.qk == 0, f"{qtype} rows need whole blocks of {kt.qk}, got {cols} columns")
-    dtype = {"F32": np.float32, "F16": np.float16}.get(qtype, np.uint8)
+    dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}.get(qtype, np.uint8)
     host = np.ascontiguousarray(np.asarray(data).view(dtype).reshape(rows, -1))
     _need(host.nbytes == rows * kt.row_bytes(cols), f"{label}: {host.nbytes} bytes, expected "
           f"{rows * kt.row_bytes(cols)} for {qtype} {shape}")
@@ -81,6 +81,12 @@ def dp4a_applies(dev: Device, w: QuantMatrix) -> bool:
     return w.kt.dp4a and dev.address(w.data) % 16 == 0
 
 
+def half_vector_applies(dev: Device, w: QuantMatrix) -> bool:
+    """Whether mul_mat_vec takes the 16-bit vector kernel (mul_mat_vec_h_*) for w: F16 or
+    BF16, rows of whole 8-byte words (cols % 4 == 0) and the data 16-byte aligned."""
+    return w.qtype in HALF_TYPES and w.cols % 4 == 0 and dev.address(w.data) % 16 == 0
+
+
 def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True) -> Any:
     """(batch, cols) float32 -> (batch, rows) float32.
 
@@ -88,7 +94,9 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True) -> Any:
     integer kernel (mul_mat_vec_q_*) runs: what reaches memory bandwidth on every GPU since
     sm_61 (__dp4a), at the cost of rounding x to 8 bits per 32-value block (relative error
     <= 1/254 of each block's max |x|). Otherwise, and for F32/F16/Q2_K/Q3_K, the float
-    kernel (mul_mat_vec_*), exact to float32 rounding."""
+    kernel (mul_mat_vec_*), exact to float32 rounding. F16/BF16 weights take the 16-bit
+    vector kernel (mul_mat_vec_h_*: 8-byte weight and 16-byte x loads, float32 sums) where
+    :func:`half_vector_applies`, else the float kernel."""
     _f32_contig(x, "x")
     _need(x.ndim == 2 and x.shape[1] == w.cols,
           f"x {x.shape} does not match weight {w.cols} columns")
@@ -100,9 +108,14 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True) -> Any:
                    (w.data, xq, y, i32(w.cols), i32(w.rows), i64(w.row_bytes),
                     i64(xq.shape[1])))
         return y
-    if dev.address(x) % 16:  # the quantized kernels read x as float4
+    if dev.address(x) % 16:  # the quantized and 16-bit kernels read x as float4
         x = x.copy()
     y = dev.empty((x.shape[0], w.rows), np.float32)
+    if half_vector_applies(dev, w):
+        dev.launch("mmv", f"mul_mat_vec_h_{w.kt.suffix}",
+                   plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits),
+                   (w.data, x, y, i32(w.cols), i32(w.rows)))
+        return y
     launch = plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits)
     dev.launch("mmv", f"mul_mat_vec_{w.kt.suffix}", launch,
                (w.data, x, y, i32(w.cols), i32(w.rows), i64(w.row_bytes)))
