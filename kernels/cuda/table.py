@@ -93,7 +93,7 @@ class KernelBudget:
 BUDGETS: dict[str, KernelBudget] = {
     "mul_mat_vec_": KernelBudget(256, 64, 0),
     "mul_mat_vec_q_": KernelBudget(128, 64, 16 * (72 + 4 * 72)),
-    "mul_mat_vec_h_": KernelBudget(256, 32, 0),
+    "mul_mat_vec_h_": KernelBudget(256, 64, 0),
     "quantize_q8_1": KernelBudget(256, 32, 0),
     "dequantize_": KernelBudget(256, 64, 0),
     "rms_norm_f32": KernelBudget(1024, 32, 128),
