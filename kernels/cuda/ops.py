@@ -136,6 +136,7 @@ def dequantize(dev: Device, w: QuantMatrix, dtype: Any = np.float32, ids: Any = 
         out = dev.empty((n, w.cols), dtype)
     _need(out.shape == (n, w.cols) and out.dtype == np.dtype(dtype) and out.flags.c_contiguous,
           "dequantize output buffer has the wrong shape or dtype")
+    _need(dev.address(out) % 16 == 0, "dequantize output must start 16-byte aligned")
     launch = plan.plan_dequantize(w.kt, w.cols, n, dev.limits)
     dev.launch("dequant", f"dequantize_{w.kt.suffix}_{suffix}", launch,
                (w.data, ids, out, i32(w.cols), i32(n), i32(w.rows), i64(w.row_bytes)))

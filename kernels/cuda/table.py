@@ -95,7 +95,7 @@ BUDGETS: dict[str, KernelBudget] = {
     "mul_mat_vec_q_": KernelBudget(128, 64, 16 * (72 + 4 * 72)),
     "mul_mat_vec_h_": KernelBudget(256, 64, 0),
     "quantize_q8_1": KernelBudget(256, 32, 0),
-    "dequantize_": KernelBudget(256, 64, 0),
+    "dequantize_": KernelBudget(256, 64, 4 * (256 * 32 + 256)),  # dequant.cu's stage
     "rms_norm_f32": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),
     "softmax_f32": KernelBudget(1024, 32, 128),
