@@ -36,10 +36,6 @@ static __device__ __forceinline__ void store_word(__half * dst, const float * s,
     }
     st_global((uint4 *) dst, uint4{w[0], w[1], w[2], w[3]});
 }
-static __device__ __forceinline__ void store_one(float * dst, const float v) { st_global(dst, v); }
-static __device__ __forceinline__ void store_one(__half * dst, const float v) {
-    st_global(dst, __float2half_rn(v));
-}
 
 // One thread per slice of an output row; 1-D grid of DQ_THREADS-thread blocks. Output row
 // r is source row ids[r] (or r when ids is null); an id outside [0, nsrc) yields a NaN row
@@ -81,7 +77,7 @@ static __device__ __forceinline__ void dequantize_rows(
         store_word(out + e, stage, e);
     }
     for (int e = n / WORD * WORD + threadIdx.x; e < n; e += blockDim.x) {  // the last < 16 bytes
-        store_one(out + e, stage[dq_slot(e)]);
+        store_f32(out + e, stage[dq_slot(e)]);
     }
 }
 
