@@ -80,8 +80,8 @@ def test_16bit_mat_vec_loads_whole_sectors() -> None:
 
 
 def _tiny_16bit(qtype: str) -> tuple:
-    """The tiny Llama with every 2-D weight re-stored as F16 or BF16."""
-    ckpt = tiny_llama("F32", embed_type="F32")
+    """The 1-layer tiny Llama with every 2-D weight re-stored as F16 or BF16."""
+    ckpt = tiny_llama("F32", embed_type="F32", layers=1)
     for name, t in list(ckpt.tensors.items()):
         if len(t.shape) == 2:
             data, _ = to_16bit(dequantize(t).reshape(t.shape), qtype)
