@@ -47,7 +47,7 @@ class KVCache:
         new_cap = max(new_cap, needed)
         rows = self.layer_offset(layer)
         for store in (self.keys, self.values):
-            grown = self.B.zeros((b, h, new_cap, d))
+            grown = self.B.kv_zeros((b, h, new_cap, d))
             if store[layer] is not None and rows:
                 kept = self.B.narrow(store[layer], 2, 0, rows)
                 grown = self.B.set_slice(grown, kept, 2, 0)
@@ -63,7 +63,7 @@ class KVCache:
         b, h, _, d = like.shape
         cap = max(keep + t, ((keep + t + self.step - 1) // self.step) * self.step)
         for store in (self.keys, self.values):
-            moved = self.B.zeros((b, h, cap, d))
+            moved = self.B.kv_zeros((b, h, cap, d))
             if keep:
                 moved = self.B.set_slice(moved, self.B.narrow(store[layer], 2, rows - keep,
                                                               keep), 2, 0)

@@ -99,7 +99,7 @@ def _emulated_cuda(path: str):
     from kernels.cuda.device import EmulatedDevice
 
     spec = resolve(path)
-    backend = CudaBackend(EmulatedDevice())
+    backend = CudaBackend(EmulatedDevice(), kv_dtype=np.float32)  # float32 bars
     backend.q8_1_activations = False  # these bars are float32's; q8_1 x: tests/kernels
     return CausalLM(spec, read_checkpoint(spec.path), backend, "emulated")
 

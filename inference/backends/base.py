@@ -329,6 +329,11 @@ class Backend:
     def zeros(self, shape: tuple[int, ...]) -> Any:
         raise NotImplementedError
 
+    def kv_zeros(self, shape: tuple[int, ...]) -> Any:
+        """A zeroed KV cache buffer (KVCache's storage); a backend may store K/V in a
+        narrower type than its activations (CUDA's float16 cache mode)."""
+        return self.zeros(shape)
+
     def set_slice(self, dst: Any, src: Any, axis: int, start: int) -> Any:
         """Write ``src`` into ``dst`` at ``start`` along ``axis``; returns the result (MLX
         records the write lazily and writes in place once the old buffer has no user)."""

@@ -45,7 +45,14 @@ from kernels.errors import KernelLoadError
 # float32 size, so 8 mat-vec passes cost about what the dequantize route does.
 MMV_MAX_ROWS = 8
 
-_KERNEL_TYPES = {"F32", "F16", *TYPES}
+_KERNEL_TYPES = set(TYPES)  # F32, F16, BF16 and the GGML block types: kept as they are
+
+# The KV cache's element type unless CudaBackend(kv_dtype=...) says otherwise. Half: it
+# halves the cache's memory and the bytes decode attention reads, and on SmolLM2-135M
+# (all 30 layers, emulator) moved the logits by 0.10% of the largest against the float32
+# cache, with top-1 and 24 greedy tokens equal (docs/cuda.md, "A float16 KV cache").
+# float32 keeps the NumPy reference's exact parity.
+KV_DTYPE = np.float16
 
 
 class GraphUnsupported(Exception):
@@ -76,17 +83,22 @@ class CudaBackend(Backend):
     graph_min_keys = 256
 
     def __init__(self, device: Device | None = None, prefill_dtype: Any = np.float32,
-                 graphs: bool = True):
+                 graphs: bool = True, kv_dtype: Any = KV_DTYPE):
         """prefill_dtype float16 dequantizes prefill weights to half and runs half GEMMs
         (half the weight traffic, ~1e-3 relative error); float32 (default) matches the
         NumPy reference to float32 rounding. graphs: capture each decode step once per
-        bucket of keys and replay it (where the device supports graphs)."""
+        bucket of keys and replay it (where the device supports graphs). kv_dtype: the KV
+        cache's element type, float32 or float16 (half the cache's bytes; attention reads
+        half and accumulates in float32; parity in docs/cuda.md)."""
         self.dev = device if device is not None else CupyDevice()
         try:  # every module now: a missing NVRTC fails here, not mid-generation
             self.dev.load_all()
         except KernelLoadError as e:
             raise BackendUnavailableError(f"The CUDA backend cannot start: {e}.") from e
         self.prefill_dtype = np.dtype(prefill_dtype)
+        self.kv_dtype = np.dtype(kv_dtype)
+        if self.kv_dtype not in ops.KV_KERNELS:
+            raise ValueError(f"kv_dtype must be float32 or float16, got {self.kv_dtype}")
         self.xp = self.dev.xp
         self.device = getattr(self.dev, "device_name", self.dev.name)
         self._scratch: Any = None  # dequantized weight for prefill GEMMs, reused
@@ -98,7 +110,7 @@ class CudaBackend(Backend):
 
     # --- what this backend offers -------------------------------------------------
     def quant_types(self) -> set[str]:
-        return {t for t in TYPES if t not in ("F32", "F16")}
+        return {t for t in TYPES if t not in ("F32", "F16", "BF16")}
 
     def memory(self) -> MemorySample:
         used, total, peak = self.dev.memory()
@@ -129,12 +141,13 @@ class CudaBackend(Backend):
         if len(t.shape) != 2:
             raise ValueError(f"{t.name}: a linear/embedding weight must be 2-D, got {t.shape}")
         data, qtype = t.data, t.qtype
-        if qtype not in _KERNEL_TYPES:  # BF16 (and anything float the kernels lack)
+        if qtype not in _KERNEL_TYPES:  # a float type the kernels lack: float32
             data, qtype = dequantize(t).astype(np.float32), "F32"
         return ops.upload_matrix(self.dev, data, qtype, t.shape, t.name)
 
     def held_bytes(self, t: TensorData) -> int:
-        """File bytes for the types the kernels read, float32 for the rest (BF16)."""
+        """File bytes for the types the kernels read (2 per weight for F16 and BF16),
+        float32 for the rest."""
         if len(t.shape) == 2 and t.qtype in _KERNEL_TYPES:
             return t.nbytes
         return super().held_bytes(t)
@@ -157,7 +170,7 @@ class CudaBackend(Backend):
 
     def _dequantized(self, w: QuantMatrix) -> Any:
         dtype = self.prefill_dtype
-        if w.qtype == "F32" and dtype == np.float32:
+        if w.data.dtype == dtype:  # F32 or F16 weights in the GEMM's type: no copy
             return w.data
         n = w.rows * w.cols
         if self._scratch is None or self._scratch.size < n or self._scratch.dtype != dtype:
@@ -235,14 +248,15 @@ class CudaBackend(Backend):
             return step.attention(self.dev, self._c(q), k, v, scale, self._step.pos,
                                   self._step.max_kv, softcap=softcap)
         window = window if window is not None and s > window else None  # else it hides nothing
-        if d <= ATTN_MAX_HEAD_DIM and k.dtype == np.float32 and k.strides[-1] == 4 \
-                and v.strides == k.strides:
+        if d <= ATTN_MAX_HEAD_DIM and k.dtype in ops.KV_KERNELS and k.dtype == v.dtype \
+                and k.strides[-1] == k.itemsize and v.strides == k.strides:
             # Prefill and decode: the tiled kernel, no score matrix (split-K at long context).
             return ops.attention(self.dev, self._c(q), k, v, scale, causal_offset=causal_offset,
                                  key_mask=mask, window=window, softcap=softcap)
         # Head dims past the kernel's limit, or K/V in other layouts: grouped queries fold
         # into rows, two GEMMs around the masked softmax (a t x n_kv score matrix).
         qg = xp.reshape(self._c(q), (b, hk, (hq // hk) * t, d))
+        k, v = k.astype(xp.float32, copy=False), v.astype(xp.float32, copy=False)
         scores = xp.matmul(qg, xp.transpose(k, (0, 1, 3, 2)))
         if softcap is not None:
             scores, scale = self.softcap(scores * scale, softcap), 1.0
@@ -267,6 +281,10 @@ class CudaBackend(Backend):
     def zeros(self, shape: tuple[int, ...]) -> Any:
         self._eager_only("a new zero buffer")
         return self.dev.zeros(shape, np.float32)
+
+    def kv_zeros(self, shape: tuple[int, ...]) -> Any:
+        self._eager_only("a new zero buffer")
+        return self.dev.zeros(shape, self.kv_dtype)
 
     # Eagerly the generic ops are CuPy operators; a captured step needs them as kernels.
     def add(self, a: Any, b: Any) -> Any:

@@ -47,6 +47,12 @@ static __device__ __forceinline__ void st_global(T * p, const T v EMU_SITE_PARAM
     *p = v;
 }
 
+// A loaded value as float32 (half.cuh adds the overload for half): kernels templated on a
+// storage type accumulate in float32 whatever they read.
+static __device__ __forceinline__ float to_f32(const float v) { return v; }
+// Store a float32 value as the buffer's element type (half.cuh: rounded to nearest even).
+static __device__ __forceinline__ void store_f32(float * p, const float v) { st_global(p, v); }
+
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu
 #define NEG_INF __int_as_float(0xff800000)  // NVRTC has no INFINITY macro

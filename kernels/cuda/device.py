@@ -27,8 +27,8 @@ from kernels.cuda.plan import DEFAULT_LIMITS, DeviceLimits, Launch
 from kernels.errors import KernelLoadError
 
 CUDA_DIR = Path(__file__).resolve().parent
-MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "unary", "argmax",
-           "step", "selftest")
+MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "kv_f16", "unary",
+           "argmax", "step", "selftest")
 
 
 def source_path(module: str) -> Path:

@@ -11,3 +11,8 @@
 static __device__ __forceinline__ float load_f16(const uint8_t * p) {
     return __half2float(__ushort_as_half(ld_global((const uint16_t *) p)));
 }
+
+static __device__ __forceinline__ float to_f32(const __half v) { return __half2float(v); }
+static __device__ __forceinline__ void store_f32(__half * p, const float v) {
+    st_global(p, __float2half_rn(v));
+}

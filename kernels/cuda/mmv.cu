@@ -160,3 +160,45 @@ static __device__ __forceinline__ void mul_mat_vec_q(
         mul_mat_vec_q<Q>(w, xq, y, ncols, nrows, row_bytes, xq_stride, mmvq_smem());             \
     }
 FOR_EACH_DP4A_TYPE(MMVQ_KERNEL)
+
+// ---- 16-bit float weights (F16, BF16) ----------------------------------------------------
+// A checkpoint's F16/BF16 weights stay 16-bit on the device: half the bytes of float32.
+// One warp per output row, blockDim = (32, rows <= 8), grid (row blocks, batch). A warp
+// step covers MMVH_COLS columns: lane l loads columns 4l..4l+3 as one 8-byte word of W and
+// one float4 of x, so a warp's weight load is 256 contiguous bytes and its x load 512:
+// whole 32-byte sectors (the float kernel above loads 2 bytes per lane per instruction).
+// Products accumulate in float32. Needs ncols % 4 == 0 (rows 8-byte aligned) and W, x
+// 16-byte aligned: ops.mul_mat_vec takes the float kernel otherwise.
+#define MMVH_COLS 128  // table.MMVH_COLS
+template <typename Q>
+static __device__ __forceinline__ void mul_mat_vec_h(
+        const uint16_t * __restrict__ w, const float * __restrict__ x, float * __restrict__ y,
+        const int ncols, const int nrows) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    const float4 * x4 = (const float4 *) (x + (long long) blockIdx.y * ncols);
+    y += (long long) blockIdx.y * nrows;
+
+    float acc = 0.0f;
+    if (row < nrows) {
+        const uint2 * w4 = (const uint2 *) (w + (long long) row * ncols);
+        for (int i = threadIdx.x; i < ncols / 4; i += MMVH_COLS / 4) {
+            const uint2 wv = ld_global(w4 + i);
+            const float4 xv = ld_global(x4 + i);
+            acc += Q::of(wv.x & 0xFFFFu) * xv.x + Q::of(wv.x >> 16) * xv.y +
+                   Q::of(wv.y & 0xFFFFu) * xv.z + Q::of(wv.y >> 16) * xv.w;
+        }
+    }
+    acc = warp_reduce_sum(acc);
+    if (row < nrows && threadIdx.x == 0) {
+        st_global(y + row, acc);
+    }
+}
+
+// block = (32, rows per block <= 8): see plan.plan_mul_mat_vec.
+#define MMVH_KERNEL(Q, name)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) mul_mat_vec_h_##name(                     \
+            const uint16_t * w, const float * x, float * y, const int ncols, const int nrows) { \
+        mul_mat_vec_h<Q>(w, x, y, ncols, nrows);                                                 \
+    }
+MMVH_KERNEL(t_f16, f16)
+MMVH_KERNEL(t_bf16, bf16)

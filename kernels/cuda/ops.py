@@ -14,7 +14,7 @@ import numpy as np
 
 from kernels.cuda import plan
 from kernels.cuda.device import Device
-from kernels.cuda.table import TYPES, KernelType, q8_1_row_bytes
+from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, q8_1_row_bytes
 from kernels.errors import LaunchError
 
 i32, i64, f32 = np.int32, np.int64, np.float32
@@ -33,7 +33,7 @@ def _f32_contig(x: Any, what: str) -> None:
 @dataclass
 class QuantMatrix:
     """A 2-D weight on the device in its GGML layout: (rows, row_bytes) uint8 blocks, or a
-    plain (rows, cols) float32/float16 array for F32/F16."""
+    plain (rows, cols) float32/float16 array for F32/F16, uint16 bit patterns for BF16."""
 
     data: Any
     qtype: str
@@ -56,7 +56,7 @@ def upload_matrix(dev: Device, data: np.ndarray, qtype: str, shape: tuple[int, i
     rows, cols = shape
     kt = TYPES[qtype]
     _need(cols % kt.qk == 0, f"{qtype} rows need whole blocks of {kt.qk}, got {cols} columns")
-    dtype = {"F32": np.float32, "F16": np.float16}.get(qtype, np.uint8)
+    dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}.get(qtype, np.uint8)
     host = np.ascontiguousarray(np.asarray(data).view(dtype).reshape(rows, -1))
     _need(host.nbytes == rows * kt.row_bytes(cols), f"{label}: {host.nbytes} bytes, expected "
           f"{rows * kt.row_bytes(cols)} for {qtype} {shape}")
@@ -81,6 +81,12 @@ def dp4a_applies(dev: Device, w: QuantMatrix) -> bool:
     return w.kt.dp4a and dev.address(w.data) % 16 == 0
 
 
+def half_vector_applies(dev: Device, w: QuantMatrix) -> bool:
+    """Whether mul_mat_vec takes the 16-bit vector kernel (mul_mat_vec_h_*) for w: F16 or
+    BF16, rows of whole 8-byte words (cols % 4 == 0) and the data 16-byte aligned."""
+    return w.qtype in HALF_TYPES and w.cols % 4 == 0 and dev.address(w.data) % 16 == 0
+
+
 def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True) -> Any:
     """(batch, cols) float32 -> (batch, rows) float32.
 
@@ -88,7 +94,9 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True) -> Any:
     integer kernel (mul_mat_vec_q_*) runs: what reaches memory bandwidth on every GPU since
     sm_61 (__dp4a), at the cost of rounding x to 8 bits per 32-value block (relative error
     <= 1/254 of each block's max |x|). Otherwise, and for F32/F16/Q2_K/Q3_K, the float
-    kernel (mul_mat_vec_*), exact to float32 rounding."""
+    kernel (mul_mat_vec_*), exact to float32 rounding. F16/BF16 weights take the 16-bit
+    vector kernel (mul_mat_vec_h_*: 8-byte weight and 16-byte x loads, float32 sums) where
+    :func:`half_vector_applies`, else the float kernel."""
     _f32_contig(x, "x")
     _need(x.ndim == 2 and x.shape[1] == w.cols,
           f"x {x.shape} does not match weight {w.cols} columns")
@@ -100,9 +108,14 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True) -> Any:
                    (w.data, xq, y, i32(w.cols), i32(w.rows), i64(w.row_bytes),
                     i64(xq.shape[1])))
         return y
-    if dev.address(x) % 16:  # the quantized kernels read x as float4
+    if dev.address(x) % 16:  # the quantized and 16-bit kernels read x as float4
         x = x.copy()
     y = dev.empty((x.shape[0], w.rows), np.float32)
+    if half_vector_applies(dev, w):
+        dev.launch("mmv", f"mul_mat_vec_h_{w.kt.suffix}",
+                   plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits),
+                   (w.data, x, y, i32(w.cols), i32(w.rows)))
+        return y
     launch = plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits)
     dev.launch("mmv", f"mul_mat_vec_{w.kt.suffix}", launch,
                (w.data, x, y, i32(w.cols), i32(w.rows), i64(w.row_bytes)))
@@ -123,6 +136,7 @@ def dequantize(dev: Device, w: QuantMatrix, dtype: Any = np.float32, ids: Any = 
         out = dev.empty((n, w.cols), dtype)
     _need(out.shape == (n, w.cols) and out.dtype == np.dtype(dtype) and out.flags.c_contiguous,
           "dequantize output buffer has the wrong shape or dtype")
+    _need(dev.address(out) % 16 == 0, "dequantize output must start 16-byte aligned")
     launch = plan.plan_dequantize(w.kt, w.cols, n, dev.limits)
     dev.launch("dequant", f"dequantize_{w.kt.suffix}_{suffix}", launch,
                (w.data, ids, out, i32(w.cols), i32(n), i32(w.rows), i64(w.row_bytes)))
@@ -213,13 +227,32 @@ def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
     return y
 
 
+# The attention kernel for each KV cache element type: (module, kernel). The float16 cache
+# (kv_f16.cu) is read as half and accumulated in float32.
+KV_KERNELS = {np.dtype(np.float32): ("attention", "attn_f32"),
+              np.dtype(np.float16): ("kv_f16", "attn_kv_f16")}
+
+
+def kv_layout(k: Any, v: Any) -> tuple[str, str, tuple[int, int, int]]:
+    """(module, kernel, strides in elements over batch/head/position) of a K/V cache view:
+    float32 or float16, contiguous head_dim, the same shape and layout for k and v."""
+    _need(k.shape == v.shape and k.strides == v.strides and k.dtype == v.dtype,
+          "k and v must share shape, dtype and layout")
+    _need(k.ndim == 4, f"k/v must be (batch, kv_heads, n_kv, head_dim), got {k.shape}")
+    _need(k.dtype in KV_KERNELS and k.strides[-1] == k.itemsize,
+          f"k/v must be float32 or float16 with contiguous head_dim, got {k.dtype}")
+    _need(all(s % k.itemsize == 0 for s in k.strides), "k/v strides are not whole elements")
+    module, kernel = KV_KERNELS[np.dtype(k.dtype)]
+    return module, kernel, tuple(s // k.itemsize for s in k.strides[:3])
+
+
 def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
               causal_offset: int | None = None, key_mask: Any | None = None,
               window: int | None = None, softcap: float | None = None) -> Any:
     """Masked softmax(q k^T * scale) v without a score matrix (see attention.cu).
 
-    q (batch, heads, t, D) contiguous; k, v (batch, kv_heads, n_kv, D) views of the cache
-    (any strides over batch/head/position, contiguous head_dim, the same layout for both);
+    q (batch, heads, t, D) contiguous; k, v (batch, kv_heads, n_kv, D) views of the cache,
+    float32 or float16 (see :func:`kv_layout`);
     key_mask (batch, n_kv), 0 hides a key. Query i sees keys j <= causal_offset + i (all
     keys when None) and, with a window, only j > causal_offset + i - window. Returns
     (batch, heads, t, D). Scratch: only split-K partials, plan.AttentionPlan.scratch_bytes,
@@ -230,9 +263,7 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
           "a window needs a causal offset and at least one key")
     _need(softcap is None or softcap > 0, "softcap must be positive")
     b, h, t, d = q.shape
-    _need(k.shape == v.shape and k.strides == v.strides, "k and v must share shape and layout")
-    _need(k.dtype == np.float32 and k.strides[-1] == 4,
-          "k/v must be float32 with contiguous head_dim")
+    module, kernel, (sb, sh, ss) = kv_layout(k, v)
     kb, kvh, n_kv, kd = k.shape
     _need(kb == b and kd == d and h % kvh == 0, f"q {q.shape} does not fit k {k.shape}")
     if key_mask is not None:
@@ -240,13 +271,12 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
               and key_mask.strides[-1] == 4, "key_mask must be float32 (batch, n_kv)")
     rows = (h // kvh) * t
     p = plan.plan_attention(d, rows, n_kv, b * kvh, dev.limits)
-    sb, sh, ss = (s // 4 for s in k.strides[:3])
     out = dev.empty(q.shape, np.float32)
     part = part_ml = None
     if p.combine is not None:
         part = dev.empty((p.splits * b * kvh * rows * d,), np.float32)
         part_ml = dev.empty((p.splits * b * kvh * rows * 2,), np.float32)
-    dev.launch("attention", "attn_f32", p.main,
+    dev.launch(module, kernel, p.main,
                (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(t), i32(n_kv), i32(kvh),
                 i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0),
                 i32(-1 if causal_offset is None else causal_offset), i32(window or 0),

@@ -68,10 +68,26 @@ struct t_f32 {
     }
 };
 
+// The 16-bit float types: `of` widens one element's bits (the 16-bit mat-vec, mmv.cu).
 struct t_f16 {
     static constexpr int QK = 1, BYTES = 2, EPT = 1;
     static constexpr bool DP4A = false;
+    static __device__ __forceinline__ float of(const uint32_t bits) {
+        return __half2float(__ushort_as_half((unsigned short) bits));
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) { y[0] = load_f16(b); }
+};
+
+// BF16: the high 16 bits of a float32 (exact widening).
+struct t_bf16 {
+    static constexpr int QK = 1, BYTES = 2, EPT = 1;
+    static constexpr bool DP4A = false;
+    static __device__ __forceinline__ float of(const uint32_t bits) {
+        return __uint_as_float(bits << 16);
+    }
+    static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
+        y[0] = of(ld_global((const uint16_t *) b));
+    }
 };
 
 // Q4_0: d, 16 bytes of nibbles; low nibbles are elements 0-15, high nibbles 16-31.
@@ -346,6 +362,7 @@ struct t_q6_k {
 #define FOR_EACH_TYPE(X) \
     X(t_f32, f32)        \
     X(t_f16, f16)        \
+    X(t_bf16, bf16)      \
     X(t_q4_0, q4_0)      \
     X(t_q4_1, q4_1)      \
     X(t_q5_0, q5_0)      \

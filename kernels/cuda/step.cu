@@ -2,7 +2,7 @@
 // changes between steps (the input id, the position) is written to device memory by one
 // launch before each replay, and what the eager step does with CuPy operators (the KV row
 // write, the residual add) is a kernel whose arguments do not change between replays.
-#include "common.cuh"
+#include "kv_store.cuh"
 
 // Before a replay: the sampled id (still on the device) becomes the step's input, and the
 // step's position (a kernel argument, not a copy) is written where the kernels read it.
@@ -16,22 +16,7 @@ extern "C" __global__ void __launch_bounds__(32) step_inputs_i32(
     }
 }
 
-// Write one position's rows into the cache: src (batch, heads, 1, head_dim) contiguous,
-// dst (batch, heads, capacity, head_dim) with strides in floats, row *pos (read on the
-// device). One thread per element; 1-D grid (see plan.plan_elementwise).
-extern "C" __global__ void __launch_bounds__(256) kv_store_f32(
-        const float * __restrict__ src, float * __restrict__ dst, const int heads,
-        const int head_dim, const long long stride_b, const long long stride_h,
-        const long long stride_s, const int * __restrict__ pos, const long long n) {
-    const long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) {
-        return;
-    }
-    const int d = (int) (i % head_dim);
-    const long long bh = i / head_dim;
-    const long long h = bh % heads, b = bh / heads;
-    dst[b * stride_b + h * stride_h + (long long) *pos * stride_s + d] = src[i];
-}
+KV_STORE_KERNEL(float, f32)  // kv_store_f32: see kv_store.cuh
 
 // y = a + b elementwise (the residual adds), float32, same shape.
 extern "C" __global__ void __launch_bounds__(256) add_f32(

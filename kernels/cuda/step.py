@@ -15,7 +15,11 @@ import numpy as np
 
 from kernels.cuda import plan
 from kernels.cuda.device import Device
-from kernels.cuda.ops import _f32_contig, _need, f32, i32, i64
+from kernels.cuda.ops import _f32_contig, _need, f32, i32, i64, kv_layout
+
+# The row write of a captured step, per KV cache element type (ops.KV_KERNELS).
+KV_STORE = {np.dtype(np.float32): ("step", "kv_store_f32"),
+            np.dtype(np.float16): ("kv_f16", "kv_store_f16")}
 
 
 def _pos_buffer(pos: Any) -> None:
@@ -44,18 +48,19 @@ def add(dev: Device, a: Any, b: Any) -> Any:
 
 
 def kv_store(dev: Device, src: Any, dst: Any, pos: Any) -> Any:
-    """Write src (batch, heads, 1, head_dim) into row pos[0] of the cache dst (batch, heads,
-    capacity, head_dim; any strides, contiguous head_dim). Returns dst."""
+    """Write src (batch, heads, 1, head_dim) float32 into row pos[0] of the cache dst (batch,
+    heads, capacity, head_dim; float32 or float16, any strides, contiguous head_dim; a half
+    cache stores src rounded to nearest even). Returns dst."""
     _pos_buffer(pos)
     _need(src.dtype == np.float32 and src.ndim == 4 and src.shape[2] == 1,
           f"kv_store writes one float32 row per head, got {src.dtype} {src.shape}")
-    _need(dst.dtype == np.float32 and dst.ndim == 4 and dst.strides[-1] == 4
-          and dst.shape[:2] == src.shape[:2] and dst.shape[3] == src.shape[3],
+    _, _, (sb, sh, ss) = kv_layout(dst, dst)
+    _need(dst.shape[:2] == src.shape[:2] and dst.shape[3] == src.shape[3],
           f"cache {dst.shape} does not fit rows {src.shape}")
     _need(src.flags.c_contiguous, "kv_store needs contiguous rows")
     b, h, _, d = src.shape
-    sb, sh, ss = (s // 4 for s in dst.strides[:3])
-    dev.launch("step", "kv_store_f32", plan.plan_elementwise(src.size, dev.limits),
+    module, kernel = KV_STORE[np.dtype(dst.dtype)]
+    dev.launch(module, kernel, plan.plan_elementwise(src.size, dev.limits),
                (src, dst, i32(h), i32(d), i64(sb), i64(sh), i64(ss), pos, i64(src.size)))
     return dst
 
@@ -88,20 +93,17 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_k
     _f32_contig(q, "q")
     b, h, t, d = q.shape
     _need(t == 1, f"a captured step attends one token, got {t}")
-    _need(k.shape == v.shape and k.strides == v.strides, "k and v must share shape and layout")
-    _need(k.dtype == np.float32 and k.strides[-1] == 4,
-          "k/v must be float32 with contiguous head_dim")
+    module, kernel, (sb, sh, ss) = kv_layout(k, v)
     kb, kvh, _, kd = k.shape
     _need(kb == b and kd == d and h % kvh == 0, f"q {q.shape} does not fit k {k.shape}")
     rows = h // kvh
     p = plan.plan_attention(d, rows, max_kv, b * kvh, dev.limits)
-    sb, sh, ss = (s // 4 for s in k.strides[:3])
     out = dev.empty(q.shape, np.float32)
     part = part_ml = None
     if p.combine is not None:
         part = dev.empty((p.splits * b * kvh * rows * d,), np.float32)
         part_ml = dev.empty((p.splits * b * kvh * rows * 2,), np.float32)
-    dev.launch("attention", "attn_f32_pos", p.main,
+    dev.launch(module, f"{kernel}_pos", p.main,
                (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(1), pos, i32(kvh),
                 i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0), i32(window or 0)))
     if p.combine is not None:

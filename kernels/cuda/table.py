@@ -40,6 +40,7 @@ TYPES: dict[str, KernelType] = {
     for t in (
         _T("F32", "f32", 0, 1, 4, 1, 4, 256),
         _T("F16", "f16", 1, 1, 2, 1, 4, 256),
+        _T("BF16", "bf16", 30, 1, 2, 1, 4, 256),
         _T("Q4_0", "q4_0", 2, 32, 18, 32, 4, 256, True),
         _T("Q4_1", "q4_1", 3, 32, 20, 32, 4, 256, True),
         _T("Q5_0", "q5_0", 6, 32, 22, 32, 4, 256, True),
@@ -61,6 +62,10 @@ Q8_1_BYTES = 36
 # MMVQ_COLS columns per warp step (32 lanes x one 32-element group each): MMVQ_* in mmv.cu.
 MMVQ_ROWS = 4
 MMVQ_COLS = 1024
+# 16-bit mat-vec (mul_mat_vec_h_*, F16 and BF16): lane l of a warp step takes columns
+# 4l..4l+3, one 8-byte weight word and one float4 of x (MMVH_* in mmv.cu).
+MMVH_COLS = 128
+HALF_TYPES = ("F16", "BF16")
 # quantize_q8_1: one warp per q8_1 block, 8 warps per block (256 threads, as the
 # elementwise kernels).
 Q8_1_WARPS = 8
@@ -88,8 +93,9 @@ class KernelBudget:
 BUDGETS: dict[str, KernelBudget] = {
     "mul_mat_vec_": KernelBudget(256, 64, 0),
     "mul_mat_vec_q_": KernelBudget(128, 64, 16 * (72 + 4 * 72)),
+    "mul_mat_vec_h_": KernelBudget(256, 64, 0),
     "quantize_q8_1": KernelBudget(256, 32, 0),
-    "dequantize_": KernelBudget(256, 64, 0),
+    "dequantize_": KernelBudget(256, 64, 4 * (256 * 32 + 256)),  # dequant.cu's stage
     "rms_norm_f32": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),
     "softmax_f32": KernelBudget(1024, 32, 128),
@@ -99,9 +105,11 @@ BUDGETS: dict[str, KernelBudget] = {
     "gelu_f32": KernelBudget(256, 64, 0),
     "gelu_tanh_mul_f32": KernelBudget(256, 64, 0),
     "attn_f32": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
+    "attn_kv_f16": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
     "attn_combine_f32": KernelBudget(256, 64, 0),
     "step_inputs_i32": KernelBudget(32, 32, 0),
     "kv_store_f32": KernelBudget(256, 64, 0),
+    "kv_store_f16": KernelBudget(256, 64, 0),
     "add_f32": KernelBudget(256, 64, 0),
     "type_info": KernelBudget(32, 64, 0),
     "selftest_f16": KernelBudget(32, 32, 0),

@@ -53,6 +53,7 @@ struct dim3 { unsigned int x, y, z; };
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 struct int2 { int x, y; };
+struct alignas(8) uint2 { unsigned int x, y; };
 struct alignas(16) uint4 { unsigned int x, y, z, w; };
 struct alignas(4) char4 { signed char x, y, z, w; };
 struct alignas(4) uchar4 { unsigned char x, y, z, w; };

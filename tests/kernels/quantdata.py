@@ -17,12 +17,16 @@ _GGUF_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 
 def make_weight(qtype: str, rows: int, cols: int, rng: np.random.Generator,
                 scale: float = 1.0) -> np.ndarray:
-    """Raw TensorData layout: (rows, cols) float for F32/F16, (rows, row_bytes) uint8 else.
+    """Raw TensorData layout: (rows, cols) float for F32/F16, uint16 bits for BF16,
+    (rows, row_bytes) uint8 else.
     K-quant super-block scales are drawn from [0.002, 0.05) * scale."""
     if qtype == "F32":
         return rng.standard_normal((rows, cols), dtype=np.float32)
     if qtype == "F16":
         return rng.standard_normal((rows, cols)).astype(np.float16)
+    if qtype == "BF16":  # uint16 bit patterns: float32 values with the low 16 bits dropped
+        w = rng.standard_normal((rows, cols), dtype=np.float32)
+        return (w.view(np.uint32) >> 16).astype(np.uint16)
     t = TYPES[qtype]
     if qtype in _GGUF_QUANTIZES:
         w = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -39,6 +43,8 @@ def reference(qtype: str, data: np.ndarray, cols: int) -> np.ndarray:
     """float32 (rows, cols) per gguf-py."""
     if qtype in ("F32", "F16"):
         return np.asarray(data, dtype=np.float32)
+    if qtype == "BF16":
+        return (np.asarray(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
     return quants.dequantize(data, GGMLQuantizationType[qtype]).reshape(data.shape[0], cols)
 
 

@@ -98,7 +98,7 @@ def test_tiny_llama_prefill_and_greedy_decode_match_numpy(qtype: str, device: De
     # The float mat-vec (exact to float32 rounding): random tiny models have near-tied
     # logits that x rounded to q8_1 can swap (see the q8_1 test below).
     ckpt = tiny_llama(qtype, embed_type="Q6_K" if qtype == "Q4_K" else "Q8_0")
-    C = CudaBackend(device)
+    C = CudaBackend(device, kv_dtype=np.float32)  # float32 bars: the float32 cache
     C.q8_1_activations = False
     mc, mn = _build(llama, ckpt, C), _build(llama, ckpt, N)
     ids = np.array([[1, 5, 9, 33, 2, 70, 11, 4, 8, 60, 3]])  # 11 rows: the GEMM path
@@ -204,7 +204,7 @@ def test_sampled_id_is_read_one_step_behind(graphs: bool) -> None:
     # t+1's input and its copy is read by the host only after step t+1 is queued, so the
     # host's work on token t overlaps the GPU's on step t+1. Greedy ids equal NumPy's.
     dev = EmulatedDevice()
-    C = CudaBackend(dev, graphs=graphs)
+    C = CudaBackend(dev, graphs=graphs, kv_dtype=np.float32)  # NumPy's ids: float32 cache
     ckpt = tiny_llama("Q4_1")
     queued: list[int] = []  # launches so far when each forward (eager or replayed) is queued
     start = C.start_generation
@@ -282,7 +282,7 @@ def test_smollm2_q4_1_layers_match_numpy(layers: int) -> None:
     ckpt = read_checkpoint(smollm2_gguf())
     assert ckpt.config["num_hidden_layers"] == 30
     args = llama.ModelArgs.from_dict({**ckpt.config, "num_hidden_layers": layers})
-    C = CudaBackend(EmulatedDevice())
+    C = CudaBackend(EmulatedDevice(), kv_dtype=np.float32)  # half cache: test_cuda_kv_f16
     mc = llama.Model(args, C, Weights(ckpt, C))
     mn = llama.Model(args, N, Weights(ckpt, N))
     prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30]  # 10 tokens: GEMM path
@@ -305,7 +305,7 @@ def test_smollm2_decode_with_q8_1_activations() -> None:
 
     ckpt = read_checkpoint(smollm2_gguf())
     args = llama.ModelArgs.from_dict(ckpt.config)
-    C = CudaBackend(EmulatedDevice())
+    C = CudaBackend(EmulatedDevice(), kv_dtype=np.float32)  # the q8_1 path's own error
     assert C.q8_1_activations
     mc = llama.Model(args, C, Weights(ckpt, C))
     mn = llama.Model(args, N, Weights(ckpt, N))

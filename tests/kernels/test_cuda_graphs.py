@@ -103,7 +103,7 @@ def _decode(graphs: bool, min_keys: int = CudaBackend.graph_min_keys, layers: in
     ckpt = tiny_llama("Q4_1", layers=layers)
     ckpt.config.update(cfg)
     dev = EmulatedDevice()
-    C = CudaBackend(dev, graphs=graphs)
+    C = CudaBackend(dev, graphs=graphs, kv_dtype=np.float32)  # NumPy's ids and logits
     C.graph_min_keys = min_keys
     model = _build(llama, ckpt, C)
     cache = model.make_cache(None if grow else 40)
@@ -168,7 +168,7 @@ def test_sampled_generation_with_penalty_matches_numpy() -> None:
     sp = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02,
                         repetition_penalty=1.3, repetition_window=6)
     ckpt = tiny_llama("Q4_1")
-    C = CudaBackend(EmulatedDevice())
+    C = CudaBackend(EmulatedDevice(), kv_dtype=np.float32)
     C.q8_1_activations = False  # float mat-vecs: NumPy's logits, so the same draws
     got = generate_step(_build(llama, ckpt, C), list(PROMPT), sp,
                         np.random.default_rng(5), max_len=32)

@@ -254,14 +254,17 @@ def test_attention_is_free_of_races(case: tuple, rng: np.random.Generator) -> No
     check_attention(EmulatedDevice(check_races=True), case, rng)
 
 
-def check_attention(dev: Device, case: tuple, rng: np.random.Generator) -> None:
+def check_attention(dev: Device, case: tuple, rng: np.random.Generator,
+                    kv_dtype: type = np.float32) -> None:
     # rtol 1e-5, atol 1e-6 against float64. K/V are narrowed views of a larger cache; batch
-    # 1 of the mask hides every key (its rows must come out as zeros).
+    # 1 of the mask hides every key (its rows must come out as zeros). A float16 cache is
+    # checked against float64 attention over the same half values (widening half is exact,
+    # so the kernel's only error is its float32 arithmetic: the same tolerance).
     d, t, n_kv, hq, hkv, offset, window, softcap, masked = case
     b, cap = 2, n_kv + 7
     q = rng.standard_normal((b, hq, t, d), dtype=np.float32)
-    kc = dev.to_device(rng.standard_normal((b, hkv, cap, d), dtype=np.float32))
-    vc = dev.to_device(rng.standard_normal((b, hkv, cap, d), dtype=np.float32))
+    kc = dev.to_device(rng.standard_normal((b, hkv, cap, d)).astype(kv_dtype))
+    vc = dev.to_device(rng.standard_normal((b, hkv, cap, d)).astype(kv_dtype))
     k, v = kc[:, :, :n_kv], vc[:, :, :n_kv]
     mask = None
     if masked:

@@ -1,0 +1,55 @@
+"""Prefill's dequantize kernels stage a block's values in shared memory and store them as
+16-byte words by consecutive threads (dequant.cu). Parity: equal to gguf-py's values
+(float32: rtol 2e-7, one rounding; half: NumPy's rounding of those, bitwise) on shapes whose
+element count is not a multiple of a word or of a block, with the race check on (the stage
+is shared: a missing barrier shows). Memory model: whole-sector stores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels.cuda import ops
+from kernels.cuda.device import EmulatedDevice
+from kernels.emulator.traffic import TrafficDevice
+from tests.kernels.quantdata import make_weight, reference
+
+
+# (type, rows, cols): 7 x 33 F16 (231 elements: a partial word), 9 x 1025 BF16 (several
+# blocks of 256 threads, the last partial), 5 x 96 Q4_0 (480 elements, one partial block),
+# 3 x 768 Q6_K (16-element slices).
+@pytest.mark.parametrize("qtype, rows, cols", [("F16", 7, 33), ("BF16", 9, 1025),
+                                               ("Q4_0", 5, 96), ("Q6_K", 3, 768)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_staged_stores_match_gguf(qtype: str, rows: int, cols: int, dtype: type) -> None:
+    dev = EmulatedDevice(check_races=True)
+    rng = np.random.default_rng(rows * cols)
+    raw = make_weight(qtype, rows, cols, rng)
+    ref = reference(qtype, raw, cols)
+    w = ops.upload_matrix(dev, raw, qtype, (rows, cols))
+    ids = dev.to_device(np.array([rows - 1, 0, rows, rows - 1], np.int32))  # rows: a NaN row
+    for got, want in ((ops.dequantize(dev, w, dtype), ref),
+                      (ops.dequantize(dev, w, dtype, ids=ids), ref[[rows - 1, 0, 0, rows - 1]])):
+        got = dev.to_host(got)
+        if got.shape[0] == 4:  # the gather: its out-of-range id gave NaN
+            assert np.isnan(got[2]).all()
+            got, want = got[[0, 1, 3]], want[[0, 1, 3]]
+        if dtype == np.float32:
+            np.testing.assert_allclose(got, want, rtol=2e-7, atol=1e-30)
+        else:
+            assert np.array_equal(got.view(np.uint16), want.astype(np.float16).view(np.uint16))
+
+
+def test_dequantize_stores_whole_sectors() -> None:
+    # Q4_0, 8 rows of 1024: each store instruction writes 512 contiguous bytes (a warp's
+    # 16-byte words), every sector whole; a thread storing its own 32-element slice
+    # touched 8x (float) or 16x (half) the bytes it wrote, as the model counted before.
+    for dtype, per_store in ((np.float32, 4), (np.float16, 8)):
+        dev = TrafficDevice()
+        w = ops.upload_matrix(dev, make_weight("Q4_0", 8, 1024, np.random.default_rng(0)),
+                              "Q4_0", (8, 1024))
+        ops.dequantize(dev, w, dtype)
+        (kernel,) = dev.traffic
+        st = dev.traffic[kernel][(2, "store")]
+        assert st.efficiency == 1.0 and st.moved_per_useful == 1.0
+        assert st.instructions == 8 * 1024 // (32 * per_store)
