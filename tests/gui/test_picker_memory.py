@@ -1,7 +1,7 @@
 """The picker's memory estimate: the layout the chosen backend builds, at the user's context,
 within 25% of what the model is measured to take, for the bundled models and tiny test
 models of each layout (HF safetensors F32, an MLX-quantized directory, a K-quant and a
-Q4_0 GGUF, a sliding-window Gemma 3, an XLM-R embedder).
+Q4_0 GGUF, a sliding-window Gemma 3, an XLM-R embedder with a Unigram tokenizer).
 
 What is measured (tests/gui/measure_model_memory.py, in a fresh process): the model is
 loaded and run once and closed, so the runtime's one-time costs (imports, numba's compiled
@@ -9,7 +9,7 @@ kernels, MLX's runtime, caches) are paid; then the growth from just before a sec
 the peak while the second copy runs a job that fills the context. That growth is the
 model's own memory, which the estimate models; the fixed runtime cost is not in it.
 
-- ``numpy`` and ``cpu``: process RSS growth (sampled every 5 ms), which is what the user's
+- ``numpy`` and ``cpu``: process RSS growth, which is what the user's
   machine gives up; the peak is the kernel's high-water mark (``VmHWM``), so short peaks
   count. For the tiny models (a few MB) it also holds per-model Python objects
   (config, tokenizer, model objects: a few hundred KB) that the estimate leaves out.
@@ -64,6 +64,7 @@ CASES = [
     (TINY + "llama_mlx", "cpu", 512), (TINY + "llama_mlx", "mlx", 512),
     (TINY + "llama3_q4_k.gguf", "cpu", 512), (TINY + "llama3_q4_k.gguf", "mlx", 512),
     (TINY + "qwen3_q4_0.gguf", "cpu", 512), (TINY + "gemma3_text", "cpu", 512),
+    ("tests/goldens/embedders/xlmr_e5", "cpu", 0),
 ]
 
 
@@ -80,7 +81,7 @@ def test_estimate_is_within_25_percent_of_the_measured_growth(name, backend, con
     mlx = f", MLX arrays peak {human_bytes(got['mlx_peak'])}" if backend == "mlx" else ""
     print(f"{name} on {backend}: estimated {human_bytes(est.total)} (weights "
           f"{human_bytes(est.weights)}, KV {human_bytes(est.kv)}, scratch "
-          f"{human_bytes(est.scratch)}), measured RSS peak {human_bytes(got['peak'])} "
+          f"{human_bytes(est.scratch)}, tokenizer {human_bytes(est.tokenizer)}), measured RSS peak {human_bytes(got['peak'])} "
           f"(after load {human_bytes(got['loaded'])}){mlx}: {ratio:.2f}x")
     assert abs(ratio - 1) <= TOLERANCE
 
