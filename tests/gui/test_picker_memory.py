@@ -81,7 +81,8 @@ def test_estimate_is_within_25_percent_of_the_measured_growth(name, backend, con
     mlx = f", MLX arrays peak {human_bytes(got['mlx_peak'])}" if backend == "mlx" else ""
     print(f"{name} on {backend}: estimated {human_bytes(est.total)} (weights "
           f"{human_bytes(est.weights)}, KV {human_bytes(est.kv)}, scratch "
-          f"{human_bytes(est.scratch)}, tokenizer {human_bytes(est.tokenizer)}), measured RSS peak {human_bytes(got['peak'])} "
+          f"{human_bytes(est.scratch)}, tokenizer {human_bytes(est.tokenizer)}), measured "
+          f"RSS peak {human_bytes(got['peak'])} "
           f"(after load {human_bytes(got['loaded'])}){mlx}: {ratio:.2f}x")
     assert abs(ratio - 1) <= TOLERANCE
 
