@@ -32,6 +32,7 @@ import pytest
 
 from gui.format import human_bytes
 from inference.backends import create
+from inference.events import MemorySample
 from inference.memory_estimate import estimate
 from inference.store import resolve
 from tests.gui.conftest import wait_until
@@ -97,6 +98,28 @@ def test_kv_cache_follows_the_context_and_the_backend_layout() -> None:
     # NumPy holds every weight in float32; the cpu backend keeps the 4/8-bit codes.
     assert estimate(spec, ref, 1024).weights == spec.n_params * 4
     assert small.weights < spec.file_size * 1.1
+
+
+def test_the_tokenizer_counts_in_host_memory_only() -> None:
+    from inference.formats import read_checkpoint
+    from inference.memory_estimate import (
+        TOKENIZER_ENTRY_BYTES,
+        WORD_CACHE_ENTRY_BYTES,
+        WORD_CACHE_WORDS,
+        tokenizer_bytes,
+    )
+
+    cache = WORD_CACHE_WORDS * WORD_CACHE_ENTRY_BYTES
+    smol, minilm = resolve("smollm2"), resolve("minilm")
+    # SmolLM2: BPE, with a word cache; MiniLM: WordPiece, without one.
+    assert tokenizer_bytes(read_checkpoint(smol.path)) == 49152 * TOKENIZER_ENTRY_BYTES + cache
+    assert tokenizer_bytes(read_checkpoint(minilm.path)) == 30522 * TOKENIZER_ENTRY_BYTES
+    on_cpu = estimate(smol, create("cpu"), 1024)
+    assert on_cpu.tokenizer == 49152 * TOKENIZER_ENTRY_BYTES + cache
+    assert on_cpu.total == on_cpu.weights + on_cpu.kv + on_cpu.scratch + on_cpu.tokenizer
+    device = create("cpu")  # a backend whose figure is a device's (MLX, CUDA) leaves it out
+    device.memory = lambda: MemorySample(1 << 20, 1 << 30, 1 << 20, 0)
+    assert estimate(smol, device, 1024).tokenizer == 0
 
 
 def test_the_picker_passes_the_users_context(make_window, qtbot) -> None:
