@@ -19,11 +19,18 @@ from tests.test_formats_gguf import write_decoder
 EMBED = "model.embed_tokens.weight"
 
 
+@pytest.fixture(scope="module")
+def tiny_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    path = tmp_path_factory.mktemp("cache") / "tiny.gguf"
+    write_decoder(path, seed=0)
+    return path.read_bytes()
+
+
 @pytest.fixture
-def tiny(tmp_path: Path) -> Path:
+def tiny(tmp_path: Path, tiny_bytes: bytes) -> Path:
     _HEADERS.clear()
     path = tmp_path / "tiny.gguf"
-    write_decoder(path, seed=0)
+    path.write_bytes(tiny_bytes)
     return path
 
 
