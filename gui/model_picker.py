@@ -195,8 +195,9 @@ class ModelPicker(QWidget):
             item.setText(human_bytes(e.total))
             kv = f" + KV cache {human_bytes(e.kv)} at {e.context:,} tokens" \
                 if e.context else ""
+            tok = f" + tokenizer {human_bytes(e.tokenizer)}" if e.tokenizer else ""
             item.setToolTip(f"On {e.backend}: weights {human_bytes(e.weights)} as held{kv} "
-                            f"+ scratch {human_bytes(e.scratch)}")
+                            f"+ scratch {human_bytes(e.scratch)}{tok}")
         self._update_fits()
         self._show_loaded()
 

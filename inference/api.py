@@ -319,6 +319,6 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     B, reason = select_backend(backend, mod.REQUIRED_OPS, qtypes, model_type)
     cls = CausalLM if model_type in CAUSAL and not declares_pooling(ckpt.path) else Encoder
     model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
-    del ckpt  # the parsed metadata goes now, and with it the heap it held
+    del ckpt  # its views and temporaries go now (a GGUF header stays in the reader's cache)
     trim_host_heap()
     return model

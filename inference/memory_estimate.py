@@ -16,8 +16,14 @@ backend), :func:`estimate` asks the backend for its layout (``Backend.held_bytes
   longest length (the live set of the larger phase of a layer; the reference backend's
   every temporary).
 
+- the tokenizer, on backends that hold the model in host memory (``numpy``, ``cpu``; on
+  ``mlx`` and ``cuda`` the figure is the device's, where no tokenizer lives): its
+  vocabulary as ``tokenizers`` holds it (token -> id and id -> token maps, the strings,
+  BPE merges), and for BPE and Unigram models the word cache ``tokenizers`` fills as it
+  sees text, up to 10,000 distinct words: any session long enough to matter fills it.
+
 Not counted: the backend's own one-time cost (imported libraries, numba's compiled
-kernels, MLX's runtime), which no model choice changes, nor the tokenizer's Python objects.
+kernels, MLX's runtime), which no model choice changes.
 """
 
 from __future__ import annotations
@@ -25,9 +31,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inference.formats import read_checkpoint
+from inference.formats import Checkpoint, read_checkpoint
 from inference.kv_cache import KVCache
 from inference.store import ENCODER_SEQ, ModelSpec
+
+# Resident bytes of a `tokenizers` tokenizer per vocabulary entry (BPE merges included),
+# and per word in its cache when full. Measured as RSS growth with glibc's free pages
+# returned: SmolLM2's BPE (49,152 entries, 48,900 merges) 10.1 MiB, 211 B an entry;
+# MiniLM's WordPiece (30,522) 7.3 MiB, 250 B; 12,000 distinct words through each BPE and
+# Unigram test tokenizer 2.6-3.7 MiB, 270-390 B a word of the 10,000 kept.
+TOKENIZER_ENTRY_BYTES = 230
+WORD_CACHE_WORDS = 10_000  # tokenizers' DEFAULT_CACHE_CAPACITY (BPE, Unigram)
+WORD_CACHE_ENTRY_BYTES = 350
 
 
 @dataclass
@@ -37,15 +52,28 @@ class MemoryEstimate:
     kv: int
     scratch: int
     context: int | None  # tokens the KV cache is sized for (None: an encoder)
+    tokenizer: int = 0  # host memory; 0 where the figure is a device's
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.scratch
+        return self.weights + self.kv + self.scratch + self.tokenizer
 
 
 def _num(cfg: dict[str, Any], key: str, default: int) -> int:
     v = cfg.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else default
+
+
+def tokenizer_bytes(ckpt: Checkpoint) -> int:
+    """What the model's tokenizer holds once it has seen a session's worth of text."""
+    vocab = _num(ckpt.config, "vocab_size", 0)
+    if ckpt.format == "gguf":
+        word_pieces = ckpt.metadata.get("tokenizer.ggml.model") == "bert"
+    else:
+        path = ckpt.path / "tokenizer.json"
+        word_pieces = path.is_file() and b'"WordPiece"' in path.read_bytes()
+    cache = 0 if word_pieces else WORD_CACHE_WORDS * WORD_CACHE_ENTRY_BYTES  # no cache
+    return vocab * TOKENIZER_ENTRY_BYTES + cache
 
 
 def estimate(spec: ModelSpec, backend: Any, context: int | None = None,
@@ -59,6 +87,8 @@ def estimate(spec: ModelSpec, backend: Any, context: int | None = None,
     dtype_bytes = int(getattr(getattr(backend, "dtype", None), "size", 4) or 4)
     ckpt = read_checkpoint(spec.path)
     cfg = ckpt.config
+    on_host = backend.memory().device_used is None  # no device memory: the model is in RAM
+    tok = tokenizer_bytes(ckpt) if on_host else 0
     weights = sum(backend.held_bytes(t) for t in ckpt.tensors.values())
     # The cpu backend's dequant buffer: one per thread that runs prefill products (one for a
     # chat model, one per parallel call for an encoder), grown to the largest weight's need.
@@ -85,7 +115,7 @@ def estimate(spec: ModelSpec, backend: Any, context: int | None = None,
                            + backend.attention_bytes(rows * heads, length, length, masked=True),
                            rows * length * 4 * (2 * hidden + 2 * inter))
         calls = min(threads, len(chunks))  # calls running at once
-        return MemoryEstimate(name, weights, 0, calls * (per_call + dequant), None)
+        return MemoryEstimate(name, weights, 0, calls * (per_call + dequant), None, tok)
     ctx = min(context or _num(cfg, "max_position_embeddings", 4096),
               _num(cfg, "max_position_embeddings", 1 << 30))
     step = KVCache.step
@@ -98,4 +128,4 @@ def estimate(spec: ModelSpec, backend: Any, context: int | None = None,
     scratch = (chunk * (2 * inter + backend.hidden_rows * hidden) * dtype_bytes
                + backend.attention_bytes(heads, chunk, ctx, capped=capped)
                + _num(cfg, "vocab_size", 0) * 4 + dequant)
-    return MemoryEstimate(name, weights, kv, scratch, ctx)
+    return MemoryEstimate(name, weights, kv, scratch, ctx, tok)

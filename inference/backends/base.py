@@ -131,9 +131,9 @@ def host_rss() -> int:
 def trim_host_heap() -> None:
     """Give freed heap pages back to the OS (malloc_trim: glibc only; a no-op elsewhere).
 
-    Loading parses metadata into many small objects (GGUFReader: ~45 MB for SmolLM2's
-    49k-token vocabulary) and repacks weights through temporaries; glibc keeps freed pages,
-    which counted ~20% of SmolLM2's file size in resident memory after load."""
+    Loading parses metadata into many small objects (the GGUF reader's field parts for
+    SmolLM2's 49k-token vocabulary) and repacks weights through temporaries; glibc keeps
+    freed pages, which counted ~20% of SmolLM2's file size in resident memory after load."""
     global _malloc_trim
     if _malloc_trim is None:
         try:

@@ -1,7 +1,7 @@
 """The picker's memory estimate: the layout the chosen backend builds, at the user's context,
 within 25% of what the model is measured to take, for the bundled models and tiny test
 models of each layout (HF safetensors F32, an MLX-quantized directory, a K-quant and a
-Q4_0 GGUF, a sliding-window Gemma 3, an XLM-R embedder).
+Q4_0 GGUF, a sliding-window Gemma 3, an XLM-R embedder with a Unigram tokenizer).
 
 What is measured (tests/gui/measure_model_memory.py, in a fresh process): the model is
 loaded and run once and closed, so the runtime's one-time costs (imports, numba's compiled
@@ -9,8 +9,9 @@ kernels, MLX's runtime, caches) are paid; then the growth from just before a sec
 the peak while the second copy runs a job that fills the context. That growth is the
 model's own memory, which the estimate models; the fixed runtime cost is not in it.
 
-- ``numpy`` and ``cpu``: process RSS growth (sampled every 5 ms), which is what the user's
-  machine gives up. For the tiny models (a few MB) it also holds per-model Python objects
+- ``numpy`` and ``cpu``: process RSS growth, which is what the user's
+  machine gives up; the peak is the kernel's high-water mark (``VmHWM``), so short peaks
+  count. For the tiny models (a few MB) it also holds per-model Python objects
   (config, tokenizer, model objects: a few hundred KB) that the estimate leaves out.
 - ``mlx`` (its CPU device here): growth of ``mx.get_peak_memory`` over
   ``mx.get_active_memory``, MLX's own count of the bytes its arrays hold, because that
@@ -31,6 +32,7 @@ import pytest
 
 from gui.format import human_bytes
 from inference.backends import create
+from inference.events import MemorySample
 from inference.memory_estimate import estimate
 from inference.store import resolve
 from tests.gui.conftest import wait_until
@@ -54,17 +56,16 @@ def _measure(name: str, backend: str, context: int) -> dict:
 # at 1,024; MiniLM: minutes); the tiny models cover those layouts here. SmolLM2 on `cpu`
 # at 1,024 tokens (two loads and two 1,008-token prefills, the suite's slowest case) is
 # opt-in (`long`, figures in docs/app.md): the tiny Q4_K and Q4_0 GGUFs take the same path
-# (packed_nbytes, the same KV and scratch terms) on `cpu`. Two tiny models are measured
-# there only, their figures not stable enough to assert: the XLM-R embedder, whose ~1 MB of
-# per-model objects the estimate leaves out (0.66-0.72x), and the tiny llama on numpy,
-# whose few-millisecond attention peaks the 5 ms RSS sampling catches only partly (1.20x
-# and 1.30x in two runs).
+# (packed_nbytes, the same KV and scratch terms) on `cpu`. The peak is the kernel's RSS
+# high-water mark, so the tiny llama's millisecond attention peaks on numpy count (RSS
+# sampled every 5 ms caught them only partly: 1.20x and 1.30x).
 CASES = [
     pytest.param("smollm2", "cpu", 1024, marks=pytest.mark.long), ("minilm", "cpu", 0),
-    (TINY + "llama", "cpu", 512), (TINY + "llama", "mlx", 512),
+    (TINY + "llama", "numpy", 512), (TINY + "llama", "cpu", 512), (TINY + "llama", "mlx", 512),
     (TINY + "llama_mlx", "cpu", 512), (TINY + "llama_mlx", "mlx", 512),
     (TINY + "llama3_q4_k.gguf", "cpu", 512), (TINY + "llama3_q4_k.gguf", "mlx", 512),
     (TINY + "qwen3_q4_0.gguf", "cpu", 512), (TINY + "gemma3_text", "cpu", 512),
+    ("tests/goldens/embedders/xlmr_e5", "cpu", 0),
 ]
 
 
@@ -81,7 +82,8 @@ def test_estimate_is_within_25_percent_of_the_measured_growth(name, backend, con
     mlx = f", MLX arrays peak {human_bytes(got['mlx_peak'])}" if backend == "mlx" else ""
     print(f"{name} on {backend}: estimated {human_bytes(est.total)} (weights "
           f"{human_bytes(est.weights)}, KV {human_bytes(est.kv)}, scratch "
-          f"{human_bytes(est.scratch)}), measured RSS peak {human_bytes(got['peak'])} "
+          f"{human_bytes(est.scratch)}, tokenizer {human_bytes(est.tokenizer)}), measured "
+          f"RSS peak {human_bytes(got['peak'])} "
           f"(after load {human_bytes(got['loaded'])}){mlx}: {ratio:.2f}x")
     assert abs(ratio - 1) <= TOLERANCE
 
@@ -96,6 +98,28 @@ def test_kv_cache_follows_the_context_and_the_backend_layout() -> None:
     # NumPy holds every weight in float32; the cpu backend keeps the 4/8-bit codes.
     assert estimate(spec, ref, 1024).weights == spec.n_params * 4
     assert small.weights < spec.file_size * 1.1
+
+
+def test_the_tokenizer_counts_in_host_memory_only() -> None:
+    from inference.formats import read_checkpoint
+    from inference.memory_estimate import (
+        TOKENIZER_ENTRY_BYTES,
+        WORD_CACHE_ENTRY_BYTES,
+        WORD_CACHE_WORDS,
+        tokenizer_bytes,
+    )
+
+    cache = WORD_CACHE_WORDS * WORD_CACHE_ENTRY_BYTES
+    smol, minilm = resolve("smollm2"), resolve("minilm")
+    # SmolLM2: BPE, with a word cache; MiniLM: WordPiece, without one.
+    assert tokenizer_bytes(read_checkpoint(smol.path)) == 49152 * TOKENIZER_ENTRY_BYTES + cache
+    assert tokenizer_bytes(read_checkpoint(minilm.path)) == 30522 * TOKENIZER_ENTRY_BYTES
+    on_cpu = estimate(smol, create("cpu"), 1024)
+    assert on_cpu.tokenizer == 49152 * TOKENIZER_ENTRY_BYTES + cache
+    assert on_cpu.total == on_cpu.weights + on_cpu.kv + on_cpu.scratch + on_cpu.tokenizer
+    device = create("cpu")  # a backend whose figure is a device's (MLX, CUDA) leaves it out
+    device.memory = lambda: MemorySample(1 << 20, 1 << 30, 1 << 20, 0)
+    assert estimate(smol, device, 1024).tokenizer == 0
 
 
 def test_the_picker_passes_the_users_context(make_window, qtbot) -> None:
