@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from inference.formats import Checkpoint, read_checkpoint
 from inference.kv_cache import KVCache
 from inference.store import ENCODER_SEQ, ModelSpec
@@ -121,7 +123,10 @@ def estimate(spec: ModelSpec, backend: Any, context: int | None = None,
     step = KVCache.step
     kv_heads = _num(cfg, "num_key_value_heads", heads)
     head_dim = _num(cfg, "head_dim", hidden // heads)
-    kv = 2 * layers * kv_heads * head_dim * (-(-ctx // step) * step) * dtype_bytes
+    # The cache's own element type where the backend stores K/V narrower (cuda's float16).
+    kv_dtype = getattr(backend, "kv_dtype", None)
+    kv_bytes = np.dtype(kv_dtype).itemsize if kv_dtype is not None else dtype_bytes
+    kv = 2 * layers * kv_heads * head_dim * (-(-ctx // step) * step) * kv_bytes
     chunk = min(ctx, backend.prefill_chunk or PREFILL_CHUNK)
     # The last prefill chunk's queries see the whole context.
     capped = bool(cfg.get("attn_logit_softcapping") or cfg.get("sliding_window"))

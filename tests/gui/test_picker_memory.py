@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gui.format import human_bytes
@@ -98,6 +99,13 @@ def test_kv_cache_follows_the_context_and_the_backend_layout() -> None:
     # NumPy holds every weight in float32; the cpu backend keeps the 4/8-bit codes.
     assert estimate(spec, ref, 1024).weights == spec.n_params * 4
     assert small.weights < spec.file_size * 1.1
+    # A cache stored narrower than the activations (cuda's float16 KV cache, its default)
+    # counts at its own element size.
+    from inference.backends.cuda import KV_DTYPE
+
+    half = create("cpu")
+    half.kv_dtype = KV_DTYPE
+    assert estimate(spec, half, 1024).kv == small.kv * np.dtype(KV_DTYPE).itemsize // 4
 
 
 def test_the_tokenizer_counts_in_host_memory_only() -> None:
