@@ -36,18 +36,26 @@ class WorkClock:
 
     def __init__(self, llm, monkeypatch, decode: float = 1.0, prefill: float = 0.05):
         self.now = 0.0
-
-        def timed(layer):
-            def call(x, cache):
-                t = x.shape[1]
-                self.now += decode if t == 1 else prefill * t
-                return layer(x, cache)
-            return call
-
-        monkeypatch.setattr(llm.model, "layers", [timed(la) for la in llm.model.layers])
+        self.decode, self.prefill = decode, prefill
+        monkeypatch.setattr(llm.model, "layers", [_Timed(la, self) for la in llm.model.layers])
 
     def __call__(self) -> float:
         return self.now
+
+
+class _Timed:
+    """A decoder layer that advances a WorkClock by its work when called."""
+
+    def __init__(self, layer, clock: WorkClock):
+        self.layer, self.clock = layer, clock
+
+    def __call__(self, x, cache):
+        t = x.shape[1]
+        self.clock.now += self.clock.decode if t == 1 else self.clock.prefill * t
+        return self.layer(x, cache)
+
+    def __getattr__(self, name):
+        return getattr(self.layer, name)
 
 
 def _run_together(sched: Scheduler, prompts: list[list[int]], max_tokens: int,
@@ -76,9 +84,9 @@ def test_eight_concurrent_requests_equal_each_alone(engine, monkeypatch):  # noq
     prompts = [llm.plan(messages=_messages(i), max_tokens=4)[0] for i in range(8)]
     ref = [alone(llm, _messages(i), max_tokens=4, temperature=s.temperature, top_p=s.top_p,
                  seed=s.seed).token_ids for i, s in enumerate(map(_sampling, range(8)))]
-    # Prefill cheap next to a decode step: each short prompt fits the budget of one step,
-    # so the 4-token answers overlap and share decode steps.
-    sched = Scheduler(llm, parallel=8, clock=WorkClock(llm, monkeypatch))
+    # Prefill cheap next to a decode step: each short prompt (~36 tokens) fits the budget
+    # of one step, so the 4-token answers overlap and share decode steps.
+    sched = Scheduler(llm, parallel=8, clock=WorkClock(llm, monkeypatch, prefill=0.01))
     try:
         got = _run_together(sched, prompts, 4, [_sampling(i) for i in range(8)])
     finally:

@@ -198,8 +198,12 @@ class Scheduler:
                     req = self._waiting.popleft()
                     if req.cancel.is_set():
                         self._close_request(req, "cancelled")
-                    else:
+                        continue
+                    try:
                         self._active.append(self._start(req))
+                    except MemoryError:  # its KV cache: this request fails, not the thread
+                        req.emit(OutOfMemoryError("Out of memory for this request's context; "
+                                                  "ask for fewer tokens."), None)
             try:
                 self._step()
             except MemoryError:
