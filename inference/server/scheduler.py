@@ -263,7 +263,11 @@ class Scheduler:
             self.max_rows = max(self.max_rows, len(dec))
             for i, s in enumerate(dec):
                 self._accept(s, logits, i)
-            self.budget.decoded(self.clock() - t0)
+            if not tokens or self.budget.decode_s is None:
+                # Only steps without prefill: right after a prefill piece the decode step
+                # runs slower (caches, BLAS threads), and a budget grown from those steps
+                # would grow the pieces that slow them, step after step.
+                self.budget.decoded(self.clock() - t0)
         self.plans.append(StepPlan(tokens, layers, done, len(dec)))
 
     def _start_chunk(self, s: _Seq) -> int:
