@@ -8,10 +8,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
+import pytest
 
+from inference.errors import InferdeskError
 from inference.events import DoneEvent
 from inference.sampling import SamplingParams
-from inference.server.scheduler import Request, Scheduler
+from inference.server.scheduler import PrefillBudget, Request, Scheduler
 from tests.server_support import alone, engine, server  # noqa: F401
 
 TOPICS = ["rivers", "owls", "bread", "chess", "rain", "glass", "tea", "maps"]
@@ -25,6 +27,35 @@ def _sampling(i: int) -> SamplingParams:
     # Even: greedy; odd: seeded sampling with a top-p cut.
     return (SamplingParams(temperature=0.0) if i % 2 == 0
             else SamplingParams(temperature=0.8, top_p=0.9, seed=100 + i))
+
+
+class WorkClock:
+    """A clock that moves only with the model's work: ``decode`` per layer of a decode
+    step, ``prefill`` per layer per prompt token. The scheduler's prefill budget then
+    plans the same steps on any machine, however busy."""
+
+    def __init__(self, llm, monkeypatch, decode: float = 1.0, prefill: float = 0.05):
+        self.now = 0.0
+        self.decode, self.prefill = decode, prefill
+        monkeypatch.setattr(llm.model, "layers", [_Timed(la, self) for la in llm.model.layers])
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Timed:
+    """A decoder layer that advances a WorkClock by its work when called."""
+
+    def __init__(self, layer, clock: WorkClock):
+        self.layer, self.clock = layer, clock
+
+    def __call__(self, x, cache):
+        t = x.shape[1]
+        self.clock.now += self.clock.decode if t == 1 else self.clock.prefill * t
+        return self.layer(x, cache)
+
+    def __getattr__(self, name):
+        return getattr(self.layer, name)
 
 
 def _run_together(sched: Scheduler, prompts: list[list[int]], max_tokens: int,
@@ -48,12 +79,14 @@ def _run_together(sched: Scheduler, prompts: list[list[int]], max_tokens: int,
     return done  # type: ignore[return-value]
 
 
-def test_eight_concurrent_requests_equal_each_alone(engine):  # noqa: F811
+def test_eight_concurrent_requests_equal_each_alone(engine, monkeypatch):  # noqa: F811
     llm = engine.llm
     prompts = [llm.plan(messages=_messages(i), max_tokens=4)[0] for i in range(8)]
     ref = [alone(llm, _messages(i), max_tokens=4, temperature=s.temperature, top_p=s.top_p,
                  seed=s.seed).token_ids for i, s in enumerate(map(_sampling, range(8)))]
-    sched = Scheduler(llm, parallel=8)
+    # Prefill cheap next to a decode step: each short prompt (~36 tokens) fits the budget
+    # of one step, so the 4-token answers overlap and share decode steps.
+    sched = Scheduler(llm, parallel=8, clock=WorkClock(llm, monkeypatch, prefill=0.01))
     try:
         got = _run_together(sched, prompts, 4, [_sampling(i) for i in range(8)])
     finally:
@@ -62,10 +95,13 @@ def test_eight_concurrent_requests_equal_each_alone(engine):  # noqa: F811
     assert sched.max_rows >= 3  # the decode steps really were shared
 
 
-def test_chunked_prefill_is_the_same_alone_or_in_company(engine):  # noqa: F811
+def test_chunked_prefill_is_the_same_alone_or_in_company(engine, monkeypatch):  # noqa: F811
     """A prompt longer than the chunk is prefilled in chunks at fixed positions, one
-    sequence per call, so company changes nothing (24-token chunks keep this cheap)."""
+    sequence per forward pass, so company changes nothing (24-token chunks keep this
+    cheap). In company a chunk's pass is spread over steps, a few layers per step beside
+    the others' decode steps, as the budget plans; alone each chunk runs in one step."""
     llm = engine.llm
+    n_layers = len(llm.model.layers)
     long = [{"role": "user", "content": "List the planets of the solar system in order from "
                                          "the sun, with one fact about each of them."}]
     ids = llm.plan(messages=long, max_tokens=6)[0]
@@ -77,7 +113,8 @@ def test_chunked_prefill_is_the_same_alone_or_in_company(engine):  # noqa: F811
         by_itself = _run_together(solo, [ids], 6, samplings[:1])[0]
     finally:
         solo.close()
-    mixed = Scheduler(llm, parallel=4, prefill_chunk=24)
+    # A decode step costs 30 units, one layer of a 24-token chunk 1.2: 25 layers fit.
+    mixed = Scheduler(llm, parallel=4, prefill_chunk=24, clock=WorkClock(llm, monkeypatch))
     try:
         # The others go first, so the long prompt's chunks run between their decode steps.
         together = _run_together(mixed, others + [ids], 6, samplings[1:] + samplings[:1])
@@ -85,6 +122,27 @@ def test_chunked_prefill_is_the_same_alone_or_in_company(engine):  # noqa: F811
         mixed.close()
     assert together[-1].token_ids == by_itself.token_ids
     assert mixed.max_rows >= 2
+    assert all(p.chunk_done for p in solo.plans if p.chunk_tokens)
+    assert all(p.chunk_done for p in mixed.plans if p.chunk_tokens and not p.decode_rows)
+    beside = [p for p in mixed.plans if p.chunk_tokens == 24 and p.decode_rows]
+    assert beside and all(p.layers <= 25 for p in beside)
+    assert any(not p.chunk_done for p in beside)  # a chunk really was split
+    assert sum(p.layers for p in mixed.plans if p.chunk_tokens) % n_layers == 0
+
+
+def test_the_prefill_budget_fits_layers_into_a_share_of_a_decode_step():
+    full, half = PrefillBudget(share=1.0), PrefillBudget(share=0.5)
+    for b in (full, half):
+        assert b.layers(128) == 1  # nothing measured yet
+        b.decoded(0.030)
+        b.prefilled(0.512, 32, 128)  # 1/8 ms per token and layer: 16 ms per 128-token layer
+    assert full.layers(128) == 1
+    assert (full.layers(24), half.layers(24)) == (10, 5)
+    assert full.layers(1000) == 1  # never nothing: the prompt must progress
+    full.decoded(0.130)  # a slower decode step (more rows) leaves room for more
+    assert full.layers(24) == 20
+    with pytest.raises(InferdeskError):
+        PrefillBudget(share=0)
 
 
 def test_a_shared_prompt_prefix_is_copied_and_changes_no_token(engine):  # noqa: F811
@@ -115,7 +173,8 @@ def test_a_shared_prompt_prefix_is_copied_and_changes_no_token(engine):  # noqa:
     assert sched.shared_tokens >= 3 * 48  # each later request copied >= 2 whole chunks
 
 
-def test_concurrent_http_clients_get_what_they_get_alone(engine, server):  # noqa: F811
+def test_concurrent_http_clients_get_what_they_get_alone(engine, server,  # noqa: F811
+                                                         monkeypatch):
     """Through the server: 8 clients at once, each answer equal to the same request made
     through CausalLM.generate by itself."""
     llm = engine.llm
@@ -126,6 +185,9 @@ def test_concurrent_http_clients_get_what_they_get_alone(engine, server):  # noq
                          top_p=s.top_p, seed=s.seed).text)
     before = engine.scheduler.max_rows
     engine.scheduler.max_rows = 0
+    # 4-token answers: with the default budget one may end before the next is prefilled;
+    # prefill whole chunks instead, so the answers overlap (exactness is the point here).
+    monkeypatch.setattr(engine.scheduler.budget, "share", 1e6)
     barrier = threading.Barrier(8)
 
     def ask(i: int) -> str:

@@ -26,6 +26,7 @@ Gemma store ``1 + w`` already (llama.cpp's converter adds it): their config says
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,7 +288,18 @@ class Model:
     def __call__(self, ids: Any, cache: KVCache | BatchedCaches, last_only: bool = False) -> Any:
         """ids: native int array (batch, seq). Returns logits (batch, seq or 1, vocab).
         With :class:`BatchedCaches` each row is a separate sequence (a batched decode step)."""
-        logits = self.B.linear(self.hidden_states(ids, cache, last_only), self.lm_head)
+        return _result(self.layer_by_layer(ids, cache, last_only))
+
+    def layer_by_layer(self, ids: Any, cache: KVCache | BatchedCaches, last_only: bool = False
+                       ) -> Generator[Any, None, Any]:
+        """This very forward pass, one layer per ``next()``: it pauses (yielding the hidden
+        state) after every layer but the last, and the last ``next()`` runs the last layer,
+        the final norm and the lm_head and returns the logits (``StopIteration.value``).
+        The calls and their inputs are those of ``__call__``, so the logits are too: the
+        server spreads a long prefill chunk over several steps this way. Nothing else may
+        write ``cache`` until it returns (its offset moves only at the end)."""
+        h = yield from self._stack(ids, cache, last_only)
+        logits = self.B.linear(h, self.lm_head)
         cap = self.args.final_logit_softcapping
         return logits if cap is None else self.B.softcap(logits, cap)
 
@@ -295,14 +307,29 @@ class Model:
                       last_only: bool = False) -> Any:
         """The final norm's output (batch, seq or 1, hidden): what the lm_head reads, and
         what a decoder embedder pools."""
+        return _result(self._stack(ids, cache, last_only))
+
+    def _stack(self, ids: Any, cache: KVCache | BatchedCaches, last_only: bool
+               ) -> Generator[Any, None, Any]:
         B = self.B
         h = B.embedding(self.embed_tokens, ids)
         if self.embed_scale is not None:
             h = B.mul(h, self.embed_scale)
         t = h.shape[1]
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if i:
+                yield h
             h = layer(h, cache)
         cache.advance(t)
         if last_only:
             h = B.narrow(h, 1, t - 1, 1)
         return B.rms_norm(h, self.norm, self.args.rms_norm_eps)
+
+
+def _result(steps: Generator[Any, None, Any]) -> Any:
+    """Run a paused computation to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value

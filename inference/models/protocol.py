@@ -4,6 +4,7 @@ Every architecture's ``Model`` satisfies one of these structurally."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any, Protocol
 
 from inference.backends.base import Backend
@@ -18,6 +19,11 @@ class CausalModel(Protocol):
     def make_cache(self, max_len: int | None = None) -> KVCache: ...
 
     def __call__(self, ids: Any, cache: KVCache, last_only: bool = False) -> Any: ...
+
+    def layer_by_layer(self, ids: Any, cache: KVCache, last_only: bool = False
+                       ) -> Generator[Any, None, Any]:
+        """``__call__`` paused after each layer but the last; returns the logits."""
+        ...
 
 
 class EncoderModel(Protocol):

@@ -1,32 +1,43 @@
 """Continuous batching: one thread steps every active sequence of one causal model.
 
 Each step (i) admits waiting requests while fewer than ``parallel`` run, (ii) drops the
-cancelled ones, (iii) runs one prefill chunk of at most ``prefill_chunk`` tokens for the
-oldest sequence still prefilling, and (iv) one decode step for every sequence that has a
-token to feed: a single forward call over all of them (:class:`BatchedCaches`), so the
-weights are read once per step whatever the number of streams. Sequences join and leave
-between steps; each keeps its own KV cache, position, sampler (seeded ``Generator``) and
-:class:`Generation` (text, stop strings, timings).
+cancelled ones, (iii) advances the prefill of the oldest sequence still prefilling, and
+(iv) runs one decode step for every sequence that has a token to feed: a single forward
+call over all of them (:class:`BatchedCaches`), so the weights are read once per step
+whatever the number of streams. Sequences join and leave between steps; each keeps its
+own KV cache, position, sampler (seeded ``Generator``) and :class:`Generation` (text,
+stop strings, timings).
+
+Prefill budget: a prompt is cut into chunks of at most ``prefill_chunk`` tokens. With
+nobody decoding, a step runs a whole chunk (a lone request's time to first token is
+that of one call per chunk). While others decode, a step runs only as many *layers* of
+the chunk (``Model.layer_by_layer``) as fit in ``step_budget`` decode steps' time
+(:class:`PrefillBudget`, from the measured cost of recent decode steps and prefill
+layers), so a newcomer's prompt stretches every stream's inter-token gap by about that
+much instead of by a whole chunk's forward pass.
 
 Exactness: a sequence's tokens do not depend on what runs beside it. Prefill chunks are
-cut at fixed positions (0, C, 2C, ...) and run one sequence per call, so a prompt is
-prefilled by the same calls alone or in company (and a prompt of at most C tokens by the
-very call ``CausalLM.generate`` makes). In a batched decode step the weight ops compute
-each row on its own: on ``cpu`` the quantized mat-vec computes each of up to
-``MATVEC_ROWS`` (8) rows by the one-row arithmetic (``cpu_kernels.matvec_q8_rows`` shares
-code loads between rows, not sums), hence ``MAX_PARALLEL``; a prefix copied from another
-sequence is what the same prefill calls computed (:meth:`Scheduler._share_prefix`);
-norms, RoPE, SiLU and the embedding lookup are row-wise; attention runs per sequence, as
-alone. Sampling sees the same logits row, history and seeded generator. BLAS backends
-(numpy, mlx) may round a row of a multi-row product differently from a one-row product,
-so there the tokens agree to within such rounding, not bit for bit (docs/server.md).
+cut at fixed positions (0, C, 2C, ...) and each is one forward pass of one sequence,
+whether it runs in one step or a few layers per step (the same calls on the same inputs;
+nothing else writes that cache meanwhile), so a prompt is prefilled by the same calls
+alone or in company (and a prompt of at most C tokens by the very call
+``CausalLM.generate`` makes). In a batched decode step the weight ops compute each row
+on its own: on ``cpu`` the quantized mat-vec computes each of up to ``MATVEC_ROWS`` (8)
+rows by the one-row arithmetic (``cpu_kernels.matvec_q8_rows`` shares code loads between
+rows, not sums), hence ``MAX_PARALLEL``; a prefix copied from another sequence is what
+the same prefill calls computed (:meth:`Scheduler._share_prefix`); norms, RoPE, SiLU and
+the embedding lookup are row-wise; attention runs per sequence, as alone. Sampling sees
+the same logits row, history and seeded generator. BLAS backends (numpy, mlx) may round a
+row of a multi-row product differently from a one-row product, so there the tokens agree
+to within such rounding, not bit for bit (docs/server.md).
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +51,10 @@ from inference.prompt_cache import common_prefix
 from inference.sampling import SamplingParams
 
 MAX_PARALLEL = 8  # cpu: rows the mat-vec computes one by one (cpu.MATVEC_ROWS)
-PREFILL_CHUNK = 128  # tokens of a newcomer's prompt per step: ~0.1 s of SmolLM2 on 2 cores
+PREFILL_CHUNK = 128  # tokens per prefill forward pass (a lone request runs one per step)
+# Prefill work a step may add while other sequences decode, in decode steps: such a step
+# then costs about 1 + STEP_BUDGET decode steps (at least one layer of the chunk runs).
+STEP_BUDGET = 1.0
 
 
 class QueueFullError(InferdeskError):
@@ -54,6 +68,46 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]
+
+
+class PrefillBudget:
+    """How many layers of a prefill chunk fit in a step beside a decode step: the
+    budget (``share`` decode steps' time) over one layer's measured cost for that many
+    tokens, at least one. Costs are moving averages of what recent steps measured."""
+
+    def __init__(self, share: float = STEP_BUDGET):
+        if share <= 0:
+            raise InferdeskError("The prefill budget must be positive.")
+        self.share = share
+        self.decode_s: float | None = None  # one decode step
+        self.layer_token_s: float | None = None  # one layer of prefill, per prompt token
+
+    def layers(self, tokens: int) -> int:
+        if self.decode_s is None or self.layer_token_s is None:
+            return 1  # nothing measured yet: the smallest piece
+        return max(1, int(self.share * self.decode_s / (self.layer_token_s * tokens)))
+
+    def decoded(self, seconds: float) -> None:
+        self.decode_s = _average(self.decode_s, seconds)
+
+    def prefilled(self, seconds: float, layers: int, tokens: int) -> None:
+        self.layer_token_s = _average(self.layer_token_s, seconds / (layers * tokens))
+
+
+def _average(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one step ran: prompt tokens of the chunk it advanced (0: none), how many of
+    the chunk's layers, whether that finished the chunk, and the rows of its decode step
+    (0: none)."""
+
+    chunk_tokens: int
+    layers: int
+    chunk_done: bool
+    decode_rows: int
 
 
 # emit(event, logprobs) or emit(error, None); called from the scheduler thread.
@@ -80,18 +134,24 @@ class _Seq:
     cache: KVCache
     pos: int = 0  # prompt tokens prefilled
     last: int | None = None  # sampled, not yet fed back
+    chunk: int = 0  # tokens of the prefill chunk under way
+    run: Generator[Any, None, Any] | None = None  # that chunk's forward pass, paused
 
 
 class Scheduler:
     def __init__(self, model: Any, parallel: int = 4, max_waiting: int = 16,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, step_budget: float = STEP_BUDGET,
+                 clock: Callable[[], float] = time.perf_counter):
         if not 1 <= parallel <= MAX_PARALLEL:
             raise InferdeskError(f"parallel must be between 1 and {MAX_PARALLEL}.")
         self.model = model  # a CausalLM
         self.parallel = parallel
         self.max_waiting = max_waiting
         self.prefill_chunk = prefill_chunk
-        self.steps = 0  # forward calls made
+        self.budget = PrefillBudget(step_budget)
+        self.clock = clock
+        self.steps = 0  # forward calls made (a chunk spread over several steps is one)
+        self.plans: collections.deque[StepPlan] = collections.deque(maxlen=4096)
         self.max_rows = 0  # most sequences one decode step has served
         self.shared_tokens = 0  # prompt tokens copied from another sequence, not prefilled
         self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
@@ -138,8 +198,12 @@ class Scheduler:
                     req = self._waiting.popleft()
                     if req.cancel.is_set():
                         self._close_request(req, "cancelled")
-                    else:
+                        continue
+                    try:
                         self._active.append(self._start(req))
+                    except MemoryError:  # its KV cache: this request fails, not the thread
+                        req.emit(OutOfMemoryError("Out of memory for this request's context; "
+                                                  "ask for fewer tokens."), None)
             try:
                 self._step()
             except MemoryError:
@@ -183,16 +247,15 @@ class Scheduler:
             self._finish(s, "cancelled")
         M, B = self.model.model, self.model.backend
         pre = next((s for s in self._active if s.pos < len(s.req.prompt_ids)), None)
+        others_decode = any(s.last is not None for s in self._active)
+        tokens = layers = 0
         if pre is not None:
-            self._share_prefix(pre)
-            chunk = pre.req.prompt_ids[pre.pos: pre.pos + self.prefill_chunk]
-            logits = M(B.array(np.asarray([chunk], dtype=np.int64)), pre.cache, last_only=True)
-            self.steps += 1
-            pre.pos += len(chunk)
-            if pre.pos == len(pre.req.prompt_ids):
-                self._accept(pre, logits, 0)
+            tokens = pre.chunk or self._start_chunk(pre)
+            layers = self._prefill(pre, self.budget.layers(tokens) if others_decode else None)
+        done = pre is not None and pre.run is None
         dec = [s for s in self._active if s.last is not None]
         if dec:
+            t0 = self.clock()
             ids = np.asarray([[s.last] for s in dec], dtype=np.int64)
             cache = dec[0].cache if len(dec) == 1 else BatchedCaches([s.cache for s in dec])
             logits = M(B.array(ids), cache, last_only=True)
@@ -200,6 +263,44 @@ class Scheduler:
             self.max_rows = max(self.max_rows, len(dec))
             for i, s in enumerate(dec):
                 self._accept(s, logits, i)
+            if not tokens or self.budget.decode_s is None:
+                # Only steps without prefill: right after a prefill piece the decode step
+                # runs slower (caches, BLAS threads), and a budget grown from those steps
+                # would grow the pieces that slow them, step after step.
+                self.budget.decoded(self.clock() - t0)
+        self.plans.append(StepPlan(tokens, layers, done, len(dec)))
+
+    def _start_chunk(self, s: _Seq) -> int:
+        """Begin the forward pass of ``s``'s next prompt chunk; its token count."""
+        self._share_prefix(s)
+        M, B = self.model.model, self.model.backend
+        chunk = s.req.prompt_ids[s.pos: s.pos + self.prefill_chunk]
+        s.chunk = len(chunk)
+        s.run = M.layer_by_layer(B.array(np.asarray([chunk], dtype=np.int64)), s.cache,
+                                 last_only=True)
+        self.steps += 1
+        return s.chunk
+
+    def _prefill(self, s: _Seq, limit: int | None) -> int:
+        """Run up to ``limit`` layers (None: all) of ``s``'s chunk; the layers run. At the
+        chunk's end its position moves on, and after the prompt's last chunk the first
+        token is sampled."""
+        assert s.run is not None
+        t0, ran, logits, h = self.clock(), 0, None, None
+        try:
+            while limit is None or ran < limit:
+                ran += 1
+                h = next(s.run)
+        except StopIteration as done:
+            logits = done.value
+        else:
+            self.model.backend.synchronize(h)  # lazy backends: computed in this step
+        self.budget.prefilled(self.clock() - t0, ran, s.chunk)
+        if logits is not None:
+            s.pos, s.chunk, s.run = s.pos + s.chunk, 0, None
+            if s.pos == len(s.req.prompt_ids):
+                self._accept(s, logits, 0)
+        return ran
 
     def _accept(self, s: _Seq, logits: Any, i: int) -> None:
         """Sample row ``i`` of ``logits`` (1, vocab) for ``s`` and hand the result on."""
@@ -223,7 +324,7 @@ class Scheduler:
     def _finish(self, s: _Seq, reason: str | None = None) -> None:
         if s in self._active:
             self._active.remove(s)
-        s.cache = None  # type: ignore[assignment]  # its memory goes now, not at the next GC
+        s.cache = s.run = None  # type: ignore[assignment]  # memory goes now, not at a GC
         for ev in s.gen.close(reason, memory=None):
             s.req.emit(ev, None)
         self.finished.append((s.gen.finish or "", len(s.gen.ids)))
@@ -238,7 +339,7 @@ class Scheduler:
     def _fail_all(self, error: BaseException) -> None:
         for s in list(self._active):
             self._active.remove(s)
-            s.cache = None  # type: ignore[assignment]
+            s.cache = s.run = None  # type: ignore[assignment]
             s.req.emit(error, None)
 
 
