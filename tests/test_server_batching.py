@@ -113,8 +113,10 @@ def test_chunked_prefill_is_the_same_alone_or_in_company(engine, monkeypatch):  
         by_itself = _run_together(solo, [ids], 6, samplings[:1])[0]
     finally:
         solo.close()
-    # A decode step costs 30 units, one layer of a 24-token chunk 1.2: 25 layers fit.
-    mixed = Scheduler(llm, parallel=4, prefill_chunk=24, clock=WorkClock(llm, monkeypatch))
+    # A decode step costs 30 units, one layer of a 24-token chunk 1.2: with a budget of one
+    # decode step, 25 layers fit.
+    mixed = Scheduler(llm, parallel=4, prefill_chunk=24, step_budget=1.0,
+                      clock=WorkClock(llm, monkeypatch))
     try:
         # The others go first, so the long prompt's chunks run between their decode steps.
         together = _run_together(mixed, others + [ids], 6, samplings[1:] + samplings[:1])
