@@ -48,6 +48,13 @@ def x_desktop(tmp_path):
             if Path(f"/tmp/.X11-unix/X{display[1:]}").exists():
                 break
             time.sleep(0.05)
+        probe = subprocess.run(  # Qt's xcb plugin needs its own X libraries
+            [sys.executable, "-c", "from PySide6.QtWidgets import QApplication; "
+             "QApplication(['probe'])"], env={**env, "QT_QPA_PLATFORM": "xcb"},
+            capture_output=True, text=True, timeout=60)
+        if probe.returncode:
+            pytest.skip("Qt's xcb platform does not start here (apt-get install "
+                        f"libxcb-cursor0 libxkbcommon-x11-0): {probe.stderr.strip()[-300:]}")
         daemon = subprocess.Popen(["xsettingsd", "-c", str(conf)], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.3)
