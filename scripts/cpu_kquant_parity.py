@@ -24,20 +24,23 @@ from inference.api import load_model  # noqa: E402
 from inference.backends.cpu import ACTIVATIONS, ACTIVATIONS_ENV  # noqa: E402
 from inference.bench import cpu_info  # noqa: E402
 from tests import goldens_io as g  # noqa: E402
-from tests.test_cpu_kquants import TYPES, decode_logits, kquant_file  # noqa: E402
+from tests.test_cpu_kquants import decode_logits  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", nargs="+", default=["int16"], choices=ACTIVATIONS)
-    ap.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
+    ap.add_argument("--types", nargs="+", default=list(g.KQUANT_TYPES), choices=g.KQUANT_TYPES)
     ap.add_argument("--out", default="docs/bench-results")
     args = ap.parse_args()
     rows = []
     for mode in args.modes:
         os.environ[ACTIVATIONS_ENV] = mode
         for qtype in args.types:
-            path, z, meta = kquant_file(qtype)
+            found = g.kquant_file(qtype)
+            if found is None:
+                raise SystemExit(g.KQUANT_MISSING)
+            path, z, meta = found
             model = load_model(str(path), backend="cpu")
             for text in meta["texts"]:
                 golden = {k: z[f"{qtype}.{text}.{k}"] for k in ("top_ids", "top_logp")}

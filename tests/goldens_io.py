@@ -26,6 +26,30 @@ def load_npz(name: str) -> tuple[dict[str, np.ndarray], dict]:
 
 
 
+KQUANT_DIR_ENV = "INFERDESK_KQUANT_DIR"
+KQUANT_TYPES = ("Q4_K_M", "Q3_K_M", "Q5_K_M", "Q6_K")  # the files the goldens describe
+KQUANT_MISSING = (f"set {KQUANT_DIR_ENV} to the files that "
+                  "`scripts/make_kquant_goldens.py --files DIR --check` makes")
+
+
+def kquant_file(qtype: str) -> tuple[Path, dict[str, np.ndarray], dict] | None:
+    """SmolLM2 requantized by llama.cpp into ``qtype`` (Q4_K_M, ...), from the folder
+    ``INFERDESK_KQUANT_DIR`` names, with the goldens of tests/goldens/smollm2_kquants.npz
+    (arrays, meta); None if the file is not there. A file whose sha256 is not the one the
+    goldens were made from raises ValueError: the goldens would not apply to it."""
+    import hashlib
+    import os
+
+    folder = os.environ.get(KQUANT_DIR_ENV)
+    path = Path(folder or ".") / f"SmolLM2-135M-Instruct.{qtype}.gguf"
+    if not folder or not path.is_file():
+        return None
+    arrays, meta = load_npz("smollm2_kquants.npz")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != meta["files"][qtype]["sha256"]:
+        raise ValueError(f"{path} is not the file the K-quant goldens were made from")
+    return path, arrays, meta
+
+
 def load_minilm_sentences() -> list[str]:
     """The fixed sentence set, in golden order (includes "" and a >256-token line)."""
     return json.loads((GOLDENS_DIR / "minilm_sentences.json").read_text(encoding="utf-8"))

@@ -14,33 +14,13 @@ INFERDESK_KQUANT_DIR points at them. Measured figures: docs/cpu-backend.md.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from inference.backends import cpu_idot
 from tests import goldens_io as g
 
-TYPES = ("Q4_K_M", "Q3_K_M", "Q5_K_M", "Q6_K")
 MIN_TOP1, MAX_DLOGP = 0.99, 0.01  # issue 13's bars (int16 activations quantize x)
-
-
-def kquant_file(qtype: str) -> tuple[Path, np.lib.npyio.NpzFile, dict]:
-    """The requantized file for ``qtype`` (checked against the goldens' sha256), the
-    goldens and their metadata; skips when INFERDESK_KQUANT_DIR does not hold it."""
-    d = os.environ.get("INFERDESK_KQUANT_DIR")
-    path = Path(d or ".") / f"SmolLM2-135M-Instruct.{qtype}.gguf"
-    if not d or not path.is_file():
-        pytest.skip("set INFERDESK_KQUANT_DIR to the files that "
-                    "`scripts/make_kquant_goldens.py --files DIR --check` makes")
-    z = np.load(g.GOLDENS_DIR / "smollm2_kquants.npz", allow_pickle=False)
-    meta = json.loads(str(z["meta"]))
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["files"][qtype]["sha256"]
-    return path, z, meta
 
 
 def decode_logits(model, ids: list[int]) -> np.ndarray:
@@ -52,11 +32,14 @@ def decode_logits(model, ids: list[int]) -> np.ndarray:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("qtype", g.KQUANT_TYPES)
 def test_llama_cpp_kquant_files_match_transformers_on_cpu(qtype):
     from inference.api import load_model
 
-    path, z, meta = kquant_file(qtype)
+    found = g.kquant_file(qtype)
+    if found is None:
+        pytest.skip(g.KQUANT_MISSING)
+    path, z, meta = found
     model = load_model(str(path), backend="cpu")
     if cpu_idot.available():
         assert model.backend.activations == "int16"

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,15 +26,7 @@ from tests import goldens_io as g
 
 pytest.importorskip("mlx.core")
 
-GOLDENS = g.GOLDENS_DIR / "smollm2_kquants.npz"
-TYPES = ("Q4_K_M", "Q3_K_M", "Q5_K_M", "Q6_K")
 MIN_TOP1, MAX_DLOGP = 0.995, 0.001
-
-
-def _goldens() -> tuple[np.lib.npyio.NpzFile, dict]:
-    z = np.load(GOLDENS, allow_pickle=False)
-    return z, json.loads(str(z["meta"]))
-
 
 TINY = g.GOLDENS_DIR / "tiny"
 TINY_FILES = ("llama3_Q2_K.llamacpp", "llama3_Q3_K_M.llamacpp")
@@ -70,17 +60,14 @@ def test_tiny_llama_cpp_kquant_files_match_transformers_on_mlx(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("qtype", g.KQUANT_TYPES)
 def test_llama_cpp_kquant_files_match_transformers_on_mlx(qtype):
     from inference.api import load_model
 
-    d = os.environ.get("INFERDESK_KQUANT_DIR")
-    path = Path(d or ".") / f"SmolLM2-135M-Instruct.{qtype}.gguf"
-    if not d or not path.is_file():
-        pytest.skip("set INFERDESK_KQUANT_DIR to the files that "
-                    "`scripts/make_kquant_goldens.py --files DIR --check` makes")
-    z, meta = _goldens()
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == meta["files"][qtype]["sha256"]
+    found = g.kquant_file(qtype)
+    if found is None:
+        pytest.skip(g.KQUANT_MISSING)
+    path, z, meta = found
     model = load_model(str(path), backend="mlx")
     assert model.backend.precision == "float32"
     for text in meta["texts"]:
