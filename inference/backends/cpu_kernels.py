@@ -577,15 +577,14 @@ def _dequant_t_nibbles(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray
                         lo[lane] = sg[lane] * _f32(np.int32(row[lane] & np.uint8(15))) + zg[lane]
                     for lane in range(nl):
                         hi[lane] = sg2[lane] * _f32(np.int32(row[lane] >> np.uint8(4))) + zg[lane]
-                else:  # bit 4 of codes j / j+16: bit j // 2 of high-bit bytes 0/2 (+1 if odd)
-                    ha, hb = high[blk, j & 1], high[blk, 2 + (j & 1)]
-                    sh, one, four = np.uint8(j >> 1), np.uint8(1), np.uint8(4)
+                else:
+                    hb = high[blk]
                     for lane in range(nl):
-                        a = (row[lane] & np.uint8(15)) | (((ha[lane] >> sh) & one) << four)
-                        lo[lane] = sg[lane] * _f32(np.int32(a)) + zg[lane]
+                        a = np.int32(row[lane] & np.uint8(15)) | _high(hb, j, lane)
+                        lo[lane] = sg[lane] * _f32(a) + zg[lane]
                     for lane in range(nl):
-                        b = (row[lane] >> four) | (((hb[lane] >> sh) & one) << four)
-                        hi[lane] = sg2[lane] * _f32(np.int32(b)) + zg[lane]
+                        b = np.int32(row[lane] >> np.uint8(4)) | _high(hb, j + 16, lane)
+                        hi[lane] = sg2[lane] * _f32(b) + zg[lane]
 
 
 @_jit(fastmath=False)
