@@ -282,10 +282,13 @@ def _explain_decode(res: dict[str, Any], model: Any, spec: Any, ids: list[int],
                     n_decode: int) -> None:
     """After the timed rounds: the per-token split (inside / outside backend ops) and the
     mat-vec speed of each weight type in the file (:mod:`inference.bench_kernels`)."""
-    from inference.bench_kernels import decode_breakdown, weight_types
+    from inference.bench_kernels import decode_breakdown, step_replay, weight_types
     from inference.formats import read_checkpoint
 
     res["decode_breakdown"] = decode_breakdown(model, ids, min(n_decode, 32))
+    replay = step_replay(model, ids, n_decode)
+    if replay is not None:
+        res["step_replay"] = replay
     res["weight_types"] = weight_types(read_checkpoint(spec.path), model.backend)
 
 
@@ -455,6 +458,14 @@ def _summary(out: dict[str, Any]) -> str:
                          f"{d['ops_ms_per_token']} in backend ops, "
                          f"{d['outside_ops_ms_per_token']} outside them, "
                          f"{d['op_calls_per_token']} op calls")
+        r = llm.get("step_replay")
+        if r:
+            lines.append(f"  decode step replayed: {r['replayed_ms_per_token']} ms a token "
+                         f"({r['replay_calls_per_token']} calls), eager "
+                         f"{r['eager_ms_per_token']} ms: the model's and ops' Python "
+                         f"{r['python_ms_per_token']} ms a token"
+                         + (f" (not replayed: {r['eager_reason']})" if r["eager_reason"]
+                            else ""))
         for qtype, w in llm.get("weight_types", {}).items():
             lines.append(f"  {qtype} mat-vec ({w['tensor']} {w['shape'][0]}x{w['shape'][1]}): "
                          f"{w['gweights_s']} Gweights/s")

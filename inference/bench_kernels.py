@@ -4,6 +4,9 @@ each weight type of the file streams through the backend's mat-vec.
 - :func:`decode_breakdown`: greedy decode steps with :class:`OpProfiler` on, so the time
   inside backend ops (kernels, with their Python dispatch) separates from the time outside
   them (model code, sampling, the token loop): the per-token overhead.
+- :func:`step_replay`: on a backend that replays a captured decode step (``cpu``), the same
+  steps unprofiled, eager against replayed, rounds taking turns: what the model's and the
+  ops' Python cost a token, and the kernel calls a replayed token makes.
 - :func:`weight_types`: for each weight type in the file, one of its 2-D tensors through
   ``backend.linear`` at one row, as Gweights/s (weights per second, 1e9).
 """
@@ -51,6 +54,51 @@ def decode_breakdown(model: Any, ids: Sequence[int], n_decode: int) -> dict[str,
         "op_calls_per_token": round(sum(prof.counts.values()) / n_decode, 1),
         "top_ops_ms_per_token": {k: round(v / n_decode * 1e3, 3) for k, v in top},
     }
+
+
+def step_replay(model: Any, ids: Sequence[int], n_decode: int, rounds: int = 3
+                ) -> dict[str, Any] | None:
+    """ms per decode token with the captured step replayed and without (``None`` where the
+    backend has no replay), medians over ``rounds`` turns each, and the replay's calls."""
+    B = model.backend
+    if not hasattr(B, "step_replay"):
+        return None
+    samplers: list[Any] = []
+    real = B.start_generation
+
+    def start(*args: Any) -> Any:
+        samplers.append(real(*args))
+        return samplers[-1]
+
+    def ms_per_token(replay: bool) -> float:
+        B.step_replay = replay
+        steps = generate_step(model.model, list(ids), SamplingParams(temperature=0.0),
+                              np.random.default_rng(0), max_len=len(ids) + n_decode + 1)
+        next(steps)
+        t0 = time.perf_counter()
+        for _ in range(n_decode):
+            next(steps)
+        dt = time.perf_counter() - t0
+        steps.close()
+        return dt / n_decode * 1e3
+
+    B.start_generation = start
+    try:
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(rounds):
+            for replay in (False, True):
+                times[replay].append(ms_per_token(replay))
+    finally:
+        B.step_replay = True
+        del B.start_generation
+    last = samplers[-1]
+    eager, replayed = (float(np.median(times[k])) for k in (False, True))
+    return {"eager_ms_per_token": round(eager, 3), "replayed_ms_per_token": round(replayed, 3),
+            "python_ms_per_token": round(eager - replayed, 3),
+            "replay_calls_per_token": len(last.replay.tape.calls) if last.replay else None,
+            "eager_reason": last.eager_reason,
+            "samples_ms": {"eager": [round(t, 3) for t in times[False]],
+                           "replayed": [round(t, 3) for t in times[True]]}}
 
 
 def weight_types(ckpt: Any, backend: Any) -> dict[str, Any]:

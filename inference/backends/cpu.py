@@ -19,17 +19,20 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from inference.backends import cpu_idot, cpu_raw
 from inference.backends import cpu_kernels as K
-from inference.backends.base import R, T, tiled_attention, trim_host_heap
+from inference.backends.base import R, T, TokenSampler, _along, tiled_attention, trim_host_heap
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_nbytes
+from inference.backends.cpu_step import CpuSampler, NotCapturable, Tape
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
+from inference.sampling import SamplingParams
 
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 MATVEC_ROWS = 8  # measured crossover vs dequant+sgemm is ~8-16 rows on 2 cores
@@ -67,11 +70,13 @@ class CpuBackend(NumpyBackend):
     name = "cpu"
     device = "CPU (numba kernels, quantized weights)"
     score_copies = 1  # the fused softmax works in place
+    _tape: Tape | None = None  # set while a decode step is captured (cpu_step)
 
-    def __init__(self, activations: str | None = None) -> None:
+    def __init__(self, activations: str | None = None, step_replay: bool = True) -> None:
         import numba
 
         self.activations = _activations(activations)
+        self.step_replay = step_replay  # decode by replaying a captured step (cpu_step)
         self._local = threading.local()  # dequant scratch: one per thread (map_calls)
         self._rope: dict[tuple[float, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
         self._threads = numba.get_num_threads()
@@ -85,6 +90,37 @@ class CpuBackend(NumpyBackend):
         # Tiles are split statically (numba's default), as the app runs them: dynamic
         # chunks of 2 tiles decoded 7% slower on a quiet machine, and with another
         # process busy on one core both schedules stalled alike.
+
+    def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
+                         rng: np.random.Generator) -> TokenSampler:
+        return CpuSampler(self, params, prompt_ids, rng)
+
+    # --- a decode step's replay calls (cpu_step) ----------------------------------------
+    def _taped(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` now, and again at each replay of the step being captured."""
+        fn(*args)
+        if self._tape is not None:
+            self._tape.calls.append(partial(fn, *args))
+
+    def _input(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """``x`` reshaped, as C-contiguous float32 (what the kernels read); where that
+        copies, a capture replays the copy."""
+        y = np.ascontiguousarray(np.reshape(x, shape), dtype=np.float32)
+        if self._tape is not None and not np.may_share_memory(y, x):
+            self._tape.calls.append(partial(_copy_into, y, x))
+        return y
+
+    def _recomputed(self, fn: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
+        """``fn(*args)``, a NumPy expression allocating its result; a capture replays it
+        whole, copied into the captured output."""
+        out = fn(*args)
+        if self._tape is not None:
+            self._tape.calls.append(lambda: np.copyto(out, fn(*args)))
+        return out
+
+    def _untaped(self, what: str) -> None:
+        if self._tape is not None:
+            raise NotCapturable(f"{what} has no replay")
 
     # --- independent calls: one per core ---------------------------------------------
     def parallel_calls(self) -> int:
@@ -151,30 +187,39 @@ class CpuBackend(NumpyBackend):
     # --- linear ------------------------------------------------------------------------
     def linear(self, x: np.ndarray, w: Any, bias: np.ndarray | None = None) -> np.ndarray:
         n_out, k = w.shape
-        if isinstance(w, np.ndarray):
-            # One GEMM over all rows: (b, t, k) @ w.T would be b small GEMMs.
-            y = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k) @ w.T
-            if bias is not None:
-                y += bias
-            return y.reshape(*x.shape[:-1], n_out)
         lead = x.shape[:-1]
-        x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
-        if isinstance(w, RawWeight):
+        # One GEMM over all rows: (b, t, k) @ w.T would be b small GEMMs.
+        x2 = self._input(x, (-1, k))
+        if isinstance(w, np.ndarray):
+            y = np.empty((x2.shape[0], n_out), dtype=np.float32)
+            self._taped(np.matmul, x2, w.T, y)
+        elif isinstance(w, RawWeight):
             if w.code is not None and x2.shape[0] <= MATVEC_ROWS:
                 y = np.empty((x2.shape[0], n_out), dtype=np.float32)
-                cpu_raw.matvec(w.bytes, w.code, x2, y)
+                self._taped(cpu_raw.matvec, w.bytes, w.code, x2, y)
             else:
+                self._untaped("a prefill product")
                 y = self._gemm_raw(x2, w)
         elif x2.shape[0] <= MATVEC_ROWS:
             y = self._matvec(x2, w)
         else:
+            self._untaped("a prefill product")
             y = self._gemm(x2, w)
         if bias is not None:
-            y += bias
+            self._taped(np.add, y, bias, y)
         return y.reshape(*lead, n_out)
 
     def _matvec(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
         out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
+        self._taped(self._matvec_into, x, w, out)
+        if out.shape[1] == w.shape[0]:
+            return out
+        y = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+        self._taped(np.copyto, y, out[:, : w.shape[0]])
+        return y
+
+    def _matvec_into(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
+        """out (T, tiles * LANES) = x @ W.T, the rows past W's padded to whole tiles."""
         if self.activations != "float":
             xq = cpu_idot.quantize_rows(x, self.activations)
             if w.bits == 8:
@@ -184,7 +229,6 @@ class CpuBackend(NumpyBackend):
                                    *xq, out)
         else:
             self._matvec_float(x, w, out)
-        return out if out.shape[1] == w.shape[0] else np.ascontiguousarray(out[:, : w.shape[0]])
 
     def _matvec_float(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         # Pairs of rows of 8-bit scale-only codes (Q8_0, Q6_K) share one conversion of the
@@ -234,24 +278,59 @@ class CpuBackend(NumpyBackend):
         return y
 
     def embedding(self, table: Any, ids: np.ndarray) -> np.ndarray:
-        if isinstance(table, np.ndarray):
-            return super().embedding(table, ids)
         ids = np.asarray(ids, dtype=np.int64)
         flat = ids.reshape(-1)
-        if isinstance(table, RawWeight):
-            rows = np.stack([table.rows(int(i), int(i) + 1)[0] for i in flat]) if flat.size \
-                else np.zeros((0, table.shape[1]), dtype=np.float32)
+        rows = np.empty((flat.size, table.shape[1]), dtype=np.float32)
+        if isinstance(table, np.ndarray):
+            self._taped(partial(np.take, axis=0, out=rows), table, flat)
+        elif isinstance(table, RawWeight):
+            self._taped(_raw_rows, table, flat, rows)
         else:
-            rows = np.empty((flat.size, table.shape[1]), dtype=np.float32)
-            K.gather_rows(table.codes, table.blocks, table.halves, table.kind, table.bits,
-                          table.zero, table.groups, flat, rows)
+            self._taped(K.gather_rows, table.codes, table.blocks, table.halves, table.kind,
+                        table.bits, table.zero, table.groups, flat, rows)
         return rows.reshape(*ids.shape, table.shape[1])
+
+    # --- the generic ops, with replay calls while a step is captured -----------------
+    def add(self, a: np.ndarray, b: Any) -> np.ndarray:
+        if self._tape is None:
+            return a + b
+        out = np.add(a, b)
+        self._tape.calls.append(partial(np.add, a, b, out))
+        return out
+
+    def mul(self, a: np.ndarray, b: Any) -> np.ndarray:
+        if self._tape is None:
+            return a * b
+        out = np.multiply(a, b)
+        self._tape.calls.append(partial(np.multiply, a, b, out))
+        return out
+
+    def reshape(self, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        y = x.reshape(shape)
+        if self._tape is not None and not np.may_share_memory(y, x):
+            self._tape.calls.append(partial(_copy_into, y, x))
+        return y
+
+    def set_slice(self, dst: np.ndarray, src: np.ndarray, axis: int, start: int) -> np.ndarray:
+        """While a decode step is captured the one write is the KV cache row: it moves with
+        the position at replay."""
+        n = src.shape[axis]
+        dst[_along(dst.ndim, axis, start, start + n)] = src
+        if self._tape is not None:
+            at = self._tape.at(start)
+
+            def write() -> None:
+                row = at()
+                dst[_along(dst.ndim, axis, row, row + n)] = src
+
+            self._tape.calls.append(write)
+        return dst
 
     # --- fused small ops -------------------------------------------------------------
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-        x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+        x2 = self._input(x, (-1, x.shape[-1]))
         out = np.empty_like(x2)
-        K.rms_norm_rows(x2, w, eps, out)
+        self._taped(K.rms_norm_rows, x2, w, eps, out)
         return out.reshape(x.shape)
 
     def layer_norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -269,10 +348,16 @@ class CpuBackend(NumpyBackend):
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         if gate.shape != up.shape:
             return super().silu_mul(gate, up)
-        g = np.ascontiguousarray(gate, dtype=np.float32).reshape(-1)
+        g = self._input(gate, (-1,))
         out = np.empty_like(g)
-        K.silu_mul_flat(g, np.ascontiguousarray(up, dtype=np.float32).reshape(-1), out)
+        self._taped(K.silu_mul_flat, g, self._input(up, (-1,)), out)
         return out.reshape(gate.shape)
+
+    def gelu_tanh_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return self._recomputed(super().gelu_tanh_mul, gate, up)
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        return self._recomputed(super().softcap, x, cap)
 
     def _rope_tables(self, end: int, dim: int, theta: float, freq_factors: np.ndarray | None
                      ) -> tuple[np.ndarray, np.ndarray]:
@@ -288,10 +373,17 @@ class CpuBackend(NumpyBackend):
         if traditional or x.ndim != 4:
             return super().rope(x, offset, theta, traditional, freq_factors=freq_factors)
         b, h, t, d = x.shape
-        cos, sin = self._rope_tables(offset + t, d, theta, freq_factors)
-        xr = np.ascontiguousarray(x, dtype=np.float32).reshape(b * h, t, d)
+        xr = self._input(x, (b * h, t, d))
         out = np.empty_like(xr)
-        K.rope_rows(xr, cos[offset:offset + t], sin[offset:offset + t], out)
+
+        def rotate(offset: int) -> None:
+            cos, sin = self._rope_tables(offset + t, d, theta, freq_factors)
+            K.rope_rows(xr, cos[offset:offset + t], sin[offset:offset + t], out)
+
+        rotate(offset)
+        if self._tape is not None:  # at each replay, the replayed position's angles
+            at = self._tape.at(offset)
+            self._tape.calls.append(lambda: rotate(at()))
         return out.reshape(b, h, t, d)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
@@ -307,9 +399,16 @@ class CpuBackend(NumpyBackend):
         # One new token that sees every cached key: the decode step.
         if b == 1 and t == 1 and key_mask is None and causal_offset == s - 1:
             out = np.empty((hq, d), dtype=np.float32)
-            K.attend_decode(np.ascontiguousarray(q[0, :, 0, :]), _rows_of(k)[0],
-                            _rows_of(v)[0], s, scale, out)
+            qh, kb, vb = self._input(q, (hq, d)), _rows_of(k), _rows_of(v)
+            K.attend_decode(qh, kb[0], vb[0], s, scale, out)
+            if self._tape is not None:  # the keys up to the replayed position
+                if kb is not k.base or vb is not v.base:
+                    raise NotCapturable("attention over keys outside a KV cache buffer")
+                at = self._tape.at(s)
+                self._tape.calls.append(
+                    lambda: K.attend_decode(qh, kb[0], vb[0], at(), scale, out))
             return out.reshape(1, hq, 1, d)
+        self._untaped("attention over more than one query")
         tiled = tiled_attention(self.attention, q, k, v, scale, causal_offset, key_mask,
                                 lambda parts: np.concatenate(parts, axis=2))
         if tiled is not None:
@@ -324,6 +423,15 @@ class CpuBackend(NumpyBackend):
         K.softmax_scores(sc.reshape(b, hq, t, s), scale,
                          -1 if causal_offset is None else causal_offset, mask)
         return (sc @ v).reshape(b, hq, t, d)
+
+
+def _copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    np.copyto(dst, np.reshape(src, dst.shape))
+
+
+def _raw_rows(table: RawWeight, ids: np.ndarray, rows: np.ndarray) -> None:
+    for r, i in enumerate(ids):
+        rows[r] = table.rows(int(i), int(i) + 1)[0]
 
 
 def _rows_of(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,135 @@
+"""The cpu backend's captured decode step (inference/backends/cpu_step.py): replayed steps
+give the eager steps' tokens and logits on every architecture, and anything a replay could
+get wrong falls back to eager steps instead of a wrong token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference import load_model
+from inference.backends.cpu import CpuBackend
+from inference.backends.cpu_step import CpuSampler
+from inference.generate import generate_step
+from inference.sampling import SamplingParams
+
+TINY = Path(__file__).resolve().parent / "goldens" / "tiny"
+# One of each path through the decoder block: biases and tied embeddings (qwen2), untied
+# with llama3 RoPE from a quantized file (llama3_q4_k), per-head q/k norms (qwen3_f16),
+# GELU and scaled embeddings (gemma_q8_0), fused projections and LongRoPE (phi3_q4_0),
+# soft-caps and sliding windows (gemma2_q4_0: sliding layers keep the eager step).
+MODELS = {"qwen2": "qwen2", "llama3_q4_k": "llama3_q4_k.gguf", "qwen3_f16": "qwen3_f16.gguf",
+          "gemma_q8_0": "gemma_q8_0.gguf", "phi3_q4_0": "phi3_q4_0.gguf",
+          "gemma2_q4_0": "gemma2_q4_0.gguf"}
+WINDOWED = {"gemma2_q4_0"}
+TOKENS = 12
+_models: dict[str, object] = {}
+
+
+def _model(name: str):
+    if name not in _models:
+        _models[name] = load_model(str(TINY / MODELS[name]), backend="cpu")
+    return _models[name]
+
+
+def _generate(m, replay: bool, monkeypatch, temperature: float = 0.0
+              ) -> tuple[list[int], list[np.ndarray], CpuSampler]:
+    """Tokens, the logits row of each step, and the sampler of one generation."""
+    B = m.backend
+    monkeypatch.setattr(B, "step_replay", replay)
+    rows: list[np.ndarray] = []
+    made: list[CpuSampler] = []
+    real_sample = CpuSampler.sample
+
+    def sample(self, row):
+        rows.append(np.array(row, copy=True))
+        return real_sample(self, row)
+
+    def start(params, prompt_ids, rng):
+        made.append(CpuSampler(B, params, prompt_ids, rng))
+        return made[-1]
+
+    monkeypatch.setattr(CpuSampler, "sample", sample)
+    monkeypatch.setattr(B, "start_generation", start)
+    prompt = m.tokenize("The quick brown fox")
+    params = SamplingParams(temperature=temperature, seed=7)
+    steps = generate_step(m.model, prompt, params, np.random.default_rng(3),
+                          max_len=len(prompt) + TOKENS + 1)
+    toks = [next(steps) for _ in range(TOKENS)]
+    steps.close()
+    monkeypatch.undo()
+    return toks, rows, made[0]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_replayed_steps_equal_eager_steps(name, monkeypatch):
+    m = _model(name)
+    want, want_rows, eager = _generate(m, False, monkeypatch)
+    got, got_rows, s = _generate(m, True, monkeypatch)
+    assert eager.replay is None
+    if name in WINDOWED:
+        assert s.replay is None  # sliding-window caches move rows: eager steps
+    else:
+        assert s.eager_reason is None and s.replay is not None and s.replay.verified
+    assert got == want
+    # Same kernels over the same inputs; only buffer addresses differ (BLAS code paths
+    # for the dense float weights may differ in rounding with alignment).
+    for a, b in zip(got_rows, want_rows, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
+
+
+def test_sampled_tokens_are_the_eager_ones(monkeypatch):
+    m = _model("qwen2")
+    want, _, _ = _generate(m, False, monkeypatch, temperature=0.9)
+    got, _, s = _generate(m, True, monkeypatch, temperature=0.9)
+    assert s.replay is not None and got == want
+
+
+def test_an_op_without_replay_runs_the_step_eagerly(monkeypatch):
+    m = _model("qwen2")
+    want, _, _ = _generate(m, False, monkeypatch)
+    real = CpuBackend.rms_norm
+
+    def rms_norm(self, x, w, eps):
+        self._untaped("this norm")
+        return real(self, x, w, eps)
+
+    monkeypatch.setattr(CpuBackend, "rms_norm", rms_norm)
+    got, _, s = _generate(m, True, monkeypatch)
+    assert s.replay is None and s.eager_reason == "this norm has no replay"
+    assert got == want
+
+
+def test_a_replay_that_disagrees_is_caught_and_the_step_redone(monkeypatch):
+    """An op computed at capture but left off the tape replays a stale buffer: the check
+    beside the first replay sees it, and every step from there on is eager."""
+    m = _model("qwen2")
+    want, _, _ = _generate(m, False, monkeypatch)
+
+    def add(self, a, b):
+        return a + b  # no replay call: the residual stream stays the captured one
+
+    monkeypatch.setattr(CpuBackend, "add", add)
+    got, _, s = _generate(m, True, monkeypatch)
+    assert s.eager_reason == "a replayed step disagreed with the eager one"
+    assert got == want
+
+
+def test_the_bench_times_replayed_and_eager_steps():
+    from inference.bench_kernels import step_replay
+
+    m = _model("qwen2")
+    r = step_replay(m, m.tokenize("The quick brown fox"), 4, rounds=1)
+    assert r["eager_reason"] is None
+    # Per layer at least a norm, the q/k/v, o, gate/up and down products, RoPE twice, two
+    # KV writes, attention: a replayed token still calls every kernel.
+    assert r["replay_calls_per_token"] >= 10 * len(m.model.layers)
+    assert len(r["samples_ms"]["eager"]) == len(r["samples_ms"]["replayed"]) == 1
+    assert m.backend.step_replay and "start_generation" not in vars(m.backend)
+    assert step_replay(_model_numpy(), [1, 2, 3], 2) is None  # no replay to time
+
+
+def _model_numpy():
+    return load_model(str(TINY / MODELS["qwen2"]), backend="numpy")
