@@ -91,7 +91,7 @@ def step_replay(model: Any, ids: Sequence[int], n_decode: int, rounds: int = 3
     finally:
         B.step_replay = True
         del B.start_generation
-    last = samplers[-1]
+    last = samplers[-1].steps
     eager, replayed = (float(np.median(times[k])) for k in (False, True))
     return {"eager_ms_per_token": round(eager, 3), "replayed_ms_per_token": round(replayed, 3),
             "python_ms_per_token": round(eager - replayed, 3),

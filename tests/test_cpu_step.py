@@ -4,6 +4,7 @@ get wrong falls back to eager steps instead of a wrong token."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ import pytest
 
 from inference import load_model
 from inference.backends.cpu import CpuBackend
-from inference.backends.cpu_step import CpuSampler
+from inference.backends.cpu_step import CpuSampler, StepReplayer
+from inference.events import DoneEvent
 from inference.generate import generate_step
 from inference.sampling import SamplingParams
 
@@ -68,11 +70,12 @@ def test_replayed_steps_equal_eager_steps(name, monkeypatch):
     m = _model(name)
     want, want_rows, eager = _generate(m, False, monkeypatch)
     got, got_rows, s = _generate(m, True, monkeypatch)
-    assert eager.replay is None
+    assert eager.steps.replay is None
     if name in WINDOWED:
-        assert s.replay is None  # sliding-window caches move rows: eager steps
+        assert s.steps.replay is None  # sliding-window caches move rows: eager steps
     else:
-        assert s.eager_reason is None and s.replay is not None and s.replay.verified
+        assert s.steps.eager_reason is None and s.steps.replay is not None
+        assert s.steps.verified == {1} and s.steps.captures == 1
     assert got == want
     # Same kernels over the same inputs; only buffer addresses differ (BLAS code paths
     # for the dense float weights may differ in rounding with alignment).
@@ -84,7 +87,7 @@ def test_sampled_tokens_are_the_eager_ones(monkeypatch):
     m = _model("qwen2")
     want, _, _ = _generate(m, False, monkeypatch, temperature=0.9)
     got, _, s = _generate(m, True, monkeypatch, temperature=0.9)
-    assert s.replay is not None and got == want
+    assert s.steps.replay is not None and got == want
 
 
 def test_an_op_without_replay_runs_the_step_eagerly(monkeypatch):
@@ -98,7 +101,7 @@ def test_an_op_without_replay_runs_the_step_eagerly(monkeypatch):
 
     monkeypatch.setattr(CpuBackend, "rms_norm", rms_norm)
     got, _, s = _generate(m, True, monkeypatch)
-    assert s.replay is None and s.eager_reason == "this norm has no replay"
+    assert s.steps.replay is None and s.steps.eager_reason == "this norm has no replay"
     assert got == want
 
 
@@ -113,7 +116,7 @@ def test_a_replay_that_disagrees_is_caught_and_the_step_redone(monkeypatch):
 
     monkeypatch.setattr(CpuBackend, "add", add)
     got, _, s = _generate(m, True, monkeypatch)
-    assert s.eager_reason == "a replayed step disagreed with the eager one"
+    assert s.steps.eager_reason == "a replayed step disagreed with the eager one"
     assert got == want
 
 
@@ -133,3 +136,45 @@ def test_the_bench_times_replayed_and_eager_steps():
 
 def _model_numpy():
     return load_model(str(TINY / MODELS["qwen2"]), backend="numpy")
+
+
+def test_the_servers_batched_steps_replay_and_change_no_token(monkeypatch):
+    """Four sequences decoding together, joining and leaving: each step's caches are
+    captured anew when the set changes, replayed while it holds; every request's tokens
+    are those it gets alone (greedy and seeded)."""
+    from inference.server.scheduler import Request, Scheduler
+
+    m = _model("qwen2")
+    prompts = [m.tokenize(t) for t in ("One two", "The quick brown fox", "Hello", "A B C D E")]
+    samplings = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=5)] * 2
+    rows: list[int] = []  # batch rows of each replayed step
+    run = StepReplayer._run
+    monkeypatch.setattr(StepReplayer, "_run", lambda self, r, ids, caches: (
+        rows.append(len(caches)), run(self, r, ids, caches))[1])
+
+    def serve(parallel: int) -> list[list[int]]:
+        sched = Scheduler(m, parallel=parallel)
+        done: list[threading.Event] = [threading.Event() for _ in prompts]
+        out: list[list[int]] = [[] for _ in prompts]
+
+        def emit(i):
+            def f(ev, _lp):
+                if isinstance(ev, DoneEvent):
+                    out[i] = ev.token_ids
+                    done[i].set()
+            return f
+
+        try:
+            for i, (p, s) in enumerate(zip(prompts, samplings, strict=True)):
+                sched.submit(Request(p, 10 + 2 * i, s, emit(i)))
+            assert all(d.wait(300) for d in done)
+        finally:
+            sched.close()
+        return out
+
+    alone = serve(1)
+    assert rows and max(rows) == 1
+    rows.clear()
+    together = serve(4)
+    assert together == alone
+    assert max(rows) >= 2

@@ -254,6 +254,12 @@ class Backend:
         is reset and the sampler for its tokens returned."""
         return TokenSampler(self, params, prompt_ids, rng)
 
+    def decode_steps(self) -> Callable[[Any, Any, Any], Any]:
+        """What runs a caller's decode steps, ``(model, ids, cache) -> logits`` as
+        ``model(ids, cache, last_only=True)``: a backend may replay a captured step
+        instead (cpu)."""
+        return lambda model, ids, cache: model(ids, cache, last_only=True)
+
     def close(self) -> None:
         """The model using this backend is unloaded: give back what loading took."""
 

@@ -28,7 +28,7 @@ from inference.backends import cpu_idot, cpu_raw
 from inference.backends import cpu_kernels as K
 from inference.backends.base import R, T, TokenSampler, _along, tiled_attention, trim_host_heap
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_nbytes
-from inference.backends.cpu_step import CpuSampler, NotCapturable, Tape
+from inference.backends.cpu_step import CpuSampler, NotCapturable, StepReplayer, Tape
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
@@ -94,6 +94,9 @@ class CpuBackend(NumpyBackend):
     def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
                          rng: np.random.Generator) -> TokenSampler:
         return CpuSampler(self, params, prompt_ids, rng)
+
+    def decode_steps(self) -> StepReplayer:
+        return StepReplayer(self)
 
     # --- a decode step's replay calls (cpu_step) ----------------------------------------
     def _taped(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -312,11 +315,15 @@ class CpuBackend(NumpyBackend):
         return y
 
     def set_slice(self, dst: np.ndarray, src: np.ndarray, axis: int, start: int) -> np.ndarray:
-        """While a decode step is captured the one write is the KV cache row: it moves with
-        the position at replay."""
+        """While a decode step is captured, a write of rows into a 4-D buffer along axis 2
+        is a KV cache write: it moves with the position at replay. Other writes (a batched
+        step's attention rows) replay in place."""
         n = src.shape[axis]
         dst[_along(dst.ndim, axis, start, start + n)] = src
-        if self._tape is not None:
+        if self._tape is not None and not (dst.ndim == 4 and axis == 2):
+            self._tape.calls.append(partial(np.copyto, dst[_along(dst.ndim, axis, start,
+                                                                   start + n)], src))
+        elif self._tape is not None:
             at = self._tape.at(start)
 
             def write() -> None:

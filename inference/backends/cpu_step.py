@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from inference.backends.base import OPS, TokenSampler
-from inference.kv_cache import KVCache
+from inference.kv_cache import BatchedCaches, KVCache
 from inference.sampling import SamplingParams
 
 # Replayed and eager logits of one step run the same kernels over the same inputs; they may
@@ -61,10 +61,88 @@ class Tape:
 @dataclass
 class StepReplay:
     tape: Tape
-    ids: np.ndarray  # (1, 1) int64: the token fed to each replay
+    ids: np.ndarray  # (rows, 1) int64: the tokens fed to each replay
     logits: np.ndarray
-    buffers: tuple[Any, ...]  # the cache and the KV buffers the calls write
-    verified: bool = False
+    buffers: tuple[int, ...]  # the caches and the KV buffers the calls write
+
+
+class StepReplayer:
+    """Decode steps of one model, replayed where they can be: ``replayer(model, ids,
+    cache)`` is ``model(ids, cache, last_only=True)``. One sequence (a :class:`KVCache`)
+    or several (:class:`BatchedCaches`, the server's steps): every cache moves one row a
+    step, so one position serves them all. A new set of caches (a sequence joins or
+    leaves) is captured anew; the first capture of each batch size is checked."""
+
+    def __init__(self, backend: Any):
+        self.B = backend
+        self.replay: StepReplay | None = None
+        self.eager_reason: str | None = None  # why replays stopped
+        self.verified: set[int] = set()  # batch sizes whose capture agreed with eager
+        self.captures = 0
+
+    def __call__(self, model: Any, ids: np.ndarray, cache: Any) -> Any:
+        caches = cache.caches if isinstance(cache, BatchedCaches) else [cache]
+        if not self._replayable(caches):
+            return model(ids, cache, last_only=True)
+        r = self.replay
+        if r is None or r.buffers != _buffers(caches) or r.ids.shape != ids.shape:
+            return self._capture(model, ids, cache, caches)
+        if len(caches) not in self.verified:
+            return self._verify(model, ids, cache, caches)
+        return self._run(r, ids, caches)
+
+    def _replayable(self, caches: list[Any]) -> bool:
+        B = self.B
+        return (B.step_replay and self.eager_reason is None
+                and all(isinstance(c, KVCache) and c.keys[0] is not None
+                        and c.offset < c.keys[0].shape[2]
+                        and all(w is None for w in c.windows) for c in caches)
+                and not any(op in vars(B) for op in OPS))  # a profiler times each op
+
+    def _run(self, r: StepReplay, ids: np.ndarray, caches: list[KVCache]) -> np.ndarray:
+        r.ids[...] = ids
+        r.tape.pos[0] = caches[0].offset
+        for call in r.tape.calls:
+            call()
+        for c in caches:
+            c.advance(1)
+        return r.logits
+
+    def _capture(self, model: Any, ids: np.ndarray, cache: Any, caches: list[KVCache]) -> Any:
+        B = self.B
+        self.replay = None  # the old capture's buffers go first
+        tape = Tape(caches[0].offset)
+        fed = np.array(ids, dtype=np.int64, copy=True)
+        offsets = [c.offset for c in caches]
+        B._tape = tape
+        try:
+            logits = model(fed, cache, last_only=True)
+        except NotCapturable as e:
+            self.eager_reason = str(e)
+        finally:
+            B._tape = None
+        if self.eager_reason is not None:
+            _rewind(caches, offsets)  # the eager step starts over (rows are rewritten)
+            return model(ids, cache, last_only=True)
+        self.captures += 1
+        self.replay = StepReplay(tape, fed, logits, _buffers(caches))
+        return logits.copy()  # the next replay overwrites the captured buffer
+
+    def _verify(self, model: Any, ids: np.ndarray, cache: Any, caches: list[KVCache]) -> Any:
+        r = self.replay
+        assert r is not None
+        offsets = [c.offset for c in caches]
+        eager = model(ids, cache, last_only=True)
+        _rewind(caches, offsets)
+        replayed = self._run(r, ids, caches)
+        scale = float(np.max(np.abs(eager))) or 1.0
+        if np.max(np.abs(replayed - eager)) <= VERIFY_RTOL * scale:
+            self.verified.add(len(caches))
+            return replayed
+        self.eager_reason = "a replayed step disagreed with the eager one"
+        self.replay = None
+        _rewind(caches, offsets)  # the replay wrote the KV rows: write them again
+        return model(ids, cache, last_only=True)
 
 
 class CpuSampler(TokenSampler):
@@ -73,67 +151,16 @@ class CpuSampler(TokenSampler):
     def __init__(self, backend: Any, params: SamplingParams, prompt_ids: Sequence[int],
                  rng: np.random.Generator):
         super().__init__(backend, params, prompt_ids, rng)
-        self.replay: StepReplay | None = None
-        self.eager_reason: str | None = None  # why this generation stopped replaying
+        self.steps = backend.decode_steps()
 
     def decode(self, model: Any, tok: Any, cache: Any) -> Any:
-        if not self._replayable(cache):
-            return super().decode(model, tok, cache)
-        r = self.replay
-        if r is None or r.buffers != _buffers(cache):
-            return self._capture(model, tok, cache)
-        if not r.verified:
-            return self._verify(model, tok, cache)
-        return self._run(r, tok, cache)
-
-    def _replayable(self, cache: Any) -> bool:
-        B = self.B
-        return (B.step_replay and self.eager_reason is None and isinstance(cache, KVCache)
-                and cache.keys[0] is not None and cache.offset < cache.keys[0].shape[2]
-                and all(w is None for w in cache.windows)
-                and not any(op in vars(B) for op in OPS))  # a profiler times each op
-
-    def _run(self, r: StepReplay, tok: Any, cache: KVCache) -> np.ndarray:
-        r.ids[0, 0] = int(tok)
-        r.tape.pos[0] = cache.offset
-        for call in r.tape.calls:
-            call()
-        cache.advance(1)
-        return r.logits
-
-    def _capture(self, model: Any, tok: Any, cache: KVCache) -> Any:
-        B = self.B
-        tape = Tape(cache.offset)
-        ids = np.asarray([[int(tok)]], dtype=np.int64)
-        offset = cache.offset
-        B._tape = tape
-        try:
-            logits = model(ids, cache, last_only=True)
-        except NotCapturable as e:
-            self.eager_reason = str(e)
-        finally:
-            B._tape = None
-        if self.eager_reason is not None:
-            cache.offset = offset  # the eager step starts over (rows are rewritten)
-            return super().decode(model, tok, cache)
-        self.replay = StepReplay(tape, ids, logits, _buffers(cache))
-        return logits.copy()  # the next replay overwrites the captured buffer
-
-    def _verify(self, model: Any, tok: Any, cache: KVCache) -> Any:
-        r = self.replay
-        assert r is not None
-        offset = cache.offset
-        eager = super().decode(model, tok, cache)
-        cache.offset = offset
-        replayed = self._run(r, tok, cache)
-        scale = float(np.max(np.abs(eager))) or 1.0
-        if np.max(np.abs(replayed - eager)) <= VERIFY_RTOL * scale:
-            r.verified = True
-            return replayed
-        self.eager_reason = "a replayed step disagreed with the eager one"
-        cache.offset = offset  # the replay wrote the KV rows: write them again
-        return super().decode(model, tok, cache)
+        return self.steps(model, self.as_input(tok), cache)
 
 
-def _buffers(cache: KVCache) -> tuple[Any, ...]:
-    return (id(cache), *map(id, cache.keys), *map(id, cache.values))
+def _rewind(caches: list[KVCache], offsets: list[int]) -> None:
+    for c, o in zip(caches, offsets, strict=True):
+        c.offset = o
+
+
+def _buffers(caches: list[KVCache]) -> tuple[int, ...]:
+    return tuple(i for c in caches for i in (id(c), *map(id, c.keys), *map(id, c.values)))

@@ -160,6 +160,7 @@ class Scheduler:
         self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: list[_Seq] = []
+        self._decode = model.backend.decode_steps()  # replays captured steps where it can
         self._cv = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="inferdesk-scheduler",
@@ -261,7 +262,7 @@ class Scheduler:
             t0 = self.clock()
             ids = np.asarray([[s.last] for s in dec], dtype=np.int64)
             cache = dec[0].cache if len(dec) == 1 else BatchedCaches([s.cache for s in dec])
-            logits = M(B.array(ids), cache, last_only=True)
+            logits = self._decode(M, B.array(ids), cache)
             self.steps += 1
             self.max_rows = max(self.max_rows, len(dec))
             for i, s in enumerate(dec):
@@ -328,6 +329,8 @@ class Scheduler:
         if s in self._active:
             self._active.remove(s)
         s.cache = s.run = None  # type: ignore[assignment]  # memory goes now, not at a GC
+        if not self._active:  # a captured step holds the last batch's caches
+            self._decode = self.model.backend.decode_steps()
         for ev in s.gen.close(reason, memory=None):
             s.req.emit(ev, None)
         self.finished.append((s.gen.finish or "", len(s.gen.ids)))
