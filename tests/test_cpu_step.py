@@ -178,3 +178,21 @@ def test_the_servers_batched_steps_replay_and_change_no_token(monkeypatch):
     together = serve(4)
     assert together == alone
     assert max(rows) >= 2
+
+
+def test_a_capture_tapes_only_its_own_threads_ops():
+    """The server embeds on other threads while the scheduler thread captures a step."""
+    from inference.backends.cpu_step import Tape
+
+    B = CpuBackend()
+    x, w = np.ones((2, 64), np.float32), np.ones(64, np.float32)
+    B._tape = tape = Tape(0)
+    try:
+        worker = threading.Thread(target=B.rms_norm, args=(x, w, 1e-6))
+        worker.start()
+        worker.join()
+        assert tape.calls == []
+        B.rms_norm(x, w, 1e-6)
+        assert len(tape.calls) == 1
+    finally:
+        B._tape = None

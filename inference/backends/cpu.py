@@ -70,7 +70,6 @@ class CpuBackend(NumpyBackend):
     name = "cpu"
     device = "CPU (numba kernels, quantized weights)"
     score_copies = 1  # the fused softmax works in place
-    _tape: Tape | None = None  # set while a decode step is captured (cpu_step)
 
     def __init__(self, activations: str | None = None, step_replay: bool = True) -> None:
         import numba
@@ -99,6 +98,16 @@ class CpuBackend(NumpyBackend):
         return StepReplayer(self)
 
     # --- a decode step's replay calls (cpu_step) ----------------------------------------
+    @property
+    def _tape(self) -> Tape | None:
+        """The tape of the decode step this thread is capturing, if any (per thread: the
+        server's embedding calls may run beside a capture on the scheduler thread)."""
+        return getattr(self._local, "tape", None)
+
+    @_tape.setter
+    def _tape(self, tape: Tape | None) -> None:
+        self._local.tape = tape
+
     def _taped(self, fn: Callable[..., Any], *args: Any) -> None:
         """``fn(*args)`` now, and again at each replay of the step being captured."""
         fn(*args)
