@@ -196,3 +196,29 @@ def test_a_capture_tapes_only_its_own_threads_ops():
         assert len(tape.calls) == 1
     finally:
         B._tape = None
+
+
+def test_linears_of_one_input_share_its_quantized_rows_in_a_replay():
+    """q, k and v of different types (a Q4_K_M file) read one input: a replay quantizes it
+    once, and each product still equals the eager one for the replayed input."""
+    from inference.backends import cpu_idot
+    from inference.backends.cpu_step import Tape
+    from tests.bundled import random_tensor
+
+    B = CpuBackend()
+    if B.activations == "float":
+        pytest.skip("no integer dot products on this CPU: nothing is quantized")
+    ws = [B.weight(random_tensor(q, 64, 256, seed)) for seed, q in enumerate(("Q4_0", "Q8_0",
+                                                                               "Q4_K"))]
+    x = np.random.default_rng(0).standard_normal((1, 1, 256)).astype(np.float32)
+    B._tape = tape = Tape(0)
+    try:
+        ys = [B.linear(x, w) for w in ws]
+    finally:
+        B._tape = None
+    assert sum(getattr(c, "func", None) is cpu_idot._quantize for c in tape.calls) == 1
+    x[...] = np.random.default_rng(1).standard_normal(x.shape)
+    for call in tape.calls:
+        call()
+    for w, y in zip(ws, ys, strict=True):
+        np.testing.assert_array_equal(y, B.linear(x, w))

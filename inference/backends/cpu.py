@@ -223,22 +223,42 @@ class CpuBackend(NumpyBackend):
 
     def _matvec(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
         out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
-        self._taped(self._matvec_into, x, w, out)
-        if out.shape[1] == w.shape[0]:
-            return out
-        y = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
-        self._taped(np.copyto, y, out[:, : w.shape[0]])
-        return y
+        tape = self._tape
+        if tape is not None and self.activations != "float":
+            # Captured: the quantize and the kernel as two calls over fixed buffers, the
+            # quantized rows shared by consecutive linears of one input (q, k, v of
+            # different types).
+            key = (x.ctypes.data, x.shape, x.strides)  # a new view of the same rows too
+            if tape.quantized is None or tape.quantized[0] != key \
+                    or tape.quantized[2] != len(tape.calls):
+                fill, xq = cpu_idot.quantize_call(x, self.activations)
+                self._taped(fill)
+                tape.quantized = (key, xq, len(tape.calls))
+            self._taped(*self._idot(w, tape.quantized[1], out))
+        else:
+            self._taped(self._matvec_into, x, w, out)
+        if out.shape[1] != w.shape[0]:
+            y = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+            self._taped(np.copyto, y, out[:, : w.shape[0]])
+            out = y
+        if tape is not None and tape.quantized is not None:
+            tape.quantized = (*tape.quantized[:2], len(tape.calls))
+        return out
+
+    def _idot(self, w: PackedWeight, xq: tuple[np.ndarray, ...], out: np.ndarray
+              ) -> tuple[Any, ...]:
+        """The integer-dot mat-vec of ``w`` over quantized rows ``xq``, as (kernel, *args)."""
+        if w.bits == 8:
+            return (cpu_idot.matvec_q8, w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero,
+                    *xq, out)
+        return (cpu_idot.matvec_q4, w.codes, w.blocks, w.halves, w.flat, w.high, w.kind,
+                w.zero, *xq, out)
 
     def _matvec_into(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         """out (T, tiles * LANES) = x @ W.T, the rows past W's padded to whole tiles."""
         if self.activations != "float":
-            xq = cpu_idot.quantize_rows(x, self.activations)
-            if w.bits == 8:
-                cpu_idot.matvec_q8(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, *xq, out)
-            else:
-                cpu_idot.matvec_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero,
-                                   *xq, out)
+            fn, *args = self._idot(w, cpu_idot.quantize_rows(x, self.activations), out)
+            fn(*args)
         else:
             self._matvec_float(x, w, out)
 

@@ -41,6 +41,8 @@ Other CPUs (no AVX2, ARM, NUMBA_CPU_NAME=generic) keep the float kernels.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
@@ -84,12 +86,21 @@ def quantize_rows(x: np.ndarray, width: str) -> tuple[np.ndarray, np.ndarray, np
     """(T, K) float32 -> the codes ``q`` as pairs ``q[2i] | q[2i+1] << bits`` (T, K/2:
     int16 for "int8", int32 for "int16"), the scales ``d`` and ``xsum = d * sum(q)``
     (T, K/32) of each group of 32."""
+    fill, xq = quantize_call(x, width)
+    fill()
+    return xq
+
+
+def quantize_call(x: np.ndarray, width: str
+                  ) -> tuple[partial[None], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The buffers :func:`quantize_rows` returns, unfilled, and the call that fills them
+    from ``x`` (a captured decode step replays it)."""
     t, k = x.shape
     q = np.empty((t, k), dtype=np.int8 if width == "int8" else np.int16)
     d = np.empty((t, k // K.GROUP), dtype=np.float32)
     xsum = np.empty_like(d)
-    _quantize(x, float(LEVELS[width]), q, d, xsum)
-    return q.view(np.int16 if width == "int8" else np.int32), d, xsum
+    fill = partial(_quantize, x, float(LEVELS[width]), q, d, xsum)
+    return fill, (q.view(np.int16 if width == "int8" else np.int32), d, xsum)
 
 
 # -- one block's integer sums, as LLVM IR -----------------------------------------------

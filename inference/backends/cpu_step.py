@@ -50,6 +50,10 @@ class Tape:
     pos0: int  # the position the step was captured at
     pos: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     calls: list[Callable[[], Any]] = field(default_factory=list)
+    # The last input quantized for a mat-vec (address, shape, strides: its buffer outlives
+    # the tape), its quantized rows, and len(calls) after the last call that read them:
+    # reused only while no other call came between.
+    quantized: tuple[Any, tuple[np.ndarray, ...], int] | None = None
 
     def at(self, value: int) -> Callable[[], int]:
         """``value`` (a row or key count at the captured position) at the replayed one."""
