@@ -263,11 +263,15 @@ class Encoder(LoadedModel):
 
     def embed(self, sentences: Sequence[str], batch_size: int = 32,
               progress: Callable[[int, int], None] | None = None,
-              cancel: threading.Event | None = None) -> np.ndarray:
+              cancel: threading.Event | None = None, batching: str = "planned") -> np.ndarray:
         """One float32 row per sentence (empty strings included), L2-normalised if the
-        model's sentence-transformers pipeline normalises."""
+        model's sentence-transformers pipeline normalises. ``batching``: "planned" (by
+        length within the memory budget) or "fixed" (``batch_size`` sentences by length,
+        as sentence-transformers batches); the vectors do not depend on it."""
         sentences = sentences_arg(sentences)
         batch_size = int_arg(batch_size, "batch_size", 1)
+        if batching not in ("planned", "fixed"):
+            raise InvalidInputError(f"batching must be 'planned' or 'fixed', not {batching!r}.")
         ids = [self.tokenize(s) for s in sentences]
         limits = dataclasses.replace(self.limits,
                                      max_batch=min(batch_size, self.limits.max_batch))
@@ -275,7 +279,7 @@ class Encoder(LoadedModel):
             return np.zeros((0, self.dim), dtype=np.float32)
         vecs = embed_ids(self.model, ids, pad_id=self.tokenizer.pad_id, limits=limits,
                          normalize=self.normalize, pooling=self.pipeline.pooling,
-                         progress=progress, cancel=cancel)
+                         progress=progress, cancel=cancel, batching=batching)
         bad = np.flatnonzero(~np.isfinite(vecs).all(axis=1))
         if bad.size:
             check_finite(vecs[bad[0]], f"embeddings of sentence {int(bad[0])}",

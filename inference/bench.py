@@ -130,9 +130,10 @@ class EngineEmbed:
     def __init__(self, model: Any):
         self.model = model
 
-    def run(self, sentences: Sequence[str], batch_size: int) -> tuple[float, np.ndarray]:
+    def run(self, sentences: Sequence[str], batch_size: int, batching: str = "planned"
+            ) -> tuple[float, np.ndarray]:
         t0 = time.perf_counter()
-        vecs = self.model.embed(list(sentences), batch_size=batch_size)
+        vecs = self.model.embed(list(sentences), batch_size=batch_size, batching=batching)
         return len(sentences) / (time.perf_counter() - t0), vecs
 
 
@@ -408,6 +409,8 @@ def _embed_side(args: argparse.Namespace, spec: Any, sentences: list[str],
     np.save(args.vectors_file, vecs)
     out["embed"] = {"sentences_s": rate, "version": getattr(runner, "version", None),
                     "pid": os.getpid(), "backend": backend}
+    if isinstance(runner, EngineEmbed):  # the same batches as the peer: kernels alone
+        out["embed"]["fixed_sentences_s"] = runner.run(sentences, BATCH_SIZE, "fixed")[0]
 
 
 def _embed_compare(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
@@ -427,6 +430,10 @@ def _embed_compare(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
         res["inferdesk"] = {"sentences_s": round(_median([o["sentences_s"] for o in ours]), 1),
                             "samples": [round(o["sentences_s"], 1) for o in ours],
                             "processes": "one per round", "pids": [o["pid"] for o in ours]}
+        fixed = [o["fixed_sentences_s"] for o in ours if "fixed_sentences_s" in o]
+        if fixed:  # batches of BATCH_SIZE by length, as sentence-transformers makes them
+            res["inferdesk_fixed_batches"] = {"sentences_s": round(_median(fixed), 1),
+                                              "samples": [round(x, 1) for x in fixed]}
         if not peer_ok:
             bad = next((t.get("skipped") or t["embed"]["skipped"] for t in theirs), "no round")
             res["sentence_transformers"] = {"skipped": bad}
@@ -439,8 +446,11 @@ def _embed_compare(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
         a, b = np.load(ours_v), np.load(theirs_v)
     cos = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
     res["min_cosine_vs_peer"] = round(float(cos.min()), 6)
-    res["ratio"] = {"sentences_s": round(res["inferdesk"]["sentences_s"]
-                                         / res["sentence_transformers"]["sentences_s"], 3)}
+    theirs_s = res["sentence_transformers"]["sentences_s"]
+    res["ratio"] = {"sentences_s": round(res["inferdesk"]["sentences_s"] / theirs_s, 3)}
+    if "inferdesk_fixed_batches" in res:
+        res["ratio"]["fixed_batches_sentences_s"] = round(
+            res["inferdesk_fixed_batches"]["sentences_s"] / theirs_s, 3)
     return res
 
 
@@ -484,6 +494,10 @@ def _summary(out: dict[str, Any]) -> str:
         if "ratio" in emb:
             lines.append(f"  sentence-transformers: {p['sentences_s']} sentences/s -> ratio "
                          f"{emb['ratio']['sentences_s']}x")
+        if "fixed_batches_sentences_s" in emb.get("ratio", {}):
+            lines.append(f"  in the peer's batches ({emb['batch_size']} by length): "
+                         f"{emb['inferdesk_fixed_batches']['sentences_s']} sentences/s -> "
+                         f"ratio {emb['ratio']['fixed_batches_sentences_s']}x")
         elif "skipped" in p:
             lines.append(f"  sentence-transformers skipped: {p['skipped']}")
     return "\n".join(lines)

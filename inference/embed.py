@@ -181,6 +181,13 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+def fixed_batches(lengths: Sequence[int], size: int) -> list[list[int]]:
+    """Input indices in batches of ``size`` by length, longest first, as sentence-transformers
+    makes them: no memory budget and no fill rule (the bench's like-for-like row)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
 def embed_ids(
     model: EncoderModel,
     token_ids: Sequence[Sequence[int]],
@@ -191,8 +198,11 @@ def embed_ids(
     pooling: str = "mean",
     progress: Callable[[int, int], None] | None = None,
     cancel: threading.Event | None = None,
+    batching: str = "planned",
 ) -> np.ndarray:
-    """Run an encoder over tokenized inputs; one row per input, in input order."""
+    """Run an encoder over tokenized inputs; one row per input, in input order. Batches are
+    planned by length within ``limits`` (:func:`plan_batches`), or with ``batching="fixed"``
+    are ``limits.max_batch`` inputs each (:func:`fixed_batches`)."""
     B = model.B
     n = len(token_ids)
     out = np.zeros((n, model.args.hidden_size), dtype=np.float32)
@@ -222,7 +232,9 @@ def embed_ids(
                        B.array(np.zeros((len(chunk), 1), dtype=np.int64)), B.array(mask))
         return pool(B.to_numpy(hidden), mask, pooling)
 
-    chunks = plan_batches([len(t) for t in token_ids], limits, call_bytes)
+    lengths = [len(t) for t in token_ids]
+    chunks = (fixed_batches(lengths, limits.max_batch) if batching == "fixed"
+              else plan_batches(lengths, limits, call_bytes))
     for chunk, pooled in zip(chunks, B.map_calls(run, chunks), strict=True):
         out[chunk] = pooled
         done += len(chunk)

@@ -50,5 +50,9 @@ def test_each_side_runs_in_its_own_process(tmp_path):
     assert emb["sentence_transformers"]["version"].startswith("fake")
     assert emb["ratio"]["sentences_s"] == round(
         emb["inferdesk"]["sentences_s"] / emb["sentence_transformers"]["sentences_s"], 3)
+    fixed = emb["inferdesk_fixed_batches"]  # the row in the peer's own batches
+    assert len(fixed["samples"]) == 2 and fixed["sentences_s"] > 0
+    assert emb["ratio"]["fixed_batches_sentences_s"] == round(
+        fixed["sentences_s"] / emb["sentence_transformers"]["sentences_s"], 3)
     assert -1.0 <= emb["min_cosine_vs_peer"] < 0.99  # the fake's vectors are not MiniLM's
     assert out["machine"]["cpu"] and isinstance(out["machine"]["vector_flags"], list)

@@ -21,7 +21,7 @@ import pytest
 
 from inference import load_model
 from inference.embed import Pipeline, pool
-from inference.errors import UnsupportedModelError
+from inference.errors import InvalidInputError, UnsupportedModelError
 from tests.goldens_io import MINILM_MIN_COSINE, cosine_rows, load_npz
 
 EMBEDDERS = Path(__file__).parent / "goldens" / "embedders"
@@ -77,6 +77,18 @@ def test_embeddings_match_sentence_transformers(name, backend):
     assert cos.min() >= MINILM_MIN_COSINE, (int(np.argmin(cos)), float(cos.min()))
     # Normalised vectors: the lengths agree as well as the directions.
     assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+
+
+def test_fixed_batches_give_the_planned_vectors():
+    """The bench's like-for-like row batches as sentence-transformers does; the vectors
+    are the planner's (to float32 summation order: padding differs between batches)."""
+    gold, meta = golden(NAMES[0])
+    m = encoder(NAMES[0], "cpu")
+    planned = m.embed(meta["sentences"], batch_size=3)
+    fixed = m.embed(meta["sentences"], batch_size=3, batching="fixed")
+    np.testing.assert_allclose(fixed, planned, atol=1e-5)
+    with pytest.raises(InvalidInputError, match="batching"):
+        m.embed(["a"], batching="sorted")
 
 
 @pytest.mark.parametrize("name", NAMES)

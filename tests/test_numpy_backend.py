@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from inference.backends.numpy_backend import NumpyBackend
-from inference.embed import BatchLimits, l2_normalize, mean_pool, plan_batches
+from inference.embed import BatchLimits, fixed_batches, l2_normalize, mean_pool, plan_batches
 from inference.kv_cache import KVCache
 
 B = NumpyBackend()
@@ -145,3 +145,9 @@ def test_unsupported_rope_scaling_is_refused_not_ignored():
     assert ModelArgs.from_dict({**base, "rope_scaling": llama3}).rope_scaling == llama3
     with pytest.raises(UnsupportedModelError, match="yarn"):
         ModelArgs.from_dict({**base, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})
+
+
+def test_fixed_batches_are_the_peers_batches():
+    """sentence-transformers' batching: longest first, batch_size at a time."""
+    lengths = [3, 9, 1, 7, 5]
+    assert fixed_batches(lengths, 2) == [[1, 3], [4, 0], [2]]
