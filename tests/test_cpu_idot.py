@@ -100,6 +100,24 @@ def test_integer_matvec_multiplies_the_quantized_activations(ci, qtype):
            N.linear(_dequantized(x, ci.activations), N.weight(t)))
 
 
+@pytest.mark.parametrize("qtype", TYPES)
+def test_one_call_linear_is_bitwise_the_two_calls(ci, qtype):
+    """An uncaptured decode linear quantizes inside its one numba call (``linear_q4`` /
+    ``linear_q8``); a captured step replays ``quantize_call``'s fill, then the kernel. Both
+    must give the same bits, alone and in passes of rows."""
+    from inference.backends import cpu_kernels as K
+
+    w = ci.weight(_weight(qtype))
+    x = np.random.default_rng(2).standard_normal((5, 512)).astype(np.float32) * 3
+    for rows in (1, 2, 5):
+        one, two = (np.empty((rows, len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
+                    for _ in range(2))
+        ci._matvec_into(x[:rows], w, one)
+        fn, *args = ci._idot(w, cpu_idot.quantize_rows(x[:rows], ci.activations), two)
+        fn(*args)
+        np.testing.assert_array_equal(one.view(np.uint32), two.view(np.uint32))
+
+
 def test_extreme_codes_and_activations_do_not_overflow(ci):
     """The largest products the sums can meet: 8-bit codes of +-127 (Q8_0) and 255 (MLX
     8-bit), and 15 (4-bit), against activations all at +-L."""

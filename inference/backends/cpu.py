@@ -256,11 +256,18 @@ class CpuBackend(NumpyBackend):
 
     def _matvec_into(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         """out (T, tiles * LANES) = x @ W.T, the rows past W's padded to whole tiles."""
-        if self.activations != "float":
-            fn, *args = self._idot(w, cpu_idot.quantize_rows(x, self.activations), out)
-            fn(*args)
-        else:
+        if self.activations == "float":
             self._matvec_float(x, w, out)
+            return
+        # One numba call: the rows quantized inside it (cpu_idot.linear_q4), bitwise as
+        # quantize_rows + the kernel (the tape's two calls).
+        level = cpu_idot.level(self.activations)
+        if w.bits == 8:
+            cpu_idot.linear_q8(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x, level,
+                               out)
+        else:
+            cpu_idot.linear_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x,
+                               level, out)
 
     def _matvec_float(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         # Pairs of rows of 8-bit scale-only codes (Q8_0, Q6_K) share one conversion of the

@@ -83,9 +83,8 @@ def _quantize(x: np.ndarray, levels: float, q: np.ndarray, d: np.ndarray,
 
 
 def quantize_rows(x: np.ndarray, width: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(T, K) float32 -> the codes ``q`` as pairs ``q[2i] | q[2i+1] << bits`` (T, K/2:
-    int16 for "int8", int32 for "int16"), the scales ``d`` and ``xsum = d * sum(q)``
-    (T, K/32) of each group of 32."""
+    """(T, K) float32 -> the codes ``q`` (T, K; int8 or int16 as ``width``), the scales
+    ``d`` and ``xsum = d * sum(q)`` (T, K/32) of each group of 32."""
     fill, xq = quantize_call(x, width)
     fill()
     return xq
@@ -100,7 +99,27 @@ def quantize_call(x: np.ndarray, width: str
     d = np.empty((t, k // K.GROUP), dtype=np.float32)
     xsum = np.empty_like(d)
     fill = partial(_quantize, x, float(LEVELS[width]), q, d, xsum)
-    return fill, (q.view(np.int16 if width == "int8" else np.int32), d, xsum)
+    return fill, (q, d, xsum)
+
+
+# The largest |q| as the code type's scalar: the one-call entries allocate the codes by it.
+_LEVEL = {w: np.dtype(w).type(v) for w, v in LEVELS.items()}
+
+
+def level(width: str) -> np.integer:
+    """The ``level`` argument of :func:`linear_q4` / :func:`linear_q8` for activations of
+    ``width`` ("int8", "int16")."""
+    return _LEVEL[width]
+
+
+@_jit(inline="always")
+def _quantized(x: np.ndarray, level: np.integer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`quantize_rows` inside compiled code: per-call arrays, the same ``_quantize``."""
+    q = np.full(x.shape, level)  # of level's type, int8 or int16; every code is written
+    d = np.empty((x.shape[0], x.shape[1] // K.GROUP), dtype=np.float32)
+    xsum = np.empty_like(d)
+    _quantize(x, np.float64(level), q, d, xsum)
+    return q, d, xsum
 
 
 # -- one block's integer sums, as LLVM IR -----------------------------------------------
@@ -155,8 +174,12 @@ def _block_rows(context, builder, cty, carr, blk, rows, vt):  # type: ignore[no-
 
 
 def _pair(context, builder, xty, xarr, row, p0, p):  # type: ignore[no-untyped-def]
-    return builder.load(_item_ptr(context, builder, xty, xarr,
-                                  [row, builder.add(p0, ir.Constant(_i64, p))]))
+    """Activation codes ``2 (p0 + p)`` and the next of row ``row`` (int8 or int16) as one
+    int16 or int32."""
+    ptr = _item_ptr(context, builder, xty, xarr,
+                    [row, builder.shl(builder.add(p0, ir.Constant(_i64, p)), ir.Constant(_i64, 1))])
+    pair = ir.IntType(2 * xty.dtype.bitwidth)
+    return builder.load(builder.bitcast(ptr, pair.as_pointer()), align=1)
 
 
 def _store_lanes(context, builder, oty, oarr, row, offset, parts, lanes_of):  # type: ignore
@@ -196,15 +219,15 @@ def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
     """An intrinsic ``(codes, blk, xp, row, p0, out, high)``: ``out[r, lane] = sum_j
     code_j * q_j`` (int32) for activation rows ``row + r``, r < ``nrows``, over block
     ``blk``'s 32 4-bit codes of each of the LANES lanes (byte j: code j low, code j+16
-    high), ``q`` the activation pairs ``xp[row + r, p0:p0+16]`` (int8 pairs in int16, or
-    int16 pairs in int32). The codes are unpacked once for all ``nrows`` rows. With
+    high), ``q`` the activation codes ``xp[row + r, 2*p0:2*p0+32]`` (int8 or int16), read
+    in pairs. The codes are unpacked once for all ``nrows`` rows. With
     ``high`` an array (not None) the codes are 5-bit: bit 4 comes from the plane of high
     bits, code bytes 16-19 (``cpu_kernels`` docstring; read through ``codes``)."""
 
     @intrinsic
     def dot4(typingctx, codes, blk, xp, row, p0, out, high):  # type: ignore[no-untyped-def]
         sig = types.void(codes, blk, xp, row, p0, out, high)
-        narrow = xp.dtype == types.int16
+        narrow = xp.dtype == types.int8
         five = not isinstance(high, types.NoneType)
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -333,7 +356,7 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
               xs: np.ndarray, out: np.ndarray) -> None:
     """out (T, tiles*LANES) = x @ W.T for a 4-bit W (uint8 ``codes`` view), or a 5-bit one
     with its plane of high bits ``high``, and ``x`` given by :func:`quantize_rows` as
-    (xp, dx, xs), 8- or 16-bit; the other arguments as in :func:`cpu_kernels.matvec_q4`.
+    (xp, dx, xs), 8- or 16-bit codes; the other arguments as in :func:`cpu_kernels.matvec_q4`.
     Pairs of rows share the unpacked codes; an odd last row goes alone."""
     rows, groups = dx.shape
     tiles = blocks.shape[0] // groups
@@ -474,3 +497,21 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                     for lane in range(nl):
                         acc[lane] += sg[lane] * (d * _f32(isum[lane] + isum[nl + lane]) - zx)
             out[i, t * K.LANES:(t + 1) * K.LANES] = acc
+
+
+@_jit()
+def linear_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+              high: np.ndarray | None, kind: int, zero: float, x: np.ndarray,
+              level: np.integer, out: np.ndarray) -> None:
+    """:func:`quantize_rows` of the float rows ``x`` (to ``level``'s type, :func:`level`)
+    and :func:`matvec_q4`, as one call from Python: bitwise the two calls' result."""
+    xp, dx, xs = _quantized(x, level)
+    matvec_q4(codes, blocks, halves, flat, high, kind, zero, xp, dx, xs, out)
+
+
+@_jit()
+def linear_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+              kind: int, zero: float, x: np.ndarray, level: np.integer, out: np.ndarray) -> None:
+    """As :func:`linear_q4` for :func:`matvec_q8`."""
+    xp, dx, xs = _quantized(x, level)
+    matvec_q8(codes, blocks, halves, flat, kind, zero, xp, dx, xs, out)
