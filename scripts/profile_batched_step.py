@@ -10,6 +10,8 @@ CPU time (process time) and wall time, and the wall time inside the backend's ``
 and attention, run once per sequence per layer), and the rest (norms, activations,
 reshapes, the BatchedCaches loop's narrow/set_slice, Python). The parts are timed with
 perf_counter wrappers around those calls, so each figure includes a wrapper's ~0.1 us.
+Then the same steps captured and replayed (``backend.decode_steps()``, what the server
+runs): wall time per step only, as a replay has no Python calls to wrap.
 Writes JSON to docs/bench-results/. A profile, not a test: nothing is asserted.
 """
 
@@ -73,7 +75,7 @@ def main() -> None:
         for nb in args.batches:
             caches = []
             for _ in range(nb):
-                c = M.make_cache(args.prompt + args.steps + 8)
+                c = M.make_cache(args.prompt + 2 * args.steps + 16)
                 ids = rng.integers(100, 20000, size=(1, args.prompt))
                 M(B.array(ids), c, last_only=True)
                 caches.append(c)
@@ -89,15 +91,32 @@ def main() -> None:
             cpu = (time.process_time() - c0) / args.steps
             wall = (time.perf_counter() - t0) / args.steps
             parts = {k: v / args.steps for k, v in spent.items()}
+            # The same steps as the server runs them: captured once, then replayed
+            # (cpu_step). A wrapped op turns replay off, so the wrappers come off first.
+            del B.linear
+            llama.Attention._attend = attend
+            replay = B.decode_steps()
+            for _ in range(3):
+                replay(M, ids, cache)
+            r0 = time.perf_counter()
+            for _ in range(args.steps):
+                replay(M, ids, cache)
+            replayed = (time.perf_counter() - r0) / args.steps
+            B.linear = timed_linear
+            llama.Attention._attend = timed_attend
             parts["rest"] = wall - sum(parts.values())
             row = {"threads": threads, "batch": nb, "cpu_ms_per_step": round(cpu * 1e3, 3),
                    "wall_ms_per_step": round(wall * 1e3, 3),
                    "tok_s": round(nb / wall, 1),
+                   "replayed_wall_ms_per_step": round(replayed * 1e3, 3),
+                   "replayed_tok_s": round(nb / replayed, 1),
+                   "replay_off_because": replay.eager_reason,
                    "wall_ms": {k: round(v * 1e3, 3) for k, v in parts.items()},
                    "calls_per_step": {k: v // args.steps for k, v in calls.items()}}
             rows.append(row)
             print(f"{threads}t B={nb}: cpu {row['cpu_ms_per_step']:.2f} ms/step, wall "
-                  f"{row['wall_ms_per_step']:.2f} ms ({row['tok_s']} tok/s); " + ", ".join(
+                  f"{row['wall_ms_per_step']:.2f} ms ({row['tok_s']} tok/s), replayed "
+                  f"{row['replayed_wall_ms_per_step']:.2f} ms; " + ", ".join(
                       f"{k} {v:.2f}" for k, v in row["wall_ms"].items()))
     stamp = time.strftime("%Y%m%d-%H%M")
     out = Path(args.out) / f"{stamp}-batched-step-profile.json"
