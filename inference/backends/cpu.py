@@ -35,7 +35,7 @@ from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams
 
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
-MATVEC_ROWS = 8  # measured crossover vs dequant+sgemm is ~8-16 rows on 2 cores
+MATVEC_ROWS = 8  # dequant+sgemm costs more per row even at 16 rows (docs/cpu-backend.md)
 SCRATCH_BYTES = 16 << 20
 
 
