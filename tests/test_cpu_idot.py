@@ -104,7 +104,7 @@ def test_integer_matvec_multiplies_the_quantized_activations(ci, qtype):
 def test_one_call_linear_is_bitwise_the_two_calls(ci, qtype):
     """An uncaptured decode linear quantizes inside its one numba call (``linear_q4`` /
     ``linear_q8``); a captured step replays ``quantize_call``'s fill, then the kernel. Both
-    must give the same bits, alone and in passes of rows."""
+    must give the same bits, for one row, a pair, and pairs with an odd row."""
     from inference.backends import cpu_kernels as K
 
     w = ci.weight(_weight(qtype))
