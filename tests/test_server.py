@@ -221,6 +221,8 @@ def test_disconnect_cancels_within_a_token(engine, server):  # noqa: F811
     body = {"model": engine.llm.name, "messages": HI, "max_tokens": 200, "temperature": 0,
             "stream": True}
     read = 0
+    _wait_idle(engine)  # an earlier test's request must not finish in between
+    before = len(engine.scheduler.finished)
     with httpx.Client(timeout=300) as c, c.stream("POST", f"{server.url}/chat/completions",
                                                   json=body) as r:
         for line in r.iter_lines():
@@ -229,6 +231,8 @@ def test_disconnect_cancels_within_a_token(engine, server):  # noqa: F811
             if read >= 3:
                 break  # leaving the block closes the connection mid-stream
     assert _wait_idle(engine) == (0, 0)
+    if before < engine.scheduler.finished.maxlen:
+        assert len(engine.scheduler.finished) == before + 1  # this request alone
     reason, n = engine.scheduler.finished[-1]
     assert reason == "cancelled"
     # Tokens already on the wire when we hung up, plus at most the step in flight when the
