@@ -137,6 +137,19 @@ class EngineEmbed:
         return len(sentences) / (time.perf_counter() - t0), vecs
 
 
+def write_record(out_dir: str | Path, name: str, script: str, fields: dict[str, Any]) -> Path:
+    """A benchmark script's raw figures as ``out_dir/<UTC minute>-<name>.json``, with the
+    command that made them, the CPU, the load average and the date."""
+    out = Path(out_dir) / f"{time.strftime('%Y%m%d-%H%M')}-{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "command": f"python {script} " + " ".join(sys.argv[1:]), "cpu": cpu_info(),
+        "load_avg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), **fields},
+        indent=1))
+    print(f"wrote {out}")
+    return out
+
+
 def _settle() -> None:
     # Let the previous runner's spinning OpenMP/BLAS workers go to sleep before timing.
     time.sleep(0.3)

@@ -15,8 +15,6 @@ JSON. A benchmark, not a test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.backends import cpu_idot  # noqa: E402
 from inference.backends.cpu import CpuBackend  # noqa: E402
-from inference.bench import cpu_info  # noqa: E402
+from inference.bench import write_record  # noqa: E402
 from tests.bundled import random_tensor  # noqa: E402
 
 SHAPES = {"cached": (1536, 1536), "streamed": (32768, 1024)}
@@ -68,14 +66,8 @@ def main() -> None:
             rows.append(row)
             print(f"{qtype:5s} {where:8s} " + "  ".join(
                 f"{m} {row['gweights_s'][m]:6.2f} Gw/s ({row['x_float'][m]:.2f}x)" for m in modes))
-    stamp = time.strftime("%Y%m%d-%H%M")
-    out = Path(args.out) / f"{stamp}-matvec-modes-{args.threads}t.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": "python scripts/bench_matvec.py " + " ".join(sys.argv[1:]),
-        "cpu": cpu_info(), "threads": args.threads, "load_avg": os.getloadavg(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_record(args.out, f"matvec-modes-{args.threads}t", "scripts/bench_matvec.py",
+                 {"threads": args.threads, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ A benchmark, not a test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from functools import partial
@@ -27,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.backends.cpu import CpuBackend  # noqa: E402
-from inference.bench import cpu_info, set_threads  # noqa: E402
+from inference.bench import set_threads, write_record  # noqa: E402
 from tests.bundled import random_tensor  # noqa: E402
 
 WEIGHTS = {"qkv": ("Q4_1", 960, 576), "gate_up": ("Q4_1", 3072, 576),
@@ -84,15 +82,9 @@ def main() -> None:
                 print(f"{threads}t {name:8s} {path:6s} B={bb:2d} cpu {row['cpu_us_per_call']:9.1f}"
                       f" us/call {row['cpu_us_per_row']:8.1f} us/row ({row['row_cost_vs_b1']:.2f}"
                       f" x B=1)  wall {row['wall_us_per_call']:9.1f} us")
-    stamp = time.strftime("%Y%m%d-%H%M")
     label = f"-{args.label}" if args.label else ""
-    out = Path(args.out) / f"{stamp}-matvec-batch{label}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": "python scripts/bench_matvec_batch.py " + " ".join(sys.argv[1:]),
-        "cpu": cpu_info(), "mode": args.mode, "load_avg": os.getloadavg(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_record(args.out, f"matvec-batch{label}", "scripts/bench_matvec_batch.py",
+                 {"mode": args.mode, "rows": rows})
 
 
 if __name__ == "__main__":
