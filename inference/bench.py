@@ -33,6 +33,7 @@ import resources
 from inference.backends.base import host_rss
 from inference.generate import generate_step
 from inference.sampling import SamplingParams
+from inference.threads import set_threads
 
 BENCH_DIR = Path(resources.__file__).parent / "bench"
 LLM_MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -45,24 +46,6 @@ def workloads() -> tuple[str, list[str]]:
     prompt = (BENCH_DIR / "prompt.txt").read_text(encoding="utf-8")
     sentences = (BENCH_DIR / "sentences.txt").read_text(encoding="utf-8").splitlines()
     return prompt, sentences
-
-
-def set_threads(n: int, backend: Any = None) -> str:
-    """Cap the engine's thread pools at n: BLAS/OpenMP via threadpoolctl, and the backend's
-    own pool (numba) through its set_threads hook. Returns what was capped."""
-    done = []
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(n)
-        done.append("threadpoolctl")
-    except ImportError:
-        pass
-    hook = getattr(backend, "set_threads", None)
-    if hook is not None:
-        hook(n)
-        done.append(f"{backend.name}.set_threads")
-    return ", ".join(done) or "none (install threadpoolctl to cap BLAS threads)"
 
 
 def _import_backends(requested: str) -> None:

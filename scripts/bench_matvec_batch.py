@@ -25,7 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.backends.cpu import CpuBackend  # noqa: E402
-from inference.bench import set_threads, write_record  # noqa: E402
+from inference.bench import write_record  # noqa: E402
+from inference.threads import set_threads  # noqa: E402
 from tests.bundled import random_tensor  # noqa: E402
 
 WEIGHTS = {"qkv": ("Q4_1", 960, 576), "gate_up": ("Q4_1", 3072, 576),

@@ -30,9 +30,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference import load_model  # noqa: E402
-from inference.bench import cpu_info, set_threads  # noqa: E402
+from inference.bench import cpu_info  # noqa: E402
 from inference.kv_cache import BatchedCaches  # noqa: E402
 from inference.models import llama  # noqa: E402
+from inference.threads import set_threads  # noqa: E402
 
 
 def main() -> None:

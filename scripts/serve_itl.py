@@ -13,11 +13,12 @@ import time
 import numpy as np
 
 from inference.api import load_model
-from inference.bench import set_threads, workloads
+from inference.bench import workloads
 from inference.events import DoneEvent, TokenEvent
 from inference.sampling import SamplingParams
 from inference.server.bench_serve import CONTINUATION
 from inference.server.scheduler import Request, Scheduler
+from inference.threads import set_threads
 
 
 def run(sched: Scheduler, ids: list[int], n: int, tokens: int) -> dict[str, float]:

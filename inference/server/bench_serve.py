@@ -74,60 +74,83 @@ def measure(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any
     return rows
 
 
-@contextlib.contextmanager
-def _llama_cpp_server(path: str, threads: int) -> Iterator[str | None]:
-    """llama-cpp-python's OpenAI server on a free loopback port, or None if not installed."""
-    try:
-        import llama_cpp.server  # noqa: F401
-    except ImportError:
-        yield None
-        return
+def _free_port() -> int:
     import socket
-
-    import httpx2 as httpx
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", path, "--host", "127.0.0.1",
-         "--port", str(port), "--n_threads", str(threads), "--n_ctx", "2048",
-         # By default a new request interrupts the running one (its stream just ends);
-         # queued, each completes. It runs one request at a time either way.
-         "--interrupt_requests", "False"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/v1"
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _server(argv: list[str], port: int) -> Iterator[tuple[str, str]]:
+    """A server started as ``argv`` in a process of its own, listening on loopback ``port``:
+    its base URL and the first model it lists, once it answers. Its output goes to a file
+    (a pipe nobody reads would block a chatty server once full)."""
+    import tempfile
+
+    import httpx2 as httpx
+
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
+        url = f"http://127.0.0.1:{port}/v1"
+        try:
+            for _ in range(3000):  # loading and compiling can take minutes on a cold cache
+                if proc.poll() is not None:
+                    log.seek(0)
+                    err = log.read().decode(errors="replace").strip().splitlines()
+                    raise RuntimeError(f"{argv[2]} exited: {err[-1] if err else proc.returncode}")
+                with contextlib.suppress(httpx.HTTPError):
+                    r = httpx.get(f"{url}/models", timeout=1)
+                    if r.status_code == 200:
+                        yield url, r.json()["data"][0]["id"]
+                        return
+                time.sleep(0.2)
+            raise RuntimeError(f"{argv[2]} did not answer on port {port}")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _inferdesk_argv(path: str, backend: str, threads: int, port: int) -> list[str]:
+    return [sys.executable, "-m", "inference.cli", "serve", "--model", path,
+            "--backend", backend, "--threads", str(threads), "--port", str(port),
+            "--parallel", str(max(STREAMS))]
+
+
+def _llama_cpp_argv(path: str, threads: int, port: int) -> list[str] | None:
+    """llama-cpp-python's OpenAI server, or None if it is not installed."""
     try:
-        for _ in range(600):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        import llama_cpp.server  # noqa: F401
+    except ImportError:
+        return None
+    return [sys.executable, "-m", "llama_cpp.server", "--model", path, "--host", "127.0.0.1",
+            "--port", str(port), "--n_threads", str(threads), "--n_ctx", "2048",
+            # By default a new request interrupts the running one (its stream just ends);
+            # queued, each completes. It runs one request at a time either way.
+            "--interrupt_requests", "False"]
 
 
 def bench_serve(args: Any, out: dict[str, Any]) -> None:
-    from inference.bench import set_threads, workloads
-    from inference.server.run import ServerThread, load_engine
+    """Each side is a server process of its own, at the same thread count, and the streams
+    are clients in this process: neither server shares its interpreter with the clients."""
+    from inference.bench import workloads
+    from inference.store import resolve
 
     prompt = workloads()[0] + CONTINUATION
-    engine = load_engine(args.llm_model, None, args.backend, parallel=max(STREAMS))
-    out["serve_threads_capped"] = set_threads(args.threads, engine.llm.backend)
-    srv = ServerThread(engine).start()
-    try:
-        # One untimed request: JIT compilation and first-touch allocations.
-        _stream_times(srv.url, engine.llm.name, prompt, 4)
-        out["serve"] = {"inferdesk": measure(srv.url, engine.llm.name, prompt,
-                                             args.decode_tokens)}
-    finally:
-        srv.stop()
+    path = str(resolve(args.llm_model).path)
+    out["serve_mode"] = "one server process per side; clients in the bench process"
+    port = _free_port()
+    with _server(_inferdesk_argv(path, args.backend, args.threads, port), port) as (url, name):
+        # One untimed request per side: JIT compilation, first-touch allocations.
+        _stream_times(url, name, prompt, 4)
+        out["serve"] = {"inferdesk": measure(url, name, prompt, args.decode_tokens)}
     if args.compare:
-        with _llama_cpp_server(str(engine.llm.spec.path), args.threads) as url:
-            if url is None:
-                out["serve"]["llama-cpp-python"] = "not installed"
-            else:
-                out["serve"]["llama-cpp-python"] = measure(url, "model", prompt,
-                                                           args.decode_tokens)
+        port = _free_port()
+        argv = _llama_cpp_argv(path, args.threads, port)
+        if argv is None:
+            out["serve"]["llama-cpp-python"] = "not installed"
+            return
+        with _server(argv, port) as (url, name):
+            _stream_times(url, name, prompt, 4)
+            out["serve"]["llama-cpp-python"] = measure(url, name, prompt, args.decode_tokens)

@@ -15,6 +15,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key or os.environ.get("INFERDESK_API_KEY") or None
     check_exposure(args.host, key)  # before minutes of loading, not after
     engine = load_engine(args.model, args.embed_model, args.backend, args.parallel)
+    if args.threads is not None:
+        from inference.threads import set_threads
+
+        for m in engine.models():
+            set_threads(args.threads, m.backend)
     serve(engine, args.host, args.port, key)
     return 0
 
@@ -23,6 +28,13 @@ def _parallel(text: str) -> int:
     n = int(text)
     if not 1 <= n <= MAX_PARALLEL:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_PARALLEL}")
+    return n
+
+
+def _threads(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
     return n
 
 
@@ -38,4 +50,6 @@ def add_parser(sub: Any, backends: list[str]) -> None:
     s.add_argument("--parallel", type=_parallel, default=4,
                    help=f"chat requests decoded together (1-{MAX_PARALLEL})")
     s.add_argument("--backend", choices=backends, default="auto")
+    s.add_argument("--threads", type=_threads,
+                   help="compute threads (BLAS and the cpu kernels; default: every core)")
     s.set_defaults(func=cmd_serve)
