@@ -402,6 +402,26 @@ def test_wide_vectors_on_avx512_unless_the_user_chose(user_features):
         assert features == "None"
 
 
+@pytest.mark.parametrize(("features", "isa"), [
+    ("+avx2,+fma,-avx512f", "AVX2"),
+    ("+avx2,+avxvnni,-avx512f", "AVX2 with AVX-VNNI"),
+    ("+avx2,+avx512f,+avx512vl,-avx512vnni", "AVX-512"),
+    ("+avx2,+avx512f,+avx512vl,+avx512vnni,-prefer-256-bit", "AVX-512 with VNNI (512-bit vectors)"),
+    ("+sse2,-avx2", "no AVX2"),
+])
+def test_backend_reason_names_the_target_isa(monkeypatch, features, isa):
+    import numba
+
+    from inference.backends import cpu_kernels as K
+
+    if not K._x86():
+        pytest.skip("x86 feature strings")
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
+    assert K.target_isa() == isa
+    monkeypatch.undo()
+    assert K.target_isa() in probe()[1]
+
+
 GENERIC_CHECK = """
 import numpy as np
 from numba import njit

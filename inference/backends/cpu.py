@@ -501,10 +501,10 @@ def probe() -> tuple[bool, str]:
         mode = _activations(None)
     except InvalidInputError as e:
         return False, str(e)
-    dot = (f"AVX2 integer dot products over {mode} activations" if mode != "float"
-           else "float mat-vec" + ("" if cpu_idot.available() else " (no AVX2)"))
+    dot = (f"integer dot products over {mode} activations" if mode != "float"
+           else "float mat-vec")
     return True, (f"numba {numba.__version__} kernels over quantized weights, "
-                  f"{numba.get_num_threads()} threads, {f16}, {dot}")
+                  f"{numba.get_num_threads()} threads, {K.target_isa()}, {f16}, {dot}")
 
 
 def create() -> CpuBackend:

@@ -151,6 +151,23 @@ def target_has(feature: str) -> bool:
     return f"+{feature}" in host_cpu_features().split(",")
 
 
+def target_isa() -> str:
+    """The vector instruction set numba compiles the kernels for, as ``backend_reason``
+    names it: "AVX-512 with VNNI (512-bit vectors)", "AVX2 with AVX-VNNI", "AVX2", "ARM
+    NEON" (aarch64: LLVM's default), or "no AVX2" (generic x86, e.g. NUMBA_CPU_NAME)."""
+    if not _x86():
+        import platform
+
+        return "ARM NEON" if platform.machine().lower() in ("arm64", "aarch64") else "generic"
+    if target_has("avx512f"):
+        vnni = " with VNNI" if target_has("avx512vnni") else ""
+        wide = (numba.config.CPU_FEATURES or "").endswith(",-prefer-256-bit")  # _wide_vectors
+        return f"AVX-512{vnni}" + (" (512-bit vectors)" if wide else "")
+    if target_has("avx2"):
+        return "AVX2 with AVX-VNNI" if target_has("avxvnni") else "AVX2"
+    return "no AVX2"
+
+
 def target_has_f16c() -> bool:
     """Whether float16 converts compile to hardware ones: F16C on x86; other
     architectures (ARM) convert float16 natively."""
