@@ -36,6 +36,12 @@ products as LLVM IR (numba ``@intrinsic``), unrolled over the block:
 Measured on SmolLM2's 1536x576 Q4_1 weight, 1 thread (AMD EPYC, AVX2), with the
 quantization: 16-bit 2.0x, 8-bit 3.0x the float lane kernel (docs/benchmarks.md).
 
+Where the target has AVX-512BW the same sums are taken in 512-bit vectors
+(:func:`_make_wide_dot4` / :func:`_make_wide_dot8`): a block's two code rows for all 32
+lanes in one register, half the multiply-adds; bitwise the same results. Measured on an
+Intel Xeon (AVX-512), SmolLM2's Q4_1 shapes, against the AVX2 form: one row 1.06-1.21x,
+pairs of rows (the server's batches) 1.3-1.7x (docs/cpu-backend.md).
+
 Other CPUs (no AVX2, ARM, NUMBA_CPU_NAME=generic) keep the float kernels.
 """
 
@@ -147,13 +153,13 @@ def _pair_bytes(builder: ir.IRBuilder, pair: ir.Value) -> ir.Value:
     return builder.bitcast(_splat(builder, pair, 16), ir.VectorType(_i8, 32))
 
 
-def _pair_words(builder: ir.IRBuilder, pair: ir.Value) -> ir.Value:
-    """An activation pair broadcast to 8 pairs of int16 (``vpmaddwd``'s operand): an int16
-    pair (held in an int32) as it is, an int8 pair (held in an int16) sign-extended."""
+def _pair_words(builder: ir.IRBuilder, pair: ir.Value, n: int = 8) -> ir.Value:
+    """An activation pair broadcast to ``n`` pairs of int16 (``vpmaddwd``'s operand): an
+    int16 pair (held in an int32) as it is, an int8 pair (held in an int16) sign-extended."""
     if pair.type.width == 16:
         two = builder.sext(builder.bitcast(pair, ir.VectorType(_i8, 2)), ir.VectorType(_i16, 2))
         pair = builder.bitcast(two, _i32)
-    return builder.bitcast(_splat(builder, pair, 8), ir.VectorType(_i16, 16))
+    return builder.bitcast(_splat(builder, pair, n), ir.VectorType(_i16, 2 * n))
 
 
 def _interleave(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int]) -> ir.Value:
@@ -339,10 +345,133 @@ def _make_dot8(nrows: int):  # type: ignore[no-untyped-def]
     return dot8
 
 
+# -- the same sums in 512-bit vectors (AVX-512BW) --------------------------------------
+# One zmm holds a block's two code rows for all 32 lanes, interleaved lane by lane; the
+# codes widen to two vectors of 16 lanes x 2 codes, each one ``vpmaddwd`` against the
+# broadcast activation pair: half the multiply-adds of the AVX2 form, and the shuffles
+# stay inside 128-bit lanes or are single ``vpermt2b`` (AVX-512 VBMI) / ``vpermt2w``.
+# The integer sums are exact, so the results are bitwise those of the AVX2 intrinsics.
+
+_PAIRS64 = [i for lane in range(K.LANES) for i in (lane, K.LANES + lane)]
+
+
+def _wide_words(builder: ir.IRBuilder, codes: ir.Value, signed: bool) -> list[ir.Value]:
+    """64 code bytes (32 lanes x 2) -> two vectors of 16 lanes' pairs as int16."""
+    v64i16 = ir.VectorType(_i16, 64)
+    wide = (builder.sext if signed else builder.zext)(codes, v64i16)
+    return [builder.shuffle_vector(wide, ir.Constant(v64i16, None), ir.Constant(
+        ir.VectorType(_i32, 32), list(range(h, h + 32)))) for h in (0, 32)]
+
+
+def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value) -> ir.Value:
+    v32i16, v16i32 = ir.VectorType(_i16, 32), ir.VectorType(_i32, 16)
+    madd = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v16i32, [v32i16, v32i16]), "llvm.x86.avx512.pmaddw.d.512")
+    return builder.add(acc, builder.call(madd, [words, x]))
+
+
+def _wide_store(context, builder, oty, oarr, offset, acc):  # type: ignore[no-untyped-def]
+    """Two int32 vectors of 16 lanes -> ``out[offset:offset + 32]`` (a constant offset)."""
+    for e, vec in enumerate(acc):
+        ptr = _item_ptr(context, builder, oty, oarr, [ir.Constant(_i64, offset + 16 * e)])
+        builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
+
+
+def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
+    """:func:`_make_dot4` in 512-bit vectors: same arguments, same sums in ``out``."""
+
+    @intrinsic
+    def dot4(typingctx, codes, blk, xp, row, p0, out, high):  # type: ignore[no-untyped-def]
+        sig = types.void(codes, blk, xp, row, p0, out, high)
+        five = not isinstance(high, types.NoneType)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            cty, _, xty, _, _, oty, _ = signature.args
+            carr, cblk, xarr, crow, cp0, oarr, _ = args
+            v32i8, v64i8, v16i32 = (ir.VectorType(_i8, 32), ir.VectorType(_i8, 64),
+                                    ir.VectorType(_i32, 16))
+            pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
+            m15, four, one = (ir.Constant(v64i8, [c] * 64) for c in (15, 4, 1))
+            blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+            rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
+            acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]  # lanes 0-15, 16-31
+            if five:  # bit 4 of codes (2p, 2p+1) and (2p+16, 2p+17), paired as the codes
+                el, ol, eh, oh = _block_rows(context, builder, cty, carr, blk, (16, 17, 18, 19),
+                                             v32i8)
+                tops = (builder.shuffle_vector(el, ol, pairs),
+                        builder.shuffle_vector(eh, oh, pairs))
+            for p in range(8):
+                r0, r1 = _block_rows(context, builder, cty, carr, blk, (2 * p, 2 * p + 1),
+                                     v32i8)
+                u = builder.shuffle_vector(r0, r1, pairs)
+                lo = builder.and_(u, m15)
+                hi = builder.and_(builder.lshr(u, four), m15)
+                if five:
+                    bit = ir.Constant(v64i8, [p] * 64)
+                    lo, hi = (builder.or_(c, builder.shl(builder.and_(
+                        builder.lshr(top, bit), one), four)) for c, top in zip(
+                            (lo, hi), tops, strict=True))
+                for c, codes_ in enumerate((lo, hi)):  # codes 2p.. and 2p+16..
+                    words = _wide_words(builder, codes_, signed=False)
+                    for a, rw in zip(acc, rows, strict=True):
+                        x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0,
+                                                       p + 8 * c), 16)
+                        a[0] = _wide_madd(builder, a[0], words[0], x)
+                        a[1] = _wide_madd(builder, a[1], words[1], x)
+            for r, a in enumerate(acc):
+                _wide_store(context, builder, oty, oarr, 2 * K.LANES * r, a)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot4
+
+
+def _make_wide_dot8(nrows: int):  # type: ignore[no-untyped-def]
+    """:func:`_make_dot8` in 512-bit vectors: same arguments, same sums in ``out``."""
+
+    @intrinsic
+    def dot8(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
+        sig = types.void(codes, blk, xp, row, p0, out)
+        signed = codes.dtype == types.int8
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            cty, _, xty, _, _, oty = signature.args
+            carr, cblk, xarr, crow, cp0, oarr = args
+            v32i8, v16i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 16)
+            pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
+            blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+            rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
+            for half in range(2):  # codes 0-15, then 16-31
+                acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]
+                for p in range(8 * half, 8 * half + 8):
+                    r0, r1 = _block_rows(context, builder, cty, carr, blk,
+                                         (2 * p, 2 * p + 1), v32i8)
+                    words = _wide_words(builder, builder.shuffle_vector(r0, r1, pairs), signed)
+                    for a, rw in zip(acc, rows, strict=True):
+                        x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0, p),
+                                        16)
+                        a[0] = _wide_madd(builder, a[0], words[0], x)
+                        a[1] = _wide_madd(builder, a[1], words[1], x)
+                for r, a in enumerate(acc):
+                    _wide_store(context, builder, oty, oarr, 2 * K.LANES * r + half * K.LANES, a)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot8
+
+
+def wide() -> bool:
+    """Whether the pair kernels take the 512-bit intrinsics (the target has AVX-512BW)."""
+    return K.target_has("avx512bw")
+
+
 # Two rows share each unpacking of the codes; more would not fit AVX2's 16 vector
 # registers (two rows already hold 8 accumulators).
-_dot4, _dot4x2 = _make_dot4(1), _make_dot4(2)
-_dot8, _dot8x2 = _make_dot8(1), _make_dot8(2)
+_make4, _make8 = (_make_wide_dot4, _make_wide_dot8) if wide() else (_make_dot4, _make_dot8)
+_dot4, _dot4x2 = _make4(1), _make4(2)
+_dot8, _dot8x2 = _make8(1), _make8(2)
 # The float tails (integer sums -> float, times the scales) are written out in each loop:
 # as one shared inline function the one-row kernel ran at 0.8x (measured, numba 0.68).
 # They compile without FMA contraction or reassociation, so every copy computes the same
