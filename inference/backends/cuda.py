@@ -73,7 +73,7 @@ class _Capture:
 
 class CudaBackend(Backend):
     name = "cuda"
-    # Mat-vecs of Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights quantize x to q8_1 and use
+    # Mat-vecs of Q4_0/Q4_1/Q5_x/Q8_0 and K-quant weights quantize x to q8_1 and use
     # integer dot products (__dp4a, sm_61+), the path that reaches memory bandwidth on every
     # such GPU (kernels/cuda/mmv.cu); x is then rounded to 8 bits per 32 values, as
     # llama.cpp does. False: the float kernels, equal to NumPy up to float32 rounding.

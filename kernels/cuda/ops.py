@@ -94,7 +94,7 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True,
     With q8_1 (default) and a weight type that has one, x is quantized to q8_1 and the
     integer kernel (mul_mat_vec_q_*) runs: what reaches memory bandwidth on every GPU since
     sm_61 (__dp4a), at the cost of rounding x to 8 bits per 32-value block (relative error
-    <= 1/254 of each block's max |x|). Otherwise, and for F32/F16/Q2_K/Q3_K, the float
+    <= 1/254 of each block's max |x|). Otherwise, and for F32/F16/BF16, the float
     kernel (mul_mat_vec_*), exact to float32 rounding. F16/BF16 weights take the 16-bit
     vector kernel (mul_mat_vec_h_*: 8-byte weight and 16-byte x loads, float32 sums) where
     :func:`half_vector_applies`, else the float kernel. The integer kernel reads each weight

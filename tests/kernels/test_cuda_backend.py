@@ -144,13 +144,15 @@ def test_stacked_projections_are_one_mat_vec_each(monkeypatch: pytest.MonkeyPatc
         assert a.argmax() == b.argmax()
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                                   "Q6_K"])
 def test_tiny_llama_decode_with_q8_1_activations(qtype: str, device: Device) -> None:
     # The default mat-vec path: x in q8_1, integer dot products. Decode logits (3 rows: the
-    # mat-vec) against NumPy's float ones: |error| <= 8% of the largest |logit|, measured
-    # 0.7-5.0% on these random models (x rounded to 8 bits per 32 values in every mat-vec of
-    # 2 layers and the head; random weights cancel, so the logits are small next to the
-    # rounding). The same top token wherever NumPy's top two are further apart than 2x that.
+    # mat-vec, one weight read per block for all 3) against NumPy's float ones: |error| <= 8%
+    # of the largest |logit|, measured 0.09-4.9% on these random models (Q2_K 0.09%, Q3_K
+    # 0.13%; x rounded to 8 bits per 32 values in every mat-vec of 2 layers and the head;
+    # random weights cancel, so the logits are small next to the rounding). The same top
+    # token wherever NumPy's top two are further apart than 2x that.
     # Real weights: SmolLM2 in docs/cuda.md.
     ckpt = tiny_llama(qtype, embed_type="Q6_K" if qtype == "Q4_K" else "Q8_0")
     C = CudaBackend(device)

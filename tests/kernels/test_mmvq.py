@@ -125,7 +125,7 @@ def test_dp4a_path_is_free_of_races(rng: np.random.Generator) -> None:
     partial last warp step; batch tiles 2, 4 (partial) and 8 (a full tile, a partial one)."""
     dev = EmulatedDevice(check_races=True)
     for qtype, cols, batch in [("Q4_0", 1056, 11), ("Q4_1", 2080, 3), ("Q6_K", 1280, 2),
-                               ("Q5_K", 2304, 4)]:
+                               ("Q5_K", 2304, 4), ("Q2_K", 1280, 2), ("Q3_K", 2304, 8)]:
         m = ops.upload_matrix(dev, make_weight(qtype, 7, cols, rng), qtype, (7, cols))
         ops.mul_mat_vec(dev, m, dev.to_device(_x(rng, batch, cols)))
 

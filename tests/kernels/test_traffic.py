@@ -72,7 +72,7 @@ def test_float_mat_vec_is_what_the_issue_measured(qtype: str) -> None:
     assert st["w"].efficiency < 0.3 and st["x"].efficiency == 0.5
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q3_K"])
 def test_batched_decode_reads_the_weights_once_per_tile(qtype: str) -> None:
     # A block dots each weight read with its tile of batch rows: weight bytes moved by a
     # launch = one batch-1 read per tile (exactly: the same instructions per block), so per
