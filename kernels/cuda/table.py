@@ -116,7 +116,11 @@ BUDGETS: dict[str, KernelBudget] = {
        for n in MMVQ_TILES[1:]},
     "mul_mat_vec_h_": KernelBudget(256, 64, 0),
     "quantize_q8_1": KernelBudget(256, 32, 0),
-    "dequantize_": KernelBudget(256, 64, 4 * (256 * 32 + 256)),  # dequant.cu's stage
+    # dequant.cu: the output stage (floats, a pad per 32) and the weight stage (DQ_W_WORDS).
+    # dq reading its bytes from shared memory takes up to 76 registers (ptxas, 32-element
+    # types on sm_75/80); 80 x 256 threads lets 3 blocks share an SM's registers, and the
+    # 42.5 KB of stages already cap an RTX 4090 SM at 2.
+    "dequantize_": KernelBudget(256, 80, 4 * (256 * 32 + 256) + 16 * 546),
     "rms_norm_f32": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),
     "softmax_f32": KernelBudget(1024, 32, 128),
