@@ -168,6 +168,42 @@ def test_tiny_llama_decode_with_q8_1_activations(qtype: str, device: Device) -> 
     assert (got.argmax(-1) == want.argmax(-1))[clear].all()
 
 
+
+def test_batched_decode_step_gives_each_sequence_its_own_logits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server's batched decode (BatchedCaches: one row per sequence, each at its own
+    # position; every linear over all rows) with q8_1 on: 5 sequences, so the mat-vecs
+    # read each weight once for all 5 (tile 8, 3 rows idle). Each row must be that
+    # sequence's own decode step: every op is row-independent and the tiles equal the
+    # 1-row kernel bitwise (test_mmvq.py), so 1e-6 of the largest |logit| is float32 noise.
+    from inference.kv_cache import BatchedCaches
+
+    ckpt = tiny_llama("Q4_K", embed_type="Q6_K", layers=1)
+    C = CudaBackend(EmulatedDevice(), kv_dtype=np.float32)
+    assert C.q8_1_activations
+    model = _build(llama, ckpt, C)
+    prompts = [[1, 5, 9], [2, 7], [3, 4, 6, 8], [10, 20, 30, 40, 50], [60]]
+    nxt = [[11], [12], [13], [14], [15]]
+
+    def prefilled() -> list:
+        caches = []
+        for p in prompts:
+            caches.append(model.make_cache(16))
+            model(C.array(np.array([p])), caches[-1], last_only=True)
+        return caches
+
+    names: list[str] = []
+    launch = C.dev.launch
+    monkeypatch.setattr(C.dev, "launch", lambda m, n, *a: (names.append(n), launch(m, n, *a)))
+    batched = C.to_numpy(model(C.array(np.array(nxt)), BatchedCaches(prefilled()),
+                               last_only=True))
+    assert any(n.startswith("mul_mat_vec_q_b8_") for n in names), sorted(set(names))
+    alone = np.concatenate([C.to_numpy(model(C.array(np.array([t])), c, last_only=True))
+                            for t, c in zip(nxt, prefilled(), strict=True)])
+    assert batched.shape == alone.shape == (5, 1, 96)
+    np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-6 * np.abs(alone).max())
+    assert (batched.argmax(-1) == alone.argmax(-1)).all()
+
 def test_half_precision_prefill_stays_close() -> None:
     # float16 weights and activations in the prefill GEMMs: atol/rtol 2e-2 on the logits.
     ckpt = tiny_llama("Q4_K", embed_type="Q8_0")
