@@ -12,7 +12,7 @@
 #define DQ_MAX_EPT 32
 // The weight stage: a block's quant blocks (at most 256 of the 32-element types, 34 bytes
 // each for Q8_0) and up to 15 bytes on either side, in aligned 16-byte words.
-#define DQ_W_WORDS 546
+#define DQ_W_WORDS 546  // table.DQ_W_WORDS
 
 // Stage index of element e: one pad float per 32, so that lanes writing their slices
 // (stride EPT = 1, 16 or 32) and lanes reading 4 or 8 consecutive elements hit distinct

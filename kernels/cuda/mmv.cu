@@ -89,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_1(
 #define MMVQ_COLS 1024  // table.MMVQ_COLS
 #define MMVQ_ROWS 4  // warps (= output rows) per block: table.MMVQ_ROWS
 #define MMVQ_X_WORDS (MMVQ_COLS / 32 * Q8_1_BYTES / 16)  // 72 uint4: a step's q8_1 blocks
-#define MMVQ_W_WORDS 72  // uint4 per warp: a step's weight bytes (<= 1088, Q8_0) + 2 partial
+#define MMVQ_W_WORDS 72  // table.MMVQ_W_WORDS: uint4 per warp, a step's weights (<= 1088 B) + 2
 
 // The shared stage of a mul_mat_vec_q kernel with NY batch rows per weight read: the step's
 // x blocks of each of its NY batch rows, then each warp's weight bytes (NY = 1: 5,760

@@ -66,8 +66,8 @@ MMVQ_COLS = 1024
 # ncols_y): mul_mat_vec_q_<suffix> for 1, mul_mat_vec_q_b<n>_<suffix> for the others
 # (MMVQ_KERNEL in mmv.cu). plan.mmvq_tile picks one per batch size.
 MMVQ_TILES = (1, 2, 4, 8)
-_MMVQ_X_WORDS = MMVQ_COLS // Q8_1_QK * Q8_1_BYTES // 16  # uint4 of one batch row's x stage
-_MMVQ_W_WORDS = 72  # uint4 per warp of the weight stage
+MMVQ_X_WORDS = MMVQ_COLS // Q8_1_QK * Q8_1_BYTES // 16  # uint4 of one batch row's x stage
+MMVQ_W_WORDS = 72  # uint4 per warp of the weight stage
 
 
 def mmvq_kernel(t: KernelType, tile: int) -> str:
@@ -77,7 +77,7 @@ def mmvq_kernel(t: KernelType, tile: int) -> str:
 
 def mmvq_smem(tile: int) -> int:
     """Static shared memory of the integer mat-vec with `tile` batch rows (mmvq_smem_<n>)."""
-    return 16 * (tile * _MMVQ_X_WORDS + MMVQ_ROWS * _MMVQ_W_WORDS)
+    return 16 * (tile * MMVQ_X_WORDS + MMVQ_ROWS * MMVQ_W_WORDS)
 
 # 16-bit mat-vec (mul_mat_vec_h_*, F16 and BF16): lane l of a warp step takes columns
 # 4l..4l+3, one 8-byte weight word and one float4 of x (MMVH_* in mmv.cu).
@@ -86,6 +86,11 @@ HALF_TYPES = ("F16", "BF16")
 # quantize_q8_1: one warp per q8_1 block, 8 warps per block (256 threads, as the
 # elementwise kernels).
 Q8_1_WARPS = 8
+
+
+# dequant.cu's weight stage, uint4: a block's quant blocks (at most 256 x 34 bytes, Q8_0)
+# and the partial words on either side.
+DQ_W_WORDS = 546
 
 
 def q8_1_row_bytes(ncols: int) -> int:
@@ -120,7 +125,7 @@ BUDGETS: dict[str, KernelBudget] = {
     # dq reading its bytes from shared memory takes up to 76 registers (ptxas, 32-element
     # types on sm_75/80); 80 x 256 threads lets 3 blocks share an SM's registers, and the
     # 42.5 KB of stages already cap an RTX 4090 SM at 2.
-    "dequantize_": KernelBudget(256, 80, 4 * (256 * 32 + 256) + 16 * 546),
+    "dequantize_": KernelBudget(256, 80, 4 * (256 * 32 + 256) + 16 * DQ_W_WORDS),
     "rms_norm_f32": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),
     "softmax_f32": KernelBudget(1024, 32, 128),

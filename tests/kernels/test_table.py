@@ -43,7 +43,11 @@ def test_attention_and_mat_vec_limits_match_the_source() -> None:
     mmv = source_path("mmv").read_text()
     assert int(re.search(r"#define MMVQ_ROWS (\d+)", mmv).group(1)) == table.MMVQ_ROWS
     assert int(re.search(r"#define MMVQ_COLS (\d+)", mmv).group(1)) == table.MMVQ_COLS
-    assert int(re.search(r"#define MMVQ_W_WORDS (\d+)", mmv).group(1)) == table._MMVQ_W_WORDS
+    assert int(re.search(r"#define MMVQ_W_WORDS (\d+)", mmv).group(1)) == table.MMVQ_W_WORDS
+    x_words = re.search(r"#define MMVQ_X_WORDS \(MMVQ_COLS / 32 \* Q8_1_BYTES / 16\)", mmv)
+    assert x_words and table.MMVQ_X_WORDS == table.MMVQ_COLS // 32 * table.Q8_1_BYTES // 16
+    dq = source_path("dequant").read_text()
+    assert int(re.search(r"#define DQ_W_WORDS (\d+)", dq).group(1)) == table.DQ_W_WORDS
     tiles = sorted(int(n) for n in re.findall(r"^MMVQ_SMEM\((\d+)\)$", mmv, re.M))
     assert tuple(tiles) == table.MMVQ_TILES
     assert int(re.search(r"#define Q8_1_BYTES (\d+)", source_path("quants").with_suffix(
