@@ -161,11 +161,11 @@ static __device__ __forceinline__ void mul_mat_vec_q(
         if (row < nrows && lane < groups) {
             const uint8_t * b = (const uint8_t *) sw + ((uintptr_t) wc - a0) +
                                 (lane / GROUPS) * Q::BYTES;
+            const uint8_t * xb = (const uint8_t *) sx + lane * Q8_1_BYTES;
 #pragma unroll
             for (int j = 0; j < NY; ++j) {
                 if (j < ny) {
-                    acc[j] += Q::vdot(b, lane % GROUPS,
-                                      (const uint8_t *) (sx + j * MMVQ_X_WORDS) + lane * Q8_1_BYTES);
+                    acc[j] += Q::vdot(b, lane % GROUPS, xb + j * (MMVQ_X_WORDS * 16));
                 }
             }
         }
