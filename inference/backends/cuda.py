@@ -39,10 +39,12 @@ from kernels.cuda.ops import QuantMatrix
 from kernels.cuda.table import ATTN_MAX_HEAD_DIM, TYPES
 from kernels.errors import KernelLoadError
 
-# Up to this many rows of x, linear() runs the quantized mat-vec once per row (reading the
-# quantized weight each time) instead of dequantizing to float32 for a GEMM (read quantized,
-# write and read float32: about 2.1 passes of float32 weight). A 4-bit weight is 1/8 of its
-# float32 size, so 8 mat-vec passes cost about what the dequantize route does.
+# Up to this many rows of x, linear() runs the quantized mat-vec instead of dequantizing to
+# float32 for a GEMM (read quantized, write and read float32: about 2.1 passes of float32
+# weight). The float mat-vec reads the quantized weight once per row: for a 4-bit weight,
+# 1/8 of its float32 size, 8 passes cost about what the dequantize route does. The integer
+# (q8_1) mat-vec reads it once for up to 8 rows (plan.mmvq_tile), so a batched decode step
+# of up to 8 sequences reads each weight once.
 MMV_MAX_ROWS = 8
 
 _KERNEL_TYPES = set(TYPES)  # F32, F16, BF16 and the GGML block types: kept as they are
@@ -71,7 +73,7 @@ class _Capture:
 
 class CudaBackend(Backend):
     name = "cuda"
-    # Mat-vecs of Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights quantize x to q8_1 and use
+    # Mat-vecs of Q4_0/Q4_1/Q5_x/Q8_0 and K-quant weights quantize x to q8_1 and use
     # integer dot products (__dp4a, sm_61+), the path that reaches memory bandwidth on every
     # such GPU (kernels/cuda/mmv.cu); x is then rounded to 8 bits per 32 values, as
     # llama.cpp does. False: the float kernels, equal to NumPy up to float32 rounding.

@@ -89,27 +89,38 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_1(
 #define MMVQ_COLS 1024  // table.MMVQ_COLS
 #define MMVQ_ROWS 4  // warps (= output rows) per block: table.MMVQ_ROWS
 #define MMVQ_X_WORDS (MMVQ_COLS / 32 * Q8_1_BYTES / 16)  // 72 uint4: a step's q8_1 blocks
-#define MMVQ_W_WORDS 72  // uint4 per warp: a step's weight bytes (<= 1088, Q8_0) + 2 partial
+#define MMVQ_W_WORDS 72  // table.MMVQ_W_WORDS: uint4 per warp, a step's weights (<= 1088 B) + 2
 
-// One shared array for every mul_mat_vec_q kernel (5,760 bytes): the step's x blocks, then
-// each warp's weight bytes. Declared in a plain function so the emulator poisons it.
-static __device__ __forceinline__ uint4 * mmvq_smem() {
-    __shared__ uint4 s[MMVQ_X_WORDS + MMVQ_ROWS * MMVQ_W_WORDS];
-    return s;
-}
+// The shared stage of a mul_mat_vec_q kernel with NY batch rows per weight read: the step's
+// x blocks of each of its NY batch rows, then each warp's weight bytes (NY = 1: 5,760
+// bytes; 8: 13,824). One plain function per NY, so that the emulator poisons it.
+#define MMVQ_SMEM(NY)                                                                           \
+    static __device__ __forceinline__ uint4 * mmvq_smem_##NY() {                                \
+        __shared__ uint4 s[NY * MMVQ_X_WORDS + MMVQ_ROWS * MMVQ_W_WORDS];                      \
+        return s;                                                                               \
+    }
+MMVQ_SMEM(1)
+MMVQ_SMEM(2)
+MMVQ_SMEM(4)
+MMVQ_SMEM(8)
 
 // y[b, row] = sum over 32-element groups of Q::vdot, one warp per row, blockDim =
-// (32, rows <= MMVQ_ROWS), grid (row blocks, batch). The weight buffer and every q8_1 row
-// start 16-byte aligned (ops.mul_mat_vec checks); a weight row starts anywhere 2-aligned, so
-// a warp loads the aligned 16-byte words that cover its step's bytes: up to 15 bytes before
-// and after them belong to the neighbouring rows (never outside the buffer: its start is
-// aligned and its end is inside an aligned word). Every warp runs every step (the barriers
-// are uniform); warps past the last row stage and compute nothing.
-template <typename Q>
+// (32, rows <= MMVQ_ROWS), grid (row blocks, ceil(batch / NY)). A block serves batch rows
+// NY * blockIdx.y .. + NY - 1 (those below `batch`): each weight byte is loaded from global
+// memory once and dotted with all of them (llama.cpp's mmvq ncols_y), so a batched decode
+// step reads the weights once per NY sequences, not once per sequence.
+// The weight buffer and every q8_1 row start 16-byte aligned (ops.mul_mat_vec checks); a
+// weight row starts anywhere 2-aligned, so a warp loads the aligned 16-byte words that cover
+// its step's bytes: up to 15 bytes before and after them belong to the neighbouring rows
+// (never outside the buffer: its start is aligned and its end is inside an aligned word).
+// Every warp runs every step (the barriers are uniform); warps past the last row stage and
+// compute nothing, and batch rows past `batch` are neither staged nor computed (`ny` is
+// the same for the whole block).
+template <typename Q, int NY>
 static __device__ __forceinline__ void mul_mat_vec_q(
         const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, float * __restrict__ y,
         const int ncols, const int nrows, const long long row_bytes, const long long xq_stride,
-        uint4 * smem) {
+        const int batch, uint4 * smem) {
     constexpr int GROUPS = Q::QK / 32;  // lanes per weight block
     constexpr int STEP_BYTES = MMVQ_COLS / Q::QK * Q::BYTES;
     static_assert(Q::QK % 32 == 0 && MMVQ_COLS % Q::QK == 0, "a step holds whole blocks");
@@ -117,19 +128,26 @@ static __device__ __forceinline__ void mul_mat_vec_q(
     const int lane = threadIdx.x;
     const int tid = threadIdx.y * WARP_SIZE + lane, nthreads = blockDim.y * WARP_SIZE;
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    const int b0 = blockIdx.y * NY, ny = min(NY, batch - b0);
     uint4 * sx = smem;
-    uint4 * sw = smem + MMVQ_X_WORDS + threadIdx.y * MMVQ_W_WORDS;
-    const uint8_t * xr = xq + blockIdx.y * xq_stride;
+    uint4 * sw = smem + NY * MMVQ_X_WORDS + threadIdx.y * MMVQ_W_WORDS;
+    const uint8_t * xr = xq + b0 * xq_stride;
     const uint8_t * wr = w + (long long) row * row_bytes;
 
-    float acc = 0.0f;
+    float acc[NY];
+#pragma unroll
+    for (int j = 0; j < NY; ++j) {
+        acc[j] = 0.0f;
+    }
     for (int c0 = 0; c0 < ncols; c0 += MMVQ_COLS) {
         const int groups = min(MMVQ_COLS, ncols - c0) / 32;
-        // x: this step's q8_1 blocks, shared by the block's warps (rounded up to whole
-        // words: q8_1 rows are padded to 16 bytes).
-        const uint4 * xs = (const uint4 *) (xr + (c0 / 32) * Q8_1_BYTES);
-        for (int i = tid; i < (groups * Q8_1_BYTES + 15) / 16; i += nthreads) {
-            sx[i] = ld_global(xs + i);
+        // x: this step's q8_1 blocks of each batch row, shared by the block's warps (rounded
+        // up to whole words: q8_1 rows are padded to 16 bytes); row j at sx + j * X_WORDS.
+        const int xwords = (groups * Q8_1_BYTES + 15) / 16;
+        for (int i = tid; i < ny * xwords; i += nthreads) {
+            const int j = i / xwords, k = i - j * xwords;
+            sx[j * MMVQ_X_WORDS + k] =
+                ld_global((const uint4 *) (xr + j * xq_stride + (c0 / 32) * Q8_1_BYTES) + k);
         }
         const uint8_t * wc = wr + (c0 / Q::QK) * Q::BYTES;
         const uintptr_t a0 = (uintptr_t) wc & ~(uintptr_t) 15;
@@ -141,24 +159,45 @@ static __device__ __forceinline__ void mul_mat_vec_q(
         }
         __syncthreads();
         if (row < nrows && lane < groups) {
-            const uint8_t * b = (const uint8_t *) sw + ((uintptr_t) wc - a0);
-            acc += Q::vdot(b + (lane / GROUPS) * Q::BYTES, lane % GROUPS,
-                           (const uint8_t *) sx + lane * Q8_1_BYTES);
+            const uint8_t * b = (const uint8_t *) sw + ((uintptr_t) wc - a0) +
+                                (lane / GROUPS) * Q::BYTES;
+            const uint8_t * xb = (const uint8_t *) sx + lane * Q8_1_BYTES;
+#pragma unroll
+            for (int j = 0; j < NY; ++j) {
+                if (j < ny) {
+                    acc[j] += Q::vdot(b, lane % GROUPS, xb + j * (MMVQ_X_WORDS * 16));
+                }
+            }
         }
         __syncthreads();  // the next step overwrites the stage
     }
-    acc = warp_reduce_sum(acc);
+#pragma unroll
+    for (int j = 0; j < NY; ++j) {
+        acc[j] = warp_reduce_sum(acc[j]);
+    }
     if (row < nrows && lane == 0) {
-        st_global(y + (long long) blockIdx.y * nrows + row, acc);
+#pragma unroll
+        for (int j = 0; j < NY; ++j) {
+            if (j < ny) {
+                st_global(y + (long long) (b0 + j) * nrows + row, acc[j]);
+            }
+        }
     }
 }
 
-#define MMVQ_KERNEL(Q, name)                                                                    \
-    extern "C" __global__ void __launch_bounds__(MMVQ_ROWS * WARP_SIZE) mul_mat_vec_q_##name(   \
+// mul_mat_vec_q_<type> (NY = 1) and mul_mat_vec_q_b<NY>_<type>: the NY of table.MMVQ_TILES.
+#define MMVQ_KERNEL_NY(Q, name, NY, kname)                                                      \
+    extern "C" __global__ void __launch_bounds__(MMVQ_ROWS * WARP_SIZE) kname(                  \
             const uint8_t * w, const uint8_t * xq, float * y, const int ncols, const int nrows,  \
-            const long long row_bytes, const long long xq_stride) {                              \
-        mul_mat_vec_q<Q>(w, xq, y, ncols, nrows, row_bytes, xq_stride, mmvq_smem());             \
+            const long long row_bytes, const long long xq_stride, const int batch) {             \
+        mul_mat_vec_q<Q, NY>(w, xq, y, ncols, nrows, row_bytes, xq_stride, batch,               \
+                             mmvq_smem_##NY());                                                 \
     }
+#define MMVQ_KERNEL(Q, name)                                                                    \
+    MMVQ_KERNEL_NY(Q, name, 1, mul_mat_vec_q_##name)                                            \
+    MMVQ_KERNEL_NY(Q, name, 2, mul_mat_vec_q_b2_##name)                                         \
+    MMVQ_KERNEL_NY(Q, name, 4, mul_mat_vec_q_b4_##name)                                         \
+    MMVQ_KERNEL_NY(Q, name, 8, mul_mat_vec_q_b8_##name)
 FOR_EACH_DP4A_TYPE(MMVQ_KERNEL)
 
 // ---- 16-bit float weights (F16, BF16) ----------------------------------------------------

@@ -14,7 +14,7 @@ import numpy as np
 
 from kernels.cuda import plan
 from kernels.cuda.device import Device
-from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, q8_1_row_bytes
+from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, mmvq_kernel, q8_1_row_bytes
 from kernels.errors import LaunchError
 
 i32, i64, f32 = np.int32, np.int64, np.float32
@@ -87,26 +87,30 @@ def half_vector_applies(dev: Device, w: QuantMatrix) -> bool:
     return w.qtype in HALF_TYPES and w.cols % 4 == 0 and dev.address(w.data) % 16 == 0
 
 
-def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True) -> Any:
+def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True,
+                tile: int | None = None) -> Any:
     """(batch, cols) float32 -> (batch, rows) float32.
 
     With q8_1 (default) and a weight type that has one, x is quantized to q8_1 and the
     integer kernel (mul_mat_vec_q_*) runs: what reaches memory bandwidth on every GPU since
     sm_61 (__dp4a), at the cost of rounding x to 8 bits per 32-value block (relative error
-    <= 1/254 of each block's max |x|). Otherwise, and for F32/F16/Q2_K/Q3_K, the float
+    <= 1/254 of each block's max |x|). Otherwise, and for F32/F16/BF16, the float
     kernel (mul_mat_vec_*), exact to float32 rounding. F16/BF16 weights take the 16-bit
     vector kernel (mul_mat_vec_h_*: 8-byte weight and 16-byte x loads, float32 sums) where
-    :func:`half_vector_applies`, else the float kernel."""
+    :func:`half_vector_applies`, else the float kernel. The integer kernel reads each weight
+    once per `tile` rows of x (default: plan.mmvq_tile(batch); tests force 1 to compare)."""
     _f32_contig(x, "x")
     _need(x.ndim == 2 and x.shape[1] == w.cols,
           f"x {x.shape} does not match weight {w.cols} columns")
     if q8_1 and dp4a_applies(dev, w):
         xq = quantize_q8_1(dev, x)
         y = dev.empty((x.shape[0], w.rows), np.float32)
-        launch = plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, x.shape[0], dev.limits)
-        dev.launch("mmv", f"mul_mat_vec_q_{w.kt.suffix}", launch,
+        batch = x.shape[0]
+        tile = plan.mmvq_tile(batch) if tile is None else tile
+        launch = plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, batch, dev.limits, tile)
+        dev.launch("mmv", mmvq_kernel(w.kt, tile), launch,
                    (w.data, xq, y, i32(w.cols), i32(w.rows), i64(w.row_bytes),
-                    i64(xq.shape[1])))
+                    i64(xq.shape[1]), i32(batch)))
         return y
     if dev.address(x) % 16:  # the quantized and 16-bit kernels read x as float4
         x = x.copy()

@@ -102,17 +102,35 @@ def plan_quantize_q8_1(ncols: int, batch: int = 1,
     return Launch((_cdiv(nb, warps), batch, 1), (32, warps, 1)).check(limits)
 
 
+def mmvq_tile(batch: int) -> int:
+    """Batch rows per weight read of the integer mat-vec for a batch of x rows: the smallest
+    of table.MMVQ_TILES that holds the whole batch (the largest beyond it).
+
+    Decode is bound by weight bytes, and a block reads its weights once for its whole tile,
+    so the weight bytes per token fall by the tile: 1 / batch up to 8. Rows of a tile past
+    the batch cost nothing (the kernel skips them), but a bigger tile than needed holds more
+    shared memory (5.6 KB at 1, 13.5 KB at 8) and accumulators, so fewer blocks fit an SM;
+    hence the smallest tile that covers the batch, not always 8."""
+    if batch < 1:
+        raise LaunchError(f"mat-vec of an empty batch ({batch})")
+    return next((n for n in table.MMVQ_TILES if n >= batch), table.MMVQ_TILES[-1])
+
+
 def plan_mul_mat_vec_q(t: KernelType, ncols: int, nrows: int, batch: int = 1,
-                       limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+                       limits: DeviceLimits = DEFAULT_LIMITS, tile: int | None = None) -> Launch:
     """Integer mat-vec (mmv.cu mul_mat_vec_q_*): one warp per output row, up to
-    table.MMVQ_ROWS per block (they share the staged x); batch rows of x on grid.y."""
+    table.MMVQ_ROWS per block (they share the staged x); `tile` batch rows of x per block
+    (default :func:`mmvq_tile`), the tiles on grid.y."""
     if not t.dp4a:
         raise LaunchError(f"{t.name} has no integer mat-vec")
     if ncols % t.qk or ncols < 1 or nrows < 1 or batch < 1:
         raise LaunchError(f"{t.name} mat-vec needs columns in whole blocks of {t.qk}, "
                           f"got ({nrows}, {ncols}) x batch {batch}")
+    tile = mmvq_tile(batch) if tile is None else tile
+    if tile not in table.MMVQ_TILES:
+        raise LaunchError(f"no integer mat-vec reads its weights once per {tile} rows")
     rows = min(table.MMVQ_ROWS, nrows)
-    return Launch((_cdiv(nrows, rows), batch, 1), (32, rows, 1)).check(limits)
+    return Launch((_cdiv(nrows, rows), _cdiv(batch, tile), 1), (32, rows, 1)).check(limits)
 
 
 def plan_dequantize(t: KernelType, ncols: int, nrows: int,

@@ -210,7 +210,24 @@ struct t_q8_0 {
 // Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.
 struct t_q2_k {
     static constexpr int QK = 256, BYTES = 84, EPT = 16;
-    static constexpr bool DP4A = false;
+    static constexpr bool DP4A = true;
+    // group g = 4h + j: elements 128h + 32j + l, the 2-bit code at shift 2j of qs[32h + l];
+    // a scale and a min per 16 of them, so two integer sums and two x sums (__dp4a with
+    // ones): x = d*sc*q - dmin*m. Blocks are 84 bytes, so qs is 4-byte aligned in the stage.
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
+        const q8_1 x = q8_1::read(xb);
+        const int h = g / 4, j = g % 4;
+        int sum[2] = {0, 0}, sx[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int q = (int_b4(b + 16 + 32 * h + 4 * i) >> (2 * j)) & 0x03030303;
+            sum[i / 4] = __dp4a(q, x.u[i], sum[i / 4]);
+            sx[i / 4] = __dp4a(0x01010101, x.u[i], sx[i / 4]);
+        }
+        const int s0 = ld_global(b + 2 * g), s1 = ld_global(b + 2 * g + 1);
+        return x.d * (load_f16(b + 80) * (float) ((s0 & 0xF) * sum[0] + (s1 & 0xF) * sum[1]) -
+                      load_f16(b + 82) * (float) ((s0 >> 4) * sx[0] + (s1 >> 4) * sx[1]));
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const float d = load_f16(b + 80), dmin = load_f16(b + 82);
         const int sc = ld_global(b + sub);
@@ -224,17 +241,39 @@ struct t_q2_k {
     }
 };
 
+// Q3_K scale number sub (0..15): 6 bits packed in 12 bytes at raw, stored with +32.
+static __device__ __forceinline__ int scale_k3(const uint8_t * raw, const int sub) {
+    const int lo = sub < 8 ? (ld_global(raw + sub) & 0xF) : (ld_global(raw + sub - 8) >> 4);
+    const int hi = (ld_global(raw + 8 + sub % 4) >> (2 * (sub / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
 // Q3_K: hmask[32], qs[64], 12 bytes of 6-bit scales, d; x = d*(sc-32)*(q2 - (high bit ? 0 : 4)).
 struct t_q3_k {
     static constexpr int QK = 256, BYTES = 110, EPT = 16;
-    static constexpr bool DP4A = false;
+    static constexpr bool DP4A = true;
+    // group g = 4h + j: the 2-bit code at shift 2j of qs[32h + l] and high bit g of hmask[l];
+    // a scale per 16 elements. q - 4 * (high bit clear) is summed as two __dp4a, one of the
+    // codes and one of the clear-bit flags (0 or 1 per byte), so no byte ever goes negative.
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
+        const q8_1 x = q8_1::read(xb);
+        const int h = g / 4, j = g % 4;
+        int sum[2] = {0, 0}, low[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int q = (int_b2(b + 32 + 32 * h + 4 * i) >> (2 * j)) & 0x03030303;
+            const int clear = (int) ((~(uint32_t) int_b2(b + 4 * i) >> g) & 0x01010101u);
+            sum[i / 4] = __dp4a(q, x.u[i], sum[i / 4]);
+            low[i / 4] = __dp4a(clear, x.u[i], low[i / 4]);
+        }
+        const int s0 = scale_k3(b + 96, 2 * g), s1 = scale_k3(b + 96, 2 * g + 1);
+        return load_f16(b + 108) * x.d *
+               (float) (s0 * (sum[0] - 4 * low[0]) + s1 * (sum[1] - 4 * low[1]));
+    }
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const uint8_t * hmask = b;
-        const uint8_t * raw = b + 96;
         const float d = load_f16(b + 108);
-        const int lo = sub < 8 ? (ld_global(raw + sub) & 0xF) : (ld_global(raw + sub - 8) >> 4);
-        const int hi = (ld_global(raw + 8 + sub % 4) >> (2 * (sub / 4))) & 3;
-        const float dl = d * ((lo | (hi << 4)) - 32);
+        const float dl = d * scale_k3(b + 96, sub);
         const int h = sub / 8, j = (sub % 8) / 2, t0 = (sub % 2) * 16;
         const bytes16 q = load_bytes16(b + 32 + h * 32 + t0);
         const bytes16 hm = load_bytes16(hmask + t0);
@@ -381,6 +420,8 @@ struct t_q6_k {
     X(t_q5_0, q5_0)           \
     X(t_q5_1, q5_1)           \
     X(t_q8_0, q8_0)           \
+    X(t_q2_k, q2_k)           \
+    X(t_q3_k, q3_k)           \
     X(t_q4_k, q4_k)           \
     X(t_q5_k, q5_k)           \
     X(t_q6_k, q6_k)

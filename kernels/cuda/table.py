@@ -46,8 +46,8 @@ TYPES: dict[str, KernelType] = {
         _T("Q5_0", "q5_0", 6, 32, 22, 32, 4, 256, True),
         _T("Q5_1", "q5_1", 7, 32, 24, 32, 4, 256, True),
         _T("Q8_0", "q8_0", 8, 32, 34, 32, 4, 256, True),
-        _T("Q2_K", "q2_k", 10, 256, 84, 16, 4, 256),
-        _T("Q3_K", "q3_k", 11, 256, 110, 16, 4, 256),
+        _T("Q2_K", "q2_k", 10, 256, 84, 16, 4, 256, True),
+        _T("Q3_K", "q3_k", 11, 256, 110, 16, 4, 256, True),
         _T("Q4_K", "q4_k", 12, 256, 144, 16, 4, 256, True),
         _T("Q5_K", "q5_k", 13, 256, 176, 16, 4, 256, True),
         _T("Q6_K", "q6_k", 14, 256, 210, 16, 4, 256, True),
@@ -62,6 +62,23 @@ Q8_1_BYTES = 36
 # MMVQ_COLS columns per warp step (32 lanes x one 32-element group each): MMVQ_* in mmv.cu.
 MMVQ_ROWS = 4
 MMVQ_COLS = 1024
+# Batch rows one block of the integer mat-vec dots with each weight read (llama.cpp's mmvq
+# ncols_y): mul_mat_vec_q_<suffix> for 1, mul_mat_vec_q_b<n>_<suffix> for the others
+# (MMVQ_KERNEL in mmv.cu). plan.mmvq_tile picks one per batch size.
+MMVQ_TILES = (1, 2, 4, 8)
+MMVQ_X_WORDS = MMVQ_COLS // Q8_1_QK * Q8_1_BYTES // 16  # uint4 of one batch row's x stage
+MMVQ_W_WORDS = 72  # uint4 per warp of the weight stage
+
+
+def mmvq_kernel(t: KernelType, tile: int) -> str:
+    """Name of the integer mat-vec of type t that reads each weight once per `tile` rows."""
+    return f"mul_mat_vec_q_{t.suffix}" if tile == 1 else f"mul_mat_vec_q_b{tile}_{t.suffix}"
+
+
+def mmvq_smem(tile: int) -> int:
+    """Static shared memory of the integer mat-vec with `tile` batch rows (mmvq_smem_<n>)."""
+    return 16 * (tile * MMVQ_X_WORDS + MMVQ_ROWS * MMVQ_W_WORDS)
+
 # 16-bit mat-vec (mul_mat_vec_h_*, F16 and BF16): lane l of a warp step takes columns
 # 4l..4l+3, one 8-byte weight word and one float4 of x (MMVH_* in mmv.cu).
 MMVH_COLS = 128
@@ -69,6 +86,11 @@ HALF_TYPES = ("F16", "BF16")
 # quantize_q8_1: one warp per q8_1 block, 8 warps per block (256 threads, as the
 # elementwise kernels).
 Q8_1_WARPS = 8
+
+
+# dequant.cu's weight stage, uint4: a block's quant blocks (at most 256 x 34 bytes, Q8_0)
+# and the partial words on either side.
+DQ_W_WORDS = 546
 
 
 def q8_1_row_bytes(ncols: int) -> int:
@@ -92,10 +114,18 @@ class KernelBudget:
 # Keyed by kernel name prefix (longest match wins).
 BUDGETS: dict[str, KernelBudget] = {
     "mul_mat_vec_": KernelBudget(256, 64, 0),
-    "mul_mat_vec_q_": KernelBudget(128, 64, 16 * (72 + 4 * 72)),
+    "mul_mat_vec_q_": KernelBudget(128, 64, mmvq_smem(1)),
+    # tiles of 4 and 8 batch rows hold more accumulators (ptxas: up to 72 registers on
+    # sm_75..sm_90): 80 x 128 threads still lets 6 blocks (24 warps) share an SM's registers.
+    **{f"mul_mat_vec_q_b{n}_": KernelBudget(128, 64 if n == 2 else 80, mmvq_smem(n))
+       for n in MMVQ_TILES[1:]},
     "mul_mat_vec_h_": KernelBudget(256, 64, 0),
     "quantize_q8_1": KernelBudget(256, 32, 0),
-    "dequantize_": KernelBudget(256, 64, 4 * (256 * 32 + 256)),  # dequant.cu's stage
+    # dequant.cu: the output stage (floats, a pad per 32) and the weight stage (DQ_W_WORDS).
+    # dq reading its bytes from shared memory takes up to 76 registers (ptxas, 32-element
+    # types on sm_75/80); 80 x 256 threads lets 3 blocks share an SM's registers, and the
+    # 42.5 KB of stages already cap an RTX 4090 SM at 2.
+    "dequantize_": KernelBudget(256, 80, 4 * (256 * 32 + 256) + 16 * DQ_W_WORDS),
     "rms_norm_f32": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),
     "softmax_f32": KernelBudget(1024, 32, 128),

@@ -170,8 +170,10 @@ GPUS = (("H100 SXM", 3.35e12), ("RTX 4090", 1.008e12), ("T4", 320e9))
 SAMPLE_ROWS = 16  # rows emulated per shape: row starts at every alignment a type allows
 
 
-def mat_vec_streams(qtype: str, cols: int, q8_1: bool, rows: int = SAMPLE_ROWS) -> dict:
-    """Weight and x load Streams of one emulated decode mat-vec (batch 1)."""
+def mat_vec_streams(qtype: str, cols: int, q8_1: bool, rows: int = SAMPLE_ROWS,
+                    batch: int = 1, tile: int | None = None) -> dict:
+    """Weight and x load Streams of one emulated decode mat-vec over `batch` rows of x
+    (`tile`: the integer kernel's batch rows per weight read, default the planner's)."""
     from kernels.cuda import ops
     from kernels.cuda.table import TYPES
 
@@ -180,10 +182,26 @@ def mat_vec_streams(qtype: str, cols: int, q8_1: bool, rows: int = SAMPLE_ROWS) 
     t = TYPES[qtype]
     raw = rng.integers(0, 256, (rows, t.row_bytes(cols)), dtype=np.uint8)  # codes only
     w = ops.upload_matrix(dev, raw, qtype, (rows, cols))
-    ops.mul_mat_vec(dev, w, dev.to_device(np.ones((1, cols), np.float32)), q8_1=q8_1)
+    x = dev.to_device(np.ones((batch, cols), np.float32))
+    ops.mul_mat_vec(dev, w, x, q8_1=q8_1, tile=tile)
     (kernel,) = [k for k in dev.traffic if k.startswith("mul_mat_vec")]
     return {"kernel": kernel, "w": dev.traffic[kernel][(0, "load")],
             "x": dev.traffic[kernel][(1, "load")]}
+
+
+# Batched decode (the server's scheduler): weight bytes per token by batch size.
+BATCH_SIZES = (1, 2, 3, 4, 8)
+
+
+def batch_report(qtype: str = "Q4_K", cols: int = 4096, rows: int = SAMPLE_ROWS) -> dict:
+    """Per batch size: weight bytes moved per token (sectors x 32 / batch) with the planner's
+    tile and with one weight read per row (tile 1), and the x sector efficiency."""
+    out = {}
+    for b in BATCH_SIZES:
+        tiled, one = (mat_vec_streams(qtype, cols, True, rows, b, tile) for tile in (None, 1))
+        out[b] = {"kernel": tiled["kernel"], "w_per_token": tiled["w"].bytes_moved / b,
+                  "w_per_token_tile1": one["w"].bytes_moved / b, "x": tiled["x"].efficiency}
+    return out
 
 
 def decode_report(model: tuple = LLAMA2_7B_Q4_K_M) -> dict:
@@ -222,6 +240,11 @@ def main() -> None:
         print(f"  {p:5s}: weights {t['file'] / 1e9:.3f} GB in the file, "
               f"{t['w_moved'] / 1e9:.3f} GB in sectors; x {t['x_moved'] / 1e9:.3f} GB in "
               f"sectors; weight-sector bound {floors}")
+    q, cols = "Q4_K", 4096
+    print(f"batched decode, {q} {SAMPLE_ROWS} x {cols} (emulated): weight bytes per token")
+    for b, r in batch_report(q, cols).items():
+        print(f"  batch {b}: {r['kernel']:24s} {r['w_per_token']:8.0f} B "
+              f"(one read per row: {r['w_per_token_tile1']:.0f} B), x {r['x']:6.1%}")
 
 
 if __name__ == "__main__":

@@ -144,13 +144,15 @@ def test_stacked_projections_are_one_mat_vec_each(monkeypatch: pytest.MonkeyPatc
         assert a.argmax() == b.argmax()
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                                   "Q6_K"])
 def test_tiny_llama_decode_with_q8_1_activations(qtype: str, device: Device) -> None:
     # The default mat-vec path: x in q8_1, integer dot products. Decode logits (3 rows: the
-    # mat-vec) against NumPy's float ones: |error| <= 8% of the largest |logit|, measured
-    # 0.7-5.0% on these random models (x rounded to 8 bits per 32 values in every mat-vec of
-    # 2 layers and the head; random weights cancel, so the logits are small next to the
-    # rounding). The same top token wherever NumPy's top two are further apart than 2x that.
+    # mat-vec, one weight read per block for all 3) against NumPy's float ones: |error| <= 8%
+    # of the largest |logit|, measured 0.09-4.9% on these random models (Q2_K 0.09%, Q3_K
+    # 0.13%; x rounded to 8 bits per 32 values in every mat-vec of 2 layers and the head;
+    # random weights cancel, so the logits are small next to the rounding). The same top
+    # token wherever NumPy's top two are further apart than 2x that.
     # Real weights: SmolLM2 in docs/cuda.md.
     ckpt = tiny_llama(qtype, embed_type="Q6_K" if qtype == "Q4_K" else "Q8_0")
     C = CudaBackend(device)
@@ -165,6 +167,42 @@ def test_tiny_llama_decode_with_q8_1_activations(qtype: str, device: Device) -> 
     clear = top2[..., 1] - top2[..., 0] > 2 * tol
     assert (got.argmax(-1) == want.argmax(-1))[clear].all()
 
+
+
+def test_batched_decode_step_gives_each_sequence_its_own_logits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server's batched decode (BatchedCaches: one row per sequence, each at its own
+    # position; every linear over all rows) with q8_1 on: 5 sequences, so the mat-vecs
+    # read each weight once for all 5 (tile 8, 3 rows idle). Each row must be that
+    # sequence's own decode step: every op is row-independent and the tiles equal the
+    # 1-row kernel bitwise (test_mmvq.py), so 1e-6 of the largest |logit| is float32 noise.
+    from inference.kv_cache import BatchedCaches
+
+    ckpt = tiny_llama("Q4_K", embed_type="Q6_K", layers=1)
+    C = CudaBackend(EmulatedDevice(), kv_dtype=np.float32)
+    assert C.q8_1_activations
+    model = _build(llama, ckpt, C)
+    prompts = [[1, 5, 9], [2, 7], [3, 4, 6, 8], [10, 20, 30, 40, 50], [60]]
+    nxt = [[11], [12], [13], [14], [15]]
+
+    def prefilled() -> list:
+        caches = []
+        for p in prompts:
+            caches.append(model.make_cache(16))
+            model(C.array(np.array([p])), caches[-1], last_only=True)
+        return caches
+
+    names: list[str] = []
+    launch = C.dev.launch
+    monkeypatch.setattr(C.dev, "launch", lambda m, n, *a: (names.append(n), launch(m, n, *a)))
+    batched = C.to_numpy(model(C.array(np.array(nxt)), BatchedCaches(prefilled()),
+                               last_only=True))
+    assert any(n.startswith("mul_mat_vec_q_b8_") for n in names), sorted(set(names))
+    alone = np.concatenate([C.to_numpy(model(C.array(np.array([t])), c, last_only=True))
+                            for t, c in zip(nxt, prefilled(), strict=True)])
+    assert batched.shape == alone.shape == (5, 1, 96)
+    np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-6 * np.abs(alone).max())
+    assert (batched.argmax(-1) == alone.argmax(-1)).all()
 
 def test_half_precision_prefill_stays_close() -> None:
     # float16 weights and activations in the prefill GEMMs: atol/rtol 2e-2 on the logits.

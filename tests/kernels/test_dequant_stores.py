@@ -1,8 +1,9 @@
-"""Prefill's dequantize kernels stage a block's values in shared memory and store them as
-16-byte words by consecutive threads (dequant.cu). Parity: equal to gguf-py's values
-(float32: rtol 2e-7, one rounding; half: NumPy's rounding of those, bitwise) on shapes whose
-element count is not a multiple of a word or of a block, with the race check on (the stage
-is shared: a missing barrier shows). Memory model: whole-sector stores."""
+"""Prefill's dequantize kernels stage a block's weight bytes in shared memory with aligned
+16-byte loads, and its values with 16-byte stores, by consecutive threads (dequant.cu).
+Parity: equal to gguf-py's values (float32: rtol 2e-7, one rounding; half: NumPy's rounding
+of those, bitwise) on shapes whose element count is not a multiple of a word or of a block,
+with the race check on (the stages are shared: a missing barrier shows). Memory model:
+whole-sector loads and stores."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import pytest
 
 from kernels.cuda import ops
 from kernels.cuda.device import EmulatedDevice
+from kernels.cuda.table import TYPES
 from kernels.emulator.traffic import TrafficDevice
 from tests.kernels.quantdata import make_weight, reference
 
 
 # (type, rows, cols): 7 x 33 F16 (231 elements: a partial word), 9 x 1025 BF16 (several
 # blocks of 256 threads, the last partial), 5 x 96 Q4_0 (480 elements, one partial block),
-# 3 x 768 Q6_K (16-element slices).
+# 3 x 768 Q6_K (16-element slices); several thread blocks whose weight stages start and
+# end mid-row: 37 x 1056 Q8_0 (the largest stage, 8,704 bytes), 11 x 800 Q5_1, 5 x 2304 Q3_K.
 @pytest.mark.parametrize("qtype, rows, cols", [("F16", 7, 33), ("BF16", 9, 1025),
-                                               ("Q4_0", 5, 96), ("Q6_K", 3, 768)])
+                                               ("Q4_0", 5, 96), ("Q6_K", 3, 768),
+                                               ("Q8_0", 37, 1056), ("Q5_1", 11, 800),
+                                               ("Q3_K", 5, 2304)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_staged_stores_match_gguf(qtype: str, rows: int, cols: int, dtype: type) -> None:
     dev = EmulatedDevice(check_races=True)
@@ -53,3 +58,40 @@ def test_dequantize_stores_whole_sectors() -> None:
         st = dev.traffic[kernel][(2, "store")]
         assert st.efficiency == 1.0 and st.moved_per_useful == 1.0
         assert st.instructions == 8 * 1024 // (32 * per_store)
+
+
+BLOCK_TYPES = [n for n, t in TYPES.items() if t.qk > 1]
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_dequantize_loads_whole_sectors(qtype: str) -> None:
+    # 8 rows of 1024: the weights leave memory once, as aligned 16-byte words by consecutive
+    # threads (a thread reading its own block 2 bytes at a time used 6-51% of each sector).
+    dev = TrafficDevice()
+    w = ops.upload_matrix(dev, make_weight(qtype, 8, 1024, np.random.default_rng(0)),
+                          qtype, (8, 1024))
+    ops.dequantize(dev, w)
+    (kernel,) = dev.traffic
+    ld = dev.traffic[kernel][(0, "load")]
+    assert ld.footprint == w.data.nbytes  # every byte, once
+    assert ld.efficiency == 1.0 and ld.moved_per_useful == 1.0, (ld.efficiency,
+                                                                 ld.moved_per_useful)
+    # each thread block (256 slices here, none partial) loads its bytes in words of 16,
+    # 32 a warp-level load
+    blocks = 8 * 1024 // TYPES[qtype].ept // 256
+    assert ld.instructions == blocks * -(-w.data.nbytes // blocks // 512)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q6_K"])
+def test_unaligned_weight_reads_global_memory_directly(qtype: str) -> None:
+    # The stage loads the aligned words around the bytes: only from a 16-byte aligned w;
+    # otherwise each thread reads its block where it is, with the same values.
+    dev = EmulatedDevice(check_races=True)
+    cols = TYPES[qtype].qk * 3
+    w = ops.upload_matrix(dev, make_weight(qtype, 5, cols, np.random.default_rng(1)), qtype,
+                          (5, cols))
+    shifted = dev.empty((w.data.size + 2,), np.uint8)[2:].reshape(w.data.shape)
+    shifted[...] = w.data
+    w2 = ops.QuantMatrix(shifted, qtype, 5, cols)
+    assert dev.address(w2.data) % 16 == 2
+    np.testing.assert_array_equal(ops.dequantize(dev, w2), ops.dequantize(dev, w))

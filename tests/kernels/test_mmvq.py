@@ -20,7 +20,7 @@ import pytest
 
 from kernels.cuda import ops
 from kernels.cuda.device import Device, EmulatedDevice
-from kernels.cuda.table import TYPES, q8_1_row_bytes
+from kernels.cuda.table import MMVQ_TILES, TYPES, q8_1_row_bytes
 from tests.kernels.quantdata import group_offsets, make_weight, q8_1_bytes, quantize_q8_1
 from tests.kernels.quantdata import reference as dequantized
 
@@ -65,7 +65,8 @@ def _cols(qtype: str) -> list[int]:
 @pytest.mark.parametrize("qtype", DP4A_TYPES)
 def test_mul_mat_vec_q(dev: Device, qtype: str, rng: np.random.Generator) -> None:
     for cols in _cols(qtype):
-        for rows, batch in [(1, 1), (5, 2), (37, 1)]:
+        # batch 2, 3, 11: tiles 2, 4 (one row idle) and 8 (a full tile and a partial one)
+        for rows, batch in [(1, 1), (5, 2), (37, 1), (6, 3), (5, 11)]:
             raw = make_weight(qtype, rows, cols, rng)
             w_ref = dequantized(qtype, raw, cols).astype(np.float64)
             w = ops.upload_matrix(dev, raw, qtype, (rows, cols))
@@ -93,13 +94,40 @@ def test_mul_mat_vec_q(dev: Device, qtype: str, rng: np.random.Generator) -> Non
             assert (np.abs(y - y_float) <= bound).all(), (qtype, rows, cols, batch)
 
 
+@pytest.mark.parametrize("qtype", DP4A_TYPES)
+def test_batch_tiles_match_one_row_per_read(dev: Device, qtype: str,
+                                            rng: np.random.Generator) -> None:
+    """Every tile (batch rows per weight read) against the 1-row kernel, batch 1 to 9 and 17:
+    the same vdot calls in the same order for each row, so on the emulator (g++ contracts
+    no multiply-add) bitwise equal; on a GPU nvcc may contract differently per kernel, so
+    float32 rounding (1e-6 of sum |w||x_q|, plus 1e-7)."""
+    cols = _cols(qtype)[1]
+    rows = 5
+    raw = make_weight(qtype, rows, cols, rng)
+    w = ops.upload_matrix(dev, raw, qtype, (rows, cols))
+    aw = np.abs(dequantized(qtype, raw, cols)).astype(np.float64)
+    for batch in [*range(1, 10), 17]:
+        x = _x(rng, batch, cols)
+        xd = dev.to_device(x)
+        one = host(dev, ops.mul_mat_vec(dev, w, xd, tile=1))
+        exact = isinstance(dev, EmulatedDevice)
+        for tile in MMVQ_TILES:
+            got = host(dev, ops.mul_mat_vec(dev, w, xd, tile=tile))
+            if exact:
+                assert np.array_equal(got, one), (qtype, batch, tile)
+            else:
+                tol = 1e-6 * (np.abs(x) @ aw.T) + 1e-7
+                assert (np.abs(got - one) <= tol).all(), (qtype, batch, tile)
+
+
 def test_dp4a_path_is_free_of_races(rng: np.random.Generator) -> None:
     """Both schedules of threads, blocks shuffled, bitwise equal; a partial row block and a
-    partial last warp step."""
+    partial last warp step; batch tiles 2, 4 (partial) and 8 (a full tile, a partial one)."""
     dev = EmulatedDevice(check_races=True)
-    for qtype, cols in [("Q4_0", 1056), ("Q4_1", 2080), ("Q6_K", 1280), ("Q5_K", 2304)]:
+    for qtype, cols, batch in [("Q4_0", 1056, 11), ("Q4_1", 2080, 3), ("Q6_K", 1280, 2),
+                               ("Q5_K", 2304, 4), ("Q2_K", 1280, 2), ("Q3_K", 2304, 8)]:
         m = ops.upload_matrix(dev, make_weight(qtype, 7, cols, rng), qtype, (7, cols))
-        ops.mul_mat_vec(dev, m, dev.to_device(_x(rng, 2, cols)))
+        ops.mul_mat_vec(dev, m, dev.to_device(_x(rng, batch, cols)))
 
 
 def test_unaligned_weight_takes_the_float_path(rng: np.random.Generator) -> None:

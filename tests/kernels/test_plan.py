@@ -69,13 +69,17 @@ def test_mat_vec_planner() -> None:
 
 def test_integer_mat_vec_and_q8_1_planners() -> None:
     for t in (t for t in TYPES.values() if t.dp4a):
-        for mult, nrows, batch in itertools.product([1, 3, 5, 33, 128], ROWS, [1, 2, 5]):
+        for mult, nrows, batch in itertools.product([1, 3, 5, 33, 128], ROWS, [1, 2, 5, 8, 17]):
             ncols = mult * t.qk
             lp = plan.plan_mul_mat_vec_q(t, ncols, nrows, batch)
-            _limits_ok(lp, f"mul_mat_vec_q_{t.suffix}")
-            assert lp.block[0] == 32 and lp.block[1] <= table.MMVQ_ROWS and lp.grid[1] == batch
+            tile = plan.mmvq_tile(batch)
+            _limits_ok(lp, table.mmvq_kernel(t, tile))
+            assert lp.block[0] == 32 and lp.block[1] <= table.MMVQ_ROWS
             rows = (np.arange(lp.grid[0])[:, None] * lp.block[1] + np.arange(lp.block[1])).ravel()
             assert np.array_equal(np.bincount(rows[rows < nrows], minlength=nrows), np.ones(nrows))
+            # block y serves batch rows tile * y .. tile * y + tile - 1 below batch (mmv.cu)
+            b = (np.arange(lp.grid[1])[:, None] * tile + np.arange(tile)).ravel()
+            assert np.array_equal(np.bincount(b[b < batch], minlength=batch), np.ones(batch))
             lq = plan.plan_quantize_q8_1(ncols, batch)
             _limits_ok(lq, "quantize_q8_1")
             blocks = (np.arange(lq.grid[0])[:, None] * lq.block[1] + np.arange(lq.block[1])).ravel()
@@ -86,7 +90,17 @@ def test_integer_mat_vec_and_q8_1_planners() -> None:
         with pytest.raises(LaunchError):
             plan.plan_mul_mat_vec_q(t, t.qk + 16, 4)
     with pytest.raises(LaunchError):
-        plan.plan_mul_mat_vec_q(TYPES["Q2_K"], 256, 4)  # no integer kernel
+        plan.plan_mul_mat_vec_q(TYPES["F16"], 256, 4)  # no integer kernel
+    with pytest.raises(LaunchError):
+        plan.plan_mul_mat_vec_q(TYPES["Q4_0"], 256, 4, 3, tile=3)  # no such kernel
+
+
+def test_batch_tile_covers_the_batch_up_to_8() -> None:
+    # The smallest tile that holds the batch: weights read once per step up to batch 8.
+    assert [plan.mmvq_tile(b) for b in range(1, 10)] == [1, 2, 4, 4, 8, 8, 8, 8, 8]
+    assert plan.mmvq_tile(100) == 8
+    with pytest.raises(LaunchError):
+        plan.mmvq_tile(0)
     with pytest.raises(LaunchError):
         plan.plan_quantize_q8_1(48)
 

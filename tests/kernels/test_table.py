@@ -43,5 +43,23 @@ def test_attention_and_mat_vec_limits_match_the_source() -> None:
     mmv = source_path("mmv").read_text()
     assert int(re.search(r"#define MMVQ_ROWS (\d+)", mmv).group(1)) == table.MMVQ_ROWS
     assert int(re.search(r"#define MMVQ_COLS (\d+)", mmv).group(1)) == table.MMVQ_COLS
+    assert int(re.search(r"#define MMVQ_W_WORDS (\d+)", mmv).group(1)) == table.MMVQ_W_WORDS
+    x_words = re.search(r"#define MMVQ_X_WORDS \(MMVQ_COLS / 32 \* Q8_1_BYTES / 16\)", mmv)
+    assert x_words and table.MMVQ_X_WORDS == table.MMVQ_COLS // 32 * table.Q8_1_BYTES // 16
+    dq = source_path("dequant").read_text()
+    assert int(re.search(r"#define DQ_W_WORDS (\d+)", dq).group(1)) == table.DQ_W_WORDS
+    tiles = sorted(int(n) for n in re.findall(r"^MMVQ_SMEM\((\d+)\)$", mmv, re.M))
+    assert tuple(tiles) == table.MMVQ_TILES
     assert int(re.search(r"#define Q8_1_BYTES (\d+)", source_path("quants").with_suffix(
         ".cuh").read_text()).group(1)) == table.Q8_1_BYTES
+
+
+def test_every_dp4a_type_has_a_kernel_per_batch_tile() -> None:
+    from kernels.cuda.device import source_path
+    from kernels.cuda.table import MMVQ_TILES, mmvq_kernel
+    from kernels.emulator.build import scan_kernels
+
+    names = set(scan_kernels(source_path("mmv")))
+    want = {mmvq_kernel(t, n) for t in TYPES.values() if t.dp4a for n in MMVQ_TILES}
+    assert want <= names
+    assert {n for n in names if n.startswith("mul_mat_vec_q_")} == want

@@ -70,3 +70,17 @@ def test_float_mat_vec_is_what_the_issue_measured(qtype: str) -> None:
     # The old path: 2-byte weight loads at block strides, x as float4 per lane 64-128 B apart.
     st = mat_vec_streams(qtype, 4096, q8_1=False, rows=4)
     assert st["w"].efficiency < 0.3 and st["x"].efficiency == 0.5
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q3_K"])
+def test_batched_decode_reads_the_weights_once_per_tile(qtype: str) -> None:
+    # A block dots each weight read with its tile of batch rows: weight bytes moved by a
+    # launch = one batch-1 read per tile (exactly: the same instructions per block), so per
+    # token they fall by the tile; one read per row (tile 1) moves batch x as much.
+    one = mat_vec_streams(qtype, 4096, q8_1=True, rows=4)["w"].bytes_moved
+    for batch, tiles in [(2, 1), (3, 1), (4, 1), (8, 1), (11, 2)]:
+        st = mat_vec_streams(qtype, 4096, q8_1=True, rows=4, batch=batch)
+        assert st["w"].bytes_moved == tiles * one, (batch, st["w"].bytes_moved / one)
+        assert st["x"].efficiency >= 0.80, st["x"].efficiency
+        rowwise = mat_vec_streams(qtype, 4096, q8_1=True, rows=4, batch=batch, tile=1)
+        assert rowwise["w"].bytes_moved == batch * one
