@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.backends import cpu_kernels as K  # noqa: E402
 from inference.backends.cpu import CpuBackend  # noqa: E402
-from inference.bench import cpu_info  # noqa: E402
+from inference.bench import write_record  # noqa: E402
 from tests.bundled import random_tensor  # noqa: E402
 
 
@@ -81,15 +79,8 @@ def main() -> None:
             print(f"{qtype:5s} dequant {row['dequant_ms']:.2f} ms ({row['dequant_gweights_s']:.2f}"
                   f" Gw/s), sgemm {args.rows} rows {row['sgemm_ms']:.2f} ms, dequant share "
                   f"{row['dequant_share']:.0%}")
-    stamp = time.strftime("%Y%m%d-%H%M")
-    out = Path(args.out) / f"{stamp}-dequant-1t.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": "python scripts/bench_dequant.py " + " ".join(sys.argv[1:]),
-        "tree": str(Path(__file__).resolve().parents[1]), "cpu": cpu_info(),
-        "load_avg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_record(args.out, "dequant-1t", "scripts/bench_dequant.py",
+                 {"tree": str(Path(__file__).resolve().parents[1]), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -12,17 +12,15 @@ the bars for the default mode.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.api import load_model  # noqa: E402
 from inference.backends.cpu import ACTIVATIONS, ACTIVATIONS_ENV  # noqa: E402
-from inference.bench import cpu_info  # noqa: E402
+from inference.bench import write_record  # noqa: E402
 from tests import goldens_io as g  # noqa: E402
 from tests.test_cpu_kquants import decode_logits  # noqa: E402
 
@@ -56,14 +54,7 @@ def main() -> None:
                     print(f"{mode:6s} {qtype:7s} {text:8s} {name:8s} top-1 {agree:.1%} "
                           f"mean |d log p| {dlogp:.2g}", flush=True)
             del model
-    stamp = time.strftime("%Y%m%d-%H%M")
-    out = Path(args.out) / f"{stamp}-cpu-kquant-parity.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": "python scripts/cpu_kquant_parity.py " + " ".join(sys.argv[1:]),
-        "cpu": cpu_info(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows},
-        indent=1))
-    print(f"wrote {out}")
+    write_record(args.out, "cpu-kquant-parity", "scripts/cpu_kquant_parity.py", {"rows": rows})
 
 
 if __name__ == "__main__":

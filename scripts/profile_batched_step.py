@@ -18,8 +18,6 @@ Writes JSON to docs/bench-results/. A profile, not a test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from collections import defaultdict
@@ -30,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference import load_model  # noqa: E402
-from inference.bench import cpu_info  # noqa: E402
+from inference.bench import write_record  # noqa: E402
 from inference.kv_cache import BatchedCaches  # noqa: E402
 from inference.models import llama  # noqa: E402
 from inference.threads import set_threads  # noqa: E402
@@ -119,15 +117,8 @@ def main() -> None:
                   f"{row['wall_ms_per_step']:.2f} ms ({row['tok_s']} tok/s), replayed "
                   f"{row['replayed_wall_ms_per_step']:.2f} ms; " + ", ".join(
                       f"{k} {v:.2f}" for k, v in row["wall_ms"].items()))
-    stamp = time.strftime("%Y%m%d-%H%M")
-    out = Path(args.out) / f"{stamp}-batched-step-profile.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": "python scripts/profile_batched_step.py " + " ".join(sys.argv[1:]),
-        "cpu": cpu_info(), "model": "smollm2 (Q4_1)", "activations": B.activations,
-        "load_avg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_record(args.out, "batched-step-profile", "scripts/profile_batched_step.py",
+                 {"model": "smollm2 (Q4_1)", "activations": B.activations, "rows": rows})
 
 
 if __name__ == "__main__":
