@@ -6,7 +6,7 @@ SmolLM2-135M (the bundled Q4_1 GGUF) decodes ``--steps`` steps of B sequences at
 each sequence prefilled with its own 40-token prompt, as the server's scheduler runs them
 (``model(ids, BatchedCaches)``, one row per sequence; B=1 passes the one cache). Per step:
 CPU time (process time) and wall time, and the wall time inside the backend's ``linear``
-(the decode mat-vecs; the lm_head apart), inside ``Attention._attend`` (RoPE, cache write
+(the decode mat-vecs; the lm_head apart), inside ``backend.attend_rows`` (RoPE, cache write
 and attention, run once per sequence per layer), and the rest (norms, activations,
 reshapes, the BatchedCaches loop's narrow/set_slice, Python). The parts are timed with
 perf_counter wrappers around those calls, so each figure includes a wrapper's ~0.1 us.
@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from inference import load_model  # noqa: E402
 from inference.bench import write_record  # noqa: E402
 from inference.kv_cache import BatchedCaches  # noqa: E402
-from inference.models import llama  # noqa: E402
 from inference.threads import set_threads  # noqa: E402
 
 
@@ -56,17 +55,17 @@ def main() -> None:
         calls[part] += 1
         return y
 
-    attend = llama.Attention._attend
+    attend = B.attend_rows
 
-    def timed_attend(self, *a):  # type: ignore[no-untyped-def]
+    def timed_attend(*a, **kw):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
-        y = attend(self, *a)
+        y = attend(*a, **kw)
         spent["attend"] += time.perf_counter() - t0
         calls["attend"] += 1
         return y
 
     B.linear = timed_linear
-    llama.Attention._attend = timed_attend
+    B.attend_rows = timed_attend
     rows = []
     rng = np.random.default_rng(0)
     for threads in args.threads:
@@ -93,7 +92,7 @@ def main() -> None:
             # The same steps as the server runs them: captured once, then replayed
             # (cpu_step). A wrapped op turns replay off, so the wrappers come off first.
             del B.linear
-            llama.Attention._attend = attend
+            del B.attend_rows
             replay = B.decode_steps()
             for _ in range(3):
                 replay(M, ids, cache)
@@ -102,7 +101,7 @@ def main() -> None:
                 replay(M, ids, cache)
             replayed = (time.perf_counter() - r0) / args.steps
             B.linear = timed_linear
-            llama.Attention._attend = timed_attend
+            B.attend_rows = timed_attend
             parts["rest"] = wall - sum(parts.values())
             row = {"threads": threads, "batch": nb, "cpu_ms_per_step": round(cpu * 1e3, 3),
                    "wall_ms_per_step": round(wall * 1e3, 3),

@@ -292,6 +292,33 @@ class Backend:
     def layer_norm(self, x: Any, w: Any, b: Any, eps: float) -> Any:
         raise NotImplementedError
 
+    # --- attention over a KV cache: composites of the ops above (a backend may fuse them) -
+    def attend_cached(self, q: Any, k: Any, v: Any, cache: Any, layer: int, *, theta: float,
+                      freq_factors: Any, scale: float, window: int | None,
+                      softcap: float | None) -> Any:
+        """q/k/v (b, h, t, d) of ``t`` new tokens of one sequence (or a batch sharing one
+        :class:`~inference.kv_cache.KVCache`): RoPE at the cache's position, k/v appended,
+        attention over everything cached up to each token."""
+        q = self.rope(q, cache.offset, theta, freq_factors=freq_factors)
+        k = self.rope(k, cache.offset, theta, freq_factors=freq_factors)
+        k, v = cache.update(layer, k, v)
+        return self.attention(q, k, v, scale, causal_offset=cache.layer_offset(layer),
+                              window=window, softcap=softcap)
+
+    def attend_rows(self, q: Any, k: Any, v: Any, caches: Sequence[Any], layer: int,
+                    **kw: Any) -> Any:
+        """A decode step (t = 1) in which row ``i`` of q/k/v is the next token of the
+        sequence ``caches[i]`` (the server's batched steps; one cache alone is plain
+        decode): :meth:`attend_cached` row by row, each row at its own position."""
+        if len(caches) == 1:
+            return self.attend_cached(q, k, v, caches[0], layer, **kw)
+        out = self.zeros(tuple(q.shape))
+        for i, c in enumerate(caches):
+            part = self.attend_cached(*(self.narrow(a, 0, i, 1) for a in (q, k, v)), c, layer,
+                                      **kw)
+            out = self.set_slice(out, part, 0, i)
+        return out
+
     def rope(self, x: Any, offset: int, theta: float, traditional: bool = False, *,
              freq_factors: Any | None = None) -> Any:
         """Pair ``i`` at position ``p`` turns by ``p * theta^(-2i/d) / freq_factors[i]``;

@@ -429,6 +429,49 @@ class CpuBackend(NumpyBackend):
             self._tape.calls.append(lambda: rotate(at()))
         return out.reshape(b, h, t, d)
 
+    def attend_rows(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, caches: Sequence[Any],
+                    layer: int, **kw: Any) -> np.ndarray:
+        """The decode step's RoPE, cache writes and attention for every row in one kernel
+        call (:func:`cpu_kernels.attend_rows`): one replay call a layer instead of six a
+        row. Sliding windows, soft-caps and a profiler (which times the ops one by one)
+        take the composite."""
+        b, hq, t, d = q.shape
+        if (kw["window"] is not None or kw["softcap"] is not None or t != 1 or d % 2
+                or any(c.windows[layer] is not None for c in caches)
+                or any(op in vars(self) for op in ("rope", "attention"))):
+            return super().attend_rows(q, k, v, caches, layer, **kw)
+        offsets = np.array([c.layer_offset(layer) for c in caches], dtype=np.int64)
+        for i, c in enumerate(caches):
+            c._ensure(layer, k[i:i + 1], int(offsets[i]) + 1)
+        kbuf = [c.keys[layer] for c in caches]
+        vbuf = [c.values[layer] for c in caches]
+        if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in kbuf + vbuf):
+            return super().attend_rows(q, k, v, caches, layer, **kw)
+        kaddr, vaddr = (np.array([a.ctypes.data for a in bufs], dtype=np.int64)
+                        for bufs in (kbuf, vbuf))
+        caps = np.array([a.shape[2] for a in kbuf], dtype=np.int64)
+        qs, ks, vs = (self._input(a, (b, a.shape[1], d)) for a in (q, k, v))
+        qr = np.empty((b * hq, d), dtype=np.float32)
+        out = np.empty((b, hq, d), dtype=np.float32)
+        theta, freq, scale = kw["theta"], kw["freq_factors"], kw["scale"]
+
+        def run() -> None:
+            cos, sin = self._rope_tables(int(offsets.max()) + 1, d, theta, freq)
+            K.attend_rows(qs, ks, vs, cos, sin, offsets, kaddr, vaddr, caps, scale, qr, out)
+
+        run()
+        tape = self._tape
+        if tape is not None:  # each row's position moves with the replayed one
+            base, pos, pos0 = offsets.copy(), tape.pos, tape.pos0
+
+            # ``buffers``: the call holds the caches' arrays, so their addresses stay valid.
+            def replay(buffers: tuple[list[Any], list[Any]] = (kbuf, vbuf)) -> None:
+                np.add(base, int(pos[0]) - pos0, out=offsets)
+                run()
+
+            tape.calls.append(replay)
+        return out.reshape(b, hq, 1, d)
+
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
                   causal_offset: int | None = None, key_mask: np.ndarray | None = None,
                   window: int | None = None, softcap: float | None = None) -> np.ndarray:

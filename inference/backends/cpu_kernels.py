@@ -709,6 +709,80 @@ def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scal
                 o[c] += w * vrow[c]
 
 
+@intrinsic
+def _f32_at(typingctx, addr):  # type: ignore[no-untyped-def]
+    """The float32 buffer at address ``addr`` (int64) as a pointer ``numba.carray`` takes."""
+    sig = types.CPointer(types.float32)(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+@_jit(parallel=True)
+def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                offsets: np.ndarray, kaddr: np.ndarray, vaddr: np.ndarray, caps: np.ndarray,
+                scale: float, qr: np.ndarray, out: np.ndarray) -> None:
+    """One decode step of ``b`` sequences, each with its own cache: row i of q (b, hq, d) and
+    k/v (b, hk, d) is sequence i's token at position ``offsets[i]``. NeoX RoPE (tables
+    (P, d/2)) on q and k, k/v written to row ``offsets[i]`` of sequence i's cache buffers
+    (float32 (hk, caps[i], d), C-contiguous, at addresses kaddr[i] / vaddr[i]), then each
+    query attends to its sequence's first offsets[i] + 1 keys; ``qr`` (b * hq, d) holds
+    the rotated queries. A row's arithmetic is that of :func:`rope_rows` and
+    :func:`attend_decode` and does not depend on the other rows."""
+    b, hq, d = q.shape
+    hk = k.shape[1]
+    half = d // 2
+    group = hq // hk
+    scale = _f32(scale)
+    for j in prange(b * hk):  # RoPE on k; k and v into the caches
+        i, kv = j // hk, j % hk
+        pos = offsets[i]
+        kc = numba.carray(_f32_at(kaddr[i]), (hk, caps[i], d))
+        vc = numba.carray(_f32_at(vaddr[i]), (hk, caps[i], d))
+        for c in range(half):
+            a, b2 = k[i, kv, c], k[i, kv, c + half]
+            kc[kv, pos, c] = a * cos[pos, c] - b2 * sin[pos, c]
+            kc[kv, pos, c + half] = b2 * cos[pos, c] + a * sin[pos, c]
+        for c in range(d):
+            vc[kv, pos, c] = v[i, kv, c]
+    p = np.empty((b * hq, offsets.max() + 1), dtype=np.float32)
+    for j in prange(b * hq):
+        i, h = j // hq, j % hq
+        kv, pos = h // group, offsets[i]
+        kc = numba.carray(_f32_at(kaddr[i]), (hk, caps[i], d))
+        vc = numba.carray(_f32_at(vaddr[i]), (hk, caps[i], d))
+        qrow = qr[j]
+        for c in range(half):
+            a, b2 = q[i, h, c], q[i, h, c + half]
+            qrow[c] = a * cos[pos, c] - b2 * sin[pos, c]
+            qrow[c + half] = b2 * cos[pos, c] + a * sin[pos, c]
+        ph = p[j]
+        m = _f32(-3.0e38)
+        for s in range(pos + 1):
+            krow = kc[kv, s]
+            acc = _f32(0.0)
+            for c in range(d):
+                acc += qrow[c] * krow[c]
+            acc *= scale
+            ph[s] = acc
+            m = acc if acc > m else m
+        tot = _f32(0.0)
+        for s in range(pos + 1):
+            e = _exp(ph[s] - m)
+            ph[s] = e
+            tot += e
+        inv = _f32(1.0) / tot
+        o = out[i, h]
+        o[:] = 0.0
+        for s in range(pos + 1):
+            w = ph[s] * inv
+            vrow = vc[kv, s]
+            for c in range(d):
+                o[c] += w * vrow[c]
+
+
 # --- encoder / prefill ops --------------------------------------------------------------
 # Serial on purpose: they run between BLAS calls, and a numba (OpenMP) pool spinning next
 # to OpenBLAS's pool on the same two cores halved MiniLM throughput (115 vs 229

@@ -185,14 +185,6 @@ class Attention:
             x = B.rms_norm(x, norm, self.eps)
         return B.transpose(x, (0, 2, 1, 3))
 
-    def _attend(self, q: Any, k: Any, v: Any, cache: KVCache, layer: int) -> Any:
-        B = self.B
-        q = B.rope(q, cache.offset, self.theta, freq_factors=self.freq_factors)
-        k = B.rope(k, cache.offset, self.theta, freq_factors=self.freq_factors)
-        k, v = cache.update(layer, k, v)
-        return B.attention(q, k, v, self.scale, causal_offset=cache.layer_offset(layer),
-                           window=self.window, softcap=self.softcap)
-
     def __call__(self, x: Any, cache: KVCache | BatchedCaches, layer: int) -> Any:
         B = self.B
         b, t, _ = x.shape
@@ -200,13 +192,14 @@ class Attention:
         q = self._heads(q, self.n_heads, self.q_norm)
         k = self._heads(k, self.n_kv, self.k_norm)
         v = self._heads(v, self.n_kv)
+        kw = {"theta": self.theta, "freq_factors": self.freq_factors, "scale": self.scale,
+              "window": self.window, "softcap": self.softcap}
         if isinstance(cache, BatchedCaches):  # one sequence per row, each at its own position
-            out = B.zeros((b, self.n_heads, t, self.head_dim))
-            for i, c in enumerate(cache.caches):
-                qi, ki, vi = (B.narrow(a, 0, i, 1) for a in (q, k, v))
-                out = B.set_slice(out, self._attend(qi, ki, vi, c, layer), 0, i)
+            out = B.attend_rows(q, k, v, cache.caches, layer, **kw)
+        elif t == 1 and b == 1:  # decode: the same step as one row of a batched one
+            out = B.attend_rows(q, k, v, [cache], layer, **kw)
         else:
-            out = self._attend(q, k, v, cache, layer)
+            out = B.attend_cached(q, k, v, cache, layer, **kw)
         out = B.reshape(B.transpose(out, (0, 2, 1, 3)), (b, t, self.n_heads * self.head_dim))
         return B.linear(out, self.o_proj)
 

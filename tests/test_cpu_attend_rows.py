@@ -1,0 +1,82 @@
+"""The cpu backend's fused decode attention (``CpuBackend.attend_rows``: RoPE, the KV
+write and attention for every row of a decode step in one kernel call) against the
+composite of ops every backend runs (``Backend.attend_rows``), and each row alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inference.backends.base import Backend
+from inference.backends.cpu import CpuBackend
+from inference.kv_cache import KVCache
+
+B = CpuBackend()
+HQ, HK, D, LAYERS = 6, 2, 16, 2  # grouped-query: 3 query heads per kv head
+KW = {"theta": 10000.0, "freq_factors": None, "scale": D ** -0.5, "window": None,
+      "softcap": None}
+
+
+def _caches(lengths: list[int], seed: int, max_len: int | None = None) -> list[KVCache]:
+    """One cache per sequence, ``lengths[i]`` tokens already in it (random K/V rows)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        c = KVCache(B, LAYERS, max_len=max_len)
+        for layer in range(LAYERS if n else 0):  # an empty cache has no buffers yet
+            k, v = (rng.standard_normal((1, HK, n, D)).astype(np.float32) for _ in "kv")
+            c.update(layer, k, v)
+        c.advance(n)
+        out.append(c)
+    return out
+
+
+def _step(rows: int, seed: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((rows, h, 1, D)).astype(np.float32)
+                 for h in (HQ, HK, HK))
+
+
+@pytest.mark.parametrize("lengths", [[5], [1, 7, 300], [0, 3, 256, 255]])
+def test_fused_equals_the_composite(lengths):
+    q, k, v = _step(len(lengths), 1)
+    fused_caches, plain_caches = _caches(lengths, 2), _caches(lengths, 2)
+    for layer in range(LAYERS):
+        got = B.attend_rows(q, k, v, fused_caches, layer, **KW)
+        want = Backend.attend_rows(B, q, k, v, plain_caches, layer, **KW)
+        # Same formulas; the composite's kernels may sum in another order: float32 rounding.
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
+        for f, p in zip(fused_caches, plain_caches, strict=True):
+            n = p.layer_offset(layer) + 1
+            np.testing.assert_allclose(f.keys[layer][:, :, :n], p.keys[layer][:, :, :n],
+                                       rtol=0, atol=1e-6)
+            np.testing.assert_array_equal(f.values[layer][:, :, :n], p.values[layer][:, :, :n])
+
+
+def test_a_row_alone_is_bitwise_the_row_in_a_batch():
+    lengths = [4, 130, 9]
+    q, k, v = _step(3, 3)
+    batch = B.attend_rows(q, k, v, _caches(lengths, 4), 0, **KW)
+    for i, n in enumerate(lengths):
+        alone = B.attend_rows(q[i:i + 1], k[i:i + 1], v[i:i + 1],
+                              [_caches(lengths, 4)[i]], 0, **KW)
+        np.testing.assert_array_equal(alone[0], batch[i])  # the server's exactness
+        assert n  # (lengths differ: each row reads its own cache and position)
+
+
+def test_cache_growth_then_fused():
+    c = _caches([256], 5)[0]  # a full 256-row chunk: the write needs a bigger buffer
+    assert c.keys[0].shape[2] == 256
+    q, k, v = _step(1, 6)
+    got = B.attend_rows(q, k, v, [c], 0, **KW)
+    assert c.keys[0].shape[2] == 512 and np.isfinite(got).all()
+
+
+def test_windows_and_softcaps_take_the_composite(monkeypatch):
+    called = []
+    monkeypatch.setattr(Backend, "attend_rows",
+                        lambda self, *a, **kw: called.append(kw) or np.zeros(1))
+    q, k, v = _step(1, 7)
+    B.attend_rows(q, k, v, _caches([3], 8), 0, **{**KW, "softcap": 50.0})
+    B.attend_rows(q, k, v, _caches([3], 8), 0, **{**KW, "window": 4})
+    assert len(called) == 2
