@@ -9,9 +9,10 @@ the calls.
 
 How: while a :class:`Tape` is set on the backend, every op computes as usual and also
 appends a replay call writing the same output buffer (``CpuBackend._taped``); views cost
-nothing to replay. The four things that move with the position read it from ``Tape.pos``
+nothing to replay. The things that move with the position read it from ``Tape.pos``
 at replay: RoPE's offset, the KV cache row written, and the keys attention reads (each as
-the captured value plus its distance from the captured position). NumPy expressions (Gemma's
+the captured value plus its distance from the captured position; in a decode step all
+three are one fused call, ``CpuBackend.attend_rows``). NumPy expressions (Gemma's
 GELU, soft-caps) replay whole, copied into the captured output. An op that cannot be
 replayed (prefill-shaped attention, a gemm) raises :class:`NotCapturable` and the
 generation runs eagerly, as it does for sliding-window caches, batched caches and a
