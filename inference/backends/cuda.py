@@ -41,10 +41,10 @@ from kernels.errors import KernelLoadError
 
 # Up to this many rows of x, linear() runs the quantized mat-vec instead of dequantizing to
 # float32 for a GEMM (read quantized, write and read float32: about 2.1 passes of float32
-# weight). The float mat-vec reads the quantized weight once per row: for a 4-bit weight,
-# 1/8 of its float32 size, 8 passes cost about what the dequantize route does. The integer
-# (q8_1) mat-vec reads it once for up to 8 rows (plan.mmvq_tile), so a batched decode step
-# of up to 8 sequences reads each weight once.
+# weight). Every mat-vec (integer, float and 16-bit) reads the weight once per tile of up
+# to 8 rows (plan.mmv_tile), so a batched decode step of up to 8 sequences reads each
+# weight once; read once per row instead, 8 passes of a 4-bit weight (1/8 of its float32
+# size) would cost about what the dequantize route does.
 MMV_MAX_ROWS = 8
 
 _KERNEL_TYPES = set(TYPES)  # F32, F16, BF16 and the GGML block types: kept as they are

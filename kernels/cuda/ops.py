@@ -14,7 +14,7 @@ import numpy as np
 
 from kernels.cuda import plan
 from kernels.cuda.device import Device
-from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, mmvq_kernel, q8_1_row_bytes
+from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, mmv_kernel, q8_1_row_bytes
 from kernels.errors import LaunchError
 
 i32, i64, f32 = np.int32, np.int64, np.float32
@@ -97,32 +97,31 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True,
     <= 1/254 of each block's max |x|). Otherwise, and for F32/F16/BF16, the float
     kernel (mul_mat_vec_*), exact to float32 rounding. F16/BF16 weights take the 16-bit
     vector kernel (mul_mat_vec_h_*: 8-byte weight and 16-byte x loads, float32 sums) where
-    :func:`half_vector_applies`, else the float kernel. The integer kernel reads each weight
-    once per `tile` rows of x (default: plan.mmvq_tile(batch); tests force 1 to compare)."""
+    :func:`half_vector_applies`, else the float kernel. Each kernel reads each weight once
+    per `tile` rows of x (default: plan.mmv_tile(batch); tests force 1 to compare)."""
     _f32_contig(x, "x")
     _need(x.ndim == 2 and x.shape[1] == w.cols,
           f"x {x.shape} does not match weight {w.cols} columns")
+    batch = x.shape[0]
+    tile = plan.mmv_tile(batch) if tile is None else tile
     if q8_1 and dp4a_applies(dev, w):
         xq = quantize_q8_1(dev, x)
-        y = dev.empty((x.shape[0], w.rows), np.float32)
-        batch = x.shape[0]
-        tile = plan.mmvq_tile(batch) if tile is None else tile
+        y = dev.empty((batch, w.rows), np.float32)
         launch = plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, batch, dev.limits, tile)
-        dev.launch("mmv", mmvq_kernel(w.kt, tile), launch,
+        dev.launch("mmv", mmv_kernel(w.kt, tile, "q"), launch,
                    (w.data, xq, y, i32(w.cols), i32(w.rows), i64(w.row_bytes),
                     i64(xq.shape[1]), i32(batch)))
         return y
     if dev.address(x) % 16:  # the quantized and 16-bit kernels read x as float4
         x = x.copy()
-    y = dev.empty((x.shape[0], w.rows), np.float32)
+    y = dev.empty((batch, w.rows), np.float32)
+    launch = plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, batch, dev.limits, tile)
     if half_vector_applies(dev, w):
-        dev.launch("mmv", f"mul_mat_vec_h_{w.kt.suffix}",
-                   plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits),
-                   (w.data, x, y, i32(w.cols), i32(w.rows)))
-        return y
-    launch = plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits)
-    dev.launch("mmv", f"mul_mat_vec_{w.kt.suffix}", launch,
-               (w.data, x, y, i32(w.cols), i32(w.rows), i64(w.row_bytes)))
+        dev.launch("mmv", mmv_kernel(w.kt, tile, "h"), launch,
+                   (w.data, x, y, i32(w.cols), i32(w.rows), i32(batch)))
+    else:
+        dev.launch("mmv", mmv_kernel(w.kt, tile), launch,
+                   (w.data, x, y, i32(w.cols), i32(w.rows), i64(w.row_bytes), i32(batch)))
     return y
 
 
