@@ -75,7 +75,7 @@ def test_half_cache_halves_the_attention_bytes() -> None:
 
 def test_half_is_the_default_and_other_cache_types_are_refused() -> None:
     assert CudaBackend(EmulatedDevice()).kv_dtype == np.float16  # chosen by the parity below
-    with pytest.raises(ValueError, match="float32 or float16"):
+    with pytest.raises(ValueError, match="float32, float16 or"):
         CudaBackend(EmulatedDevice(), kv_dtype=np.int8)
 
 
