@@ -41,10 +41,10 @@ from kernels.errors import KernelLoadError
 
 # Up to this many rows of x, linear() runs the quantized mat-vec instead of dequantizing to
 # float32 for a GEMM (read quantized, write and read float32: about 2.1 passes of float32
-# weight). The float mat-vec reads the quantized weight once per row: for a 4-bit weight,
-# 1/8 of its float32 size, 8 passes cost about what the dequantize route does. The integer
-# (q8_1) mat-vec reads it once for up to 8 rows (plan.mmvq_tile), so a batched decode step
-# of up to 8 sequences reads each weight once.
+# weight). Every mat-vec (integer, float and 16-bit) reads the weight once per tile of up
+# to 8 rows (plan.mmv_tile), so a batched decode step of up to 8 sequences reads each
+# weight once; read once per row instead, 8 passes of a 4-bit weight (1/8 of its float32
+# size) would cost about what the dequantize route does.
 MMV_MAX_ROWS = 8
 
 _KERNEL_TYPES = set(TYPES)  # F32, F16, BF16 and the GGML block types: kept as they are
@@ -53,7 +53,8 @@ _KERNEL_TYPES = set(TYPES)  # F32, F16, BF16 and the GGML block types: kept as t
 # halves the cache's memory and the bytes decode attention reads, and on SmolLM2-135M
 # (all 30 layers, emulator) moved the logits by 0.10% of the largest against the float32
 # cache, with top-1 and 24 greedy tokens equal (docs/cuda.md, "A float16 KV cache").
-# float32 keeps the NumPy reference's exact parity.
+# float32 keeps the NumPy reference's exact parity; "bfloat16" (a mode: float32's range,
+# a quarter of half's precision) is stored as uint16 bit patterns (ops.KV_BF16).
 KV_DTYPE = np.float16
 
 
@@ -90,17 +91,18 @@ class CudaBackend(Backend):
         (half the weight traffic, ~1e-3 relative error); float32 (default) matches the
         NumPy reference to float32 rounding. graphs: capture each decode step once per
         bucket of keys and replay it (where the device supports graphs). kv_dtype: the KV
-        cache's element type, float32 or float16 (half the cache's bytes; attention reads
-        half and accumulates in float32; parity in docs/cuda.md)."""
+        cache's element type, float32, float16 or "bfloat16" (16-bit: half the cache's
+        bytes; attention widens as it reads and accumulates in float32; parity in
+        docs/cuda.md)."""
         self.dev = device if device is not None else CupyDevice()
         try:  # every module now: a missing NVRTC fails here, not mid-generation
             self.dev.load_all()
         except KernelLoadError as e:
             raise BackendUnavailableError(f"The CUDA backend cannot start: {e}.") from e
         self.prefill_dtype = np.dtype(prefill_dtype)
-        self.kv_dtype = np.dtype(kv_dtype)
+        self.kv_dtype = ops.KV_BF16 if kv_dtype == "bfloat16" else np.dtype(kv_dtype)
         if self.kv_dtype not in ops.KV_KERNELS:
-            raise ValueError(f"kv_dtype must be float32 or float16, got {self.kv_dtype}")
+            raise ValueError(f"kv_dtype must be float32, float16 or 'bfloat16', got {kv_dtype}")
         self.xp = self.dev.xp
         self.device = getattr(self.dev, "device_name", self.dev.name)
         self._scratch: Any = None  # dequantized weight for prefill GEMMs, reused
@@ -258,7 +260,7 @@ class CudaBackend(Backend):
         # Head dims past the kernel's limit, or K/V in other layouts: grouped queries fold
         # into rows, two GEMMs around the masked softmax (a t x n_kv score matrix).
         qg = xp.reshape(self._c(q), (b, hk, (hq // hk) * t, d))
-        k, v = k.astype(xp.float32, copy=False), v.astype(xp.float32, copy=False)
+        k, v = ops.kv_as_f32(xp, k), ops.kv_as_f32(xp, v)
         scores = xp.matmul(qg, xp.transpose(k, (0, 1, 3, 2)))
         if softcap is not None:
             scores, scale = self.softcap(scores * scale, softcap), 1.0
@@ -308,6 +310,8 @@ class CudaBackend(Backend):
 
     def set_slice(self, dst: Any, src: Any, axis: int, start: int) -> Any:
         if self._step is None:
+            if dst.dtype == ops.KV_BF16 and src.dtype == np.float32:  # a bfloat16 cache row
+                src = ops.to_bf16_bits(self.xp, src)
             return super().set_slice(dst, src, axis, start)
         if dst.ndim != 4 or axis != 2 or src.shape[2] != 1:
             raise GraphUnsupported("a slice write other than one KV cache row")

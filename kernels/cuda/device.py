@@ -27,7 +27,7 @@ from kernels.cuda.plan import DEFAULT_LIMITS, DeviceLimits, Launch
 from kernels.errors import KernelLoadError
 
 CUDA_DIR = Path(__file__).resolve().parent
-MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "kv_f16", "unary",
+MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "kv_f16", "kv_bf16", "unary",
            "argmax", "step", "selftest")
 
 

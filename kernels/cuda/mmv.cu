@@ -2,52 +2,92 @@
 // W rows hold GGML blocks (row_bytes apart); x and y are float32, batch rows on grid.y.
 #include "quants.cuh"
 
+// The end of every mat-vec below: a warp's sums for the NY batch rows of its tile, each
+// reduced over the warp (every lane takes part, whatever its row), and lane 0 of a warp
+// with a row stores the first ny of them; y points at the tile's first batch row.
+template <int NY>
+static __device__ __forceinline__ void mmv_store_tile(
+        float (&acc)[NY], float * __restrict__ y, const int row, const int nrows, const int ny) {
+#pragma unroll
+    for (int b = 0; b < NY; ++b) {
+        acc[b] = warp_reduce_sum(acc[b]);
+    }
+    if (row < nrows && threadIdx.x == 0) {
+#pragma unroll
+        for (int b = 0; b < NY; ++b) {
+            if (b < ny) {
+                st_global(y + (long long) b * nrows + row, acc[b]);
+            }
+        }
+    }
+}
+
 // One warp per output row. Lane l takes the row's thread slices l, l+32, ... (EPT elements
 // each, see quants.cuh), so neighbouring lanes read neighbouring bytes of W and x; a warp
 // reduction finishes the row. No __syncthreads: a warp past the last row still joins its
 // own reduction and simply stores nothing.
-template <typename Q>
+// A block serves batch rows NY * blockIdx.y .. + NY - 1 (those below `batch`; grid (row
+// blocks, ceil(batch / NY))): each slice of W is loaded and dequantized once and dotted with
+// every one of them, so the weights leave memory once per NY batch rows. Each batch row's
+// sum takes the same products in the same order whatever NY: the tiles are the 1-row
+// kernel's results (bitwise where the compiler contracts alike).
+template <typename Q, int NY>
 static __device__ __forceinline__ void mul_mat_vec(
         const uint8_t * __restrict__ w, const float * __restrict__ x, float * __restrict__ y,
-        const int ncols, const int nrows, const long long row_bytes) {
+        const int ncols, const int nrows, const long long row_bytes, const int batch) {
     static_assert(Q::EPT == 1 || Q::EPT % 4 == 0, "x is read as float4 or single floats");
     constexpr int per_block = Q::QK / Q::EPT;
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
-    x += (long long) blockIdx.y * ncols;
-    y += (long long) blockIdx.y * nrows;
+    const int b0 = blockIdx.y * NY, ny = min(NY, batch - b0);
+    x += (long long) b0 * ncols;
+    y += (long long) b0 * nrows;
 
-    float acc = 0.0f;
+    float acc[NY];
+#pragma unroll
+    for (int j = 0; j < NY; ++j) {
+        acc[j] = 0.0f;
+    }
     if (row < nrows) {
         const uint8_t * wr = w + row * row_bytes;
         const int nslices = ncols / Q::EPT;
         for (int i = threadIdx.x; i < nslices; i += WARP_SIZE) {
             float v[Q::EPT];
             Q::dq(wr + (i / per_block) * Q::BYTES, i % per_block, v);
-            const float * xs = x + i * Q::EPT;
-            if constexpr (Q::EPT % 4 == 0) {  // x rows are 16-byte aligned: ncols % 32 == 0
 #pragma unroll
-                for (int j = 0; j < Q::EPT; j += 4) {
-                    const float4 xv = load_float4(xs + j);
-                    acc += v[j] * xv.x + v[j + 1] * xv.y + v[j + 2] * xv.z + v[j + 3] * xv.w;
+            for (int b = 0; b < NY; ++b) {
+                if (b >= ny) {
+                    break;
                 }
-            } else {
-                acc += v[0] * ld_global(xs);  // F32/F16: one element per slice
+                const float * xs = x + (long long) b * ncols + i * Q::EPT;
+                if constexpr (Q::EPT % 4 == 0) {  // x rows are 16-byte aligned: ncols % 32 == 0
+#pragma unroll
+                    for (int j = 0; j < Q::EPT; j += 4) {
+                        const float4 xv = load_float4(xs + j);
+                        acc[b] += v[j] * xv.x + v[j + 1] * xv.y + v[j + 2] * xv.z +
+                                  v[j + 3] * xv.w;
+                    }
+                } else {
+                    acc[b] += v[0] * ld_global(xs);  // F32/F16/BF16: one element per slice
+                }
             }
         }
     }
-    acc = warp_reduce_sum(acc);
-    if (row < nrows && threadIdx.x == 0) {
-        st_global(y + row, acc);
-    }
+    mmv_store_tile(acc, y, row, nrows, ny);
 }
 
-// block = (32, rows per block <= 8): see plan.plan_mul_mat_vec.
-#define MMV_KERNEL(Q, name)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256) mul_mat_vec_##name(                       \
+// block = (32, rows per block <= 8): see plan.plan_mul_mat_vec. mul_mat_vec_<type> (NY = 1)
+// and mul_mat_vec_b<NY>_<type>: the NY of table.MMV_TILES.
+#define MMV_KERNEL_NY(Q, NY, kname)                                                             \
+    extern "C" __global__ void __launch_bounds__(256) kname(                                    \
             const uint8_t * w, const float * x, float * y, const int ncols, const int nrows,     \
-            const long long row_bytes) {                                                         \
-        mul_mat_vec<Q>(w, x, y, ncols, nrows, row_bytes);                                        \
+            const long long row_bytes, const int batch) {                                        \
+        mul_mat_vec<Q, NY>(w, x, y, ncols, nrows, row_bytes, batch);                             \
     }
+#define MMV_KERNEL(Q, name)                                                                     \
+    MMV_KERNEL_NY(Q, 1, mul_mat_vec_##name)                                                      \
+    MMV_KERNEL_NY(Q, 2, mul_mat_vec_b2_##name)                                                   \
+    MMV_KERNEL_NY(Q, 4, mul_mat_vec_b4_##name)                                                   \
+    MMV_KERNEL_NY(Q, 8, mul_mat_vec_b8_##name)
 FOR_EACH_TYPE(MMV_KERNEL)
 
 // ---- the integer mat-vec: q8_1 activations, __dp4a ---------------------------------------
@@ -171,21 +211,10 @@ static __device__ __forceinline__ void mul_mat_vec_q(
         }
         __syncthreads();  // the next step overwrites the stage
     }
-#pragma unroll
-    for (int j = 0; j < NY; ++j) {
-        acc[j] = warp_reduce_sum(acc[j]);
-    }
-    if (row < nrows && lane == 0) {
-#pragma unroll
-        for (int j = 0; j < NY; ++j) {
-            if (j < ny) {
-                st_global(y + (long long) (b0 + j) * nrows + row, acc[j]);
-            }
-        }
-    }
+    mmv_store_tile(acc, y + (long long) b0 * nrows, row, nrows, ny);
 }
 
-// mul_mat_vec_q_<type> (NY = 1) and mul_mat_vec_q_b<NY>_<type>: the NY of table.MMVQ_TILES.
+// mul_mat_vec_q_<type> (NY = 1) and mul_mat_vec_q_b<NY>_<type>: the NY of table.MMV_TILES.
 #define MMVQ_KERNEL_NY(Q, name, NY, kname)                                                      \
     extern "C" __global__ void __launch_bounds__(MMVQ_ROWS * WARP_SIZE) kname(                  \
             const uint8_t * w, const uint8_t * xq, float * y, const int ncols, const int nrows,  \
@@ -208,36 +237,54 @@ FOR_EACH_DP4A_TYPE(MMVQ_KERNEL)
 // whole 32-byte sectors (the float kernel above loads 2 bytes per lane per instruction).
 // Products accumulate in float32. Needs ncols % 4 == 0 (rows 8-byte aligned) and W, x
 // 16-byte aligned: ops.mul_mat_vec takes the float kernel otherwise.
+// Batch tiles as in the float kernel: a block serves NY batch rows, each 8-byte weight word
+// is loaded once and dotted with the float4 of x of each of them.
 #define MMVH_COLS 128  // table.MMVH_COLS
-template <typename Q>
+template <typename Q, int NY>
 static __device__ __forceinline__ void mul_mat_vec_h(
         const uint16_t * __restrict__ w, const float * __restrict__ x, float * __restrict__ y,
-        const int ncols, const int nrows) {
+        const int ncols, const int nrows, const int batch) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
-    const float4 * x4 = (const float4 *) (x + (long long) blockIdx.y * ncols);
-    y += (long long) blockIdx.y * nrows;
+    const int b0 = blockIdx.y * NY, ny = min(NY, batch - b0);
+    const float4 * x4 = (const float4 *) (x + (long long) b0 * ncols);
+    y += (long long) b0 * nrows;
 
-    float acc = 0.0f;
+    float acc[NY];
+#pragma unroll
+    for (int b = 0; b < NY; ++b) {
+        acc[b] = 0.0f;
+    }
     if (row < nrows) {
         const uint2 * w4 = (const uint2 *) (w + (long long) row * ncols);
         for (int i = threadIdx.x; i < ncols / 4; i += MMVH_COLS / 4) {
             const uint2 wv = ld_global(w4 + i);
-            const float4 xv = ld_global(x4 + i);
-            acc += Q::of(wv.x & 0xFFFFu) * xv.x + Q::of(wv.x >> 16) * xv.y +
-                   Q::of(wv.y & 0xFFFFu) * xv.z + Q::of(wv.y >> 16) * xv.w;
+            const float w0 = Q::of(wv.x & 0xFFFFu), w1 = Q::of(wv.x >> 16);
+            const float w2 = Q::of(wv.y & 0xFFFFu), w3 = Q::of(wv.y >> 16);
+#pragma unroll
+            for (int b = 0; b < NY; ++b) {
+                if (b >= ny) {
+                    break;
+                }
+                const float4 xv = ld_global(x4 + (long long) b * (ncols / 4) + i);
+                acc[b] += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
+            }
         }
     }
-    acc = warp_reduce_sum(acc);
-    if (row < nrows && threadIdx.x == 0) {
-        st_global(y + row, acc);
-    }
+    mmv_store_tile(acc, y, row, nrows, ny);
 }
 
-// block = (32, rows per block <= 8): see plan.plan_mul_mat_vec.
-#define MMVH_KERNEL(Q, name)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) mul_mat_vec_h_##name(                     \
-            const uint16_t * w, const float * x, float * y, const int ncols, const int nrows) { \
-        mul_mat_vec_h<Q>(w, x, y, ncols, nrows);                                                 \
+// block = (32, rows per block <= 8): see plan.plan_mul_mat_vec. mul_mat_vec_h_<type> (NY = 1)
+// and mul_mat_vec_h_b<NY>_<type>.
+#define MMVH_KERNEL_NY(Q, NY, kname)                                                            \
+    extern "C" __global__ void __launch_bounds__(256) kname(                                    \
+            const uint16_t * w, const float * x, float * y, const int ncols, const int nrows,    \
+            const int batch) {                                                                   \
+        mul_mat_vec_h<Q, NY>(w, x, y, ncols, nrows, batch);                                      \
     }
+#define MMVH_KERNEL(Q, name)                                                                    \
+    MMVH_KERNEL_NY(Q, 1, mul_mat_vec_h_##name)                                                   \
+    MMVH_KERNEL_NY(Q, 2, mul_mat_vec_h_b2_##name)                                                \
+    MMVH_KERNEL_NY(Q, 4, mul_mat_vec_h_b4_##name)                                                \
+    MMVH_KERNEL_NY(Q, 8, mul_mat_vec_h_b8_##name)
 MMVH_KERNEL(t_f16, f16)
 MMVH_KERNEL(t_bf16, bf16)

@@ -14,7 +14,7 @@ import numpy as np
 
 from kernels.cuda import plan
 from kernels.cuda.device import Device
-from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, mmvq_kernel, q8_1_row_bytes
+from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, mmv_kernel, q8_1_row_bytes
 from kernels.errors import LaunchError
 
 i32, i64, f32 = np.int32, np.int64, np.float32
@@ -97,32 +97,31 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True,
     <= 1/254 of each block's max |x|). Otherwise, and for F32/F16/BF16, the float
     kernel (mul_mat_vec_*), exact to float32 rounding. F16/BF16 weights take the 16-bit
     vector kernel (mul_mat_vec_h_*: 8-byte weight and 16-byte x loads, float32 sums) where
-    :func:`half_vector_applies`, else the float kernel. The integer kernel reads each weight
-    once per `tile` rows of x (default: plan.mmvq_tile(batch); tests force 1 to compare)."""
+    :func:`half_vector_applies`, else the float kernel. Each kernel reads each weight once
+    per `tile` rows of x (default: plan.mmv_tile(batch); tests force 1 to compare)."""
     _f32_contig(x, "x")
     _need(x.ndim == 2 and x.shape[1] == w.cols,
           f"x {x.shape} does not match weight {w.cols} columns")
+    batch = x.shape[0]
+    tile = plan.mmv_tile(batch) if tile is None else tile
     if q8_1 and dp4a_applies(dev, w):
         xq = quantize_q8_1(dev, x)
-        y = dev.empty((x.shape[0], w.rows), np.float32)
-        batch = x.shape[0]
-        tile = plan.mmvq_tile(batch) if tile is None else tile
+        y = dev.empty((batch, w.rows), np.float32)
         launch = plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, batch, dev.limits, tile)
-        dev.launch("mmv", mmvq_kernel(w.kt, tile), launch,
+        dev.launch("mmv", mmv_kernel(w.kt, tile, "q"), launch,
                    (w.data, xq, y, i32(w.cols), i32(w.rows), i64(w.row_bytes),
                     i64(xq.shape[1]), i32(batch)))
         return y
     if dev.address(x) % 16:  # the quantized and 16-bit kernels read x as float4
         x = x.copy()
-    y = dev.empty((x.shape[0], w.rows), np.float32)
+    y = dev.empty((batch, w.rows), np.float32)
+    launch = plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, batch, dev.limits, tile)
     if half_vector_applies(dev, w):
-        dev.launch("mmv", f"mul_mat_vec_h_{w.kt.suffix}",
-                   plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits),
-                   (w.data, x, y, i32(w.cols), i32(w.rows)))
-        return y
-    launch = plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, x.shape[0], dev.limits)
-    dev.launch("mmv", f"mul_mat_vec_{w.kt.suffix}", launch,
-               (w.data, x, y, i32(w.cols), i32(w.rows), i64(w.row_bytes)))
+        dev.launch("mmv", mmv_kernel(w.kt, tile, "h"), launch,
+                   (w.data, x, y, i32(w.cols), i32(w.rows), i32(batch)))
+    else:
+        dev.launch("mmv", mmv_kernel(w.kt, tile), launch,
+                   (w.data, x, y, i32(w.cols), i32(w.rows), i64(w.row_bytes), i32(batch)))
     return y
 
 
@@ -231,20 +230,41 @@ def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
     return y
 
 
-# The attention kernel for each KV cache element type: (module, kernel). The float16 cache
-# (kv_f16.cu) is read as half and accumulated in float32.
+# A bfloat16 KV cache holds uint16 bit patterns (NumPy and CuPy have no bfloat16), as BF16
+# weights do: the high 16 bits of a float32. A uint16 cache is always bfloat16.
+KV_BF16 = np.dtype(np.uint16)
+# The attention kernel for each KV cache element type: (module, kernel). The float16 and
+# bfloat16 caches (kv_f16.cu, kv_bf16.cu) are widened as read and accumulated in float32.
 KV_KERNELS = {np.dtype(np.float32): ("attention", "attn_f32"),
-              np.dtype(np.float16): ("kv_f16", "attn_kv_f16")}
+              np.dtype(np.float16): ("kv_f16", "attn_kv_f16"),
+              KV_BF16: ("kv_bf16", "attn_kv_bf16")}
+
+
+def to_bf16_bits(xp: Any, x: Any) -> Any:
+    """float32 -> bfloat16 bit patterns (uint16) on xp's arrays: rounded to nearest even,
+    overflow to inf, NaN to 0x7FC0; kv_bf16.cu's store_f32 bit for bit."""
+    u = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    r = (u + xp.uint32(0x7FFF) + ((u >> xp.uint32(16)) & xp.uint32(1))) >> xp.uint32(16)
+    return xp.where((u & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000), xp.uint32(0x7FC0),
+                    r).astype(xp.uint16)
+
+
+def kv_as_f32(xp: Any, a: Any) -> Any:
+    """A K/V cache view as float32 (exact: bfloat16 bits shifted up, half widened)."""
+    if a.dtype == KV_BF16:
+        return (a.astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
+    return a.astype(xp.float32, copy=False)
 
 
 def kv_layout(k: Any, v: Any) -> tuple[str, str, tuple[int, int, int]]:
     """(module, kernel, strides in elements over batch/head/position) of a K/V cache view:
-    float32 or float16, contiguous head_dim, the same shape and layout for k and v."""
+    float32, float16 or bfloat16 (KV_BF16), contiguous head_dim, the same shape and layout
+    for k and v."""
     _need(k.shape == v.shape and k.strides == v.strides and k.dtype == v.dtype,
           "k and v must share shape, dtype and layout")
     _need(k.ndim == 4, f"k/v must be (batch, kv_heads, n_kv, head_dim), got {k.shape}")
     _need(k.dtype in KV_KERNELS and k.strides[-1] == k.itemsize,
-          f"k/v must be float32 or float16 with contiguous head_dim, got {k.dtype}")
+          f"k/v must be float32, float16 or bfloat16 with contiguous head_dim, got {k.dtype}")
     _need(all(s % k.itemsize == 0 for s in k.strides), "k/v strides are not whole elements")
     module, kernel = KV_KERNELS[np.dtype(k.dtype)]
     return module, kernel, tuple(s // k.itemsize for s in k.strides[:3])
@@ -256,7 +276,7 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
     """Masked softmax(q k^T * scale) v without a score matrix (see attention.cu).
 
     q (batch, heads, t, D) contiguous; k, v (batch, kv_heads, n_kv, D) views of the cache,
-    float32 or float16 (see :func:`kv_layout`);
+    float32, float16 or bfloat16 (see :func:`kv_layout`);
     key_mask (batch, n_kv), 0 hides a key. Query i sees keys j <= causal_offset + i (all
     keys when None) and, with a window, only j > causal_offset + i - window. Returns
     (batch, heads, t, D). Scratch: only split-K partials, plan.AttentionPlan.scratch_bytes,

@@ -83,13 +83,15 @@ def plan_rows(ncols: int, nrows: int, limits: DeviceLimits = DEFAULT_LIMITS) -> 
 
 
 def plan_mul_mat_vec(t: KernelType, ncols: int, nrows: int, batch: int = 1,
-                     limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
-    """One warp per output row (see mmv.cu); batch rows of x on grid.y."""
+                     limits: DeviceLimits = DEFAULT_LIMITS, tile: int | None = None) -> Launch:
+    """Float and 16-bit mat-vecs (mmv.cu mul_mat_vec_*, mul_mat_vec_h_*): one warp per output
+    row; `tile` batch rows of x per block (default :func:`mmv_tile`), the tiles on grid.y."""
     if ncols % t.qk or ncols < 1 or nrows < 1 or batch < 1:
         raise LaunchError(f"{t.name} mat-vec needs columns in whole blocks of {t.qk}, "
                                 f"got ({nrows}, {ncols}) x batch {batch}")
+    tile = _tile(batch, tile)
     rows = min(t.mmv_rows_per_block, nrows)  # tiny matrices: no idle warps
-    return Launch((_cdiv(nrows, rows), batch, 1), (32, rows, 1)).check(limits)
+    return Launch((_cdiv(nrows, rows), _cdiv(batch, tile), 1), (32, rows, 1)).check(limits)
 
 
 def plan_quantize_q8_1(ncols: int, batch: int = 1,
@@ -102,33 +104,39 @@ def plan_quantize_q8_1(ncols: int, batch: int = 1,
     return Launch((_cdiv(nb, warps), batch, 1), (32, warps, 1)).check(limits)
 
 
-def mmvq_tile(batch: int) -> int:
-    """Batch rows per weight read of the integer mat-vec for a batch of x rows: the smallest
-    of table.MMVQ_TILES that holds the whole batch (the largest beyond it).
+def mmv_tile(batch: int) -> int:
+    """Batch rows per weight read of the decode mat-vecs (integer, float and 16-bit) for a
+    batch of x rows: the smallest of table.MMV_TILES that holds the whole batch (the largest
+    beyond it).
 
     Decode is bound by weight bytes, and a block reads its weights once for its whole tile,
     so the weight bytes per token fall by the tile: 1 / batch up to 8. Rows of a tile past
-    the batch cost nothing (the kernel skips them), but a bigger tile than needed holds more
-    shared memory (5.6 KB at 1, 13.5 KB at 8) and accumulators, so fewer blocks fit an SM;
-    hence the smallest tile that covers the batch, not always 8."""
+    the batch cost nothing (the kernels skip them), but a bigger tile than needed holds more
+    accumulators (and, in the integer kernel, shared memory: 5.6 KB at 1, 13.5 KB at 8), so
+    fewer blocks fit an SM; hence the smallest tile that covers the batch, not always 8."""
     if batch < 1:
         raise LaunchError(f"mat-vec of an empty batch ({batch})")
-    return next((n for n in table.MMVQ_TILES if n >= batch), table.MMVQ_TILES[-1])
+    return next((n for n in table.MMV_TILES if n >= batch), table.MMV_TILES[-1])
+
+
+def _tile(batch: int, tile: int | None) -> int:
+    tile = mmv_tile(batch) if tile is None else tile
+    if tile not in table.MMV_TILES:
+        raise LaunchError(f"no mat-vec reads its weights once per {tile} rows")
+    return tile
 
 
 def plan_mul_mat_vec_q(t: KernelType, ncols: int, nrows: int, batch: int = 1,
                        limits: DeviceLimits = DEFAULT_LIMITS, tile: int | None = None) -> Launch:
     """Integer mat-vec (mmv.cu mul_mat_vec_q_*): one warp per output row, up to
     table.MMVQ_ROWS per block (they share the staged x); `tile` batch rows of x per block
-    (default :func:`mmvq_tile`), the tiles on grid.y."""
+    (default :func:`mmv_tile`), the tiles on grid.y."""
     if not t.dp4a:
         raise LaunchError(f"{t.name} has no integer mat-vec")
     if ncols % t.qk or ncols < 1 or nrows < 1 or batch < 1:
         raise LaunchError(f"{t.name} mat-vec needs columns in whole blocks of {t.qk}, "
                           f"got ({nrows}, {ncols}) x batch {batch}")
-    tile = mmvq_tile(batch) if tile is None else tile
-    if tile not in table.MMVQ_TILES:
-        raise LaunchError(f"no integer mat-vec reads its weights once per {tile} rows")
+    tile = _tile(batch, tile)
     rows = min(table.MMVQ_ROWS, nrows)
     return Launch((_cdiv(nrows, rows), _cdiv(batch, tile), 1), (32, rows, 1)).check(limits)
 

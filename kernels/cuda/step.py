@@ -15,11 +15,12 @@ import numpy as np
 
 from kernels.cuda import plan
 from kernels.cuda.device import Device
-from kernels.cuda.ops import _f32_contig, _need, f32, i32, i64, kv_layout
+from kernels.cuda.ops import KV_BF16, _f32_contig, _need, f32, i32, i64, kv_layout
 
 # The row write of a captured step, per KV cache element type (ops.KV_KERNELS).
 KV_STORE = {np.dtype(np.float32): ("step", "kv_store_f32"),
-            np.dtype(np.float16): ("kv_f16", "kv_store_f16")}
+            np.dtype(np.float16): ("kv_f16", "kv_store_f16"),
+            KV_BF16: ("kv_bf16", "kv_store_bf16")}
 
 
 def _pos_buffer(pos: Any) -> None:

@@ -62,17 +62,20 @@ Q8_1_BYTES = 36
 # MMVQ_COLS columns per warp step (32 lanes x one 32-element group each): MMVQ_* in mmv.cu.
 MMVQ_ROWS = 4
 MMVQ_COLS = 1024
-# Batch rows one block of the integer mat-vec dots with each weight read (llama.cpp's mmvq
-# ncols_y): mul_mat_vec_q_<suffix> for 1, mul_mat_vec_q_b<n>_<suffix> for the others
-# (MMVQ_KERNEL in mmv.cu). plan.mmvq_tile picks one per batch size.
-MMVQ_TILES = (1, 2, 4, 8)
+# Batch rows one block of a decode mat-vec dots with each weight read (llama.cpp's mmvq
+# ncols_y), for the integer, float and 16-bit kernels alike: mul_mat_vec_<path><suffix> for 1,
+# mul_mat_vec_<path>b<n>_<suffix> for the others (MMVQ_KERNEL, MMV_KERNEL, MMVH_KERNEL in
+# mmv.cu). plan.mmv_tile picks one per batch size.
+MMV_TILES = (1, 2, 4, 8)
 MMVQ_X_WORDS = MMVQ_COLS // Q8_1_QK * Q8_1_BYTES // 16  # uint4 of one batch row's x stage
 MMVQ_W_WORDS = 72  # uint4 per warp of the weight stage
 
 
-def mmvq_kernel(t: KernelType, tile: int) -> str:
-    """Name of the integer mat-vec of type t that reads each weight once per `tile` rows."""
-    return f"mul_mat_vec_q_{t.suffix}" if tile == 1 else f"mul_mat_vec_q_b{tile}_{t.suffix}"
+def mmv_kernel(t: KernelType, tile: int, path: str = "") -> str:
+    """Name of the decode mat-vec of type t that reads each weight once per `tile` batch rows;
+    path "q" the integer kernel, "h" the 16-bit vector kernel, "" the float kernel."""
+    head = f"mul_mat_vec_{path}_" if path else "mul_mat_vec_"
+    return f"{head}{t.suffix}" if tile == 1 else f"{head}b{tile}_{t.suffix}"
 
 
 def mmvq_smem(tile: int) -> int:
@@ -114,11 +117,17 @@ class KernelBudget:
 # Keyed by kernel name prefix (longest match wins).
 BUDGETS: dict[str, KernelBudget] = {
     "mul_mat_vec_": KernelBudget(256, 64, 0),
+    # float tiles of 2-8 batch rows: a quant type's dequantized slice (up to 32 floats) and
+    # NY accumulators live together (ptxas: up to 90 registers, 32-element types at tile 8,
+    # sm_75..sm_90; F32/F16/BF16 stay within 63). At 96, the planner's 128-thread blocks still
+    # fit 5 to an SM's registers (20 warps). The 16-bit tiles (mul_mat_vec_h_b<n>_) stay
+    # within 59: the 64 of mul_mat_vec_h_ below.
+    **{f"mul_mat_vec_b{n}_": KernelBudget(256, 96, 0) for n in MMV_TILES[1:]},
     "mul_mat_vec_q_": KernelBudget(128, 64, mmvq_smem(1)),
     # tiles of 4 and 8 batch rows hold more accumulators (ptxas: up to 72 registers on
     # sm_75..sm_90): 80 x 128 threads still lets 6 blocks (24 warps) share an SM's registers.
     **{f"mul_mat_vec_q_b{n}_": KernelBudget(128, 64 if n == 2 else 80, mmvq_smem(n))
-       for n in MMVQ_TILES[1:]},
+       for n in MMV_TILES[1:]},
     "mul_mat_vec_h_": KernelBudget(256, 64, 0),
     "quantize_q8_1": KernelBudget(256, 32, 0),
     # dequant.cu: the output stage (floats, a pad per 32) and the weight stage (DQ_W_WORDS).
@@ -136,10 +145,12 @@ BUDGETS: dict[str, KernelBudget] = {
     "gelu_tanh_mul_f32": KernelBudget(256, 64, 0),
     "attn_f32": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
     "attn_kv_f16": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
+    "attn_kv_bf16": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
     "attn_combine_f32": KernelBudget(256, 64, 0),
     "step_inputs_i32": KernelBudget(32, 32, 0),
     "kv_store_f32": KernelBudget(256, 64, 0),
     "kv_store_f16": KernelBudget(256, 64, 0),
+    "kv_store_bf16": KernelBudget(256, 64, 0),
     "add_f32": KernelBudget(256, 64, 0),
     "type_info": KernelBudget(32, 64, 0),
     "selftest_f16": KernelBudget(32, 32, 0),

@@ -173,7 +173,7 @@ SAMPLE_ROWS = 16  # rows emulated per shape: row starts at every alignment a typ
 def mat_vec_streams(qtype: str, cols: int, q8_1: bool, rows: int = SAMPLE_ROWS,
                     batch: int = 1, tile: int | None = None) -> dict:
     """Weight and x load Streams of one emulated decode mat-vec over `batch` rows of x
-    (`tile`: the integer kernel's batch rows per weight read, default the planner's)."""
+    (`tile`: the kernel's batch rows per weight read, default the planner's)."""
     from kernels.cuda import ops
     from kernels.cuda.table import TYPES
 
@@ -193,12 +193,13 @@ def mat_vec_streams(qtype: str, cols: int, q8_1: bool, rows: int = SAMPLE_ROWS,
 BATCH_SIZES = (1, 2, 3, 4, 8)
 
 
-def batch_report(qtype: str = "Q4_K", cols: int = 4096, rows: int = SAMPLE_ROWS) -> dict:
+def batch_report(qtype: str = "Q4_K", cols: int = 4096, rows: int = SAMPLE_ROWS,
+                 q8_1: bool = True) -> dict:
     """Per batch size: weight bytes moved per token (sectors x 32 / batch) with the planner's
     tile and with one weight read per row (tile 1), and the x sector efficiency."""
     out = {}
     for b in BATCH_SIZES:
-        tiled, one = (mat_vec_streams(qtype, cols, True, rows, b, tile) for tile in (None, 1))
+        tiled, one = (mat_vec_streams(qtype, cols, q8_1, rows, b, tile) for tile in (None, 1))
         out[b] = {"kernel": tiled["kernel"], "w_per_token": tiled["w"].bytes_moved / b,
                   "w_per_token_tile1": one["w"].bytes_moved / b, "x": tiled["x"].efficiency}
     return out
@@ -240,11 +241,13 @@ def main() -> None:
         print(f"  {p:5s}: weights {t['file'] / 1e9:.3f} GB in the file, "
               f"{t['w_moved'] / 1e9:.3f} GB in sectors; x {t['x_moved'] / 1e9:.3f} GB in "
               f"sectors; weight-sector bound {floors}")
-    q, cols = "Q4_K", 4096
-    print(f"batched decode, {q} {SAMPLE_ROWS} x {cols} (emulated): weight bytes per token")
-    for b, r in batch_report(q, cols).items():
-        print(f"  batch {b}: {r['kernel']:24s} {r['w_per_token']:8.0f} B "
-              f"(one read per row: {r['w_per_token_tile1']:.0f} B), x {r['x']:6.1%}")
+    cols = 4096
+    # the integer kernel; the 16-bit vector kernel; the float kernel (F32 weights)
+    for q, q8_1 in (("Q4_K", True), ("BF16", False), ("F32", False)):
+        print(f"batched decode, {q} {SAMPLE_ROWS} x {cols} (emulated): weight bytes per token")
+        for b, r in batch_report(q, cols, q8_1=q8_1).items():
+            print(f"  batch {b}: {r['kernel']:24s} {r['w_per_token']:8.0f} B "
+                  f"(one read per row: {r['w_per_token_tile1']:.0f} B), x {r['x']:6.1%}")
 
 
 if __name__ == "__main__":

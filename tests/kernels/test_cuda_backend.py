@@ -176,9 +176,18 @@ def test_batched_decode_step_gives_each_sequence_its_own_logits(
     # read each weight once for all 5 (tile 8, 3 rows idle). Each row must be that
     # sequence's own decode step: every op is row-independent and the tiles equal the
     # 1-row kernel bitwise (test_mmvq.py), so 1e-6 of the largest |logit| is float32 noise.
+    ckpt = tiny_llama("Q4_K", embed_type="Q6_K", layers=1)
+    check_batched_decode(ckpt, "mul_mat_vec_q_b8_", monkeypatch)
+    # F32 weights: the float kernel's tiles (test_mmv_tiles.py), the same bar.
+    check_batched_decode(tiny_llama("F32", embed_type="F32", layers=1), "mul_mat_vec_b8_",
+                         monkeypatch)
+
+
+def check_batched_decode(ckpt: Checkpoint, kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batched decode step of 5 sequences launches `kernel`... and gives each sequence the
+    logits of its own single decode step, within 1e-6 of the largest."""
     from inference.kv_cache import BatchedCaches
 
-    ckpt = tiny_llama("Q4_K", embed_type="Q6_K", layers=1)
     C = CudaBackend(EmulatedDevice(), kv_dtype=np.float32)
     assert C.q8_1_activations
     model = _build(llama, ckpt, C)
@@ -197,7 +206,7 @@ def test_batched_decode_step_gives_each_sequence_its_own_logits(
     monkeypatch.setattr(C.dev, "launch", lambda m, n, *a: (names.append(n), launch(m, n, *a)))
     batched = C.to_numpy(model(C.array(np.array(nxt)), BatchedCaches(prefilled()),
                                last_only=True))
-    assert any(n.startswith("mul_mat_vec_q_b8_") for n in names), sorted(set(names))
+    assert any(n.startswith(kernel) for n in names), sorted(set(names))
     alone = np.concatenate([C.to_numpy(model(C.array(np.array([t])), c, last_only=True))
                             for t, c in zip(nxt, prefilled(), strict=True)])
     assert batched.shape == alone.shape == (5, 1, 96)

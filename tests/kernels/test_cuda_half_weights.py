@@ -24,7 +24,7 @@ from inference.sampling import SamplingParams
 from kernels.cuda import ops, plan
 from kernels.cuda.device import EmulatedDevice
 from kernels.emulator.traffic import TrafficDevice
-from tests.kernels.test_cuda_backend import _build, tiny_llama
+from tests.kernels.test_cuda_backend import _build, check_batched_decode, tiny_llama
 
 
 def to_16bit(w: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -71,7 +71,8 @@ def test_16bit_mat_vec_loads_whole_sectors() -> None:
     ops.mul_mat_vec(dev, w, x)
     y = dev.empty((1, rows), np.float32)  # the float kernel on the same weight, for scale
     dev.launch("mmv", "mul_mat_vec_bf16", plan.plan_mul_mat_vec(w.kt, cols, rows),
-               (w.data, x, y, np.int32(cols), np.int32(rows), np.int64(w.row_bytes)))
+               (w.data, x, y, np.int32(cols), np.int32(rows), np.int64(w.row_bytes),
+                np.int32(1)))
     (wv, xv), wf = ((dev.traffic["mul_mat_vec_h_bf16"][(i, "load")] for i in (0, 1)),
                     dev.traffic["mul_mat_vec_bf16"][(0, "load")])
     assert wv.efficiency == xv.efficiency == 1.0
@@ -108,3 +109,11 @@ def test_tiny_llama_with_16bit_weights_matches_numpy(qtype: str) -> None:
     a = generate_step(mc, [1, 5, 9], sp, np.random.default_rng(0), max_len=16)
     b = generate_step(mn, [1, 5, 9], sp, np.random.default_rng(0), max_len=16)
     assert list(itertools.islice(a, 6)) == list(itertools.islice(b, 6))
+
+
+def test_batched_decode_with_16bit_weights_reads_them_once_per_tile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # BF16 weights, 5 sequences in one step: the 16-bit tile-8 kernel, and each sequence
+    # gets its own decode step's logits (test_cuda_backend's bar: the tiles equal the 1-row
+    # kernel bitwise, test_mmv_tiles.py).
+    check_batched_decode(_tiny_16bit("BF16"), "mul_mat_vec_h_b8_", monkeypatch)

@@ -57,13 +57,15 @@ def test_half_cache_halves_the_attention_bytes() -> None:
     # tiles, the last partial), GQA 2, head_dim 80. K and V loads stay whole sectors
     # (100%) and move half the bytes of the float32 cache; V is read by each of the
     # block's 2 warps (moved/useful 2, as for float32).
+    # The bfloat16 cache (ops.KV_BF16, 2-byte bit patterns) moves what the half one does.
     moved = {}
-    for kv in (np.float32, np.float16):
+    for kv in (np.float32, np.float16, ops.KV_BF16):
         dev = TrafficDevice()
         rng = np.random.default_rng(0)
         q = dev.to_device(rng.standard_normal((1, 4, 1, 80)).astype(np.float32))
-        kc, vc = (dev.to_device(rng.standard_normal((1, 2, 77, 80)).astype(kv))
-                  for _ in range(2))
+        kc, vc = (dev.to_device(ops.to_bf16_bits(np, x) if kv == ops.KV_BF16 else x.astype(kv))
+                  for x in (rng.standard_normal((1, 2, 77, 80)).astype(np.float32)
+                            for _ in range(2)))
         ops.attention(dev, q, kc[:, :, :70], vc[:, :, :70], 0.1, causal_offset=69)
         (name,) = [k for k in dev.traffic if k.startswith("attn_") and "combine" not in k]
         k_load, v_load = dev.traffic[name][(1, "load")], dev.traffic[name][(2, "load")]
@@ -71,11 +73,12 @@ def test_half_cache_halves_the_attention_bytes() -> None:
         assert k_load.moved_per_useful == 1.0 and v_load.moved_per_useful == 2.0, name
         moved[np.dtype(kv).name] = k_load.bytes_moved + v_load.bytes_moved
     assert moved["float16"] * 2 == moved["float32"] == 2 * 70 * 80 * 4 * 3
+    assert moved["uint16"] == moved["float16"]
 
 
 def test_half_is_the_default_and_other_cache_types_are_refused() -> None:
     assert CudaBackend(EmulatedDevice()).kv_dtype == np.float16  # chosen by the parity below
-    with pytest.raises(ValueError, match="float32 or float16"):
+    with pytest.raises(ValueError, match="float32, float16 or"):
         CudaBackend(EmulatedDevice(), kv_dtype=np.int8)
 
 

@@ -259,12 +259,18 @@ def check_attention(dev: Device, case: tuple, rng: np.random.Generator,
     # rtol 1e-5, atol 1e-6 against float64. K/V are narrowed views of a larger cache; batch
     # 1 of the mask hides every key (its rows must come out as zeros). A float16 cache is
     # checked against float64 attention over the same half values (widening half is exact,
-    # so the kernel's only error is its float32 arithmetic: the same tolerance).
+    # so the kernel's only error is its float32 arithmetic: the same tolerance); so is a
+    # bfloat16 one (ops.KV_BF16: uint16 bit patterns, widened exactly by ops.kv_as_f32).
     d, t, n_kv, hq, hkv, offset, window, softcap, masked = case
     b, cap = 2, n_kv + 7
     q = rng.standard_normal((b, hq, t, d), dtype=np.float32)
-    kc = dev.to_device(rng.standard_normal((b, hkv, cap, d)).astype(kv_dtype))
-    vc = dev.to_device(rng.standard_normal((b, hkv, cap, d)).astype(kv_dtype))
+
+    def cache() -> np.ndarray:
+        x = rng.standard_normal((b, hkv, cap, d)).astype(np.float32)
+        return ops.to_bf16_bits(np, x) if np.dtype(kv_dtype) == ops.KV_BF16 else \
+            x.astype(kv_dtype)
+
+    kc, vc = dev.to_device(cache()), dev.to_device(cache())
     k, v = kc[:, :, :n_kv], vc[:, :, :n_kv]
     mask = None
     if masked:
@@ -274,7 +280,8 @@ def check_attention(dev: Device, case: tuple, rng: np.random.Generator,
     got = host(dev, ops.attention(dev, dev.to_device(q), k, v, scale, causal_offset=offset,
                                   key_mask=None if mask is None else dev.to_device(mask),
                                   window=window, softcap=softcap))
-    ref = attention_ref(q, host(dev, k), host(dev, v), scale, offset, mask, window, softcap)
+    ref = attention_ref(q, ops.kv_as_f32(np, host(dev, k)), ops.kv_as_f32(np, host(dev, v)),
+                        scale, offset, mask, window, softcap)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 

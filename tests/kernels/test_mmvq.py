@@ -20,7 +20,7 @@ import pytest
 
 from kernels.cuda import ops
 from kernels.cuda.device import Device, EmulatedDevice
-from kernels.cuda.table import MMVQ_TILES, TYPES, q8_1_row_bytes
+from kernels.cuda.table import MMV_TILES, TYPES, q8_1_row_bytes
 from tests.kernels.quantdata import group_offsets, make_weight, q8_1_bytes, quantize_q8_1
 from tests.kernels.quantdata import reference as dequantized
 
@@ -111,7 +111,7 @@ def test_batch_tiles_match_one_row_per_read(dev: Device, qtype: str,
         xd = dev.to_device(x)
         one = host(dev, ops.mul_mat_vec(dev, w, xd, tile=1))
         exact = isinstance(dev, EmulatedDevice)
-        for tile in MMVQ_TILES:
+        for tile in MMV_TILES:
             got = host(dev, ops.mul_mat_vec(dev, w, xd, tile=tile))
             if exact:
                 assert np.array_equal(got, one), (qtype, batch, tile)

@@ -55,16 +55,24 @@ def test_layer_norm_seed_shapes_are_not_1024_threads_per_row() -> None:
 
 def test_mat_vec_planner() -> None:
     for t in TYPES.values():
-        for mult, nrows, batch in itertools.product([1, 2, 3, 16, 33, 128], ROWS, [1, 2, 5]):
+        for mult, nrows, batch in itertools.product([1, 2, 3, 16, 33, 128], ROWS,
+                                                    [1, 2, 5, 8, 17]):
             ncols = mult * t.qk
             lp = plan.plan_mul_mat_vec(t, ncols, nrows, batch)
-            _limits_ok(lp, f"mul_mat_vec_{t.suffix}")
+            tile = plan.mmv_tile(batch)
+            for path in ("", "h") if t.name in table.HALF_TYPES else ("",):
+                _limits_ok(lp, table.mmv_kernel(t, tile, path))
             assert lp.block[0] == 32 and lp.threads <= table.budget("mul_mat_vec_").max_threads
-            assert lp.grid[1] == batch
             rows = (np.arange(lp.grid[0])[:, None] * lp.block[1] + np.arange(lp.block[1])).ravel()
             assert np.array_equal(np.bincount(rows[rows < nrows], minlength=nrows), np.ones(nrows))
+            # block y serves batch rows tile * y .. tile * y + tile - 1 below batch (mmv.cu)
+            b = (np.arange(lp.grid[1])[:, None] * tile + np.arange(tile)).ravel()
+            assert np.array_equal(np.bincount(b[b < batch], minlength=batch), np.ones(batch))
+            assert plan.plan_mul_mat_vec(t, ncols, nrows, batch, tile=1).grid[1] == batch
         with pytest.raises(LaunchError):
             plan.plan_mul_mat_vec(t, t.qk + 1, 4) if t.qk > 1 else plan.plan_mul_mat_vec(t, 0, 4)
+        with pytest.raises(LaunchError):
+            plan.plan_mul_mat_vec(t, t.qk, 4, 3, tile=3)  # no such kernel
 
 
 def test_integer_mat_vec_and_q8_1_planners() -> None:
@@ -72,8 +80,8 @@ def test_integer_mat_vec_and_q8_1_planners() -> None:
         for mult, nrows, batch in itertools.product([1, 3, 5, 33, 128], ROWS, [1, 2, 5, 8, 17]):
             ncols = mult * t.qk
             lp = plan.plan_mul_mat_vec_q(t, ncols, nrows, batch)
-            tile = plan.mmvq_tile(batch)
-            _limits_ok(lp, table.mmvq_kernel(t, tile))
+            tile = plan.mmv_tile(batch)
+            _limits_ok(lp, table.mmv_kernel(t, tile, "q"))
             assert lp.block[0] == 32 and lp.block[1] <= table.MMVQ_ROWS
             rows = (np.arange(lp.grid[0])[:, None] * lp.block[1] + np.arange(lp.block[1])).ravel()
             assert np.array_equal(np.bincount(rows[rows < nrows], minlength=nrows), np.ones(nrows))
@@ -97,10 +105,10 @@ def test_integer_mat_vec_and_q8_1_planners() -> None:
 
 def test_batch_tile_covers_the_batch_up_to_8() -> None:
     # The smallest tile that holds the batch: weights read once per step up to batch 8.
-    assert [plan.mmvq_tile(b) for b in range(1, 10)] == [1, 2, 4, 4, 8, 8, 8, 8, 8]
-    assert plan.mmvq_tile(100) == 8
+    assert [plan.mmv_tile(b) for b in range(1, 10)] == [1, 2, 4, 4, 8, 8, 8, 8, 8]
+    assert plan.mmv_tile(100) == 8
     with pytest.raises(LaunchError):
-        plan.mmvq_tile(0)
+        plan.mmv_tile(0)
     with pytest.raises(LaunchError):
         plan.plan_quantize_q8_1(48)
 

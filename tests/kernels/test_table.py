@@ -49,17 +49,29 @@ def test_attention_and_mat_vec_limits_match_the_source() -> None:
     dq = source_path("dequant").read_text()
     assert int(re.search(r"#define DQ_W_WORDS (\d+)", dq).group(1)) == table.DQ_W_WORDS
     tiles = sorted(int(n) for n in re.findall(r"^MMVQ_SMEM\((\d+)\)$", mmv, re.M))
-    assert tuple(tiles) == table.MMVQ_TILES
+    assert tuple(tiles) == table.MMV_TILES
     assert int(re.search(r"#define Q8_1_BYTES (\d+)", source_path("quants").with_suffix(
         ".cuh").read_text()).group(1)) == table.Q8_1_BYTES
 
 
 def test_every_dp4a_type_has_a_kernel_per_batch_tile() -> None:
     from kernels.cuda.device import source_path
-    from kernels.cuda.table import MMVQ_TILES, mmvq_kernel
+    from kernels.cuda.table import MMV_TILES, mmv_kernel
     from kernels.emulator.build import scan_kernels
 
     names = set(scan_kernels(source_path("mmv")))
-    want = {mmvq_kernel(t, n) for t in TYPES.values() if t.dp4a for n in MMVQ_TILES}
+    want = {mmv_kernel(t, n, "q") for t in TYPES.values() if t.dp4a for n in MMV_TILES}
     assert want <= names
     assert {n for n in names if n.startswith("mul_mat_vec_q_")} == want
+
+
+def test_float_and_16bit_mat_vecs_have_a_kernel_per_batch_tile() -> None:
+    from kernels.cuda.device import source_path
+    from kernels.cuda.table import HALF_TYPES, MMV_TILES, mmv_kernel
+    from kernels.emulator.build import scan_kernels
+
+    names = set(scan_kernels(source_path("mmv")))
+    want = {mmv_kernel(t, n) for t in TYPES.values() for n in MMV_TILES}
+    want_h = {mmv_kernel(TYPES[h], n, "h") for h in HALF_TYPES for n in MMV_TILES}
+    assert want | want_h <= names
+    assert {n for n in names if n.startswith("mul_mat_vec_h_")} == want_h

@@ -84,3 +84,19 @@ def test_batched_decode_reads_the_weights_once_per_tile(qtype: str) -> None:
         assert st["x"].efficiency >= 0.80, st["x"].efficiency
         rowwise = mat_vec_streams(qtype, 4096, q8_1=True, rows=4, batch=batch, tile=1)
         assert rowwise["w"].bytes_moved == batch * one
+
+
+@pytest.mark.parametrize("qtype, kernel", [("BF16", "mul_mat_vec_h_b"), ("F16", "mul_mat_vec_h_b"),
+                                           ("F32", "mul_mat_vec_b"), ("Q4_K", "mul_mat_vec_b")])
+def test_float_and_16bit_batched_decode_read_the_weights_once_per_tile(qtype: str,
+                                                                       kernel: str) -> None:
+    # The same for the 16-bit vector kernel and the float kernel (F32 weights, and a quant
+    # type with q8_1 off): a tile's weight loads are the batch-1 kernel's, once per tile.
+    one = mat_vec_streams(qtype, 4096, q8_1=False, rows=4)["w"].bytes_moved
+    for batch, tiles in [(2, 1), (3, 1), (5, 1), (8, 1), (11, 2)]:
+        st = mat_vec_streams(qtype, 4096, q8_1=False, rows=4, batch=batch)
+        assert st["kernel"].startswith(kernel), st["kernel"]
+        assert st["w"].bytes_moved == tiles * one, (batch, st["w"].bytes_moved / one)
+        rowwise = mat_vec_streams(qtype, 4096, q8_1=False, rows=4, batch=batch, tile=1)
+        assert rowwise["w"].bytes_moved == batch * one
+        assert st["x"].efficiency == rowwise["x"].efficiency, batch  # x loads unchanged
