@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends import cpu_idot, cpu_raw
+from inference.backends import cpu_idot, cpu_kdot, cpu_raw
 from inference.backends import cpu_kernels as K
 from inference.backends.base import R, T, TokenSampler, _along, tiled_attention, trim_host_heap
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_nbytes
@@ -208,7 +208,11 @@ class CpuBackend(NumpyBackend):
         elif isinstance(w, RawWeight):
             if w.code is not None and x2.shape[0] <= MATVEC_ROWS:
                 y = np.empty((x2.shape[0], n_out), dtype=np.float32)
-                self._taped(cpu_raw.matvec, w.bytes, w.code, x2, y)
+                if w.code in cpu_kdot.CODES and self.activations != "float":
+                    self._taped(cpu_kdot.linear, w.bytes, w.code, x2,
+                                cpu_idot.level(self.activations), y)
+                else:
+                    self._taped(cpu_raw.matvec, w.bytes, w.code, x2, y)
             else:
                 self._untaped("a prefill product")
                 y = self._gemm_raw(x2, w)
