@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from inference.backends.cpu_idot import (
@@ -45,7 +46,7 @@ from inference.backends.cpu_idot import (
     _quantized,
     _splat,
 )
-from inference.backends.cpu_kernels import _f32, _jit
+from inference.backends.cpu_kernels import _f32, _jit, target_has
 from inference.backends.cpu_raw import Q2_K, Q3_K, ROWS_PER_TASK, _f16_at
 
 QK = 256  # elements of a block
@@ -122,6 +123,29 @@ def _splats(builder: ir.IRBuilder, sc: ir.Value, signed: bool) -> list[ir.Value]
             for j in range(16)]
 
 
+def _chunk_scales(builder: ir.IRBuilder, sc: ir.Value, signed: bool) -> list[ir.Value]:
+    """16 byte scales -> for each chunk c, scale 2c in int16 lanes 0-7 and 2c+1 in 8-15."""
+    w = (builder.sext if signed else builder.zext)(sc, _v16i16)
+    return [builder.shuffle_vector(w, ir.Constant(_v16i16, None), ir.Constant(
+        ir.VectorType(_i32, 16), [2 * c] * 8 + [2 * c + 1] * 8)) for c in range(8)]
+
+
+def _as_floats(builder: ir.IRBuilder, v: ir.Value, signed: bool) -> ir.Value:
+    """16 bytes -> 16 float32."""
+    wide = (builder.sext if signed else builder.zext)(v, ir.VectorType(_i32, 16))
+    return (builder.sitofp if signed else builder.uitofp)(wide, _v16f32)
+
+
+def _muladd(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """``a * b + c`` (8 float32): one fused multiply-add where the target has FMA (every
+    AVX2 CPU but a few), else a multiply and an add. Either way the same for every row."""
+    if not target_has("fma"):
+        return builder.fadd(builder.fmul(a, b), c)
+    fma = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_v8f32, [_v8f32] * 3), "llvm.fma.v8f32")
+    return builder.call(fma, [a, b, c])
+
+
 def _make_block(nrows: int):  # type: ignore[no-untyped-def]
     """An intrinsic ``(raw, r, blk, d, dmin, xp, dx, x16, i0, acc)``: for activation rows
     ``i0 + k``, k < ``nrows``, ``acc[8k:8k+8] += `` the 8 lane partial sums of block
@@ -151,33 +175,43 @@ def _make_block(nrows: int):  # type: ignore[no-untyped-def]
             accp = [_item_ptr(context, builder, aty, aarr, [ir.Constant(_i64, 8 * k)])
                     for k in range(nrows)]
             accs = [_load(builder, p, 0, _v8f32) for p in accp]
-            if q2:
+            if q2:  # the offset -dmin * m_j meets the activations only through x16_j
                 sc = _load(builder, b, 0, _v16i8)  # scale j: low nibble; min: high nibble
-                lows = builder.and_(sc, _c(_v16i8, 15))
-                scales = _splats(builder, lows, signed=False)
-                mins = builder.uitofp(builder.zext(builder.lshr(sc, _c(_v16i8, 4)),
-                                                   ir.VectorType(_i32, 16)), _v16f32)
-                neg_dmin = _splat(builder, builder.fneg(fdmin), 8)
+                scales = _chunk_scales(builder, builder.and_(sc, _c(_v16i8, 15)), False)
+                mins = _as_floats(builder, builder.lshr(sc, _c(_v16i8, 4)), False)
+                neg = _splat(builder, builder.fneg(fdmin), 8)
                 for k, i in enumerate(rows):
                     s16 = _item_ptr(context, builder, sty, sarr,
                                     [i, builder.mul(blk, ir.Constant(_i64, QK // 16))])
                     mx = _fold8(builder, builder.fmul(mins, _load(builder, s16, 0, _v16f32)))
-                    accs[k] = builder.fadd(accs[k], builder.fmul(mx, neg_dmin))
+                    accs[k] = _muladd(builder, mx, neg, accs[k])
             else:
-                scales = _splats(builder, _q3_scales(builder, b), signed=True)
+                scales = _splats(builder, _q3_scales(builder, b), True)
                 hm = _load(builder, b, 0, _v32i8)
             qs0 = 16 if q2 else 32
+            three = _c(_v16i16, 3)
             for half in range(2):
                 qs = _load(builder, b, qs0 + 32 * half, _v32i8)
                 for s in range(4):
-                    codes = builder.and_(_shift_bytes(builder, qs, 2 * s), _c(_v32i8, 3))
-                    if not q2:  # bit half*4+s of hmask as 4; a clear bit means -4
-                        top = builder.and_(_shift_bytes(builder, hm, half * 4 + s - 2),
-                                           _c(_v32i8, 4))
-                        codes = builder.sub(builder.or_(codes, top), _c(_v32i8, 4))
-                    j = half * 8 + 2 * s
-                    words = [builder.mul(w, scales[j + h]) for h, w in
-                             enumerate(_halves16(builder, codes, signed=not q2))]
+                    if q2:
+                        # The 2-bit codes straight out of the words: lane i holds bytes 2i
+                        # (even) and 2i+1 (odd), sub-block 2c for i < 8, 2c+1 above; the
+                        # activations come in that order (_even_odd).
+                        w = builder.bitcast(qs, _v16i16)
+                        words = [builder.mul(builder.and_(builder.lshr(w, _c(_v16i16, sh)),
+                                                          three) if sh else
+                                             builder.and_(w, three), scales[half * 4 + s])
+                                 for sh in (2 * s, 2 * s + 8)]
+                    else:
+                        # Bit half*4+s of hmask as 4 over the 2 low bits, minus 4; bytes
+                        # 0-15 are sub-block j, 16-31 j+1, widened in element order.
+                        codes = builder.sub(builder.or_(
+                            builder.and_(_shift_bytes(builder, qs, 2 * s), _c(_v32i8, 3)),
+                            builder.and_(_shift_bytes(builder, hm, half * 4 + s - 2),
+                                         _c(_v32i8, 4))), _c(_v32i8, 4))
+                        j = half * 8 + 2 * s
+                        words = [builder.mul(w, scales[j + h]) for h, w in
+                                 enumerate(_halves16(builder, codes, signed=True))]
                     e0, g = half * 128 + s * 32, half * 4 + s
                     for k in range(nrows):
                         xv = [_load(builder, xs[k], e0 + 16 * h,
@@ -187,8 +221,8 @@ def _make_block(nrows: int):  # type: ignore[no-untyped-def]
                         pairs = builder.add(builder.call(maddwd, [words[0], xv[0]]),
                                             builder.call(maddwd, [words[1], xv[1]]))
                         scale = builder.fmul(fd, _load(builder, ds[k], g, _f))
-                        accs[k] = builder.fadd(accs[k], builder.fmul(
-                            builder.sitofp(pairs, _v8f32), _splat(builder, scale, 8)))
+                        accs[k] = _muladd(builder, builder.sitofp(pairs, _v8f32),
+                                          _splat(builder, scale, 8), accs[k])
             for p, a in zip(accp, accs, strict=True):
                 builder.store(a, builder.bitcast(p, _v8f32.as_pointer()), align=4)
             return context.get_dummy_value()
@@ -199,6 +233,19 @@ def _make_block(nrows: int):  # type: ignore[no-untyped-def]
 
 
 _block4, _block2, _block1 = (_make_block(n) for n in (4, 2, 1))
+
+
+@_jit(fastmath=False)
+def _even_odd(xp: np.ndarray) -> np.ndarray:
+    """Each group of 32 activation codes reordered as its even-indexed codes, then its odd
+    ones: the order of the kernel's code words (lane i holds codes 2i and 2i+1)."""
+    out = np.empty_like(xp)
+    for i in range(xp.shape[0]):
+        for g0 in range(0, xp.shape[1], 32):
+            for j in range(16):
+                out[i, g0 + j] = xp[i, g0 + 2 * j]
+                out[i, g0 + 16 + j] = xp[i, g0 + 2 * j + 1]
+    return out
 
 
 @_jit(fastmath=False)
@@ -264,4 +311,5 @@ def linear(raw: np.ndarray, code: int, x: np.ndarray, level: np.integer,
     """The float rows ``x`` quantized (to ``level``'s type, :func:`cpu_idot.level`) and
     :func:`matvec`, as one call from Python writing ``out`` (a captured step replays it)."""
     xp, dx, _ = _quantized(x, level)
-    matvec(raw, code, xp, dx, _sums16(xp, dx), out)
+    x16 = _sums16(xp, dx)
+    matvec(raw, code, _even_odd(xp) if code == Q2_K else xp, dx, x16, out)
