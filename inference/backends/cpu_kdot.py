@@ -164,6 +164,9 @@ def _make_block(nrows: int):  # type: ignore[no-untyped-def]
             rty, _, _, _, _, xty, dty, sty, _, aty = signature.args
             rarr, cr, cblk, fd, fdmin, xarr, darr, sarr, ci0, aarr = args
             maddwd = _maddwd(builder)
+            maddubs = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_v16i16, [_v32i8, _v32i8]),
+                "llvm.x86.avx2.pmadd.ub.sw")
             r, blk, i0 = (_i64_of(builder, v) for v in (cr, cblk, ci0))
             b = _item_ptr(context, builder, rty, rarr,
                           [r, builder.mul(blk, ir.Constant(_i64, SIZE[code]))])
@@ -175,24 +178,50 @@ def _make_block(nrows: int):  # type: ignore[no-untyped-def]
             accp = [_item_ptr(context, builder, aty, aarr, [ir.Constant(_i64, 8 * k)])
                     for k in range(nrows)]
             accs = [_load(builder, p, 0, _v8f32) for p in accp]
-            if q2:  # the offset -dmin * m_j meets the activations only through x16_j
+            # Offsets that meet the activations only through their per-16 sums x16_j:
+            # Q2_K's -dmin * m_j; with 8-bit activations Q3_K's codes are taken as 0..7
+            # (vpmaddubsw's operand is unsigned), so its -4 * d * sc_j.
+            if q2:
                 sc = _load(builder, b, 0, _v16i8)  # scale j: low nibble; min: high nibble
-                scales = _chunk_scales(builder, builder.and_(sc, _c(_v16i8, 15)), False)
-                mins = _as_floats(builder, builder.lshr(sc, _c(_v16i8, 4)), False)
-                neg = _splat(builder, builder.fneg(fdmin), 8)
+                sc, offs, mult = (builder.and_(sc, _c(_v16i8, 15)), _as_floats(
+                    builder, builder.lshr(sc, _c(_v16i8, 4)), False), fdmin)
+            else:
+                sc = _q3_scales(builder, b)
+                offs, mult = _as_floats(builder, sc, True), builder.fmul(fd, ir.Constant(_f, 4.0))
+                hm = _load(builder, b, 0, _v32i8)
+            if q2 or narrow:
+                neg = _splat(builder, builder.fneg(mult), 8)
                 for k, i in enumerate(rows):
                     s16 = _item_ptr(context, builder, sty, sarr,
                                     [i, builder.mul(blk, ir.Constant(_i64, QK // 16))])
-                    mx = _fold8(builder, builder.fmul(mins, _load(builder, s16, 0, _v16f32)))
-                    accs[k] = _muladd(builder, mx, neg, accs[k])
-            else:
-                scales = _splats(builder, _q3_scales(builder, b), True)
-                hm = _load(builder, b, 0, _v32i8)
+                    ox = _fold8(builder, builder.fmul(offs, _load(builder, s16, 0, _v16f32)))
+                    accs[k] = _muladd(builder, ox, neg, accs[k])
+            # Per chunk c: scale 2c in int16 lanes 0-7, 2c+1 in 8-15 (q2 or narrow), else
+            # each scale broadcast alone.
+            scales = (_chunk_scales(builder, sc, signed=not q2) if q2 or narrow
+                      else _splats(builder, sc, True))
             qs0 = 16 if q2 else 32
             three = _c(_v16i16, 3)
             for half in range(2):
                 qs = _load(builder, b, qs0 + 32 * half, _v32i8)
                 for s in range(4):
+                    e0, g = half * 128 + s * 32, half * 4 + s
+                    if narrow:
+                        # Unsigned byte codes x int8 activations, in element order: lane i
+                        # of vpmaddubsw's sum holds elements 2i, 2i+1 (sub-block 2c for
+                        # i < 8), then vpmaddwd with the chunk's scales.
+                        codes = builder.and_(_shift_bytes(builder, qs, 2 * s), _c(_v32i8, 3))
+                        if not q2:
+                            codes = builder.or_(codes, builder.and_(
+                                _shift_bytes(builder, hm, half * 4 + s - 2), _c(_v32i8, 4)))
+                        for k in range(nrows):
+                            p16 = builder.call(maddubs, [codes, _load(builder, xs[k], e0,
+                                                                      _v32i8)])
+                            pairs = builder.call(maddwd, [p16, scales[g]])
+                            scale = builder.fmul(fd, _load(builder, ds[k], g, _f))
+                            accs[k] = _muladd(builder, builder.sitofp(pairs, _v8f32),
+                                              _splat(builder, scale, 8), accs[k])
+                        continue
                     if q2:
                         # The 2-bit codes straight out of the words: lane i holds bytes 2i
                         # (even) and 2i+1 (odd), sub-block 2c for i < 8, 2c+1 above; the
@@ -200,7 +229,7 @@ def _make_block(nrows: int):  # type: ignore[no-untyped-def]
                         w = builder.bitcast(qs, _v16i16)
                         words = [builder.mul(builder.and_(builder.lshr(w, _c(_v16i16, sh)),
                                                           three) if sh else
-                                             builder.and_(w, three), scales[half * 4 + s])
+                                             builder.and_(w, three), scales[g])
                                  for sh in (2 * s, 2 * s + 8)]
                     else:
                         # Bit half*4+s of hmask as 4 over the 2 low bits, minus 4; bytes
@@ -212,12 +241,8 @@ def _make_block(nrows: int):  # type: ignore[no-untyped-def]
                         j = half * 8 + 2 * s
                         words = [builder.mul(w, scales[j + h]) for h, w in
                                  enumerate(_halves16(builder, codes, signed=True))]
-                    e0, g = half * 128 + s * 32, half * 4 + s
                     for k in range(nrows):
-                        xv = [_load(builder, xs[k], e0 + 16 * h,
-                                    ir.VectorType(_i8 if narrow else _i16, 16)) for h in (0, 1)]
-                        if narrow:
-                            xv = [builder.sext(v, _v16i16) for v in xv]
+                        xv = [_load(builder, xs[k], e0 + 16 * h, _v16i16) for h in (0, 1)]
                         pairs = builder.add(builder.call(maddwd, [words[0], xv[0]]),
                                             builder.call(maddwd, [words[1], xv[1]]))
                         scale = builder.fmul(fd, _load(builder, ds[k], g, _f))
@@ -312,4 +337,5 @@ def linear(raw: np.ndarray, code: int, x: np.ndarray, level: np.integer,
     :func:`matvec`, as one call from Python writing ``out`` (a captured step replays it)."""
     xp, dx, _ = _quantized(x, level)
     x16 = _sums16(xp, dx)
-    matvec(raw, code, _even_odd(xp) if code == Q2_K else xp, dx, x16, out)
+    wide = code == Q2_K and xp.itemsize == 2  # int16 Q2_K: even/odd order (_block)
+    matvec(raw, code, _even_odd(xp) if wide else xp, dx, x16, out)
