@@ -4,7 +4,8 @@ Weights stay quantized (lane layout, :mod:`cpu_pack`). ``linear`` picks by the n
 token rows ``M``:
 - ``M <= MATVEC_ROWS`` (decode): the numba mat-vec kernels read the 4/5/8-bit codes
   directly, parallel over tiles of 32 output rows (types kept as file bytes: the
-  :mod:`cpu_raw` kernels, block by block);
+  :mod:`cpu_raw` kernels, block by block, or for Q2_K/Q3_K with integer activations the
+  :mod:`cpu_kdot` integer-dot kernels over the same bytes);
 - larger ``M`` (prefill, teacher forcing): a chunk of W is dequantized into a float32
   scratch (at most ``SCRATCH_BYTES``) and multiplied by BLAS sgemm, which at 100+ rows
   runs far above what a hand loop reaches; the dequant costs ~1/M of the product.
