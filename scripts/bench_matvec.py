@@ -1,12 +1,15 @@
-"""One-row mat-vec speed of the cpu backend per weight type and activation mode.
+"""Mat-vec speed of the cpu backend per weight type and activation mode (one row, or
+``--rows`` rows per call as a batched decode step).
 
     python scripts/bench_matvec.py [--threads 1] [--rounds 7] [--out docs/bench-results]
                                    [--types Q2_K,Q3_K] [--shapes llama] [--name NAME]
+                                   [--rows 4]
 
-For each packed type (random weights; a 1536x1536 matrix that stays in cache, and a
-32768x1024 one, like an output head, that streams from memory; K-quants need rows of 256)
+For each weight type (random weights; a 1536x1536 matrix that stays in cache, and a
+32768x1024 one, like an output head, that streams from memory, and a 4096x4096 one;
+K-quants need rows of 256)
 and each activation mode (float, int16, int8; the integer
-ones where the CPU has AVX2), ``backend.linear`` of one row is timed, the modes taking
+ones where the CPU has AVX2), ``backend.linear`` of the rows is timed, the modes taking
 turns round by round so a load change hits all alike. CPU time per call (process time /
 calls), so other processes on the machine inflate every mode alike instead of adding
 their share to one; with 2+ threads that is per CPU-second (the threads' time adds up), so
@@ -44,6 +47,8 @@ def main() -> None:
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated")
     ap.add_argument("--shapes", default="cached,streamed", help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--name", default="matvec-modes", help="the JSON's name, before -<n>t")
+    ap.add_argument("--rows", type=int, default=1,
+                    help="activation rows per call (a batched decode); Gweights/s count each")
     args = ap.parse_args()
     modes = ["float"] + (list(cpu_idot.LEVELS) if cpu_idot.available() else [])
     backends = {m: CpuBackend(m) for m in modes}
@@ -54,7 +59,7 @@ def main() -> None:
         for where in args.shapes.split(","):
             n, k = SHAPES[where]
             t = random_tensor(qtype, n, k, seed=1)
-            x = np.random.default_rng(0).standard_normal((1, k)).astype(np.float32)
+            x = np.random.default_rng(0).standard_normal((args.rows, k)).astype(np.float32)
             ws = {m: b.weight(t) for m, b in backends.items()}
             best = dict.fromkeys(modes, float("inf"))
             wall = dict.fromkeys(modes, float("inf"))
@@ -70,9 +75,12 @@ def main() -> None:
                     wall[m] = min(wall[m], (time.perf_counter() - t0) / calls)
             row = {"qtype": qtype, "tensor": where, "shape": [n, k],
                    "cpu_us_per_call": {m: round(v * 1e6, 2) for m, v in best.items()},
-                   "gweights_s": {m: round(n * k / v / 1e9, 2) for m, v in best.items()},
+                   "rows": args.rows,
+                   "gweights_s": {m: round(n * k * args.rows / v / 1e9, 2)
+                                  for m, v in best.items()},
                    "x_float": {m: round(best["float"] / v, 2) for m, v in best.items()},
-                   "wall_gweights_s": {m: round(n * k / v / 1e9, 2) for m, v in wall.items()}}
+                   "wall_gweights_s": {m: round(n * k * args.rows / v / 1e9, 2)
+                                       for m, v in wall.items()}}
             rows.append(row)
             print(f"{qtype:5s} {where:8s} " + "  ".join(
                 f"{m} {row['gweights_s'][m]:6.2f} Gw/s ({row['x_float'][m]:.2f}x, wall "
