@@ -152,3 +152,38 @@ def test_tiny_llama_cpp_files_decode_like_transformers(name, monkeypatch):
         diff = float(np.abs(got - ref).max())
         assert diff <= 2e-3 * float(np.abs(ref).max()), (seq, diff)
     assert cpu_raw.CODE["Q2_K" if "Q2_K" in name else "Q3_K"] in seen
+
+
+CACHED_CALLS = """
+import sys
+import numpy as np
+from inference.backends import cpu_idot, cpu_kdot, cpu_raw
+from tests.bundled import random_tensor
+t = random_tensor("Q2_K", 16, 256, seed=1)
+raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(16, -1)
+x = np.ones((1, 256), dtype=np.float32)
+xp, dx, _ = cpu_idot.quantize_rows(x, "int16")
+out = np.empty((1, 16), dtype=np.float32)
+if sys.argv[1] == "matvec":
+    cpu_kdot.matvec(raw, cpu_raw.Q2_K, xp, dx, cpu_kdot._sums16(xp, dx), out)
+else:
+    cpu_kdot.linear(raw, cpu_raw.Q2_K, x, cpu_idot.level("int16"), out)
+print("ok")
+"""
+
+
+def test_kernels_load_from_numba_cache_without_crashing(tmp_path):
+    """Processes over one fresh numba cache: the kernel alone, then the one-call entry
+    twice (the second run loads it from the cache). With the kernel cached on its own,
+    that third process crashed (segfault); it is left out of the cache since."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    for run in ("matvec", "linear", "linear"):
+        out = subprocess.run([sys.executable, "-c", CACHED_CALLS, run], env=env, cwd=root,
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0 and "ok" in out.stdout, (run, out.stderr[-2000:])

@@ -315,7 +315,10 @@ def _row(raw: np.ndarray, r: int, ts: int, d_at: int, dmin_at: int | None, xp: n
         i0 += n
 
 
-@_jit(parallel=True, fastmath=_NO_FUSE)
+# Not cached on its own: with both this kernel and :func:`linear` (which compiles it in)
+# in numba's cache, a process that loaded both crashed (segfault, seen twice; the parallel
+# region's code is in both cache entries). The app calls only :func:`linear`.
+@_jit(parallel=True, fastmath=_NO_FUSE, cache=False)
 def matvec(raw: np.ndarray, code: int, xp: np.ndarray, dx: np.ndarray, x16: np.ndarray,
            out: np.ndarray) -> None:
     """out (T, rows) = x @ W.T for W as Q2_K/Q3_K file bytes (``raw`` (rows, row_bytes)
