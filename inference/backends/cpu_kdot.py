@@ -5,25 +5,28 @@ come quantized per group of 32 by :func:`cpu_idot.quantize_rows`, ``x ~ d_x * q`
 ``e = half*128 + s*32 + l`` of a 256-block takes its 2 low bits from qs byte
 ``half*32 + l`` shifted by ``2s`` (Q3_K: its third bit from hmask byte ``l``, bit
 ``half*4 + s``), so the 32 elements of a chunk ``(half, s)`` are exactly one activation
-group, read from 32 consecutive bytes with one shift. Per chunk and activation row:
+group, read from 32 consecutive bytes with one shift; elements 0-15 are sub-block ``2c``,
+16-31 ``2c+1``, each with one integer scale (Q2_K 0..15, Q3_K -32..31). Per chunk and
+activation row, with exact integer sums and one float tail ``acc += sum * (d * d_x)``:
 
-- the codes (Q2_K 0..3; Q3_K -4..3) widened to int16 and multiplied by their sub-block's
-  integer scale (Q2_K 0..15, Q3_K -32..31): elements 0-15 are sub-block ``2c``, 16-31
-  ``2c+1``, one 16-lane vector each;
-- ``vpmaddwd`` with the 32 consecutive int16 activation codes: 8 int32 pair sums per
-  sub-block, exact (at most 2 * 128 * 32767 per pair);
-- the float tail once per chunk: ``acc += float(pairs) * (d * d_x)``.
+- int16 activations: codes (Q2_K 0..3, Q3_K -4..3) times their scale as int16
+  (``vpmullw``), ``vpmaddwd`` with the 32 activation codes. Q3_K widens its code bytes in
+  element order; Q2_K cuts its codes straight out of the qs bytes read as 16-bit words
+  (lane i: bytes 2i and 2i+1), so its activations are reordered to match once per call
+  (:func:`_even_odd`).
+- int8 activations: ``vpmaddubsw`` (unsigned codes x int8 activations, element order)
+  then ``vpmaddwd`` with the chunk's two scales. Q3_K's codes are taken as 0..7 here.
 
-Q2_K's offset ``-dmin * m_sub`` meets the activations only through their per-16 sums:
-``sum_e dmin * m * d_x * q_e = dmin * m * x16``, ``x16 = d_x * sum q`` over the
-sub-block, computed once per call (:func:`_sums16`), so a block adds
-``-dmin * sum_sub m_sub * x16_sub``. The result is ``W @ (d_x * q)`` up to float32
-rounding of the tails. A row's result does not depend on the batch or the thread count:
-each activation row runs the same instructions in the same order, alone or with others.
+Offsets meet the activations only through their sums over each 16, ``x16 = d_x * sum q``
+(:func:`_sums16`, once per call): Q2_K's ``-dmin * m_j`` and, with int8, Q3_K's ``-4 * d
+* sc_j`` add ``-mult * sum_j o_j * x16_j`` per block. The result is ``W @ (d_x * q)`` up to
+float32 rounding of the tails. A row's result does not depend on the batch or the thread
+count: each activation row runs the same instructions in the same order, alone or with
+others (groups of 4, 2, 1 share one decoding of a block).
 
-Written as LLVM IR (numba ``@intrinsic``, 256-bit vectors, so any AVX2 CPU): one call of
-:func:`_make_block` does one 256-block of one weight row for up to ``ROWS_PER_READ``
-activation rows, which share the unpacked codes. Measured: docs/cpu-backend.md.
+Written as LLVM IR (numba ``@intrinsic``) with 256-bit vectors only, so any AVX2 CPU runs
+it; a 512-bit instruction LLVM had merged into the loop slowed it on AVX-512 hosts
+(:func:`_as_floats`). Measured: docs/cpu-backend.md.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ SIZE = {Q2_K: 84, Q3_K: 110}  # bytes of a block (BLOCK_TYPES; matvec passes the
 CODES = tuple(SIZE)  # the cpu_raw type codes these kernels take
 ROWS_PER_READ = 4  # activation rows per pass over a weight row (groups of 4, 2, 1)
 _v32i8, _v16i8 = ir.VectorType(_i8, 32), ir.VectorType(_i8, 16)
-_v16i16, _v8i32 = ir.VectorType(_i16, 16), ir.VectorType(_i32, 8)
+_v16i16 = ir.VectorType(_i16, 16)
 _f = ir.FloatType()
 _v8f32 = ir.VectorType(_f, 8)
 
@@ -151,7 +154,8 @@ def _make_block(nrows: int):  # type: ignore[no-untyped-def]
     ``i0 + k``, k < ``nrows``, ``acc[8k:8k+8] += `` the 8 lane partial sums of block
     ``blk`` of weight row ``raw[r]`` dotted with the activation codes ``xp`` (int8 or
     int16), their group scales ``dx`` and per-16 sums ``x16``; the block's scales ``d``
-    and ``dmin`` as float32 for Q2_K, ``dmin`` None for Q3_K (``x16`` then unread)."""
+    and ``dmin`` as float32 for Q2_K, ``dmin`` None for Q3_K (``x16`` then read only with
+    int8 activations). ``xp`` of int16 Q2_K in :func:`_even_odd`'s order."""
 
     @intrinsic
     def block(typingctx, raw, r, blk, d, dmin, xp, dx, x16, i0, acc):  # type: ignore
