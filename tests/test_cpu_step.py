@@ -21,10 +21,12 @@ TINY = Path(__file__).resolve().parent / "goldens" / "tiny"
 # One of each path through the decoder block: biases and tied embeddings (qwen2), untied
 # with llama3 RoPE from a quantized file (llama3_q4_k), per-head q/k norms (qwen3_f16),
 # GELU and scaled embeddings (gemma_q8_0), fused projections and LongRoPE (phi3_q4_0),
-# soft-caps and sliding windows (gemma2_q4_0: sliding layers keep the eager step).
+# soft-caps and sliding windows (gemma2_q4_0: sliding layers keep the eager step), file-byte
+# Q2_K / Q3_K matrices (llama.cpp's Q2_K and Q3_K_M: cpu_kdot, or cpu_raw with float).
 MODELS = {"qwen2": "qwen2", "llama3_q4_k": "llama3_q4_k.gguf", "qwen3_f16": "qwen3_f16.gguf",
           "gemma_q8_0": "gemma_q8_0.gguf", "phi3_q4_0": "phi3_q4_0.gguf",
-          "gemma2_q4_0": "gemma2_q4_0.gguf"}
+          "gemma2_q4_0": "gemma2_q4_0.gguf", "llama3_q2_k": "llama3_Q2_K.llamacpp.gguf",
+          "llama3_q3_k_m": "llama3_Q3_K_M.llamacpp.gguf"}
 WINDOWED = {"gemma2_q4_0"}
 TOKENS = 12
 _models: dict[str, object] = {}

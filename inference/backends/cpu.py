@@ -4,7 +4,8 @@ Weights stay quantized (lane layout, :mod:`cpu_pack`). ``linear`` picks by the n
 token rows ``M``:
 - ``M <= MATVEC_ROWS`` (decode): the numba mat-vec kernels read the 4/5/8-bit codes
   directly, parallel over tiles of 32 output rows (types kept as file bytes: the
-  :mod:`cpu_raw` kernels, block by block);
+  :mod:`cpu_raw` kernels, block by block, or for Q2_K/Q3_K with integer activations the
+  :mod:`cpu_kdot` integer-dot kernels over the same bytes);
 - larger ``M`` (prefill, teacher forcing): a chunk of W is dequantized into a float32
   scratch (at most ``SCRATCH_BYTES``) and multiplied by BLAS sgemm, which at 100+ rows
   runs far above what a hand loop reaches; the dequant costs ~1/M of the product.
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends import cpu_idot, cpu_raw
+from inference.backends import cpu_idot, cpu_kdot, cpu_raw
 from inference.backends import cpu_kernels as K
 from inference.backends.base import R, T, TokenSampler, _along, tiled_attention, trim_host_heap
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_nbytes
@@ -208,7 +209,11 @@ class CpuBackend(NumpyBackend):
         elif isinstance(w, RawWeight):
             if w.code is not None and x2.shape[0] <= MATVEC_ROWS:
                 y = np.empty((x2.shape[0], n_out), dtype=np.float32)
-                self._taped(cpu_raw.matvec, w.bytes, w.code, x2, y)
+                if w.code in cpu_kdot.CODES and self.activations != "float":
+                    self._taped(cpu_kdot.linear, w.bytes, w.code, x2,
+                                cpu_idot.level(self.activations), y)
+                else:
+                    self._taped(cpu_raw.matvec, w.bytes, w.code, x2, y)
             else:
                 self._untaped("a prefill product")
                 y = self._gemm_raw(x2, w)

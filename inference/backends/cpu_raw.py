@@ -1,10 +1,11 @@
 """numba kernels over GGML blocks exactly as the file stores them (CPU backend).
 
 Types with no lane-block form within the memory rule (:mod:`cpu_pack`: Q2_K, Q3_K, F16,
-BF16) stay as file bytes, 1.0x the file. Decode reads them here: a row is
-walked block by block, each block decoded into a small float32 buffer and dotted with the
-activations (4-7 Gweights/s at 2 threads). Before these kernels the backend dequantized
-the whole matrix with NumPy on every call: 0.3 Gweights/s.
+BF16) stay as file bytes, 1.0x the file. Decode with float activations reads them here
+(with int16/int8 activations on AVX2, Q2_K and Q3_K go to :mod:`cpu_kdot`, 3-4x faster):
+a row is walked block by block, each block decoded into a small float32 buffer and dotted
+with the activations (4-7 Gweights/s at 2 threads). Before these kernels the backend
+dequantized the whole matrix with NumPy on every call: 0.3 Gweights/s.
 
 Each ``_decode_*`` repeats the float32 arithmetic of :mod:`inference.formats.quants`
 operation for operation (e.g. ``(d * sc) * q - dmin * m``), so :func:`dequant_rows`,
