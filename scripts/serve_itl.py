@@ -1,7 +1,8 @@
 """Inter-token gaps of the batching scheduler alone (no HTTP): one stream, then four
 started together, each a greedy completion of the bench prompt. Prints JSON with p50/p99
 gaps and the p99 ratio (4 streams / 1). Usage: ``PYTHONPATH=<tree> python
-scripts/serve_itl.py [tokens]`` (the tree on PYTHONPATH is the code measured)."""
+scripts/serve_itl.py [tokens] [step_budget]`` (the tree on PYTHONPATH is the code
+measured; the budget defaults to the scheduler's STEP_BUDGET)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from inference.bench import workloads
 from inference.events import DoneEvent, TokenEvent
 from inference.sampling import SamplingParams
 from inference.server.bench_serve import CONTINUATION
-from inference.server.scheduler import Request, Scheduler
+from inference.server.scheduler import STEP_BUDGET, Request, Scheduler
 from inference.threads import set_threads
 
 
@@ -47,16 +48,17 @@ def run(sched: Scheduler, ids: list[int], n: int, tokens: int) -> dict[str, floa
 
 def main() -> None:
     tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 48
+    budget = float(sys.argv[2]) if len(sys.argv) > 2 else STEP_BUDGET
     llm = load_model("smollm2", backend="cpu")
     set_threads(2, llm.backend)
     ids = llm.plan(prompt=workloads()[0] + CONTINUATION, max_tokens=tokens)[0]
-    sched = Scheduler(llm, parallel=8)
+    sched = Scheduler(llm, parallel=8, step_budget=budget)
     try:
         run(sched, ids, 1, tokens)  # warm-up: JIT, first touch
         out = [run(sched, ids, 1, tokens), run(sched, ids, 4, tokens)]
     finally:
         sched.close()
-    print(json.dumps({"prompt_tokens": len(ids), "rounds": out,
+    print(json.dumps({"prompt_tokens": len(ids), "step_budget": budget, "rounds": out,
                       "ratio_p99_4_over_1": round(out[1]["p99_ms"] / out[0]["p99_ms"], 2)}))
 
 
