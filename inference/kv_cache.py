@@ -83,6 +83,11 @@ class KVCache:
         n = row + t
         return self.B.narrow(self.keys[layer], 2, 0, n), self.B.narrow(self.values[layer], 2, 0, n)
 
+    def reserve(self, layer: int, like: Any, rows: int) -> None:
+        """Room for ``rows`` rows in ``layer``'s buffers (grown as :meth:`update` grows
+        them), for a backend that writes the rows itself (a fused decode step)."""
+        self._ensure(layer, like, rows)
+
     def advance(self, t: int) -> None:
         """Called once per forward pass, after every layer has written its t new rows."""
         self.offset += t

@@ -447,7 +447,7 @@ class CpuBackend(NumpyBackend):
             return super().attend_rows(q, k, v, caches, layer, **kw)
         offsets = np.array([c.layer_offset(layer) for c in caches], dtype=np.int64)
         for i, c in enumerate(caches):
-            c._ensure(layer, k[i:i + 1], int(offsets[i]) + 1)
+            c.reserve(layer, k[i:i + 1], int(offsets[i]) + 1)
         kbuf = [c.keys[layer] for c in caches]
         vbuf = [c.values[layer] for c in caches]
         if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in kbuf + vbuf):
