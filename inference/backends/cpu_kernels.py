@@ -682,31 +682,36 @@ def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scal
     scale = _f32(scale)
     p = np.empty((hq, n_keys), dtype=np.float32)  # one allocation, outside the threads
     for h in prange(hq):
-        kv = h // group
-        qrow = q[h]
-        ph = p[h]
-        m = _f32(-3.0e38)
-        for s in range(n_keys):
-            krow = k[kv, s]
-            acc = _f32(0.0)
-            for c in range(d):
-                acc += qrow[c] * krow[c]
-            acc *= scale
-            ph[s] = acc
-            m = acc if acc > m else m
-        tot = _f32(0.0)
-        for s in range(n_keys):
-            e = _exp(ph[s] - m)
-            ph[s] = e
-            tot += e
-        inv = _f32(1.0) / tot
-        o = out[h]
-        o[:] = 0.0
-        for s in range(n_keys):
-            w = ph[s] * inv
-            vrow = v[kv, s]
-            for c in range(d):
-                o[c] += w * vrow[c]
+        _attend_one(q[h], k[h // group], v[h // group], n_keys, scale, p[h], out[h])
+
+
+@_jit(inline="always")
+def _attend_one(qrow: np.ndarray, k: np.ndarray, v: np.ndarray, n: int, scale: np.float32,
+                ph: np.ndarray, o: np.ndarray) -> None:
+    """o = softmax(scale * k[:n] @ qrow) @ v[:n] for one query row against one kv head's
+    rows (k, v (S, d)); ``ph`` (>= n) holds the scores."""
+    d = qrow.shape[0]
+    m = _f32(-3.0e38)
+    for s in range(n):
+        krow = k[s]
+        acc = _f32(0.0)
+        for c in range(d):
+            acc += qrow[c] * krow[c]
+        acc *= scale
+        ph[s] = acc
+        m = acc if acc > m else m
+    tot = _f32(0.0)
+    for s in range(n):
+        e = _exp(ph[s] - m)
+        ph[s] = e
+        tot += e
+    inv = _f32(1.0) / tot
+    o[:] = 0.0
+    for s in range(n):
+        w = ph[s] * inv
+        vrow = v[s]
+        for c in range(d):
+            o[c] += w * vrow[c]
 
 
 @intrinsic
@@ -758,29 +763,7 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, si
             a, b2 = q[i, h, c], q[i, h, c + half]
             qrow[c] = a * cos[pos, c] - b2 * sin[pos, c]
             qrow[c + half] = b2 * cos[pos, c] + a * sin[pos, c]
-        ph = p[j]
-        m = _f32(-3.0e38)
-        for s in range(pos + 1):
-            krow = kc[kv, s]
-            acc = _f32(0.0)
-            for c in range(d):
-                acc += qrow[c] * krow[c]
-            acc *= scale
-            ph[s] = acc
-            m = acc if acc > m else m
-        tot = _f32(0.0)
-        for s in range(pos + 1):
-            e = _exp(ph[s] - m)
-            ph[s] = e
-            tot += e
-        inv = _f32(1.0) / tot
-        o = out[i, h]
-        o[:] = 0.0
-        for s in range(pos + 1):
-            w = ph[s] * inv
-            vrow = vc[kv, s]
-            for c in range(d):
-                o[c] += w * vrow[c]
+        _attend_one(qrow, kc[kv], vc[kv], pos + 1, scale, p[j], out[i, h])
 
 
 # --- encoder / prefill ops --------------------------------------------------------------
