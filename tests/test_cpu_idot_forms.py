@@ -27,20 +27,14 @@ def _runner(dot, nrows):
     return run
 
 
-def _runner4(dot, nrows, five):
-    if five:
-        @njit
-        def run(codes, xp, out):
-            for g in range(GROUPS):
-                for r0 in range(0, xp.shape[0] - nrows + 1, nrows):
-                    dot(codes, g, xp, r0, g * 16, out[g, r0], codes[:, 16:20])
-        return run
-
+def _runner4(dot, nrows):
+    """``high`` is None (4-bit codes) or the plane rows (5-bit): the intrinsic specialises
+    on its type, as in the kernels."""
     @njit
-    def run(codes, xp, out):
+    def run(codes, xp, out, high):
         for g in range(GROUPS):
             for r0 in range(0, xp.shape[0] - nrows + 1, nrows):
-                dot(codes, g, xp, r0, g * 16, out[g, r0], None)
+                dot(codes, g, xp, r0, g * 16, out[g, r0], high)
     return run
 
 
@@ -70,7 +64,7 @@ def test_dot4_forms_equal_numpy(width, five, nrows):
     want = np.einsum("gjl,rgj->grl", values, xp.reshape(4, GROUPS, 32).astype(np.int64))
     for make in (I._make_dot4, I._make_wide_dot4):
         out = np.zeros((GROUPS, 4, 2 * LANES * nrows), dtype=np.int32)
-        _runner4(make(nrows), nrows, five)(codes, xp, out)
+        _runner4(make(nrows), nrows)(codes, xp, out, codes[:, 16:20] if five else None)
         for r0 in range(0, 4, nrows):
             for r in range(nrows):
                 got = out[:, r0, 2 * LANES * r: 2 * LANES * r + LANES]
