@@ -51,9 +51,10 @@ from inference.backends.cpu_idot import (
 )
 from inference.backends.cpu_kernels import _f32, _jit, target_has
 from inference.backends.cpu_raw import Q2_K, Q3_K, ROWS_PER_TASK, _f16_at
+from inference.formats.quants import BLOCK_TYPES
 
-QK = 256  # elements of a block
-SIZE = {Q2_K: 84, Q3_K: 110}  # bytes of a block (BLOCK_TYPES; matvec passes them as literals)
+QK = BLOCK_TYPES["Q2_K"].block_size  # elements of a block (Q3_K's too)
+SIZE = {c: BLOCK_TYPES[t].type_size for t, c in (("Q2_K", Q2_K), ("Q3_K", Q3_K))}  # bytes
 CODES = tuple(SIZE)  # the cpu_raw type codes these kernels take
 ROWS_PER_READ = 4  # activation rows per pass over a weight row (groups of 4, 2, 1)
 _v32i8, _v16i8 = ir.VectorType(_i8, 32), ir.VectorType(_i8, 16)
@@ -332,6 +333,7 @@ def matvec(raw: np.ndarray, code: int, xp: np.ndarray, dx: np.ndarray, x16: np.n
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         acc = np.empty(8 * ROWS_PER_READ, dtype=np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            # Literals (SIZE's values): numba prunes _row's dmin branch only for literals.
             if code == Q2_K:
                 _row(raw, r, 84, 80, 82, xp, dx, x16, out, acc)
             else:
