@@ -6,9 +6,9 @@ SmolLM2-135M (the bundled Q4_1 GGUF) decodes ``--steps`` steps of B sequences at
 each sequence prefilled with its own 40-token prompt, as the server's scheduler runs them
 (``model(ids, BatchedCaches)``, one row per sequence; B=1 passes the one cache). Per step:
 CPU time (process time) and wall time, and the wall time inside the backend's ``linear``
-(the decode mat-vecs; the lm_head apart), inside ``backend.attend_rows`` (RoPE, cache write
-and attention, run once per sequence per layer), and the rest (norms, activations,
-reshapes, the BatchedCaches loop's narrow/set_slice, Python). The parts are timed with
+(the decode mat-vecs; the lm_head apart), inside ``backend.attend_rows`` (RoPE, cache writes
+and attention for every sequence of the step, once per layer), and the rest (norms,
+activations, reshapes, Python). The parts are timed with
 perf_counter wrappers around those calls, so each figure includes a wrapper's ~0.1 us.
 Then the same steps captured and replayed (``backend.decode_steps()``, what the server
 runs): wall time per step only, as a replay has no Python calls to wrap.
