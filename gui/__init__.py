@@ -3,4 +3,5 @@
 Dependencies point one way: gui -> inference. Nothing in inference/ imports Qt.
 """
 
+import inference  # noqa: F401 - first: its process settings must precede numpy's loading
 from gui import _compat  # noqa: F401 - must run before any Qt call (see its docstring)

@@ -14,10 +14,19 @@ Public API (used by the CLI, the GUI and outside scripts)::
     vecs = enc.embed(["a", "b"], batch_size=32, progress=lambda done, total: None)
 """
 
-from inference.api import CausalLM, Encoder, load_model
-from inference.backends import probe_all
-from inference.sampling import SamplingParams
-from inference.store import ModelSpec, discover
+import os
+
+# OpenBLAS's idle workers spin for 2**28 cycles (~0.1 s) after every call before they
+# sleep, and the cpu backend runs its own threads between BLAS calls (prefill products,
+# numba kernels); spinning beside them took a core from each (docs/cpu-backend.md,
+# "Prefill"). 2**4 cycles: they sleep at once. OpenBLAS reads this when numpy loads it,
+# so it is set before anything imports numpy; a value the user set is kept.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+from inference.api import CausalLM, Encoder, load_model  # noqa: E402
+from inference.backends import probe_all  # noqa: E402
+from inference.sampling import SamplingParams  # noqa: E402
+from inference.store import ModelSpec, discover  # noqa: E402 (after the environment above)
 
 __all__ = ["CausalLM", "Encoder", "ModelSpec", "SamplingParams", "discover", "load_model",
            "probe_all"]

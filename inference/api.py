@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from inference.backends import select_backend
-from inference.backends.base import Backend, OpProfiler, trim_host_heap
+from inference.backends.base import Backend, OpProfiler, keep_freed_heap, trim_host_heap
 from inference.chat_template import ChatTemplate
 from inference.embed import BatchLimits, Pipeline, declares_pooling, embed_ids
 from inference.errors import (
@@ -325,4 +325,5 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
     del ckpt  # its views and temporaries go now (a GGUF header stays in the reader's cache)
     trim_host_heap()
+    keep_freed_heap()  # from here on, reuse what inference frees (prefill's temporaries)
     return model

@@ -7,6 +7,8 @@ polynomial approximations with relative error < 4e-7). Real models: the issue's 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -341,6 +343,35 @@ def test_concurrent_prefill_linears_match_serial(qtype):
     # float32 rounding bound for K=256 scaled to the output's magnitude.
     for got, ref in zip(b.map_calls(lambda x: b.linear(x, w), xs), want, strict=True):
         assert_matmul_close(got, ref)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K", "Q3_K"])  # packed 4/8-bit, raw bytes
+def test_prefill_products_shared_between_threads(qtype):
+    """Each thread dequantizes and multiplies its own part of W's rows (BLAS at one thread
+    meanwhile): an uneven split (1000 rows: 31.25 tiles of 32; K=768) against the NumPy
+    backend. Tolerance as every prefill product: sgemm's rounding depends on its blocking."""
+    from inference.backends import cpu as cpu_mod
+
+    b = _two_threads()
+    t = random_tensor(qtype, 1000, 768, seed=7)
+    assert 1000 * 768 >= cpu_mod.SHARE_MIN  # shared, not one chunk on the caller
+    x = randn(1, 24, 768, seed=8)
+    want = N.linear(x, N.weight(t))
+    seen = []
+    w = b.weight(t)
+    inner = cpu_mod.CpuBackend._buffer
+
+    def buffer(self, n):  # which threads dequantized, and BLAS's threads while they did
+        seen.append((threading.get_ident(), _blas_threads()))
+        return inner(self, n)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod.CpuBackend, "_buffer", buffer)
+        got = b.linear(x, w)
+    assert_matmul_close(got, want)
+    assert len({t for t, _ in seen}) == 2 and {n for _, n in seen} == {1}
+    b.set_threads(1)
+    assert_matmul_close(b.linear(x, w), want)
 
 
 def test_resident_memory_after_loading_smollm2_within_the_rule():

@@ -128,25 +128,50 @@ def host_rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def _glibc() -> Any:
+    """The C library's handle where it is glibc (malloc_trim/mallopt), else None."""
+    global _libc
+    if _libc is None:
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL("libc.so.6")
+            _libc = lib if hasattr(lib, "malloc_trim") and hasattr(lib, "mallopt") else False
+        except OSError:
+            _libc = False
+    return _libc or None
+
+
 def trim_host_heap() -> None:
     """Give freed heap pages back to the OS (malloc_trim: glibc only; a no-op elsewhere).
 
     Loading parses metadata into many small objects (the GGUF reader's field parts for
     SmolLM2's 49k-token vocabulary) and repacks weights through temporaries; glibc keeps
     freed pages, which counted ~20% of SmolLM2's file size in resident memory after load."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            import ctypes
-
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
+    lib = _glibc()
+    if lib is not None:
+        lib.malloc_trim(0)
 
 
-_malloc_trim: Any = None
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+HEAP_KEEP_BYTES = 256 << 20
+
+
+def keep_freed_heap(keep: int = HEAP_KEEP_BYTES) -> bool:
+    """Let freed NumPy temporaries be reused instead of returned to the OS (glibc only):
+    arrays below 32 MB come from the heap rather than their own mmap, and up to ``keep``
+    bytes of free heap stay mapped. Without this, each prefill's activation arrays were
+    mapped and faulted in afresh: ~30,000 page faults and a fifth of a 138-token prefill
+    on SmolLM2 (docs/cpu-backend.md). :func:`trim_host_heap` still returns it all on
+    demand (after load, in the memory tests). Returns whether the policy was applied."""
+    lib = _glibc()
+    if lib is None:
+        return False
+    return bool(lib.mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(
+        lib.mallopt(_M_TRIM_THRESHOLD, keep))
+
+
+_libc: Any = None
 
 
 class TokenSampler:

@@ -6,9 +6,10 @@ token rows ``M``:
   directly, parallel over tiles of 32 output rows (types kept as file bytes: the
   :mod:`cpu_raw` kernels, block by block, or for Q2_K/Q3_K with integer activations the
   :mod:`cpu_kdot` integer-dot kernels over the same bytes);
-- larger ``M`` (prefill, teacher forcing): a chunk of W is dequantized into a float32
-  scratch (at most ``SCRATCH_BYTES``) and multiplied by BLAS sgemm, which at 100+ rows
-  runs far above what a hand loop reaches; the dequant costs ~1/M of the product.
+- larger ``M`` (prefill, teacher forcing): W's rows are shared out between the threads;
+  each dequantizes its part a chunk at a time into a float32 scratch small enough to stay
+  in its core's L2 (``CHUNK_BYTES``) and multiplies the chunk by a one-thread BLAS sgemm,
+  which at 100+ rows runs far above what a hand loop reaches.
 Dense float32 weights (MiniLM) go straight to BLAS. The token loop's small ops (norms,
 RoPE, one-token attention, SiLU) are fused numba loops, since at one token the cost of
 NumPy is its per-call overhead, not arithmetic.
@@ -37,17 +38,24 @@ from inference.sampling import SamplingParams
 
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 MATVEC_ROWS = 8  # dequant+sgemm costs more per row even at 16 rows (docs/cpu-backend.md)
-SCRATCH_BYTES = 16 << 20
+# A prefill product's float32 scratch per thread: written by the dequantize and read at
+# once by sgemm, so it should stay in the core's L2 (256 KB-2 MB on current x86). The
+# dequantize runs 2.5x faster into 288-768 KB than into the 16 MB of a whole weight
+# (Q4_1/Q4_K/Q6_K/Q8_0 at 1536 rows, 1 thread: 1.6-1.9 -> 4.0-4.8 Gweights/s).
+CHUNK_BYTES = 512 << 10
+# Weights below this many elements are one chunk on the calling thread with BLAS on every
+# thread: sharing out a 192x576 product cost more in hand-offs than it saved.
+SHARE_MIN = 256 << 10
 
 
 def _tile_step(k: int) -> int:
     """Tiles of ``LANES`` rows of a packed (out, k) weight dequantized at once (scratch)."""
-    return max(1, SCRATCH_BYTES // (4 * k * K.LANES))
+    return max(1, CHUNK_BYTES // (4 * k * K.LANES))
 
 
 def _row_step(k: int) -> int:
     """Rows of a raw (out, k) weight dequantized at once."""
-    return max(1, SCRATCH_BYTES // (4 * k))
+    return max(1, CHUNK_BYTES // (4 * k))
 
 
 ACTIVATIONS = ("int16", "int8", "float")
@@ -81,6 +89,7 @@ class CpuBackend(NumpyBackend):
         self._rope: dict[tuple[float, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
         self._threads = numba.get_num_threads()
         self._blas: Any = None
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (threads, workers)
 
     def set_threads(self, n: int) -> None:
         import numba
@@ -184,14 +193,16 @@ class CpuBackend(NumpyBackend):
         return NumpyBackend.score_copies if capped else self.score_copies
 
     def gemm_scratch_bytes(self, t: TensorData) -> int:
-        """Float32 scratch one prefill product with weight ``t`` dequantizes into (0 for a
-        float32 weight, which BLAS reads as it is)."""
+        """Float32 scratch a prefill product with weight ``t`` dequantizes into, one chunk
+        per thread (0 for a float32 weight, which BLAS reads as it is)."""
         if t.qtype == "F32" or len(t.shape) != 2:
             return 0
         n_out, k = int(t.shape[0]), int(t.shape[1])
         if packed_nbytes(t) is not None:
-            return 4 * k * min(-(-n_out // K.LANES), _tile_step(k)) * K.LANES
-        return 4 * k * min(n_out, _row_step(k))
+            chunk = 4 * k * min(-(-n_out // K.LANES), _tile_step(k)) * K.LANES
+        else:
+            chunk = 4 * k * min(n_out, _row_step(k))
+        return chunk * self._threads
 
     def dense(self, t: TensorData) -> np.ndarray:
         # A copy: a view would keep the whole memory-mapped file resident after load.
@@ -299,27 +310,66 @@ class CpuBackend(NumpyBackend):
         return buf[:n]
 
     def _gemm(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
-        n_out, k = w.shape
-        tiles = len(w.blocks) // w.groups
-        step = _tile_step(k)
-        y = np.empty((x.shape[0], n_out), dtype=np.float32)
-        for t0 in range(0, tiles, step):
-            t1 = min(tiles, t0 + step)
+        k = w.shape[1]
+
+        def product(y: np.ndarray, t0: int, t1: int) -> None:
             wt = self._buffer(k * (t1 - t0) * K.LANES).reshape(k, (t1 - t0) * K.LANES)
             K.dequant_t(w.codes, w.blocks, w.halves, w.high, w.kind, w.bits, w.zero, w.groups,
                         t0, t1, wt)
-            r0, r1 = t0 * K.LANES, min(n_out, t1 * K.LANES)
-            y[:, r0:r1] = x @ wt[:, : r1 - r0]
-        return y
+            r0, r1 = t0 * K.LANES, min(w.shape[0], t1 * K.LANES)
+            np.matmul(x, wt[:, : r1 - r0], out=y[:, r0:r1])
+
+        return self._shared_product(x, w.shape, len(w.blocks) // w.groups, _tile_step(k),
+                                    product)
 
     def _gemm_raw(self, x: np.ndarray, w: RawWeight) -> np.ndarray:
-        n_out, k = w.shape
-        step = _row_step(k)
-        y = np.empty((x.shape[0], n_out), dtype=np.float32)
-        for r0 in range(0, n_out, step):
-            r1 = min(n_out, r0 + step)
-            y[:, r0:r1] = x @ w.rows(r0, r1).T
+        k = w.shape[1]
+
+        def product(y: np.ndarray, r0: int, r1: int) -> None:
+            if w.code is None:
+                wr = w.rows(r0, r1)
+            else:
+                wr = self._buffer((r1 - r0) * k).reshape(r1 - r0, k)
+                cpu_raw.dequant_rows(w.bytes, w.code, r0, r1, wr)
+            np.matmul(x, wr.T, out=y[:, r0:r1])
+
+        return self._shared_product(x, w.shape, w.shape[0], _row_step(k), product)
+
+    def _shared_product(self, x: np.ndarray, shape: tuple[int, int], units: int, step: int,
+                        product: Callable[[np.ndarray, int, int], None]) -> np.ndarray:
+        """y = x @ W.T, W's ``units`` (lane tiles or rows) split into one contiguous part
+        per thread; ``product(y, u0, u1)`` dequantizes units u0..u1 into the calling
+        thread's scratch and writes their columns of y, ``step`` units at a time.
+
+        Why not dequantize on one thread and let BLAS share the sgemm: that serial step
+        was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s.
+        BLAS runs one thread per part meanwhile: OpenBLAS's own workers would otherwise
+        compete with the parts for the cores (docs/cpu-backend.md, "Prefill")."""
+        y = np.empty((x.shape[0], shape[0]), dtype=np.float32)
+        n = min(self._threads, units) if shape[0] * shape[1] >= SHARE_MIN else 1
+        bounds = [units * i // n for i in range(n + 1)]
+
+        def part(i: int) -> None:
+            for u0 in range(bounds[i], bounds[i + 1], step):
+                product(y, u0, min(bounds[i + 1], u0 + step))
+
+        if n == 1:
+            part(0)
+            return y
+        with self._blas_threads(1):
+            done = [self._workers().submit(part, i) for i in range(1, n)]
+            part(0)
+            for f in done:
+                f.result()
         return y
+
+    def _workers(self) -> ThreadPoolExecutor:
+        """The threads prefill products share their parts with (besides the caller's)."""
+        if self._pool is None or self._pool[0] != self._threads:
+            if self._pool is not None:
+                self._pool[1].shutdown(wait=False)
+            self._pool = (self._threads, ThreadPoolExecutor(self._threads - 1, "cpu-gemm"))
+        return self._pool[1]
 
     def embedding(self, table: Any, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
