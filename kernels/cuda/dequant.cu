@@ -1,6 +1,9 @@
-// Dequantize whole rows of a GGML matrix to f32 or f16: the prefill path (dequantize, then a
-// cuBLAS GEMM) and the embedding gather (rows picked by token ids, from any table type).
+// Dequantize whole rows of a GGML matrix to f32, f16 or bf16: the prefill path (dequantize
+// into a reused scratch, then a cuBLAS GEMM; an F32 "matrix" is how prefill rounds its
+// activations to the GEMM's 16-bit type) and the embedding gather (rows picked by token
+// ids, from any table type).
 #include "quants.cuh"
+#include "bf16.cuh"
 
 // Each thread dequantizes one slice (EPT elements, see quants.cuh) into registers; a
 // block's slices are consecutive, and so is its output (rows are contiguous), so the block
@@ -28,7 +31,7 @@ static __device__ __forceinline__ uint4 * dq_wstage() {
     return s;
 }
 
-// 16 bytes of output from stage elements e..e+3 (float) or e..e+7 (half).
+// 16 bytes of output from stage elements e..e+3 (float) or e..e+7 (half, bfloat16).
 static __device__ __forceinline__ void store_word(float * dst, const float * s, const int e) {
     const int p = dq_slot(e);
     st_global((float4 *) dst, float4{s[p], s[p + 1], s[p + 2], s[p + 3]});
@@ -40,6 +43,15 @@ static __device__ __forceinline__ void store_word(__half * dst, const float * s,
     for (int k = 0; k < 4; ++k) {
         w[k] = __half_as_ushort(__float2half_rn(s[p + 2 * k])) |
                ((uint32_t) __half_as_ushort(__float2half_rn(s[p + 2 * k + 1])) << 16);
+    }
+    st_global((uint4 *) dst, uint4{w[0], w[1], w[2], w[3]});
+}
+static __device__ __forceinline__ void store_word(bf16_t * dst, const float * s, const int e) {
+    const int p = dq_slot(e);
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        w[k] = bf16_bits(s[p + 2 * k]) | (bf16_bits(s[p + 2 * k + 1]) << 16);
     }
     st_global((uint4 *) dst, uint4{w[0], w[1], w[2], w[3]});
 }
@@ -132,6 +144,11 @@ static __device__ __forceinline__ void dequantize_rows(
             const uint8_t * w, const int * ids, __half * y, const int ncols, const int nrows,    \
             const int nsrc, const long long row_bytes) {                                         \
         dequantize_rows<Q, __half>(w, ids, y, ncols, nrows, nsrc, row_bytes);                    \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) dequantize_##name##_bf16(                 \
+            const uint8_t * w, const int * ids, bf16_t * y, const int ncols, const int nrows,    \
+            const int nsrc, const long long row_bytes) {                                         \
+        dequantize_rows<Q, bf16_t>(w, ids, y, ncols, nrows, nsrc, row_bytes);                    \
     }
 FOR_EACH_TYPE(DEQUANT_KERNELS)
 

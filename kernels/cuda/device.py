@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels.cuda.blas import CUBLAS_GEMM_DEFAULT, GemmEx, emulate_gemm_ex
 from kernels.cuda.plan import DEFAULT_LIMITS, DeviceLimits, Launch
 from kernels.errors import KernelLoadError
 
@@ -196,6 +197,17 @@ class Device:
     def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         self.function(module, name)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
 
+    def gemm_ex(self, g: GemmEx, a: Any, b: Any, c: Any) -> None:
+        """cublasGemmEx with ``g``'s arguments on buffers a, b, c (kernels/cuda/blas.py):
+        one Python-level launch, counted like a kernel. Not while capturing."""
+        if self._keep is not None:
+            raise RuntimeError("a GEMM cannot be captured here")
+        self.transfers.launches += 1
+        self._gemm_ex(g, a, b, c)
+
+    def _gemm_ex(self, g: GemmEx, a: Any, b: Any, c: Any) -> None:
+        raise NotImplementedError
+
     # --- graphs (one Python-level launch for a captured sequence of kernels) ---------------
     supports_graphs = False
 
@@ -289,6 +301,18 @@ class CupyDevice(Device):
     def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         # CuPy has no None for pointer parameters; an 8-byte zero is the null pointer.
         super()._run(module, name, launch, tuple(np.uint64(0) if a is None else a for a in args))
+
+    def _gemm_ex(self, g: GemmEx, a: Any, b: Any, c: Any) -> None:
+        # CuPy's wrapper binds the handle to the current stream, so the GEMM is queued in
+        # order with our kernels. alpha and beta are host float32s (COMPUTE_32F's scalar
+        # type, the handle's default host pointer mode).
+        from cupy.cuda import cublas, device
+
+        one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+        cublas.gemmEx(device.get_cublas_handle(), g.transa, g.transb, g.m, g.n, g.k,
+                      one.ctypes.data, a.data.ptr, g.a_type, g.lda, b.data.ptr, g.b_type, g.ldb,
+                      zero.ctypes.data, c.data.ptr, g.c_type, g.ldc, g.compute,
+                      CUBLAS_GEMM_DEFAULT)
 
     @property
     def supports_graphs(self) -> bool:  # type: ignore[override]
@@ -537,6 +561,10 @@ class EmulatedDevice(Device):
 
     def abort_capture(self) -> None:
         self._recording = self._keep = None
+
+    def _gemm_ex(self, g: GemmEx, a: Any, b: Any, c: Any) -> None:
+        emulate_gemm_ex(g, a, b, c)  # cuBLAS's contract on the host buffers
+        self._check_guards("gemm_ex", (a, b, c))
 
     def _load(self, module: str) -> Any:
         from kernels.emulator.module import EmulatedModule
