@@ -13,7 +13,8 @@ the host reads token t only after step t+1 is queued, so host and GPU time overl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +91,8 @@ class CudaBackend(Backend):
     graph_min_keys = 256
 
     def __init__(self, device: Device | None = None, prefill_dtype: Any = np.float32,
-                 graphs: bool = True, kv_dtype: Any = KV_DTYPE):
+                 graphs: bool = True, kv_dtype: Any = KV_DTYPE,
+                 compile_progress: Callable[[int, int, str], None] | None = None):
         """prefill_dtype: the type of the prefill GEMMs' inputs. float32 (default) matches the
         NumPy reference to float32 rounding; float16 or "bfloat16" round the weights (into a
         scratch reused by every weight, unless already of that type) and the activations to
@@ -99,10 +101,12 @@ class CudaBackend(Backend):
         per bucket of keys and replay it (where the device supports graphs). kv_dtype: the KV
         cache's element type, float32, float16 or "bfloat16" (16-bit: half the cache's
         bytes; attention widens as it reads and accumulates in float32; parity in
-        docs/cuda.md)."""
+        docs/cuda.md). compile_progress(done, total, module): see Device.load_all (the
+        first run on a machine compiles every module with NVRTC; later runs hit CuPy's
+        kernel cache); create() logs it."""
         self.dev = device if device is not None else CupyDevice()
         try:  # every module now: a missing NVRTC fails here, not mid-generation
-            self.dev.load_all()
+            self.dev.load_all(progress=compile_progress)
         except KernelLoadError as e:
             raise BackendUnavailableError(f"The CUDA backend cannot start: {e}.") from e
         self.prefill_dtype = ops.BF16 if prefill_dtype == "bfloat16" else np.dtype(prefill_dtype)
@@ -511,5 +515,15 @@ def probe() -> tuple[bool, str]:
     return True, f"NVIDIA GPU {dev.device_name} (self-test kernel passed)"
 
 
+log = logging.getLogger(__name__)
+
+
+def _log_compile(done: int, total: int, module: str) -> None:
+    if module:
+        log.info("CUDA kernels: compiling %s (%d of %d modules)", module, done + 1, total)
+    else:
+        log.info("CUDA kernels: %d modules ready", total)
+
+
 def create() -> CudaBackend:
-    return CudaBackend()
+    return CudaBackend(compile_progress=_log_compile)

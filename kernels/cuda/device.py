@@ -17,6 +17,7 @@ import mmap
 import os
 import re
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,11 +177,18 @@ class Device:
                                       f"({_first_line(e)})") from e
         return self._module_cache[module]
 
-    def load_all(self, modules: tuple[str, ...] = MODULES) -> None:
+    def load_all(self, modules: tuple[str, ...] = MODULES,
+                 progress: Callable[[int, int, str], None] | None = None) -> None:
         """Compile (or take from the compiler's cache) every module now, so a missing NVRTC
-        or header fails here, before any weight moves, not at a kernel's first launch."""
-        for m in modules:
+        or header fails here, before any weight moves, not at a kernel's first launch.
+        ``progress(done, total, module)`` is called before each module (done of total
+        compiled so far) and once at the end (module "")."""
+        for i, m in enumerate(modules):
+            if progress is not None:
+                progress(i, len(modules), m)
             self._module(m)
+        if progress is not None:
+            progress(len(modules), len(modules), "")
 
     def function(self, module: str, name: str) -> Any:
         key = (module, name)
