@@ -78,7 +78,7 @@ static __device__ __forceinline__ void store_word(bf16_t * dst, const float * s,
 // the integer mat-vec does) and dq reads them there. They lie in runs (segments) that are
 // contiguous in w: without ids one run (rows are contiguous, row_bytes = blocks per row *
 // BYTES); a gather has one run per output row, ids[row]'s blocks, and stages when the
-// block's slices span at most DQ_MAX_SEGS rows (rows of 17+ slices: 544+ columns of a
+// block's slices span at most DQ_MAX_SEGS rows (rows of 16+ slices: 512+ columns of a
 // 32-element type, every K-quant width); wider spans read global memory directly. Each
 // run's copy covers the aligned words around its bytes: up to 15 bytes of neighbouring
 // blocks or rows, never outside the buffer when it starts 16-byte aligned (its end is
