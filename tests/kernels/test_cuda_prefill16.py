@@ -23,7 +23,7 @@ from inference.generate import generate_step
 from inference.models import llama
 from inference.sampling import SamplingParams
 from kernels.cuda import blas, ops
-from kernels.cuda.device import EmulatedDevice
+from kernels.cuda.device import Device, EmulatedDevice
 from tests.bundled import smollm2_gguf
 from tests.kernels.test_cuda_backend import _build, _tensor, tiny_llama
 from tests.kernels.test_cuda_half_weights import _tiny_16bit
@@ -85,15 +85,16 @@ GEMM_SHAPES = [(1, 1, 1), (9, 37, 1025), (13, 96, 256), (10, 5, 4100)]
 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gemm_16_matches_float64(dtype: np.dtype, shape: tuple) -> None:
+def test_gemm_16_matches_float64(dtype: np.dtype, shape: tuple, dev: Device) -> None:
+    # On a GPU (-m gpu) this is the real cublasGemmEx call, never run here.
     t, rows, k = shape
     rng = np.random.default_rng(t + rows + k)
     x, x64 = _sixteen(rng.standard_normal((t, k)).astype(np.float32) * 3, dtype)
     w, w64 = _sixteen(rng.standard_normal((rows, k)).astype(np.float32) * 0.1, dtype)
-    dev = EmulatedDevice()
     before = dev.launches
     y = ops.gemm_16(dev, dev.to_device(x), dev.to_device(w))
     assert dev.launches == before + 1  # one Python-level launch
+    y = dev.to_host(y)
     assert y.shape == (t, rows) and y.dtype == np.float32
     ref = x64 @ w64.T
     bound = 1e-5 * (np.abs(x64) @ np.abs(w64).T) + 1e-6  # float32 summation only
