@@ -13,7 +13,8 @@ the host reads token t only after step t+1 is queued, so host and GPU time overl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,10 @@ _KERNEL_TYPES = set(TYPES)  # F32, F16, BF16 and the GGML block types: kept as t
 # a quarter of half's precision) is stored as uint16 bit patterns (ops.KV_BF16).
 KV_DTYPE = np.float16
 
+# Prefill GEMM input types (CudaBackend(prefill_dtype=...)): float32 (the default: NumPy's
+# parity), float16 and bfloat16 (cublasGemmEx, float32 sums; docs/cuda.md states parity).
+PREFILL_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), ops.BF16)
+
 
 class GraphUnsupported(Exception):
     """A decode step being captured called an op a graph cannot hold here (a CuPy operator
@@ -86,26 +91,36 @@ class CudaBackend(Backend):
     graph_min_keys = 256
 
     def __init__(self, device: Device | None = None, prefill_dtype: Any = np.float32,
-                 graphs: bool = True, kv_dtype: Any = KV_DTYPE):
-        """prefill_dtype float16 dequantizes prefill weights to half and runs half GEMMs
-        (half the weight traffic, ~1e-3 relative error); float32 (default) matches the
-        NumPy reference to float32 rounding. graphs: capture each decode step once per
-        bucket of keys and replay it (where the device supports graphs). kv_dtype: the KV
+                 graphs: bool = True, kv_dtype: Any = KV_DTYPE,
+                 compile_progress: Callable[[int, int, str], None] | None = None):
+        """prefill_dtype: the type of the prefill GEMMs' inputs. float32 (default) matches the
+        NumPy reference to float32 rounding; float16 or "bfloat16" round the weights (into a
+        scratch reused by every weight, unless already of that type) and the activations to
+        16 bits and run cublasGemmEx with float32 products and sums (tensor cores; half the
+        weight bytes; parity per mode in docs/cuda.md). graphs: capture each decode step once
+        per bucket of keys and replay it (where the device supports graphs). kv_dtype: the KV
         cache's element type, float32, float16 or "bfloat16" (16-bit: half the cache's
         bytes; attention widens as it reads and accumulates in float32; parity in
-        docs/cuda.md)."""
+        docs/cuda.md). compile_progress(done, total, module): see Device.load_all (the
+        first run on a machine compiles every module with NVRTC; later runs hit CuPy's
+        kernel cache); create() logs it."""
         self.dev = device if device is not None else CupyDevice()
         try:  # every module now: a missing NVRTC fails here, not mid-generation
-            self.dev.load_all()
+            self.dev.load_all(progress=compile_progress)
         except KernelLoadError as e:
             raise BackendUnavailableError(f"The CUDA backend cannot start: {e}.") from e
-        self.prefill_dtype = np.dtype(prefill_dtype)
+        self.prefill_dtype = ops.BF16 if prefill_dtype == "bfloat16" else np.dtype(prefill_dtype)
+        if self.prefill_dtype not in PREFILL_DTYPES:
+            raise ValueError("prefill_dtype must be float32, float16 or 'bfloat16', "
+                             f"got {prefill_dtype}")
         self.kv_dtype = ops.KV_BF16 if kv_dtype == "bfloat16" else np.dtype(kv_dtype)
         if self.kv_dtype not in ops.KV_KERNELS:
             raise ValueError(f"kv_dtype must be float32, float16 or 'bfloat16', got {kv_dtype}")
         self.xp = self.dev.xp
         self.device = getattr(self.dev, "device_name", self.dev.name)
-        self._scratch: Any = None  # dequantized weight for prefill GEMMs, reused
+        # Prefill GEMM inputs, reused by every weight of every layer: "w" the weight in
+        # prefill_dtype, "x" the activations rounded to it (16-bit modes).
+        self._scratch: dict[str, Any] = {}
         self._last_id: tuple[int, Any] | None = None  # (sampled id, its device copy)
         self._hist: tuple[list[int], Any] | None = None  # history ids and their device copy
         self.graphs = graphs and self.dev.supports_graphs
@@ -172,16 +187,21 @@ class CudaBackend(Backend):
         if self._step is not None:
             raise GraphUnsupported(what)
 
+    def _reused(self, slot: str, shape: tuple[int, int], dtype: Any) -> Any:
+        """A (shape) buffer of dtype from the scratch ``slot``, grown to the largest asked
+        for. Later kernels are queued behind the GEMM that reads it on the same stream, so
+        the next weight (or layer) cannot overwrite it early."""
+        n = shape[0] * shape[1]
+        buf = self._scratch.get(slot)
+        if buf is None or buf.size < n or buf.dtype != dtype:
+            buf = self._scratch[slot] = self.dev.empty((n,), dtype)
+        return buf[:n].reshape(shape)
+
     def _dequantized(self, w: QuantMatrix) -> Any:
         dtype = self.prefill_dtype
-        if w.data.dtype == dtype:  # F32 or F16 weights in the GEMM's type: no copy
+        if w.data.dtype == dtype:  # F32, F16 or BF16 weights in the GEMM's type: no copy
             return w.data
-        n = w.rows * w.cols
-        if self._scratch is None or self._scratch.size < n or self._scratch.dtype != dtype:
-            self._scratch = self.dev.empty((n,), dtype)
-        # Later kernels are queued behind the GEMM on the same stream, so reuse is safe.
-        out = self._scratch[:n].reshape(w.rows, w.cols)
-        return ops.dequantize(self.dev, w, dtype, out=out)
+        return ops.dequantize(self.dev, w, dtype, out=self._reused("w", (w.rows, w.cols), dtype))
 
     def _as_table(self, t: Any) -> QuantMatrix:
         if isinstance(t, QuantMatrix):
@@ -208,7 +228,12 @@ class CudaBackend(Backend):
             else:  # cuBLAS on the GPU
                 self._eager_only("a GEMM")
                 wd = self._dequantized(w)
-                y = xp.matmul(x2.astype(wd.dtype, copy=False), wd.T).astype(xp.float32, copy=False)
+                if wd.dtype == np.float32:
+                    y = xp.matmul(x2, wd.T)
+                else:  # x rounded to the weight's 16-bit type by the same kernel; sums float32
+                    xs = ops.dequantize(self.dev, QuantMatrix(x2, "F32", *x2.shape), wd.dtype,
+                                        out=self._reused("x", x2.shape, wd.dtype))
+                    y = ops.gemm_16(self.dev, xs, wd)
         else:
             self._eager_only("a float32 matmul")
             y = xp.matmul(x2, w.T)
@@ -490,5 +515,15 @@ def probe() -> tuple[bool, str]:
     return True, f"NVIDIA GPU {dev.device_name} (self-test kernel passed)"
 
 
+log = logging.getLogger(__name__)
+
+
+def _log_compile(done: int, total: int, module: str) -> None:
+    if module:
+        log.info("CUDA kernels: compiling %s (%d of %d modules)", module, done + 1, total)
+    else:
+        log.info("CUDA kernels: %d modules ready", total)
+
+
 def create() -> CudaBackend:
-    return CudaBackend()
+    return CudaBackend(compile_progress=_log_compile)

@@ -1,6 +1,9 @@
-// Dequantize whole rows of a GGML matrix to f32 or f16: the prefill path (dequantize, then a
-// cuBLAS GEMM) and the embedding gather (rows picked by token ids, from any table type).
+// Dequantize whole rows of a GGML matrix to f32, f16 or bf16: the prefill path (dequantize
+// into a reused scratch, then a cuBLAS GEMM; an F32 "matrix" is how prefill rounds its
+// activations to the GEMM's 16-bit type) and the embedding gather (rows picked by token
+// ids, from any table type).
 #include "quants.cuh"
+#include "bf16.cuh"
 
 // Each thread dequantizes one slice (EPT elements, see quants.cuh) into registers; a
 // block's slices are consecutive, and so is its output (rows are contiguous), so the block
@@ -11,8 +14,10 @@
 #define DQ_THREADS 256  // plan.plan_dequantize's block (table: dequant_threads)
 #define DQ_MAX_EPT 32
 // The weight stage: a block's quant blocks (at most 256 of the 32-element types, 34 bytes
-// each for Q8_0) and up to 15 bytes on either side, in aligned 16-byte words.
-#define DQ_W_WORDS 546  // table.DQ_W_WORDS
+// each for Q8_0: 544 words) in up to DQ_MAX_SEGS runs, each with up to 15 bytes on either
+// side, in aligned 16-byte words: 544 + 2 * 16.
+#define DQ_W_WORDS 576  // table.DQ_W_WORDS
+#define DQ_MAX_SEGS 16  // table.DQ_MAX_SEGS: rows of a gather one block stages
 
 // Stage index of element e: one pad float per 32, so that lanes writing their slices
 // (stride EPT = 1, 16 or 32) and lanes reading 4 or 8 consecutive elements hit distinct
@@ -27,8 +32,18 @@ static __device__ __forceinline__ uint4 * dq_wstage() {
     __shared__ uint4 s[DQ_W_WORDS];
     return s;
 }
+// Where each run (segment) of a block's quant blocks sits in the weight stage.
+struct dq_segments {
+    long long shift[DQ_MAX_SEGS];  // a 16-byte word of w minus its stage word, per segment
+    int end[DQ_MAX_SEGS];  // stage word past each segment (prefix sums)
+    int count;  // segments staged; 0: dq reads global memory
+};
+static __device__ __forceinline__ dq_segments & dq_segs() {
+    __shared__ dq_segments s;
+    return s;
+}
 
-// 16 bytes of output from stage elements e..e+3 (float) or e..e+7 (half).
+// 16 bytes of output from stage elements e..e+3 (float) or e..e+7 (half, bfloat16).
 static __device__ __forceinline__ void store_word(float * dst, const float * s, const int e) {
     const int p = dq_slot(e);
     st_global((float4 *) dst, float4{s[p], s[p + 1], s[p + 2], s[p + 3]});
@@ -43,20 +58,32 @@ static __device__ __forceinline__ void store_word(__half * dst, const float * s,
     }
     st_global((uint4 *) dst, uint4{w[0], w[1], w[2], w[3]});
 }
+static __device__ __forceinline__ void store_word(bf16_t * dst, const float * s, const int e) {
+    const int p = dq_slot(e);
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        w[k] = bf16_bits(s[p + 2 * k]) | (bf16_bits(s[p + 2 * k + 1]) << 16);
+    }
+    st_global((uint4 *) dst, uint4{w[0], w[1], w[2], w[3]});
+}
 
 // One thread per slice of an output row; 1-D grid of DQ_THREADS-thread blocks. Output row
 // r is source row ids[r] (or r when ids is null); an id outside [0, nsrc) yields a NaN row
 // instead of a read out of bounds. y must be 16-byte aligned (ops.dequantize checks).
 //
 // Weight loads: a thread's dq reads its quant block 2 bytes at a time, 18-210 bytes from
-// its neighbour's (6-51% of each sector used). Without ids, the block's slices are
-// consecutive and so are their quant blocks (rows are contiguous, row_bytes = blocks per
-// row * BYTES), so the block first copies those bytes into shared memory as aligned
-// 16-byte words by consecutive threads (whole sectors, as the integer mat-vec does) and
-// dq reads them there. The copy covers the aligned words around the bytes: up to 15 bytes
-// of the neighbouring blocks' rows, never outside the buffer when it starts 16-byte
-// aligned (its end is inside an aligned word), so an unaligned w, like a gather, reads
-// global memory directly. F32/F16/BF16 (one element a thread) are coalesced as they are.
+// its neighbour's (6-51% of each sector used). So the block first copies its quant blocks
+// into shared memory as aligned 16-byte words by consecutive threads (whole sectors, as
+// the integer mat-vec does) and dq reads them there. They lie in runs (segments) that are
+// contiguous in w: without ids one run (rows are contiguous, row_bytes = blocks per row *
+// BYTES); a gather has one run per output row, ids[row]'s blocks, and stages when the
+// block's slices span at most DQ_MAX_SEGS rows (rows of 16+ slices: 512+ columns of a
+// 32-element type, every K-quant width); wider spans read global memory directly. Each
+// run's copy covers the aligned words around its bytes: up to 15 bytes of neighbouring
+// blocks or rows, never outside the buffer when it starts 16-byte aligned (its end is
+// inside an aligned word), so an unaligned w also reads directly. F32/F16/BF16 (one element
+// a thread) are coalesced as they are.
 template <typename Q, typename T>
 static __device__ __forceinline__ void dequantize_rows(
         const uint8_t * __restrict__ w, const int * __restrict__ ids, T * __restrict__ y,
@@ -68,23 +95,53 @@ static __device__ __forceinline__ void dequantize_rows(
     const long long total = (long long) nrows * per_row;  // slices
     const long long i0 = (long long) blockIdx.x * blockDim.x;
     const long long i = i0 + threadIdx.x;
+    const long long r0 = i0 / per_row;  // the block's first output row
     float * stage = dq_stage();
-    bool staged = false;  // byte `off` of w is byte off - base of dq_wstage()
-    long long base = 0;
+    dq_segments & sg = dq_segs();
+    int staged = 0;  // segments in the stage: byte `off` of segment g is off - 16 * shift[g]
     if constexpr (Q::QK > 1) {
-        static_assert((DQ_THREADS / per_block * Q::BYTES + 30 + 15) / 16 <= DQ_W_WORDS,
+        static_assert((DQ_THREADS / per_block * Q::BYTES + 15) / 16 + 2 * DQ_MAX_SEGS <= DQ_W_WORDS,
                       "a block's weight bytes fit the stage");
-        if (!ids && ((uintptr_t) w & 15) == 0) {  // the same for every thread of the grid
-            const long long last = min(total, i0 + (long long) blockDim.x) - 1;
-            const long long lo = i0 / per_block * Q::BYTES, hi = (last / per_block + 1) * Q::BYTES;
-            base = lo & ~15LL;
-            uint4 * ws = dq_wstage();
-            const int words = (int) ((hi - base + 15) / 16);
-            for (int k = threadIdx.x; k < words; k += blockDim.x) {
-                ws[k] = ld_global((const uint4 *) (w + base) + k);
+        const long long last = min(total, i0 + (long long) blockDim.x) - 1;
+        const int segs = ids ? (int) (last / per_row - r0 + 1) : 1;
+        if (((uintptr_t) w & 15) == 0 && segs <= DQ_MAX_SEGS) {  // the same for the whole block
+            const int g = threadIdx.x;
+            if (g < segs) {  // slices a..b, rows r0 + g (with ids) or all (without)
+                const long long a = ids ? max(i0, (r0 + g) * per_row) : i0;
+                const long long b = ids ? min(last, (r0 + g + 1) * per_row - 1) : last;
+                // slice j of row r starts at byte j / per_block * BYTES + (src - r) * row_bytes
+                const int src = ids ? ld_global(ids + r0 + g) : 0;
+                const bool ok = !ids || (src >= 0 && src < nsrc);
+                const long long d = ids ? (src - (r0 + g)) * row_bytes : 0;
+                const long long lo = a / per_block * Q::BYTES + d;
+                const long long hi = (b / per_block + 1) * Q::BYTES + d;
+                sg.shift[g] = ok ? lo >> 4 : 0;
+                sg.end[g] = ok ? (int) (((hi + 15) >> 4) - (lo >> 4)) : 0;
             }
-            staged = true;
             __syncthreads();
+            if (threadIdx.x == 0) {  // word counts -> prefix sums; shift = w word - stage word
+                int e = 0;
+                for (int k = 0; k < segs; ++k) {
+                    sg.shift[k] -= e;
+                    e += sg.end[k];
+                    sg.end[k] = e;
+                }
+                sg.count = e <= DQ_W_WORDS ? segs : 0;
+            }
+            __syncthreads();
+            staged = sg.count;
+            if (staged) {
+                uint4 * ws = dq_wstage();
+                const int words = sg.end[staged - 1];
+                for (int k = threadIdx.x; k < words; k += blockDim.x) {
+                    int s = 0;
+                    while (k >= sg.end[s]) {
+                        ++s;
+                    }
+                    ws[k] = ld_global((const uint4 *) w + (k + sg.shift[s]));
+                }
+                __syncthreads();
+            }
         }
     }
     if (i < total) {
@@ -97,7 +154,8 @@ static __device__ __forceinline__ void dequantize_rows(
         if (src >= 0 && src < nsrc) {
             const long long off = src * row_bytes + (s / per_block) * Q::BYTES;
             if (staged) {  // two calls, so that each reads one address space
-                Q::dq((const uint8_t *) dq_wstage() + (off - base), s % per_block, v);
+                const long long shift = sg.shift[ids ? (int) (row - r0) : 0];
+                Q::dq((const uint8_t *) dq_wstage() + (off - 16 * shift), s % per_block, v);
             } else {
                 Q::dq(w + off, s % per_block, v);
             }
@@ -132,6 +190,11 @@ static __device__ __forceinline__ void dequantize_rows(
             const uint8_t * w, const int * ids, __half * y, const int ncols, const int nrows,    \
             const int nsrc, const long long row_bytes) {                                         \
         dequantize_rows<Q, __half>(w, ids, y, ncols, nrows, nsrc, row_bytes);                    \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) dequantize_##name##_bf16(                 \
+            const uint8_t * w, const int * ids, bf16_t * y, const int ncols, const int nrows,    \
+            const int nsrc, const long long row_bytes) {                                         \
+        dequantize_rows<Q, bf16_t>(w, ids, y, ncols, nrows, nsrc, row_bytes);                    \
     }
 FOR_EACH_TYPE(DEQUANT_KERNELS)
 

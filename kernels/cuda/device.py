@@ -17,12 +17,14 @@ import mmap
 import os
 import re
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kernels.cuda.blas import CUBLAS_GEMM_DEFAULT, GemmEx, emulate_gemm_ex
 from kernels.cuda.plan import DEFAULT_LIMITS, DeviceLimits, Launch
 from kernels.errors import KernelLoadError
 
@@ -175,11 +177,18 @@ class Device:
                                       f"({_first_line(e)})") from e
         return self._module_cache[module]
 
-    def load_all(self, modules: tuple[str, ...] = MODULES) -> None:
+    def load_all(self, modules: tuple[str, ...] = MODULES,
+                 progress: Callable[[int, int, str], None] | None = None) -> None:
         """Compile (or take from the compiler's cache) every module now, so a missing NVRTC
-        or header fails here, before any weight moves, not at a kernel's first launch."""
-        for m in modules:
+        or header fails here, before any weight moves, not at a kernel's first launch.
+        ``progress(done, total, module)`` is called before each module (done of total
+        compiled so far) and once at the end (module "")."""
+        for i, m in enumerate(modules):
+            if progress is not None:
+                progress(i, len(modules), m)
             self._module(m)
+        if progress is not None:
+            progress(len(modules), len(modules), "")
 
     def function(self, module: str, name: str) -> Any:
         key = (module, name)
@@ -195,6 +204,17 @@ class Device:
 
     def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         self.function(module, name)(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+
+    def gemm_ex(self, g: GemmEx, a: Any, b: Any, c: Any) -> None:
+        """cublasGemmEx with ``g``'s arguments on buffers a, b, c (kernels/cuda/blas.py):
+        one Python-level launch, counted like a kernel. Not while capturing."""
+        if self._keep is not None:
+            raise RuntimeError("a GEMM cannot be captured here")
+        self.transfers.launches += 1
+        self._gemm_ex(g, a, b, c)
+
+    def _gemm_ex(self, g: GemmEx, a: Any, b: Any, c: Any) -> None:
+        raise NotImplementedError
 
     # --- graphs (one Python-level launch for a captured sequence of kernels) ---------------
     supports_graphs = False
@@ -289,6 +309,18 @@ class CupyDevice(Device):
     def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
         # CuPy has no None for pointer parameters; an 8-byte zero is the null pointer.
         super()._run(module, name, launch, tuple(np.uint64(0) if a is None else a for a in args))
+
+    def _gemm_ex(self, g: GemmEx, a: Any, b: Any, c: Any) -> None:
+        # CuPy's wrapper binds the handle to the current stream, so the GEMM is queued in
+        # order with our kernels. alpha and beta are host float32s (COMPUTE_32F's scalar
+        # type, the handle's default host pointer mode).
+        from cupy.cuda import cublas, device
+
+        one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+        cublas.gemmEx(device.get_cublas_handle(), g.transa, g.transb, g.m, g.n, g.k,
+                      one.ctypes.data, a.data.ptr, g.a_type, g.lda, b.data.ptr, g.b_type, g.ldb,
+                      zero.ctypes.data, c.data.ptr, g.c_type, g.ldc, g.compute,
+                      CUBLAS_GEMM_DEFAULT)
 
     @property
     def supports_graphs(self) -> bool:  # type: ignore[override]
@@ -537,6 +569,10 @@ class EmulatedDevice(Device):
 
     def abort_capture(self) -> None:
         self._recording = self._keep = None
+
+    def _gemm_ex(self, g: GemmEx, a: Any, b: Any, c: Any) -> None:
+        emulate_gemm_ex(g, a, b, c)  # cuBLAS's contract on the host buffers
+        self._check_guards("gemm_ex", (a, b, c))
 
     def _load(self, module: str) -> Any:
         from kernels.emulator.module import EmulatedModule

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.cuda import plan
+from kernels.cuda import blas, plan
 from kernels.cuda.device import Device
 from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, mmv_kernel, q8_1_row_bytes
 from kernels.errors import LaunchError
@@ -125,11 +125,18 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True,
     return y
 
 
+# bfloat16 as uint16 bit patterns (NumPy and CuPy have none): the high 16 bits of a float32.
+# BF16 weights, the bfloat16 KV cache and the bfloat16 prefill scratch all hold it.
+BF16 = blas.BF16
+_DQ_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", BF16: "bf16"}
+
+
 def dequantize(dev: Device, w: QuantMatrix, dtype: Any = np.float32, ids: Any = None,
                out: Any = None) -> Any:
-    """Rows of w (all, or ids[i] for each i) as float32/float16 (n, cols).
-    `out` may be a preallocated buffer (prefill reuses one scratch for every weight)."""
-    suffix = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}.get(np.dtype(dtype))
+    """Rows of w (all, or ids[i] for each i) as float32, float16 or bfloat16 (BF16 bits),
+    (n, cols), rounded to nearest even. `out` may be a preallocated buffer (prefill reuses
+    one scratch for every weight)."""
+    suffix = _DQ_SUFFIX.get(np.dtype(dtype))
     _need(suffix is not None, f"dequantize to {dtype} is not supported")
     if ids is not None:
         _need(ids.dtype == np.int32 and ids.ndim == 1 and ids.flags.c_contiguous,
@@ -144,6 +151,22 @@ def dequantize(dev: Device, w: QuantMatrix, dtype: Any = np.float32, ids: Any = 
     dev.launch("dequant", f"dequantize_{w.kt.suffix}_{suffix}", launch,
                (w.data, ids, out, i32(w.cols), i32(n), i32(w.rows), i64(w.row_bytes)))
     return out
+
+
+def gemm_16(dev: Device, x: Any, w: Any, out: Any = None) -> Any:
+    """y (t, rows) float32 = x (t, k) @ w (rows, k).T for 16-bit x and w of one type (float16,
+    or BF16 bits), with float32 products and sums: cublasGemmEx, CUBLAS_COMPUTE_32F (the
+    emulator's stand-in follows the same contract)."""
+    _need(x.dtype == w.dtype and np.dtype(x.dtype) in (np.dtype(np.float16), BF16),
+          f"gemm_16 takes float16 or bfloat16 operands of one type, got {x.dtype}, {w.dtype}")
+    _need(x.ndim == 2 and w.ndim == 2 and x.shape[1] == w.shape[1],
+          f"x {x.shape} does not match w {w.shape}")
+    _need(x.flags.c_contiguous and w.flags.c_contiguous, "gemm_16 operands must be C-contiguous")
+    y = dev.empty((x.shape[0], w.shape[0]), np.float32) if out is None else out
+    _f32_contig(y, "gemm_16 output")
+    _need(y.shape == (x.shape[0], w.shape[0]), f"output {y.shape} does not match")
+    dev.gemm_ex(blas.row_major_nt(x, w, y), w, x, y)
+    return y
 
 
 def get_rows(dev: Device, table: QuantMatrix, ids: Any) -> Any:
@@ -230,9 +253,9 @@ def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
     return y
 
 
-# A bfloat16 KV cache holds uint16 bit patterns (NumPy and CuPy have no bfloat16), as BF16
-# weights do: the high 16 bits of a float32. A uint16 cache is always bfloat16.
-KV_BF16 = np.dtype(np.uint16)
+# A bfloat16 KV cache holds BF16 bit patterns, as BF16 weights do. A uint16 cache is always
+# bfloat16.
+KV_BF16 = BF16
 # The attention kernel for each KV cache element type: (module, kernel). The float16 and
 # bfloat16 caches (kv_f16.cu, kv_bf16.cu) are widened as read and accumulated in float32.
 KV_KERNELS = {np.dtype(np.float32): ("attention", "attn_f32"),

@@ -92,8 +92,10 @@ Q8_1_WARPS = 8
 
 
 # dequant.cu's weight stage, uint4: a block's quant blocks (at most 256 x 34 bytes, Q8_0)
-# and the partial words on either side.
-DQ_W_WORDS = 546
+# in up to DQ_MAX_SEGS runs (a gather: one per output row), each with the partial words on
+# either side.
+DQ_W_WORDS = 576
+DQ_MAX_SEGS = 16
 
 
 def q8_1_row_bytes(ncols: int) -> int:
@@ -134,7 +136,9 @@ BUDGETS: dict[str, KernelBudget] = {
     # dq reading its bytes from shared memory takes up to 76 registers (ptxas, 32-element
     # types on sm_75/80); 80 x 256 threads lets 3 blocks share an SM's registers, and the
     # 42.5 KB of stages already cap an RTX 4090 SM at 2.
-    "dequantize_": KernelBudget(256, 80, 4 * (256 * 32 + 256) + 16 * DQ_W_WORDS),
+    # The segment table: a shift (8 bytes) and an end (4) per run, and a count.
+    "dequantize_": KernelBudget(256, 80, 4 * (256 * 32 + 256) + 16 * DQ_W_WORDS
+                                + 12 * DQ_MAX_SEGS + 8),
     "rms_norm_f32": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),
     "softmax_f32": KernelBudget(1024, 32, 128),

@@ -84,3 +84,28 @@ def test_decode_attention_at_8k_context(masked: bool) -> None:
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
     assert dev.allocations[-3:] == [q.nbytes, p.scratch_bytes - 4 * p.splits * 2 * 2 * 2,
                                     4 * p.splits * 2 * 2 * 2]  # output, partials, (m, l)
+
+
+@pytest.mark.parametrize("kv", [np.float32, np.float16, "bfloat16"])
+def test_head_dim_past_the_kernel_limit_takes_the_gemm_path(kv: object) -> None:
+    # head_dim 288 > ATTN_MAX_HEAD_DIM: CudaBackend.attention folds grouped queries into
+    # rows and runs two GEMMs around the masked softmax kernel, widening a 16-bit cache
+    # exactly first. Prefill of 5 tokens after 6 cached ones (GQA 2), with a window and a
+    # key mask; against float64 over the cache's values, rtol 1e-5 / atol 1e-6.
+    d, t, n_kv = table.ATTN_MAX_HEAD_DIM + 32, 5, 11
+    C = CudaBackend(EmulatedDevice(), kv_dtype=kv)
+    launched: list[str] = []
+    launch = C.dev.launch
+    C.dev.launch = lambda m, n, *a: (launched.append(n), launch(m, n, *a))  # type: ignore
+    rng = np.random.default_rng(d)
+    q, k, v = _qkv(C.dev, rng, t, n_kv, d=d)
+    k, v = (ops.to_bf16_bits(np, a) if kv == "bfloat16" else a.astype(kv) for a in (k, v))
+    mask = (rng.random((1, n_kv)) > 0.2).astype(np.float32)
+    for window, key_mask in ((None, None), (4, mask)):
+        got = C.to_numpy(C.attention(C.array(q), C.dev.to_device(k), C.dev.to_device(v),
+                                     d ** -0.5, causal_offset=n_kv - t, window=window,
+                                     key_mask=None if key_mask is None else C.array(key_mask)))
+        ref = attention_ref(q, ops.kv_as_f32(np, k), ops.kv_as_f32(np, v), d ** -0.5,
+                            n_kv - t, key_mask, window)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert launched == ["softmax_f32", "softmax_f32"]  # no tiled attention kernel

@@ -86,9 +86,13 @@ def test_every_module_compiles_at_load_not_at_first_launch() -> None:
     assert msg.startswith("The CUDA backend cannot start: the mmv kernels do not compile")
     assert "\n" not in msg
     dev = EmulatedDevice()
-    cuda_backend.CudaBackend(dev)
+    seen: list[tuple[int, int, str]] = []
+    cuda_backend.CudaBackend(dev, compile_progress=lambda *a: seen.append(a))
     assert set(dev._module_cache) == set(MODULES)  # all loaded before any launch
     assert dev.launches == 0
+    # progress before each module, in order, and once when all are ready
+    n = len(MODULES)
+    assert seen == [(i, n, m) for i, m in enumerate(MODULES)] + [(n, n, "")]
 
 
 _HALF_USE = re.compile(r"\b(__half\w*|__float2half\w*|__ushort_as_half|load_f16)\b")

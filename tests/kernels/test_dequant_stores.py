@@ -95,3 +95,57 @@ def test_unaligned_weight_reads_global_memory_directly(qtype: str) -> None:
     w2 = ops.QuantMatrix(shifted, qtype, 5, cols)
     assert dev.address(w2.data) % 16 == 2
     np.testing.assert_array_equal(ops.dequantize(dev, w2), ops.dequantize(dev, w))
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_gather_loads_whole_sectors(qtype: str) -> None:
+    # The embedding gather stages each picked row's blocks as aligned 16-byte words too:
+    # 16 of 64 rows of 4,096 columns (every type's row is whole sectors there), in a
+    # shuffled order. Read by each thread where it lies, 6-51% of each sector was used.
+    dev = TrafficDevice()
+    rng = np.random.default_rng(0)
+    w = ops.upload_matrix(dev, make_weight(qtype, 64, 4096, rng), qtype, (64, 4096))
+    ids = dev.to_device(rng.permutation(64)[:16].astype(np.int32))
+    ops.get_rows(dev, w, ids)
+    (kernel,) = dev.traffic
+    ld = dev.traffic[kernel][(0, "load")]
+    assert ld.footprint == 16 * w.row_bytes  # the picked rows' bytes, each once
+    assert ld.efficiency == 1.0 and ld.moved_per_useful == 1.0, (ld.efficiency,
+                                                                 ld.moved_per_useful)
+    blocks = 16 * 4096 // TYPES[qtype].ept // 256
+    assert ld.instructions == blocks * -(-16 * w.row_bytes // blocks // 512)
+
+
+# (type, rows, cols, ids): rows not whole 16-byte words (Q8_0 576: SmolLM2's width, 18
+# slices a row, up to 16 rows a block), exactly 16 rows a block (Q4_K 256), more than 16
+# rows a block (Q4_0 256: 8 slices a row, read directly), blocks ending mid-row (Q6_K 768,
+# Q5_1 800); repeated and out-of-range ids (-1, rows) between valid ones.
+GATHERS = [("Q8_0", 40, 576, 45), ("Q4_K", 20, 256, 37), ("Q4_0", 50, 256, 70),
+           ("Q6_K", 9, 768, 23), ("Q5_1", 11, 800, 19)]
+
+
+@pytest.mark.parametrize("case", GATHERS, ids=lambda c: f"{c[0]}x{c[2]}")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_staged_gather_matches_direct_reads_and_gguf(case: tuple, dtype: type) -> None:
+    qtype, rows, cols, n = case
+    dev = EmulatedDevice(check_races=True)
+    rng = np.random.default_rng(rows * cols)
+    raw = make_weight(qtype, rows, cols, rng)
+    ref = reference(qtype, raw, cols)
+    w = ops.upload_matrix(dev, raw, qtype, (rows, cols))
+    picked = rng.integers(0, rows, n)
+    picked[[3, n // 2, n - 2]] = [-1, rows, picked[0]]  # NaN rows, a repeat
+    ids = dev.to_device(picked.astype(np.int32))
+    got = dev.to_host(ops.dequantize(dev, w, dtype, ids=ids))
+    bad = (picked < 0) | (picked >= rows)
+    assert np.isnan(got[bad]).all()
+    want = ref[picked[~bad]]
+    if dtype == np.float32:
+        np.testing.assert_allclose(got[~bad], want, rtol=2e-7, atol=1e-30)
+    else:
+        assert np.array_equal(got[~bad].view(np.uint16), want.astype(np.float16).view(np.uint16))
+    # an unaligned copy of the weight is read where it lies: the same bits
+    shifted = dev.empty((w.data.size + 2,), np.uint8)[2:].reshape(w.data.shape)
+    shifted[...] = w.data
+    direct = ops.dequantize(dev, ops.QuantMatrix(shifted, qtype, rows, cols), dtype, ids=ids)
+    np.testing.assert_array_equal(dev.to_host(direct).view(np.uint8), got.view(np.uint8))

@@ -48,6 +48,7 @@ def test_attention_and_mat_vec_limits_match_the_source() -> None:
     assert x_words and table.MMVQ_X_WORDS == table.MMVQ_COLS // 32 * table.Q8_1_BYTES // 16
     dq = source_path("dequant").read_text()
     assert int(re.search(r"#define DQ_W_WORDS (\d+)", dq).group(1)) == table.DQ_W_WORDS
+    assert int(re.search(r"#define DQ_MAX_SEGS (\d+)", dq).group(1)) == table.DQ_MAX_SEGS
     tiles = sorted(int(n) for n in re.findall(r"^MMVQ_SMEM\((\d+)\)$", mmv, re.M))
     assert tuple(tiles) == table.MMV_TILES
     assert int(re.search(r"#define Q8_1_BYTES (\d+)", source_path("quants").with_suffix(
