@@ -16,12 +16,14 @@ Public API (used by the CLI, the GUI and outside scripts)::
 
 import os
 
-# OpenBLAS's idle workers spin for 2**28 cycles (~0.1 s) after every call before they
-# sleep, and the cpu backend runs its own threads between BLAS calls (prefill products,
-# numba kernels); spinning beside them took a core from each (docs/cpu-backend.md,
-# "Prefill"). 2**4 cycles: they sleep at once. OpenBLAS reads this when numpy loads it,
-# so it is set before anything imports numpy; a value the user set is kept.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+# OpenBLAS runs on the calling thread only: the cpu backend shares work out between its own
+# threads, each calling BLAS (prefill products, attention heads). OpenBLAS's own pool
+# beside them spins its idle workers for ~0.1 s after every call, and its thread count
+# can be changed only from the thread that started it, not from a model-loading or server
+# thread (docs/cpu-backend.md, "Prefill"). Read when numpy loads OpenBLAS, so it is set
+# before anything imports numpy; a value the user set is kept, and where OpenBLAS has
+# several threads the backend lets it share the work instead.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from inference.api import CausalLM, Encoder, load_model  # noqa: E402
 from inference.backends import probe_all  # noqa: E402

@@ -12,6 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
 
 import pytest  # noqa: E402
 
+import inference  # noqa: E402,F401 - first, as the app and CLI: it sets OpenBLAS up before numpy
+
 LONG = os.environ.get("INFERDESK_LONG") == "1"
 
 

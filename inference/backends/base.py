@@ -311,6 +311,11 @@ class Backend:
     def linear(self, x: Any, w: Any, bias: Any | None = None) -> Any:
         raise NotImplementedError
 
+    def linears(self, x: Any, parts: Sequence[tuple[Any, Any | None]]) -> list[Any]:
+        """``linear(x, w, bias)`` for each (w, bias) of ``parts``: linears that read one
+        input (q/k/v, gate/up). A backend may compute them in one go (cpu: one prefill's
+        products shared out between its threads at once)."""
+        return [self.linear(x, w, b) for w, b in parts]
     def rms_norm(self, x: Any, w: Any, eps: float) -> Any:
         raise NotImplementedError
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -30,6 +31,7 @@ from inference.backends import cpu_idot, cpu_kdot, cpu_raw
 from inference.backends import cpu_kernels as K
 from inference.backends.base import R, T, TokenSampler, _along, tiled_attention, trim_host_heap
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_nbytes
+from inference.backends.cpu_share import SpinWorker
 from inference.backends.cpu_step import CpuSampler, NotCapturable, StepReplayer, Tape
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
@@ -79,6 +81,7 @@ class CpuBackend(NumpyBackend):
     name = "cpu"
     device = "CPU (numba kernels, quantized weights)"
     score_copies = 1  # the fused softmax works in place
+    own_threads = True  # shares work out between its threads; BLAS runs one (_share)
 
     def __init__(self, activations: str | None = None, step_replay: bool = True) -> None:
         import numba
@@ -89,7 +92,8 @@ class CpuBackend(NumpyBackend):
         self._rope: dict[tuple[float, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
         self._threads = numba.get_num_threads()
         self._blas: Any = None
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (threads, workers)
+        self._pool: list[SpinWorker] | None = None
+        self._sharing = threading.Lock()  # one share-out at a time has the helper threads
 
     def set_threads(self, n: int) -> None:
         import numba
@@ -161,17 +165,39 @@ class CpuBackend(NumpyBackend):
         if n <= 1:
             yield from map(fn, items)
             return
-        with self._blas_threads(self._threads // n), ThreadPoolExecutor(n, "cpu-call") as pool:
-            yield from pool.map(fn, items)
+        cores = self._threads // n
 
-    def _blas_threads(self, n: int) -> contextlib.AbstractContextManager[Any]:
+        def call(item: T) -> R:
+            self._local.cores = cores  # what this call's own sharing may use (_share)
+            return fn(item)
+
+        with self._blas_threads(cores), ThreadPoolExecutor(n, "cpu-call") as pool:
+            yield from pool.map(call, items)
+
+    def _blas_libs(self) -> list[Any]:
+        """threadpoolctl's handles on the loaded BLAS libraries (found once: ~ms)."""
+        if self._blas is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+            except ImportError:
+                self._blas = []
+            else:
+                self._blas = ThreadpoolController().select(user_api="blas").lib_controllers
+        return self._blas
+
+    @contextlib.contextmanager
+    def _blas_threads(self, n: int) -> Iterator[None]:
+        """BLAS capped at ``n`` threads inside the block (OpenBLAS takes this only from the
+        thread that started it; elsewhere it stays as it was)."""
+        libs = self._blas_libs()
+        before = [lib.num_threads for lib in libs]
+        for lib in libs:
+            lib.set_num_threads(n)
         try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            return contextlib.nullcontext()
-        if self._blas is None:  # scanning the loaded libraries costs ~ms: once
-            self._blas = ThreadpoolController()
-        return self._blas.limit(limits=n, user_api="blas")
+            yield
+        finally:
+            for lib, m in zip(libs, before, strict=True):
+                lib.set_num_threads(m)
 
     # --- weights ---------------------------------------------------------------------
     def weight(self, t: TensorData) -> Any:
@@ -214,9 +240,11 @@ class CpuBackend(NumpyBackend):
         lead = x.shape[:-1]
         # One GEMM over all rows: (b, t, k) @ w.T would be b small GEMMs.
         x2 = self._input(x, (-1, k))
-        if isinstance(w, np.ndarray):
+        if isinstance(w, np.ndarray) and (self._tape is not None or x2.shape[0] <= MATVEC_ROWS):
             y = np.empty((x2.shape[0], n_out), dtype=np.float32)
             self._taped(np.matmul, x2, w.T, y)
+        elif isinstance(w, np.ndarray):
+            y = self._products(x2, [w])[0]
         elif isinstance(w, RawWeight):
             if w.code is not None and x2.shape[0] <= MATVEC_ROWS:
                 y = np.empty((x2.shape[0], n_out), dtype=np.float32)
@@ -227,15 +255,29 @@ class CpuBackend(NumpyBackend):
                     self._taped(cpu_raw.matvec, w.bytes, w.code, x2, y)
             else:
                 self._untaped("a prefill product")
-                y = self._gemm_raw(x2, w)
+                y = self._products(x2, [w])[0]
         elif x2.shape[0] <= MATVEC_ROWS:
             y = self._matvec(x2, w)
         else:
             self._untaped("a prefill product")
-            y = self._gemm(x2, w)
+            y = self._products(x2, [w])[0]
         if bias is not None:
             self._taped(np.add, y, bias, y)
         return y.reshape(*lead, n_out)
+
+    def linears(self, x: np.ndarray, parts: Sequence[tuple[Any, np.ndarray | None]]
+                ) -> list[np.ndarray]:
+        """Prefill: the quantized products of one input shared out in one go (one hand-off
+        to the threads for q/k/v of different types, and none left on one core)."""
+        x2 = self._input(x, (-1, x.shape[-1]))
+        if len(parts) == 1 or x2.shape[0] <= MATVEC_ROWS or self._tape is not None:
+            return super().linears(x, parts)
+        self._untaped("a prefill product")
+        ys = self._products(x2, [w for w, _ in parts])
+        for y, (_, bias) in zip(ys, parts, strict=True):
+            if bias is not None:
+                np.add(y, bias, out=y)
+        return [y.reshape(*x.shape[:-1], y.shape[1]) for y in ys]
 
     def _matvec(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
         out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
@@ -309,67 +351,100 @@ class CpuBackend(NumpyBackend):
             buf = self._local.scratch = np.empty(n, dtype=np.float32)
         return buf[:n]
 
-    def _gemm(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
-        k = w.shape[1]
+    def _products(self, x: np.ndarray, ws: Sequence[PackedWeight | RawWeight | np.ndarray]
+                  ) -> list[np.ndarray]:
+        """x @ W.T for each W of ``ws``: their row units (lane tiles, or rows of file bytes)
+        shared out between the threads in one go (:meth:`_share`), each thread
+        dequantizing its units ``step`` at a time into its scratch and multiplying them
+        there by a one-thread sgemm.
 
-        def product(y: np.ndarray, t0: int, t1: int) -> None:
+        Why not dequantize on one thread and let BLAS share the sgemm: that serial step
+        was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s."""
+        plans = [self._plan(x, w) for w in ws]
+        starts = [0]
+        for _, _, units, _ in plans:
+            starts.append(starts[-1] + units)
+
+        def part(a: int, b: int) -> None:
+            for (_, product, units, step), s0 in zip(plans, starts, strict=False):
+                lo, hi = max(a, s0) - s0, min(b, s0 + units) - s0
+                for u0 in range(lo, hi, step):
+                    product(u0, min(hi, u0 + step))
+
+        big = sum(w.shape[0] * w.shape[1] for w in ws) >= SHARE_MIN
+        self._share(starts[-1] if big else 1, part, whole=starts[-1])
+        return [y for y, _, _, _ in plans]
+
+    def _plan(self, x: np.ndarray, w: PackedWeight | RawWeight | np.ndarray
+              ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:
+        """(y, product(u0, u1) writing units u0..u1's columns of y, units, step)."""
+        n_out, k = w.shape
+        y = np.empty((x.shape[0], n_out), dtype=np.float32)
+        if isinstance(w, np.ndarray):  # float32: BLAS reads it as it is
+            def dense(r0: int, r1: int) -> None:
+                np.matmul(x, w[r0:r1].T, out=y[:, r0:r1])
+
+            return y, dense, n_out, n_out
+        if isinstance(w, RawWeight):
+            def rows(r0: int, r1: int) -> None:
+                if w.code is None:
+                    wr = w.rows(r0, r1)
+                else:
+                    wr = self._buffer((r1 - r0) * k).reshape(r1 - r0, k)
+                    cpu_raw.dequant_rows(w.bytes, w.code, r0, r1, wr)
+                np.matmul(x, wr.T, out=y[:, r0:r1])
+
+            return y, rows, n_out, _row_step(k)
+
+        def tiles(t0: int, t1: int) -> None:
             wt = self._buffer(k * (t1 - t0) * K.LANES).reshape(k, (t1 - t0) * K.LANES)
             K.dequant_t(w.codes, w.blocks, w.halves, w.high, w.kind, w.bits, w.zero, w.groups,
                         t0, t1, wt)
-            r0, r1 = t0 * K.LANES, min(w.shape[0], t1 * K.LANES)
+            r0, r1 = t0 * K.LANES, min(n_out, t1 * K.LANES)
             np.matmul(x, wt[:, : r1 - r0], out=y[:, r0:r1])
 
-        return self._shared_product(x, w.shape, len(w.blocks) // w.groups, _tile_step(k),
-                                    product)
+        return y, tiles, len(w.blocks) // w.groups, _tile_step(k)
 
-    def _gemm_raw(self, x: np.ndarray, w: RawWeight) -> np.ndarray:
-        k = w.shape[1]
+    def _share(self, units: int, part: Callable[[int, int], None], whole: int = 0) -> None:
+        """``part(u0, u1)`` over ``units`` split into one contiguous range per thread: the
+        caller's and the helpers' (:mod:`cpu_share`), each part calling a one-thread BLAS.
+        On the caller alone with one unit (``whole``: the units ``part`` then covers), one
+        thread, inside :meth:`map_calls` (whose calls have the cores shared out), while
+        another thread has the helpers, or where OpenBLAS runs a pool of its own (numpy
+        loaded before ``inference``, or threads asked of it): two threads' multi-threaded
+        calls on one pool measured 10-50x slower than either alone."""
+        n = min(getattr(self._local, "cores", self._threads), units)
+        if n <= 1 or self._blas_pool():
+            part(0, whole or units)
+            return
+        if not self._sharing.acquire(blocking=False):
+            part(0, whole or units)
+            return
+        try:
+            bounds = [units * i // n for i in range(n + 1)]
+            workers = self._workers()[: n - 1]
+            for i, worker in enumerate(workers, 1):
+                worker.start(part, bounds[i], bounds[i + 1])
+            try:
+                part(bounds[0], bounds[1])
+            finally:
+                for worker in workers:
+                    worker.join()
+        finally:
+            self._sharing.release()
 
-        def product(y: np.ndarray, r0: int, r1: int) -> None:
-            if w.code is None:
-                wr = w.rows(r0, r1)
-            else:
-                wr = self._buffer((r1 - r0) * k).reshape(r1 - r0, k)
-                cpu_raw.dequant_rows(w.bytes, w.code, r0, r1, wr)
-            np.matmul(x, wr.T, out=y[:, r0:r1])
+    def _blas_pool(self) -> bool:
+        """Whether BLAS runs calls on threads of its own (more than one thread)."""
+        return any(lib.num_threads > 1 for lib in self._blas_libs())
 
-        return self._shared_product(x, w.shape, w.shape[0], _row_step(k), product)
-
-    def _shared_product(self, x: np.ndarray, shape: tuple[int, int], units: int, step: int,
-                        product: Callable[[np.ndarray, int, int], None]) -> np.ndarray:
-        """y = x @ W.T, W's ``units`` (lane tiles or rows) split into one contiguous part
-        per thread; ``product(y, u0, u1)`` dequantizes units u0..u1 into the calling
-        thread's scratch and writes their columns of y, ``step`` units at a time.
-
-        Why not dequantize on one thread and let BLAS share the sgemm: that serial step
-        was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s.
-        BLAS runs one thread per part meanwhile: OpenBLAS's own workers would otherwise
-        compete with the parts for the cores (docs/cpu-backend.md, "Prefill")."""
-        y = np.empty((x.shape[0], shape[0]), dtype=np.float32)
-        n = min(self._threads, units) if shape[0] * shape[1] >= SHARE_MIN else 1
-        bounds = [units * i // n for i in range(n + 1)]
-
-        def part(i: int) -> None:
-            for u0 in range(bounds[i], bounds[i + 1], step):
-                product(y, u0, min(bounds[i + 1], u0 + step))
-
-        if n == 1:
-            part(0)
-            return y
-        with self._blas_threads(1):
-            done = [self._workers().submit(part, i) for i in range(1, n)]
-            part(0)
-            for f in done:
-                f.result()
-        return y
-
-    def _workers(self) -> ThreadPoolExecutor:
-        """The threads prefill products share their parts with (besides the caller's)."""
-        if self._pool is None or self._pool[0] != self._threads:
-            if self._pool is not None:
-                self._pool[1].shutdown(wait=False)
-            self._pool = (self._threads, ThreadPoolExecutor(self._threads - 1, "cpu-gemm"))
-        return self._pool[1]
+    def _workers(self) -> list[SpinWorker]:
+        """The threads prefill work is shared with (besides the caller's): they spin for
+        the next part between share-outs (:mod:`cpu_share`)."""
+        if self._pool is None or len(self._pool) != self._threads - 1:
+            _close_all(self._pool or [])
+            self._pool = [SpinWorker(f"cpu-share-{i}") for i in range(self._threads - 1)]
+            weakref.finalize(self, _close_all, self._pool)  # no threads outlive the backend
+        return self._pool
 
     def embedding(self, table: Any, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
@@ -446,9 +521,13 @@ class CpuBackend(NumpyBackend):
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         if gate.shape != up.shape:
             return super().silu_mul(gate, up)
-        g = self._input(gate, (-1,))
+        g, u = self._input(gate, (-1,)), self._input(up, (-1,))
         out = np.empty_like(g)
-        self._taped(K.silu_mul_flat, g, self._input(up, (-1,)), out)
+        if self._tape is None and g.size >= SHARE_MIN:  # a prefill's: shared out
+            self._share(g.size // 4096 + 1, lambda a, b: K.silu_mul_flat(
+                g[a * 4096:b * 4096], u[a * 4096:b * 4096], out[a * 4096:b * 4096]))
+        else:
+            self._taped(K.silu_mul_flat, g, u, out)
         return out.reshape(gate.shape)
 
     def gelu_tanh_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -554,16 +633,30 @@ class CpuBackend(NumpyBackend):
                                 lambda parts: np.concatenate(parts, axis=2))
         if tiled is not None:
             return tiled
-        # Grouped-query heads folded into rows (as NumPy does): one BLAS GEMM per kv head
-        # for q.k and one for p.v; the masked softmax between them is one numba pass.
-        hk = k.shape[1]
-        qg = q.reshape(b, hk, (hq // hk) * t, d)
-        sc = qg @ k.transpose(0, 1, 3, 2)
+        # Per (sequence, head): a BLAS GEMM for q.k, the masked softmax in one numba pass,
+        # a GEMM for p.v; the heads shared out between the threads (each head's result is
+        # its own, whatever the split).
+        group = hq // k.shape[1]
         mask = (np.ones((b, s), dtype=np.float32) if key_mask is None
                 else np.ascontiguousarray(key_mask, dtype=np.float32))
-        K.softmax_scores(sc.reshape(b, hq, t, s), scale,
-                         -1 if causal_offset is None else causal_offset, mask)
-        return (sc @ v).reshape(b, hq, t, d)
+        off = -1 if causal_offset is None else causal_offset
+        out = np.empty((b, hq, t, d), dtype=np.float32)
+
+        def heads(u0: int, u1: int) -> None:
+            sc = np.empty((t, s), dtype=np.float32)
+            for u in range(u0, u1):
+                bi, h = divmod(u, hq)
+                np.matmul(q[bi, h], k[bi, h // group].T, out=sc)
+                K.softmax_scores(sc.reshape(1, 1, t, s), scale, off, mask[bi:bi + 1])
+                np.matmul(sc, v[bi, h // group], out=out[bi, h])
+
+        self._share(b * hq, heads)
+        return out
+
+
+def _close_all(workers: list[SpinWorker]) -> None:
+    for worker in workers:
+        worker.close()
 
 
 def _copy_into(dst: np.ndarray, src: np.ndarray) -> None:

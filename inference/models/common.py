@@ -155,8 +155,8 @@ class Linears:
 
     def __call__(self, x: Any) -> list[Any]:
         out = []
-        for w, sizes, bias in self.parts:
-            y = self.B.linear(x, w, bias)
+        ys = self.B.linears(x, [(w, bias) for w, _, bias in self.parts])
+        for y, (_, sizes, _) in zip(ys, self.parts, strict=True):
             if len(sizes) == 1:
                 out.append(y)
                 continue

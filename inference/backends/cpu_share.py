@@ -1,0 +1,130 @@
+"""A helper thread that takes work without being woken: it spins, GIL released, for the
+next part, and sleeps only after a quiet spell.
+
+Why: handing a part to a sleeping thread costs a futex wake and, in a virtual machine,
+waking that thread's idle vCPU. Measured on a 2-vCPU KVM guest: a Python Event or
+SimpleQueue round trip 67-80 us, and a ThreadPoolExecutor share-out of an empty part
+98 us; a 138-token SmolLM2 prefill shares out 150 products and attentions, so ~30 ms of
+its ~230 went on hand-offs (docs/cpu-backend.md, "Prefill"). OpenBLAS and OpenMP spin
+their workers for the same reason.
+
+The spin is an atomic load in a numba loop (``nogil``), so the thread spinning holds
+neither the GIL nor a lock; after ``SPIN`` loads without news it sleeps on a condition.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+# Loads a quiet worker spins before it sleeps: ~0.3 ms at ~1 ns a load, longer than the
+# serial ops between two share-outs of a prefill layer (norms, RoPE, adds), and short
+# enough that a decode step after the prefill keeps its second core.
+SPIN = 1 << 18
+# Loads a caller spins for its helper's part to end before it sleeps: ~2 ms, longer than
+# most parts (a part runs beside the caller's own, so the wait is their difference).
+JOIN_SPIN = 1 << 23
+
+
+@intrinsic
+def _load_acquire(typingctx, arr, i):  # type: ignore[no-untyped-def]
+    """arr[i] (int64) read with acquire ordering: the loop cannot keep it in a register."""
+    sig = types.int64(arr, i)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
+        return builder.load_atomic(ptr, "acquire", 8)
+
+    return sig, codegen
+
+
+@njit(nogil=True, cache=True)
+def spin_while(state: np.ndarray, i: int, value: int, spins: int) -> int:
+    """state[i] once it differs from ``value``, or ``value`` after ``spins`` loads."""
+    for _ in range(spins):
+        v = _load_acquire(state, i)
+        if v != value:
+            return v
+    return value
+
+
+class SpinWorker:
+    """One helper thread running ``part(a, b)`` calls handed over by :meth:`start`; the
+    caller collects it with :meth:`join` (which re-raises the part's exception)."""
+
+    def __init__(self, name: str = "cpu-share") -> None:
+        self._state = np.zeros(2, dtype=np.int64)  # [parts handed over, parts done]
+        self._cv = threading.Condition()
+        self._sleeping = False  # the helper waits on _cv for a part
+        self._joining = False  # the caller waits on _cv for the part's end
+        self._job: tuple[Callable[[int, int], None], int, int] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def start(self, part: Callable[[int, int], None], a: int, b: int) -> None:
+        self._job, self._error = (part, a, b), None
+        with self._cv:  # the job is published before the count that announces it
+            self._state[0] += 1
+            if self._sleeping:
+                self._cv.notify()
+
+    def join(self) -> None:
+        """Wait for the part: spinning as the helper does, then asleep (a spinning waiter
+        beside a busy helper and another pool's spinning threads would take its core)."""
+        n = int(self._state[0])
+        if spin_while(self._state, 1, n - 1, JOIN_SPIN) != n:
+            with self._cv:
+                self._joining = True
+                while int(self._state[1]) != n:
+                    self._cv.wait()
+                self._joining = False
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Stop the thread (after the part in hand, if any)."""
+        self.start(_stop, 0, 0)
+
+    def _loop(self) -> None:
+        seen = 0
+        while True:
+            if spin_while(self._state, 0, seen, SPIN) == seen:
+                with self._cv:  # nothing came within the spin: sleep until it does
+                    self._sleeping = True
+                    while int(self._state[0]) == seen:
+                        self._cv.wait()
+                    self._sleeping = False
+            seen = int(self._state[0])
+            stop = self._run()
+            with self._cv:
+                self._state[1] = seen
+                if self._joining:
+                    self._cv.notify()
+            if stop:
+                return
+
+    def _run(self) -> bool:
+        """The part handed over (True for :meth:`close`'s); neither it nor what its
+        closure holds stays referenced after it ran."""
+        part, a, b = self._job  # type: ignore[misc]
+        self._job = None
+        if part is _stop:
+            return True
+        try:
+            part(a, b)
+        except BaseException as e:  # re-raised on the caller's thread by join()
+            self._error = e
+        return False
+
+
+def _stop(a: int, b: int) -> None:
+    """The part :meth:`SpinWorker.close` hands over: the loop ends on it."""

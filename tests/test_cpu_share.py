@@ -1,0 +1,99 @@
+"""The spinning helper thread of prefill share-outs (inference/backends/cpu_share.py) and
+the cpu backend's `linears` composite built on it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from inference.backends import cpu_share
+from inference.backends.cpu import CpuBackend
+from inference.backends.numpy_backend import NumpyBackend
+from tests.bundled import random_tensor
+
+
+def test_parts_run_on_the_helper_thread_while_it_spins_and_after_it_slept():
+    w = cpu_share.SpinWorker("test-share")
+    seen: list[tuple[int, int, str]] = []
+
+    def part(a: int, b: int) -> None:
+        seen.append((a, b, threading.current_thread().name))
+
+    for i in range(50):  # back to back: taken while spinning
+        w.start(part, i, i + 1)
+        w.join()
+    time.sleep(0.05)  # far past the spin: asleep on its condition now
+    assert w._sleeping
+    w.start(part, 7, 9)
+    w.join()
+    assert seen == [(i, i + 1, "test-share") for i in range(50)] + [(7, 9, "test-share")]
+    w.close()
+    w._thread.join(timeout=10)
+    assert not w._thread.is_alive()
+
+
+def test_a_failing_part_raises_on_the_caller_and_the_helper_lives_on():
+    w = cpu_share.SpinWorker()
+
+    def bad(a: int, b: int) -> None:
+        raise ValueError(f"part {a}-{b} failed")
+
+    w.start(bad, 1, 2)
+    with pytest.raises(ValueError, match="part 1-2 failed"):
+        w.join()
+    out = []
+    w.start(lambda a, b: out.append(a + b), 2, 3)
+    w.join()
+    assert out == [5]
+    w.close()
+
+
+def test_spin_while_returns_the_new_value_or_gives_up():
+    state = np.array([3, 0], dtype=np.int64)
+    assert cpu_share.spin_while(state, 0, 3, 1000) == 3  # unchanged: after 1000 loads
+    assert cpu_share.spin_while(state, 0, 2, 1000) == 3  # differs: at once
+
+
+def test_linears_of_mixed_types_share_one_prefill_and_match_numpy():
+    """q/k/v of different types (Q4_0, Q5_1, raw Q3_K) with biases: one share-out; each
+    result as the NumPy backend's within sgemm rounding (rtol 1e-5 of the output scale,
+    as every prefill product in tests/test_backend_cpu.py)."""
+    import numba
+
+    b = CpuBackend()
+    b.set_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    n = NumpyBackend()
+    ts = [random_tensor(q, rows, 512, seed=i)
+          for i, (q, rows) in enumerate([("Q4_0", 640), ("Q5_1", 96), ("Q3_K", 200)])]
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 30, 512)).astype(np.float32)
+    biases = [rng.standard_normal(t.shape[0]).astype(np.float32) for t in ts]
+    biases[1] = None
+    got = b.linears(x, [(b.weight(t), bias) for t, bias in zip(ts, biases, strict=True)])
+    for y, t, bias in zip(got, ts, biases, strict=True):
+        want = n.linear(x, n.weight(t), bias)
+        assert y.shape == want.shape == (1, 30, t.shape[0])
+        np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_backend_let_go_of_stops_its_helper_threads():
+    import gc
+
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: no helper threads")
+    b = CpuBackend()
+    b.set_threads(2)
+    w = b.weight(random_tensor("Q4_0", 1024, 512, seed=1))
+    b.linear(np.ones((20, 512), dtype=np.float32), w)  # a prefill product: shared out
+    threads = [worker._thread for worker in b._pool]
+    assert threads and all(t.is_alive() for t in threads)
+    del b, w
+    gc.collect()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
