@@ -240,9 +240,9 @@ def test_attention_packed_matches_each_input_alone(lens, tiled, monkeypatch):
     q, k, v, starts = _packed_inputs(lens, 4, 32, seed=18)
     want = np.zeros(q.shape, dtype=np.float32)
     for a, b in zip(starts[:-1], starts[1:], strict=True):
-        def heads(x):
-            return x[:, a:b].reshape(1, b - a, 4, 32).transpose(0, 2, 1, 3)
-        o = N.attention(heads(q), heads(k), heads(v), 0.2)
+        q1, k1, v1 = (x[:, a:b].reshape(1, b - a, 4, 32).transpose(0, 2, 1, 3)
+                      for x in (q, k, v))
+        o = N.attention(q1, k1, v1, 0.2)
         want[:, a:b] = o.transpose(0, 2, 1, 3).reshape(1, b - a, 128)
     np.testing.assert_allclose(C.attention_packed(q, k, v, 4, 0.2, starts), want, atol=1e-5)
     # the base class's composite (every backend without a fused one) computes the same

@@ -548,33 +548,38 @@ class CpuBackend(NumpyBackend):
 
     def attention_packed(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int,
                          scale: float, starts: Sequence[int]) -> np.ndarray:
-        """The inputs' rows gathered into a right-padded batch (b, t); scores by BLAS into
-        a keys-outer (b, key, head, query) array for :func:`cpu_kernels.softmax_keys`,
-        then p.v by BLAS straight into token-major rows, the padding rows dropped.
+        """Each run of consecutive inputs of one length (embed's batches are sorted by
+        length, so most inputs share a run) is a (count, length) batch of views into the
+        packed rows: no gather, no padding, no mask. Scores by BLAS into a keys-outer
+        (input, key, head, query) array for :func:`cpu_kernels.softmax_keys`, then p.v by
+        BLAS straight into the output rows.
 
-        A numba kernel over the packed rows without padding measured 1.3-1.4x slower than
-        the BLAS products (MiniLM's ~23-token inputs leave its vector loops mostly in
-        their scalar remainders). Inputs whose scores pass the query-tile budget take
-        :meth:`attention`, which tiles."""
+        Measured against the alternatives (MiniLM, bench sentences, 1 thread): gathering
+        the rows into one right-padded batch cost ~30% more in this op (the gathers, and
+        the padded scores); a numba kernel over the packed rows, ~1.3-1.4x more (inputs
+        of ~23 tokens leave its vector loops mostly in their scalar remainders). Runs
+        whose scores pass the query-tile budget take :meth:`attention`, which tiles."""
         self._untaped("packed attention")
         n, hd = q.shape[1], q.shape[2]
-        lens = np.diff(np.asarray(starts, dtype=np.int64))
-        b, t, d = len(lens), int(lens.max()), hd // heads
-        keep = np.arange(t)[None, :] < lens[:, None]  # (b, t): a token, not padding
-        src = np.zeros((b, t), dtype=np.int64)  # padded row -> packed row (padding: row 0)
-        src[keep] = np.arange(n)
-        q2, k2, v2 = (x.reshape(n, hd)[src].reshape(b, t, heads, d).transpose(0, 2, 1, 3)
-                      for x in (q, k, v))
-        mask = keep.astype(np.float32)
-        if len(query_tiles(b, heads, t, t)) > 1:
-            o = self.attention(q2, k2, v2, scale, key_mask=mask)
-            return o.transpose(0, 2, 1, 3)[keep].reshape(1, n, hd)
-        sc = np.empty((b, t, heads, t), dtype=np.float32)  # [input, key, head, query]
-        np.matmul(k2, q2.transpose(0, 1, 3, 2), out=sc.transpose(0, 2, 1, 3))
-        K.softmax_keys(sc.reshape(b, t, heads * t), scale, mask)
-        out = np.empty((b, t, heads, d), dtype=np.float32)
-        np.matmul(sc.transpose(0, 2, 3, 1), v2, out=out.transpose(0, 2, 1, 3))
-        return out.reshape(b, t, hd)[keep].reshape(1, n, hd)
+        d = hd // heads
+        starts = np.asarray(starts, dtype=np.int64)
+        lens = np.diff(starts)
+        out = np.empty((n, hd), dtype=np.float32)
+        cuts = [0, *(np.flatnonzero(np.diff(lens)) + 1).tolist(), len(lens)]
+        for i0, i1 in zip(cuts[:-1], cuts[1:], strict=False):
+            b, t, r0 = i1 - i0, int(lens[i0]), int(starts[i0])
+            rows = slice(r0, r0 + b * t)
+            q2, k2, v2 = (x.reshape(n, hd)[rows].reshape(b, t, heads, d).transpose(0, 2, 1, 3)
+                          for x in (q, k, v))
+            o2 = out[rows].reshape(b, t, heads, d).transpose(0, 2, 1, 3)  # (b, h, t, d) view
+            if len(query_tiles(b, heads, t, t)) > 1:
+                o2[...] = self.attention(q2, k2, v2, scale)
+                continue
+            sc = np.empty((b, t, heads, t), dtype=np.float32)  # [input, key, head, query]
+            np.matmul(k2, q2.transpose(0, 1, 3, 2), out=sc.transpose(0, 2, 1, 3))
+            K.softmax_keys(sc.reshape(b, t, heads * t), scale, np.ones((b, t), np.float32))
+            np.matmul(sc.transpose(0, 2, 3, 1), v2, out=o2)
+        return out.reshape(1, n, hd)
 
 def _copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     np.copyto(dst, np.reshape(src, dst.shape))
