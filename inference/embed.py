@@ -177,6 +177,17 @@ def pool(hidden: np.ndarray, mask: np.ndarray, mode: str = "mean") -> np.ndarray
     return mean_pool(hidden, mask)
 
 
+def pool_packed(hidden: np.ndarray, starts: np.ndarray, mode: str = "mean") -> np.ndarray:
+    """:func:`pool` for inputs packed back to back (``hidden`` (N, d), input ``i`` being
+    rows ``starts[i] .. starts[i + 1]``, none empty)."""
+    if mode == "cls":
+        return hidden[starts[:-1]].copy()
+    if mode == "lasttoken":
+        return hidden[starts[1:] - 1].copy()
+    lengths = np.diff(starts).astype(np.float32)[:, None]
+    return np.add.reduceat(hidden, starts[:-1], axis=0) / lengths
+
+
 def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -202,7 +213,9 @@ def embed_ids(
 ) -> np.ndarray:
     """Run an encoder over tokenized inputs; one row per input, in input order. Batches are
     planned by length within ``limits`` (:func:`plan_batches`), or with ``batching="fixed"``
-    are ``limits.max_batch`` inputs each (:func:`fixed_batches`)."""
+    are ``limits.max_batch`` inputs each (:func:`fixed_batches`). A model that ``packs``
+    (bert.Model on a backend with ``packs_rows``) runs each batch's tokens back to back
+    without padding rows; others get the batch right-padded with a key mask."""
     B = model.B
     n = len(token_ids)
     out = np.zeros((n, model.args.hidden_size), dtype=np.float32)
@@ -219,8 +232,12 @@ def embed_ids(
         if cancel is not None and cancel.is_set():
             raise CancelledError(f"Embedding cancelled after {done} of {n} inputs.")
 
+    packs = getattr(model, "packs", False)
+
     def run(chunk: list[int]) -> np.ndarray:
         check_cancel()  # in the worker: chunks not yet started never start
+        if packs and all(token_ids[i] for i in chunk):
+            return run_packed(chunk)
         width = max(len(token_ids[i]) for i in chunk)
         ids = np.full((len(chunk), width), pad_id, dtype=np.int64)
         mask = np.zeros((len(chunk), width), dtype=np.float32)
@@ -231,6 +248,17 @@ def embed_ids(
         hidden = model(B.array(ids), B.array(np.ascontiguousarray(pos)),
                        B.array(np.zeros((len(chunk), 1), dtype=np.int64)), B.array(mask))
         return pool(B.to_numpy(hidden), mask, pooling)
+
+    def run_packed(chunk: list[int]) -> np.ndarray:
+        """The chunk's tokens back to back, no padding (model.packed)."""
+        lens = [len(token_ids[i]) for i in chunk]
+        starts = np.zeros(len(chunk) + 1, dtype=np.int64)
+        np.cumsum(lens, out=starts[1:])
+        ids = np.concatenate([np.asarray(token_ids[i], dtype=np.int64) for i in chunk])
+        pos = np.concatenate([np.arange(n, dtype=np.int64) for n in lens])
+        hidden = model.packed(B.array(ids[None]), B.array(pos[None]),
+                              B.array(np.zeros((1, 1), dtype=np.int64)), starts)
+        return pool_packed(B.to_numpy(hidden)[0], starts, pooling)
 
     lengths = [len(t) for t in token_ids]
     chunks = (fixed_batches(lengths, limits.max_batch) if batching == "fixed"

@@ -225,6 +225,47 @@ def test_attention_key_mask():
     np.testing.assert_allclose(C.attention(q, k, v, 0.2, key_mask=mask), want, atol=1e-5)
 
 
+def _packed_inputs(lens: list[int], heads: int, d: int, seed: int):
+    """q, k, v (1, N, heads * d) of inputs of ``lens`` tokens back to back, as column
+    ranges of one fused product (as bert's q/k/v), and their row offsets."""
+    starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    y = randn(1, int(starts[-1]), 3 * heads * d, seed=seed)
+    hd = heads * d
+    return y[..., :hd], y[..., hd:2 * hd], y[..., 2 * hd:], starts
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+@pytest.mark.parametrize("lens", [[7, 3, 1, 5], [1], [12, 12]])
+def test_attention_packed_matches_each_input_alone(lens, tiled, monkeypatch):
+    if tiled:  # scores over the query-tile budget: the padded batch through attention()
+        monkeypatch.setattr("inference.backends.cpu.query_tiles", lambda *a: [(0, 1), (1, 2)])
+    q, k, v, starts = _packed_inputs(lens, 4, 32, seed=18)
+    want = np.zeros(q.shape, dtype=np.float32)
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
+        q1, k1, v1 = (x[:, a:b].reshape(1, b - a, 4, 32).transpose(0, 2, 1, 3)
+                      for x in (q, k, v))
+        o = N.attention(q1, k1, v1, 0.2)
+        want[:, a:b] = o.transpose(0, 2, 1, 3).reshape(1, b - a, 128)
+    np.testing.assert_allclose(C.attention_packed(q, k, v, 4, 0.2, starts), want, atol=1e-5)
+    # the base class's composite (every backend without a fused one) computes the same
+    np.testing.assert_allclose(N.attention_packed(q, k, v, 4, 0.2, starts), want, atol=1e-6)
+
+
+def test_fused_linear_gelu_and_add_norm():
+    x, res = randn(2, 5, 64, seed=19), randn(2, 5, 48, seed=20)
+    w1, b1 = randn(96, 64, seed=21) * 0.2, randn(96, seed=22)
+    w2, b2 = randn(48, 64, seed=23) * 0.2, randn(48, seed=24)
+    nw, nb = randn(48, seed=25), randn(48, seed=26)
+    np.testing.assert_allclose(C.linear_gelu(x, w1, b1), N.gelu(N.linear(x, w1, b1)),
+                               atol=1e-5)
+    want = N.layer_norm(N.add(N.linear(x, w2, b2), res), nw, nb, 1e-12)
+    np.testing.assert_allclose(C.linear_add_norm(x, w2, b2, res, nw, nb, 1e-12), want,
+                               atol=1e-5)
+    want = N.layer_norm(N.add(N.linear(x, w2), res), nw, nb, 1e-12)  # no bias (nomic)
+    np.testing.assert_allclose(C.linear_add_norm(x, w2, None, res, nw, nb, 1e-12), want,
+                               atol=1e-5)
+
+
 # --- real models: the issue's parity bars, against the goldens and the NumPy backend --------
 
 def _load(name: str):
@@ -286,6 +327,26 @@ def test_minilm_matches_sentence_transformers():
     gold = g.load_minilm()
     vecs = model.embed(gold["sentences"], batch_size=16)
     assert g.cosine_rows(vecs, gold["embeddings"]).min() >= g.MINILM_MIN_COSINE
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "lasttoken"])
+def test_minilm_packed_rows_match_padded_batches(pooling):
+    """The cpu backend packs a batch's tokens without padding (Model.packed); the same
+    batches padded with a key mask give the same vectors (summation order differs)."""
+    import dataclasses
+
+    model = _load("all-MiniLM-L6-v2")
+    assert model.model.packs
+    sentences = g.load_minilm_sentences()[:40]
+    model.pipeline = dataclasses.replace(model.pipeline, pooling=pooling)
+    try:
+        packed = model.embed(sentences, batch_size=16, batching="fixed")
+        model.backend.packs_rows = False  # on the instance: this model only
+        padded = model.embed(sentences, batch_size=16, batching="fixed")
+    finally:
+        model.backend.__dict__.pop("packs_rows", None)
+        model.pipeline = dataclasses.replace(model.pipeline, pooling="mean")
+    np.testing.assert_allclose(packed, padded, atol=1e-5)
 
 
 # --- independent calls side by side (map_calls) ---------------------------------------------

@@ -54,11 +54,13 @@ OPS: tuple[str, ...] = (
     "zeros",
     "set_slice",
     "narrow",
+    "attention_packed",
     "sample",
 )
 
 # Ops the base class implements for every backend (array operators, methods and slicing).
-GENERIC_OPS = frozenset({"add", "mul", "reshape", "transpose", "set_slice", "narrow"})
+GENERIC_OPS = frozenset({"add", "mul", "reshape", "transpose", "set_slice", "narrow",
+                         "attention_packed"})
 
 
 def _along(ndim: int, axis: int, start: int, stop: int) -> tuple[slice, ...]:
@@ -226,6 +228,9 @@ class Backend:
     # intermediate-sized ones (eager backends: input, normed input, attention output, sum).
     score_copies: int = SCORE_COPIES
     hidden_rows: int = 4
+    # Whether encoders run a chunk's inputs packed back to back, without padding rows
+    # (:meth:`attention_packed`): set where that op is fast; elsewhere inputs are padded.
+    packs_rows: bool = False
 
     # --- memory layout (what inference.memory_estimate reads) ----------------------
     def held_bytes(self, t: TensorData) -> int:
@@ -405,6 +410,34 @@ class Backend:
 
     def narrow(self, x: Any, axis: int, start: int, length: int) -> Any:
         return x[_along(x.ndim, axis, start, start + length)]
+
+    # --- an encoder's linear with what follows it (a backend may fuse them) -------------
+    def linear_gelu(self, x: Any, w: Any, bias: Any | None) -> Any:
+        """``gelu(linear(x, w, bias))``: BERT's MLP up projection."""
+        return self.gelu(self.linear(x, w, bias))
+
+    def linear_add_norm(self, x: Any, w: Any, bias: Any | None, residual: Any, nw: Any,
+                        nb: Any, eps: float) -> Any:
+        """``layer_norm(linear(x, w, bias) + residual, nw, nb, eps)``: a post-norm block's
+        output projection, residual and norm."""
+        return self.layer_norm(self.add(self.linear(x, w, bias), residual), nw, nb, eps)
+
+    def attention_packed(self, q: Any, k: Any, v: Any, heads: int, scale: float,
+                         starts: Sequence[int]) -> Any:
+        """q, k, v (1, N, heads * d) hold inputs back to back without padding, input ``i``
+        being rows ``starts[i] .. starts[i + 1]``; each row attends to all rows of its own
+        input and to no other's. Returns (1, N, heads * d), heads side by side as in q.
+        Here: :meth:`attention` over each input alone (backends fuse it)."""
+        hd = q.shape[-1]
+        out = self.zeros((1, q.shape[1], hd))
+        for a, b in zip(starts[:-1], starts[1:], strict=True):
+            a, n = int(a), int(b) - int(a)
+            q1, k1, v1 = (self.transpose(self.reshape(self.narrow(x, 1, a, n),
+                                                      (1, n, heads, hd // heads)), (0, 2, 1, 3))
+                          for x in (q, k, v))
+            o = self.transpose(self.attention(q1, k1, v1, scale), (0, 2, 1, 3))
+            out = self.set_slice(out, self.reshape(o, (1, n, hd)), 1, a)
+        return out
 
     def sample(self, logits: Any, params: SamplingParams, history: list[int],
                rng: np.random.Generator) -> int:

@@ -29,7 +29,15 @@ import numpy as np
 
 from inference.backends import cpu_idot, cpu_kdot, cpu_raw
 from inference.backends import cpu_kernels as K
-from inference.backends.base import R, T, TokenSampler, _along, tiled_attention, trim_host_heap
+from inference.backends.base import (
+    R,
+    T,
+    TokenSampler,
+    _along,
+    query_tiles,
+    tiled_attention,
+    trim_host_heap,
+)
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_nbytes
 from inference.backends.cpu_share import SpinWorker
 from inference.backends.cpu_step import CpuSampler, NotCapturable, StepReplayer, Tape
@@ -82,6 +90,7 @@ class CpuBackend(NumpyBackend):
     device = "CPU (numba kernels, quantized weights)"
     score_copies = 1  # the fused softmax works in place
     own_threads = True  # shares work out between its threads; BLAS runs one (_share)
+    packs_rows = True  # encoders: attention_packed, one numba pass (embed.embed_ids)
 
     def __init__(self, activations: str | None = None, step_replay: bool = True) -> None:
         import numba
@@ -518,6 +527,28 @@ class CpuBackend(NumpyBackend):
         K.gelu_rows(x2, out)
         return out.reshape(x.shape)
 
+    def linear_gelu(self, x: np.ndarray, w: Any, bias: np.ndarray | None) -> np.ndarray:
+        if self._tape is not None or bias is None:
+            return super().linear_gelu(x, w, bias)
+        y = self.linear(x, w)
+        out = np.empty_like(y)
+        K.bias_gelu_rows(y.reshape(-1, y.shape[-1]), bias, out.reshape(-1, y.shape[-1]))
+        return out
+
+    def linear_add_norm(self, x: np.ndarray, w: Any, bias: np.ndarray | None,
+                        residual: np.ndarray, nw: np.ndarray, nb: np.ndarray, eps: float
+                        ) -> np.ndarray:
+        if self._tape is not None or residual.shape[:-1] != x.shape[:-1]:
+            return super().linear_add_norm(x, w, bias, residual, nw, nb, eps)
+        y = self.linear(x, w)
+        n_out = y.shape[-1]
+        y2 = y.reshape(-1, n_out)
+        res = np.ascontiguousarray(residual, dtype=np.float32).reshape(-1, n_out)
+        b = bias if bias is not None else np.zeros(n_out, dtype=np.float32)
+        out = np.empty_like(y)
+        K.add_norm_rows(y2, b, res, nw, nb, eps, out.reshape(-1, n_out))
+        return out
+
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         if gate.shape != up.shape:
             return super().silu_mul(gate, up)
@@ -658,6 +689,40 @@ def _close_all(workers: list[SpinWorker]) -> None:
     for worker in workers:
         worker.close()
 
+    def attention_packed(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int,
+                         scale: float, starts: Sequence[int]) -> np.ndarray:
+        """Each run of consecutive inputs of one length (embed's batches are sorted by
+        length, so most inputs share a run) is a (count, length) batch of views into the
+        packed rows: no gather, no padding, no mask. Scores by BLAS into a keys-outer
+        (input, key, head, query) array for :func:`cpu_kernels.softmax_keys`, then p.v by
+        BLAS straight into the output rows.
+
+        Measured against the alternatives (MiniLM, bench sentences, 1 thread): gathering
+        the rows into one right-padded batch cost ~30% more in this op (the gathers, and
+        the padded scores); a numba kernel over the packed rows, ~1.3-1.4x more (inputs
+        of ~23 tokens leave its vector loops mostly in their scalar remainders). Runs
+        whose scores pass the query-tile budget take :meth:`attention`, which tiles."""
+        self._untaped("packed attention")
+        n, hd = q.shape[1], q.shape[2]
+        d = hd // heads
+        starts = np.asarray(starts, dtype=np.int64)
+        lens = np.diff(starts)
+        out = np.empty((n, hd), dtype=np.float32)
+        cuts = [0, *(np.flatnonzero(np.diff(lens)) + 1).tolist(), len(lens)]
+        for i0, i1 in zip(cuts[:-1], cuts[1:], strict=False):
+            b, t, r0 = i1 - i0, int(lens[i0]), int(starts[i0])
+            rows = slice(r0, r0 + b * t)
+            q2, k2, v2 = (x.reshape(n, hd)[rows].reshape(b, t, heads, d).transpose(0, 2, 1, 3)
+                          for x in (q, k, v))
+            o2 = out[rows].reshape(b, t, heads, d).transpose(0, 2, 1, 3)  # (b, h, t, d) view
+            if len(query_tiles(b, heads, t, t)) > 1:
+                o2[...] = self.attention(q2, k2, v2, scale)
+                continue
+            sc = np.empty((b, t, heads, t), dtype=np.float32)  # [input, key, head, query]
+            np.matmul(k2, q2.transpose(0, 1, 3, 2), out=sc.transpose(0, 2, 1, 3))
+            K.softmax_keys(sc.reshape(b, t, heads * t), scale, np.ones((b, t), np.float32))
+            np.matmul(sc.transpose(0, 2, 3, 1), v2, out=o2)
+        return out.reshape(1, n, hd)
 
 def _copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     np.copyto(dst, np.reshape(src, dst.shape))

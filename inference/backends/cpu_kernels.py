@@ -856,3 +856,81 @@ def softmax_scores(sc: np.ndarray, scale: float, causal_offset: int,
                 row[j] *= inv
             for j in range(last, s):
                 row[j] = _f32(0.0)
+
+
+
+@_jit()
+def bias_gelu_rows(x: np.ndarray, bias: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu(x + bias) over (rows, d), as np.add then :func:`gelu_rows`, the bias
+    costing no pass of its own. ``out`` must not overlap ``x``: LLVM checks at run time,
+    and on overlap takes its scalar loop (in place measured 8x slower)."""
+    n, d = x.shape
+    for i in range(n):
+        for k in range(d):
+            v = x[i, k] + bias[k]
+            out[i, k] = _f32(0.5) * v * (_f32(1.0) + _erf(v * _f32(0.7071067811865476)))
+
+
+@_jit()
+def add_norm_rows(x: np.ndarray, bias: np.ndarray, res: np.ndarray, w: np.ndarray,
+                  b: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """out = layer_norm((x + bias) + res) over (rows, d), the sums rounded in that order
+    as NumPy's two adds; one pass writes the sum into ``out``, the norm then runs in
+    place there as :func:`layer_norm_rows`. ``out`` must not overlap ``x`` or ``res``
+    (see :func:`bias_gelu_rows`): 3x the three separate passes when it does not."""
+    n, d = x.shape
+    for i in range(n):
+        mu = _f32(0.0)
+        for k in range(d):
+            t = (x[i, k] + bias[k]) + res[i, k]
+            out[i, k] = t
+            mu += t
+        mu = _f32(mu / d)
+        var = _f32(0.0)
+        for k in range(d):
+            t = out[i, k] - mu
+            var += t * t
+        r = _f32(1.0 / math.sqrt(var / d + eps))
+        for k in range(d):
+            out[i, k] = (out[i, k] - mu) * r * w[k] + b[k]
+
+
+@_jit()
+def softmax_keys(sc: np.ndarray, scale: float, keep: np.ndarray) -> None:
+    """In place: sc (b, s, m) raw scores with the keys on axis 1 (m = heads x queries) ->
+    attention weights over axis 1; keys with ``keep[b, j] == 0`` (padding) get weight 0.
+
+    The keys-outer layout makes every loop run over m (heads x queries, ~280 for a chunk of
+    23-token inputs) instead of over one row's keys: :func:`softmax_scores` over (b, h,
+    t, s) spent 3.2 ns a score with short encoder inputs, mostly in the scalar remainders
+    of its vector loops."""
+    b, s, m = sc.shape
+    scale = _f32(scale)
+    top = np.empty(m, dtype=np.float32)
+    tot = np.empty(m, dtype=np.float32)
+    for bi in range(b):
+        x = sc[bi]
+        top[:] = _f32(-3.0e38)
+        for j in range(s):
+            if keep[bi, j] > 0:
+                row = x[j]
+                for c in range(m):
+                    v = row[c] * scale
+                    top[c] = v if v > top[c] else top[c]
+        tot[:] = _f32(0.0)
+        for j in range(s):
+            row = x[j]
+            if keep[bi, j] > 0:
+                for c in range(m):
+                    e = _exp(row[c] * scale - top[c])
+                    row[c] = e
+                    tot[c] += e
+            else:
+                row[:] = _f32(0.0)
+        for c in range(m):
+            tot[c] = _f32(1.0) / tot[c]
+        for j in range(s):
+            if keep[bi, j] > 0:
+                row = x[j]
+                for c in range(m):
+                    row[c] *= tot[c]

@@ -244,14 +244,18 @@ class SelfAttention:
                              (0, 2, 1, 3))
         return self.B.rope(x, 0, self.theta) if rotate and self.theta is not None else x
 
-    def __call__(self, x: Any, key_mask: Any) -> Any:
+    def __call__(self, x: Any, key_mask: Any, starts: Any = None) -> Any:
+        """``starts``: x is inputs packed back to back (Model.packed), else padded."""
         B = self.B
         b, t, _ = x.shape
         q, k, v = self.qkv(x)
-        q, k, v = self._heads(q, rotate=True), self._heads(k, rotate=True), self._heads(v)
-        a = B.attention(q, k, v, self.scale, key_mask=key_mask)
-        a = B.reshape(B.transpose(a, (0, 2, 1, 3)), (b, t, self.n_heads * self.head_dim))
-        return B.layer_norm(B.add(B.linear(a, *self.out), x), *self.norm, self.eps)
+        if starts is not None:
+            a = B.attention_packed(q, k, v, self.n_heads, self.scale, starts)
+        else:
+            q, k, v = self._heads(q, rotate=True), self._heads(k, rotate=True), self._heads(v)
+            a = B.attention(q, k, v, self.scale, key_mask=key_mask)
+            a = B.reshape(B.transpose(a, (0, 2, 1, 3)), (b, t, self.n_heads * self.head_dim))
+        return B.linear_add_norm(a, *self.out, x, *self.norm, self.eps)
 
 
 class MLP:
@@ -268,11 +272,12 @@ class MLP:
             self.gate_up = None
         self.down = _linear(w, p + n.down, n.biases)
 
-    def __call__(self, x: Any) -> Any:
-        B = self.B
-        y = (self.act(*self.gate_up(x)) if self.gate_up is not None
-             else self.act(B.linear(x, *self.up)))
-        return B.linear(y, *self.down)
+    def hidden(self, x: Any) -> Any:
+        """The activations the down projection reads (``self.down`` is applied by Layer,
+        with the residual and norm after it)."""
+        if self.gate_up is not None:
+            return self.act(*self.gate_up(x))
+        return self.B.linear_gelu(x, *self.up)  # the one plain activation (_PLAIN_ACT)
 
 
 def _linear(w: Weights, name: str, bias: bool) -> tuple[Any, Any]:
@@ -289,9 +294,10 @@ class Layer:
         self.mlp = MLP(args, B, w, p)
         self.norm = (w.dense(f"{p}{n.out_norm}.weight"), w.dense(f"{p}{n.out_norm}.bias"))
 
-    def __call__(self, x: Any, key_mask: Any) -> Any:
-        h = self.attention(x, key_mask)
-        return self.B.layer_norm(self.B.add(self.mlp(h), h), *self.norm, self.eps)
+    def __call__(self, x: Any, key_mask: Any, starts: Any = None) -> Any:
+        h = self.attention(x, key_mask, starts)
+        return self.B.linear_add_norm(self.mlp.hidden(h), *self.mlp.down, h, *self.norm,
+                                      self.eps)
 
 
 class Model:
@@ -313,12 +319,32 @@ class Model:
         Single-segment inputs may pass type_ids of shape (batch, 1): it broadcasts. Rotary
         models read no positions: every row starts at 0 (inputs are right-padded).
         """
+        h = self._embed(ids, positions, type_ids)
+        for layer in self.layers:
+            h = layer(h, key_mask)
+        return h
+
+    @property
+    def packs(self) -> bool:
+        """Whether :meth:`packed` runs here: the backend packs rows (``packs_rows``) and
+        positions come from a table (RoPE models rotate per padded row: they stay padded)."""
+        return self.B.packs_rows and self.position is not None
+
+    def packed(self, ids: Any, positions: Any, type_ids: Any, starts: Any) -> Any:
+        """Inputs back to back without padding: ids, positions, type_ids as in
+        :meth:`__call__` for one row (1, N) of tokens, input ``i`` being tokens
+        ``starts[i] .. starts[i + 1]`` (a host int array), each with positions from 0.
+        Every linear runs over the N real tokens only; attention stays within each
+        input. Returns (1, N, hidden)."""
+        h = self._embed(ids, positions, type_ids)
+        for layer in self.layers:
+            h = layer(h, None, starts)
+        return h
+
+    def _embed(self, ids: Any, positions: Any, type_ids: Any) -> Any:
         B = self.B
         h = B.embedding(self.word, ids)
         if self.position is not None:
             h = B.add(h, B.embedding(self.position, positions))
         h = B.add(h, B.embedding(self.token_type, type_ids))
-        h = B.layer_norm(h, *self.norm, self.args.layer_norm_eps)
-        for layer in self.layers:
-            h = layer(h, key_mask)
-        return h
+        return B.layer_norm(h, *self.norm, self.args.layer_norm_eps)
