@@ -422,8 +422,8 @@ class CpuBackend(NumpyBackend):
         another thread has the helpers, or where OpenBLAS runs a pool of its own (numpy
         loaded before ``inference``, or threads asked of it): two threads' multi-threaded
         calls on one pool measured 10-50x slower than either alone."""
-        n = min(getattr(self._local, "cores", self._threads), units)
-        if n <= 1 or self._blas_pool():
+        n = self._shares(units)
+        if n <= 1:
             part(0, whole or units)
             return
         if not self._sharing.acquire(blocking=False):
@@ -441,6 +441,11 @@ class CpuBackend(NumpyBackend):
                     worker.join()
         finally:
             self._sharing.release()
+
+    def _shares(self, units: int) -> int:
+        """Into how many parts :meth:`_share` would split ``units`` now (1: the caller's)."""
+        n = min(getattr(self._local, "cores", self._threads), units)
+        return 1 if n <= 1 or self._blas_pool() else n
 
     def _blas_pool(self) -> bool:
         """Whether BLAS runs calls on threads of its own (more than one thread)."""
@@ -664,13 +669,19 @@ class CpuBackend(NumpyBackend):
                                 lambda parts: np.concatenate(parts, axis=2))
         if tiled is not None:
             return tiled
-        # Per (sequence, head): a BLAS GEMM for q.k, the masked softmax in one numba pass,
-        # a GEMM for p.v; the heads shared out between the threads (each head's result is
-        # its own, whatever the split).
         group = hq // k.shape[1]
         mask = (np.ones((b, s), dtype=np.float32) if key_mask is None
                 else np.ascontiguousarray(key_mask, dtype=np.float32))
         off = -1 if causal_offset is None else causal_offset
+        if self._shares(b * hq) < 2:
+            # Grouped-query heads folded into rows (as NumPy does): one BLAS GEMM per kv
+            # head for q.k and one for p.v; the masked softmax between them one numba pass.
+            qg = q.reshape(b, k.shape[1], group * t, d)
+            sc = qg @ k.transpose(0, 1, 3, 2)
+            K.softmax_scores(sc.reshape(b, hq, t, s), scale, off, mask)
+            return (sc @ v).reshape(b, hq, t, d)
+        # Shared out by (sequence, head): a GEMM for q.k, the softmax, a GEMM for p.v
+        # (each head's result is its own, whatever the split).
         out = np.empty((b, hq, t, d), dtype=np.float32)
 
         def heads(u0: int, u1: int) -> None:
@@ -683,11 +694,6 @@ class CpuBackend(NumpyBackend):
 
         self._share(b * hq, heads)
         return out
-
-
-def _close_all(workers: list[SpinWorker]) -> None:
-    for worker in workers:
-        worker.close()
 
     def attention_packed(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int,
                          scale: float, starts: Sequence[int]) -> np.ndarray:
@@ -723,6 +729,12 @@ def _close_all(workers: list[SpinWorker]) -> None:
             K.softmax_keys(sc.reshape(b, t, heads * t), scale, np.ones((b, t), np.float32))
             np.matmul(sc.transpose(0, 2, 3, 1), v2, out=o2)
         return out.reshape(1, n, hd)
+
+
+def _close_all(workers: list[SpinWorker]) -> None:
+    for worker in workers:
+        worker.close()
+
 
 def _copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     np.copyto(dst, np.reshape(src, dst.shape))
