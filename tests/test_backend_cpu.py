@@ -412,12 +412,34 @@ def test_backend_reason_names_the_target_isa(monkeypatch, features, isa):
 
     from inference.backends import cpu_kernels as K
 
-    if not K._x86():
-        pytest.skip("x86 feature strings")
+    monkeypatch.setattr(K, "_arch", lambda: "x86")  # x86 feature strings, on any host
     monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
     assert K.target_isa() == isa
     monkeypatch.undo()
     assert K.target_isa() in probe()[1]
+
+
+@pytest.mark.parametrize(("features", "isa"), [
+    ("+neon,+fp-armv8,+dotprod", "ARM NEON with dot product"),
+    ("+neon,+fp-armv8,-dotprod", "ARM NEON"),
+    ("+avx2,+f16c,+fma", "ARM NEON"),  # x86 names in an ARM string enable nothing x86
+])
+def test_backend_reason_on_arm_names_neon_and_the_float_kernels(monkeypatch, features, isa):
+    """An aarch64 target (forced here, so this runs on x86 too): backend_reason says ARM
+    NEON, whether LLVM reports the dot-product extension, that float16 converts natively,
+    and that the float mat-vec runs because the integer-dot kernels are x86 code."""
+    import numba
+
+    from inference.backends import cpu_idot
+    from inference.backends import cpu_kernels as K
+
+    monkeypatch.setattr(K, "_arch", lambda: "arm")
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
+    assert K.target_isa() == isa
+    assert not cpu_idot.available() and not cpu_idot.wide()
+    assert CpuBackend("int16").activations == "float"
+    reason = probe()[1]
+    assert f"{isa}, native float16 converts, float mat-vec (integer dots need AVX2)" in reason
 
 
 GENERIC_CHECK = """

@@ -132,33 +132,43 @@ def _bits_to_f32(typingctx, v):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
-def _x86() -> bool:
+def _arch() -> str:
+    """The architecture numba compiles for (the host's): "x86", "arm" (aarch64) or "other"."""
     import platform
 
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686"):
+        return "x86"
+    return "arm" if machine in ("arm64", "aarch64") else "other"
+
+
+def _x86() -> bool:
+    return _arch() == "x86"
 
 
 def target_has(feature: str) -> bool:
-    """Whether the code numba generates may use an x86 ``feature`` ("f16c", "avx2"): the
-    host's CPU unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name another target. False on
-    other architectures."""
-    if not _x86():
-        return False
+    """Whether the code numba generates may use ``feature`` as LLVM names it for this
+    architecture ("f16c", "avx2" on x86; "dotprod" on ARM): the host's CPU unless
+    NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name another target. Callers of x86-only kernels
+    also check :func:`_x86` (a user's NUMBA_CPU_FEATURES may say anything)."""
     if numba.config.CPU_FEATURES is not None:
         return f"+{feature}" in numba.config.CPU_FEATURES.split(",")
-    if numba.config.CPU_NAME is not None:  # e.g. "generic": nothing beyond SSE2 promised
+    if numba.config.CPU_NAME is not None:  # e.g. "generic": nothing beyond the baseline
         return False
     return f"+{feature}" in host_cpu_features().split(",")
 
 
 def target_isa() -> str:
     """The vector instruction set numba compiles the kernels for, as ``backend_reason``
-    names it: "AVX-512 with VNNI (512-bit vectors)", "AVX2 with AVX-VNNI", "AVX2", "ARM
-    NEON" (aarch64: LLVM's default), or "no AVX2" (generic x86, e.g. NUMBA_CPU_NAME)."""
-    if not _x86():
-        import platform
-
-        return "ARM NEON" if platform.machine().lower() in ("arm64", "aarch64") else "generic"
+    names it: "AVX-512 with VNNI (512-bit vectors)", "AVX2 with AVX-VNNI", "AVX2", "no
+    AVX2" (generic x86, e.g. NUMBA_CPU_NAME); on aarch64 "ARM NEON" (every aarch64 CPU
+    has it), "ARM NEON with dot product" where LLVM reports ``dotprod`` (the float kernels
+    run either way: no kernel uses ``sdot`` yet)."""
+    arch = _arch()
+    if arch == "arm":
+        return "ARM NEON with dot product" if target_has("dotprod") else "ARM NEON"
+    if arch != "x86":
+        return "generic"
     if target_has("avx512f"):
         vnni = " with VNNI" if target_has("avx512vnni") else ""
         wide = (numba.config.CPU_FEATURES or "").endswith(",-prefer-256-bit")  # _wide_vectors
@@ -172,6 +182,13 @@ def target_has_f16c() -> bool:
     """Whether float16 converts compile to hardware ones: F16C on x86; other
     architectures (ARM) convert float16 natively."""
     return not _x86() or target_has("f16c")
+
+
+def float16_converts() -> str:
+    """How the kernels widen float16 scales, as ``backend_reason`` names it."""
+    if not _x86():
+        return "native float16 converts"
+    return "F16C" if target_has("f16c") else "integer float16 converts"
 
 
 def _half_from_bits(builder: ir.IRBuilder, h16: ir.Value) -> ir.Value:
