@@ -479,19 +479,48 @@ def test_wide_vectors_on_avx512_unless_the_user_chose(user_features):
     if user_features:
         env["NUMBA_CPU_FEATURES"] = user_features
     code = ("import numba, llvmlite.binding as ll\n"
-            "import inference.backends.cpu_kernels\n"
+            "import inference.backends.cpu_kernels as K\n"
             "print('+avx512f' in ll.get_host_cpu_features().flatten().split(','))\n"
+            "print(K.arm_cpu_has_dotprod())\n"
             "print(numba.config.CPU_FEATURES)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    avx512, features = out.stdout.strip().splitlines()
+    avx512, dotprod, features = out.stdout.strip().splitlines()
     if user_features:
         assert features == user_features
     elif avx512 == "True":
         assert features.endswith(",-prefer-256-bit")
+    elif dotprod == "True":  # an ARM host (the emulated one in scripts/arm64_emulated.sh)
+        assert features.endswith("+dotprod")
     else:
         assert features == "None"
+
+
+@pytest.mark.parametrize(("host", "dotprod", "user", "want"), [
+    ("-aes,-rand,-sha2,-sve", True, None, "-aes,-rand,-sha2,-sve,+dotprod"),  # qemu's
+    ("", True, None, "+dotprod"),
+    ("+neon,+dotprod", True, None, None),  # LLVM listed it: nothing to add
+    ("+neon,+sha2", False, None, None),  # an ARMv8.0 core (Cortex-A72, say)
+    ("+neon,+sha2", True, "+neon", "+neon"),  # the user's NUMBA_CPU_FEATURES wins
+])
+def test_arm_dot_product_detected_at_run_time(monkeypatch, host, dotprod, user, want):
+    """On ARM the OS's report of the dot-product extension (LLVM's host features omit it)
+    becomes +dotprod in the target numba compiles for, and backend_reason says so. The
+    architecture, the host string and the OS's answer are forced: this runs on x86 too."""
+    import numba
+
+    from inference.backends import cpu_kernels as K
+
+    monkeypatch.setattr(K, "_arch", lambda: "arm")
+    monkeypatch.setattr(K, "host_cpu_features", lambda: host)
+    monkeypatch.setattr(K, "arm_cpu_has_dotprod", lambda: dotprod)
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", user)
+    monkeypatch.setattr(numba.config, "CPU_NAME", None)
+    K._tune_target()
+    assert numba.config.CPU_FEATURES == want
+    assert K.target_isa() == ("ARM NEON with dot product" if "+dotprod" in (want or host)
+                              else "ARM NEON")
 
 
 @pytest.mark.parametrize(("features", "isa"), [
@@ -506,12 +535,34 @@ def test_backend_reason_names_the_target_isa(monkeypatch, features, isa):
 
     from inference.backends import cpu_kernels as K
 
-    if not K._x86():
-        pytest.skip("x86 feature strings")
+    monkeypatch.setattr(K, "_arch", lambda: "x86")  # x86 feature strings, on any host
     monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
     assert K.target_isa() == isa
     monkeypatch.undo()
     assert K.target_isa() in probe()[1]
+
+
+@pytest.mark.parametrize(("features", "isa"), [
+    ("+neon,+fp-armv8,+dotprod", "ARM NEON with dot product"),
+    ("+neon,+fp-armv8,-dotprod", "ARM NEON"),
+    ("+avx2,+f16c,+fma", "ARM NEON"),  # x86 names in an ARM string enable nothing x86
+])
+def test_backend_reason_on_arm_names_neon_and_the_float_kernels(monkeypatch, features, isa):
+    """An aarch64 target (forced here, so this runs on x86 too): backend_reason says ARM
+    NEON, whether LLVM reports the dot-product extension, that float16 converts natively,
+    and that the float mat-vec runs because the integer-dot kernels are x86 code."""
+    import numba
+
+    from inference.backends import cpu_idot
+    from inference.backends import cpu_kernels as K
+
+    monkeypatch.setattr(K, "_arch", lambda: "arm")
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
+    assert K.target_isa() == isa
+    assert not cpu_idot.available() and not cpu_idot.wide()
+    assert CpuBackend("int16").activations == "float"
+    reason = probe()[1]
+    assert f"{isa}, native float16 converts, float mat-vec (integer dots need AVX2)" in reason
 
 
 GENERIC_CHECK = """

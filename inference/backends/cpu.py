@@ -764,15 +764,17 @@ def probe() -> tuple[bool, str]:
         import numba
     except ImportError:
         return False, "numba is not installed"
-    f16 = "F16C" if K.target_has_f16c() else "integer float16 converts"
     try:
         mode = _activations(None)
     except InvalidInputError as e:
         return False, str(e)
-    dot = (f"integer dot products over {mode} activations" if mode != "float"
-           else "float mat-vec")
+    if mode != "float":
+        dot = f"integer dot products over {mode} activations"
+    else:  # chosen, or the only path: the integer kernels are x86 (AVX2) code
+        dot = "float mat-vec" + ("" if cpu_idot.available() else " (integer dots need AVX2)")
     return True, (f"numba {numba.__version__} kernels over quantized weights, "
-                  f"{numba.get_num_threads()} threads, {K.target_isa()}, {f16}, {dot}")
+                  f"{numba.get_num_threads()} threads, {K.target_isa()}, "
+                  f"{K.float16_converts()}, {dot}")
 
 
 def create() -> CpuBackend:

@@ -64,8 +64,9 @@ LEVELS = {"int8": 127, "int16": 32767}  # largest |q| per activation width
 
 
 def available() -> bool:
-    """Whether the integer kernels can be compiled for numba's target."""
-    return K.target_has("avx2")
+    """Whether the integer kernels can be compiled for numba's target: their intrinsics
+    are x86 ones, which LLVM cannot select for another architecture."""
+    return K._x86() and K.target_has("avx2")
 
 
 # -- the activations --------------------------------------------------------------------
@@ -464,7 +465,7 @@ def _make_wide_dot8(nrows: int):  # type: ignore[no-untyped-def]
 
 def wide() -> bool:
     """Whether the pair kernels take the 512-bit intrinsics (the target has AVX-512BW)."""
-    return K.target_has("avx512bw")
+    return K._x86() and K.target_has("avx512bw")
 
 
 # Two rows share each unpacking of the codes; more would not fit AVX2's 16 vector

@@ -40,7 +40,7 @@ per group with the precomputed group sums ``xsum`` of ``x``.
 Vector width: LLVM's tuning for AVX-512 CPUs prefers 256-bit vectors (older Xeons lower
 their clock for 512-bit code). These loops are bound by instruction throughput, so on a
 CPU with AVX-512 the preference is lifted before anything is compiled
-(:func:`_wide_vectors`; 1.5x on the mat-vec where it was measured, an Intel Xeon with
+(:func:`_tune_target`; 1.5x on the mat-vec where it was measured, an Intel Xeon with
 AVX-512), unless the user set NUMBA_CPU_FEATURES. CPUs without AVX-512 are unaffected.
 """
 
@@ -71,22 +71,67 @@ def host_cpu_features() -> str:
     return str(ll.get_host_cpu_features().flatten())
 
 
-def _wide_vectors() -> None:
-    """Let LLVM use 512-bit vectors on AVX-512 hosts (see the module docstring). numba
-    reads the feature string when it first compiles, so this only counts before that; a
-    user's NUMBA_CPU_FEATURES or NUMBA_CPU_NAME wins. Compiled kernels are cached per
-    feature string."""
+def _arch() -> str:
+    """The architecture numba compiles for (the host's): "x86", "arm" (aarch64) or "other"."""
+    import platform
+
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686"):
+        return "x86"
+    return "arm" if machine in ("arm64", "aarch64") else "other"
+
+
+def _x86() -> bool:
+    return _arch() == "x86"
+
+
+HWCAP_ASIMDDP = 1 << 20  # Linux arm64, AT_HWCAP: SDOT/UDOT (the dot-product extension)
+
+
+def arm_cpu_has_dotprod() -> bool:
+    """Whether this ARM CPU has the dot-product instructions, as the OS reports them at run
+    time (Linux: AT_HWCAP; macOS: hw.optional.arm.FEAT_DotProd). LLVM's host feature string
+    does not list them: on Linux it is read from /proc/cpuinfo and a Neoverse N1's came back
+    "+aes,+crc,+fp-armv8,+lse,+neon,+sha2" (dotprod only implied by the CPU's name)."""
+    import ctypes
+    import sys
+
+    if _arch() != "arm":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        if sys.platform == "darwin":
+            value, size = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
+            return libc.sysctlbyname(b"hw.optional.arm.FEAT_DotProd", ctypes.byref(value),
+                                     ctypes.byref(size), None, 0) == 0 and value.value == 1
+        libc.getauxval.restype = ctypes.c_ulong
+        libc.getauxval.argtypes = [ctypes.c_ulong]
+        return bool(libc.getauxval(16) & HWCAP_ASIMDDP)  # 16: AT_HWCAP
+    except (OSError, AttributeError):  # no such call here: say nothing is there
+        return False
+
+
+def _tune_target() -> None:
+    """The target numba compiles for, adjusted before anything is compiled (numba reads
+    the feature string once, at its first compile): on AVX-512 hosts 512-bit vectors are
+    allowed (see the module docstring); on ARM CPUs whose OS reports the dot-product
+    extension, ``+dotprod`` is added, which LLVM's host features leave out. A user's
+    NUMBA_CPU_FEATURES or NUMBA_CPU_NAME wins. Compiled kernels are cached per feature
+    string."""
     if numba.config.CPU_FEATURES is not None or numba.config.CPU_NAME is not None:
         return
     try:
         features = host_cpu_features()
     except Exception:  # no host feature query: keep numba's own choice
         return
-    if "+avx512f" in features.split(","):
+    listed = features.split(",")
+    if "+avx512f" in listed:
         numba.config.CPU_FEATURES = features + ",-prefer-256-bit"
+    elif "+dotprod" not in listed and arm_cpu_has_dotprod():
+        numba.config.CPU_FEATURES = ",".join(f for f in (features, "+dotprod") if f)
 
 
-_wide_vectors()
+_tune_target()
 
 # Every kernel: NumPy's error model (a float division by zero gives inf/nan, as in NumPy,
 # instead of raising), without which LLVM keeps any loop that divides scalar (GELU's erf
@@ -132,36 +177,32 @@ def _bits_to_f32(typingctx, v):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
-def _x86() -> bool:
-    import platform
-
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-
-
 def target_has(feature: str) -> bool:
-    """Whether the code numba generates may use an x86 ``feature`` ("f16c", "avx2"): the
-    host's CPU unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name another target. False on
-    other architectures."""
-    if not _x86():
-        return False
+    """Whether the code numba generates may use ``feature`` as LLVM names it for this
+    architecture ("f16c", "avx2" on x86; "dotprod" on ARM): the host's CPU unless
+    NUMBA_CPU_NAME / NUMBA_CPU_FEATURES name another target. Callers of x86-only kernels
+    also check :func:`_x86` (a user's NUMBA_CPU_FEATURES may say anything)."""
     if numba.config.CPU_FEATURES is not None:
         return f"+{feature}" in numba.config.CPU_FEATURES.split(",")
-    if numba.config.CPU_NAME is not None:  # e.g. "generic": nothing beyond SSE2 promised
+    if numba.config.CPU_NAME is not None:  # e.g. "generic": nothing beyond the baseline
         return False
     return f"+{feature}" in host_cpu_features().split(",")
 
 
 def target_isa() -> str:
     """The vector instruction set numba compiles the kernels for, as ``backend_reason``
-    names it: "AVX-512 with VNNI (512-bit vectors)", "AVX2 with AVX-VNNI", "AVX2", "ARM
-    NEON" (aarch64: LLVM's default), or "no AVX2" (generic x86, e.g. NUMBA_CPU_NAME)."""
-    if not _x86():
-        import platform
-
-        return "ARM NEON" if platform.machine().lower() in ("arm64", "aarch64") else "generic"
+    names it: "AVX-512 with VNNI (512-bit vectors)", "AVX2 with AVX-VNNI", "AVX2", "no
+    AVX2" (generic x86, e.g. NUMBA_CPU_NAME); on aarch64 "ARM NEON" (every aarch64 CPU
+    has it), "ARM NEON with dot product" where LLVM reports ``dotprod`` (the float kernels
+    run either way: no kernel uses ``sdot`` yet)."""
+    arch = _arch()
+    if arch == "arm":
+        return "ARM NEON with dot product" if target_has("dotprod") else "ARM NEON"
+    if arch != "x86":
+        return "generic"
     if target_has("avx512f"):
         vnni = " with VNNI" if target_has("avx512vnni") else ""
-        wide = (numba.config.CPU_FEATURES or "").endswith(",-prefer-256-bit")  # _wide_vectors
+        wide = (numba.config.CPU_FEATURES or "").endswith(",-prefer-256-bit")  # _tune_target
         return f"AVX-512{vnni}" + (" (512-bit vectors)" if wide else "")
     if target_has("avx2"):
         return "AVX2 with AVX-VNNI" if target_has("avxvnni") else "AVX2"
@@ -172,6 +213,13 @@ def target_has_f16c() -> bool:
     """Whether float16 converts compile to hardware ones: F16C on x86; other
     architectures (ARM) convert float16 natively."""
     return not _x86() or target_has("f16c")
+
+
+def float16_converts() -> str:
+    """How the kernels widen float16 scales, as ``backend_reason`` names it."""
+    if not _x86():
+        return "native float16 converts"
+    return "F16C" if target_has("f16c") else "integer float16 converts"
 
 
 def _half_from_bits(builder: ir.IRBuilder, h16: ir.Value) -> ir.Value:
