@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 
 import httpx2 as httpx
@@ -265,10 +266,29 @@ def test_non_streaming_disconnect_cancels(engine, server):  # noqa: F811
     assert reason == "cancelled" and n < 200
 
 
-def test_queue_full_is_429(engine):  # noqa: F811
+class _HeldDecode:
+    """A decoder layer whose decode steps wait for ``gate``: the request running stays
+    running, however fast the machine or short its answer."""
+
+    def __init__(self, layer, gate: threading.Event):
+        self.layer, self.gate = layer, gate
+
+    def __call__(self, x, cache):
+        if x.shape[1] == 1:
+            self.gate.wait(120)
+        return self.layer(x, cache)
+
+    def __getattr__(self, name):
+        return getattr(self.layer, name)
+
+
+def test_queue_full_is_429(engine, monkeypatch):  # noqa: F811
     from inference.server.app import Engine
     from inference.server.run import ServerThread
 
+    gate = threading.Event()
+    monkeypatch.setattr(engine.llm.model, "layers",
+                        [_HeldDecode(la, gate) for la in engine.llm.model.layers])
     small = Engine(engine.llm, None, parallel=1, max_waiting=1)
     srv = ServerThread(small).start()
     body = {"model": engine.llm.name, "messages": HI, "max_tokens": 100, "temperature": 0,
@@ -286,5 +306,7 @@ def test_queue_full_is_429(engine):  # noqa: F811
                 assert third.status_code == 429
                 assert third.json()["error"]["code"] == "queue_full"
                 assert third.headers["retry-after"]
+                gate.set()
     finally:
+        gate.set()
         srv.stop()
