@@ -53,8 +53,8 @@ MATVEC_ROWS = 8  # dequant+sgemm costs more per row even at 16 rows (docs/cpu-ba
 # dequantize runs 2.5x faster into 288-768 KB than into the 16 MB of a whole weight
 # (Q4_1/Q4_K/Q6_K/Q8_0 at 1536 rows, 1 thread: 1.6-1.9 -> 4.0-4.8 Gweights/s).
 CHUNK_BYTES = 512 << 10
-# Weights below this many elements are one chunk on the calling thread with BLAS on every
-# thread: sharing out a 192x576 product cost more in hand-offs than it saved.
+# Products with fewer weights than this run whole on the calling thread: sharing out a
+# 192x576 product cost more in hand-offs than it saved.
 SHARE_MIN = 256 << 10
 
 
@@ -278,11 +278,10 @@ class CpuBackend(NumpyBackend):
                 ) -> list[np.ndarray]:
         """Prefill: the quantized products of one input shared out in one go (one hand-off
         to the threads for q/k/v of different types, and none left on one core)."""
-        x2 = self._input(x, (-1, x.shape[-1]))
-        if len(parts) == 1 or x2.shape[0] <= MATVEC_ROWS or self._tape is not None:
-            return super().linears(x, parts)
-        self._untaped("a prefill product")
-        ys = self._products(x2, [w for w, _ in parts])
+        rows = x.size // x.shape[-1]
+        if len(parts) == 1 or rows <= MATVEC_ROWS or self._tape is not None:
+            return super().linears(x, parts)  # each linear reads x itself (and tapes it)
+        ys = self._products(self._input(x, (rows, x.shape[-1])), [w for w, _ in parts])
         for y, (_, bias) in zip(ys, parts, strict=True):
             if bias is not None:
                 np.add(y, bias, out=y)
@@ -423,10 +422,7 @@ class CpuBackend(NumpyBackend):
         loaded before ``inference``, or threads asked of it): two threads' multi-threaded
         calls on one pool measured 10-50x slower than either alone."""
         n = self._shares(units)
-        if n <= 1:
-            part(0, whole or units)
-            return
-        if not self._sharing.acquire(blocking=False):
+        if n <= 1 or not self._sharing.acquire(blocking=False):
             part(0, whole or units)
             return
         try:
