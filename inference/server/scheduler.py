@@ -326,14 +326,16 @@ class Scheduler:
             s.last = tok
 
     def _finish(self, s: _Seq, reason: str | None = None) -> None:
-        if s in self._active:
-            self._active.remove(s)
+        events = s.gen.close(reason, memory=None)
+        with self._cv:  # load() never shows the request gone before it shows it finished
+            self.finished.append((s.gen.finish or "", len(s.gen.ids)))
+            if s in self._active:
+                self._active.remove(s)
         s.cache = s.run = None  # type: ignore[assignment]  # memory goes now, not at a GC
         if not self._active:  # a captured step holds the last batch's caches
             self._decode = self.model.backend.decode_steps()
-        for ev in s.gen.close(reason, memory=None):
+        for ev in events:
             s.req.emit(ev, None)
-        self.finished.append((s.gen.finish or "", len(s.gen.ids)))
 
     def _close_request(self, req: Request, reason: str) -> None:
         """End a request that never started (cancelled while it waited)."""
