@@ -303,7 +303,8 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
                n_layers: int | None = None,
                progress: Callable[[int, int], None] | None = None,
                cancel: threading.Event | None = None,
-               api_key: str | None = None) -> CausalLM | Encoder | RemoteLM | RemoteEncoder:
+               api_key: str | None = None,
+               kv_dtype: str | None = None) -> CausalLM | Encoder | RemoteLM | RemoteEncoder:
     """Load a model by store name, path or ModelSpec onto a backend ("auto" picks one).
 
     The backend is checked for every op and quant type the architecture needs before any
@@ -311,7 +312,9 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     ``progress(bytes_done, bytes_total)`` follows weight conversion; setting ``cancel``
     stops the load between tensors with CancelledError. An ``http(s)://`` URL connects to
     an OpenAI-compatible server instead (:mod:`inference.remote`; ``api_key`` if it needs
-    one): ``"http://host:8080/v1#model-id"``.
+    one): ``"http://host:8080/v1#model-id"``. ``kv_dtype`` ("float32", "float16",
+    "bfloat16"): the KV cache's element type where the backend offers it (default: the
+    backend's own, float32 on cpu, float16 on cuda); refused before any weight loads.
     """
     if is_url(name_or_path):
         return connect(str(name_or_path), api_key=api_key)
@@ -321,6 +324,8 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     mod = architecture(model_type, ckpt.path.name)
     qtypes = {t.qtype for t in ckpt.tensors.values()}
     B, reason = select_backend(backend, mod.REQUIRED_OPS, qtypes, model_type)
+    if kv_dtype is not None:
+        B.use_kv_dtype(kv_dtype)
     cls = CausalLM if model_type in CAUSAL and not declares_pooling(ckpt.path) else Encoder
     model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
     del ckpt  # its views and temporaries go now (a GGUF header stays in the reader's cache)

@@ -31,6 +31,7 @@ import numpy as np
 
 import resources
 from inference.backends.base import host_rss
+from inference.cli import add_kv_dtype
 from inference.generate import generate_step
 from inference.sampling import SamplingParams
 from inference.threads import set_threads
@@ -166,7 +167,7 @@ def _side(args: argparse.Namespace, side: str, only: str, extra: Sequence[str] =
             "--threads", str(args.threads), "--rounds", "1", "--backend", args.backend,
             "--llm-model", args.llm_model, "--embed-model", args.embed_model,
             "--decode-tokens", str(args.decode_tokens), "--sentences", str(args.sentences),
-            *extra]
+            *(["--kv-dtype", args.kv_dtype] if args.kv_dtype else []), *extra]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -210,7 +211,8 @@ def bench_llm(args: argparse.Namespace, out: dict[str, Any]) -> None:
     _import_backends(args.backend)  # library code is not the model's memory
     gc.collect()
     rss0 = host_rss()
-    model = load_model(spec, backend=args.backend)
+    model = load_model(spec, backend=args.backend, kv_dtype=args.kv_dtype)
+    out["kv_dtype"] = str(getattr(model.backend, "kv_dtype", "float32"))
     gc.collect()
     rss1 = host_rss()
     if not isinstance(model, CausalLM):
@@ -534,6 +536,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     b = subparsers.add_parser("bench", help="time fixed LLM and embedding workloads (JSON)")
     b.add_argument("--backend", default="auto", help="auto, or a backend name (see backends)")
+    add_kv_dtype(b)
     b.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="threads for the engine and the peers (default: all cores)")
     b.add_argument("--compare", action="store_true",

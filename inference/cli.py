@@ -18,6 +18,7 @@ from inference.events import DoneEvent, TokenEvent
 from inference.sampling import SamplingParams
 
 BACKEND_CHOICES = ["auto", "cuda", "mlx", "cpu", "numpy"]
+KV_DTYPES = ["float32", "float16", "bfloat16"]  # what a backend offers: Backend.use_kv_dtype
 
 
 def _human_bytes(n: float) -> str:
@@ -52,10 +53,16 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_kv_dtype(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-dtype", choices=KV_DTYPES,
+                   help="KV cache element type (default: the backend's; float16 halves the "
+                        "cache's memory and the bytes decode reads)")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from inference.api import CausalLM, load_model
 
-    model = load_model(args.model, backend=args.backend)
+    model = load_model(args.model, backend=args.backend, kv_dtype=args.kv_dtype)
     if not isinstance(model, CausalLM):
         raise InvalidInputError(f"{model.name} is an embedding model; use `inferdesk embed`.")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -193,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None, help="-1: a random seed")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
+    add_kv_dtype(g)
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
     g.set_defaults(func=cmd_generate)
 

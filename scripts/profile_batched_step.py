@@ -1,6 +1,7 @@
 """Where a batched decode step's time goes on the `cpu` backend, per batch size.
 
     python scripts/profile_batched_step.py [--batches 1 4 8] [--threads 1 2] [--steps 30]
+        [--prompt 40] [--kv-dtype float32|float16]
 
 SmolLM2-135M (the bundled Q4_1 GGUF) decodes ``--steps`` steps of B sequences at once,
 each sequence prefilled with its own 40-token prompt, as the server's scheduler runs them
@@ -39,9 +40,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompt", type=int, default=40, help="tokens prefilled per sequence")
+    ap.add_argument("--kv-dtype", default="float32", choices=["float32", "float16"])
     ap.add_argument("--out", default="docs/bench-results")
     args = ap.parse_args()
-    llm = load_model("smollm2", backend="cpu")
+    llm = load_model("smollm2", backend="cpu", kv_dtype=args.kv_dtype)
     M, B = llm.model, llm.backend
     spent: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
@@ -117,7 +119,8 @@ def main() -> None:
                   f"{row['replayed_wall_ms_per_step']:.2f} ms; " + ", ".join(
                       f"{k} {v:.2f}" for k, v in row["wall_ms"].items()))
     write_record(args.out, "batched-step-profile", "scripts/profile_batched_step.py",
-                 {"model": "smollm2 (Q4_1)", "activations": B.activations, "rows": rows})
+                 {"model": "smollm2 (Q4_1)", "activations": B.activations,
+                  "kv_dtype": args.kv_dtype, "prompt_tokens": args.prompt, "rows": rows})
 
 
 if __name__ == "__main__":

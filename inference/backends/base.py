@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from inference.errors import InvalidInputError
 from inference.events import MemorySample
 from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams
@@ -396,6 +397,13 @@ class Backend:
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
         raise NotImplementedError
+
+    def use_kv_dtype(self, name: str) -> None:
+        """Keep KV caches made from now on in ``name`` ("float32", "float16", "bfloat16")
+        where this backend can; one clear sentence where it cannot."""
+        if name != "float32":
+            raise InvalidInputError(f"The {self.name} backend keeps its KV cache in float32, "
+                                    f"not {name}.")
 
     def kv_zeros(self, shape: tuple[int, ...]) -> Any:
         """A zeroed KV cache buffer (KVCache's storage); a backend may store K/V in a

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from inference.backends import cpu_attend as A
 from inference.backends import cpu_idot, cpu_kdot, cpu_raw
 from inference.backends import cpu_kernels as K
 from inference.backends.base import (
@@ -103,6 +104,16 @@ class CpuBackend(NumpyBackend):
         self._blas: Any = None
         self._pool: list[SpinWorker] | None = None
         self._sharing = threading.Lock()  # one share-out at a time has the helper threads
+        self.kv_dtype = np.dtype(np.float32)
+
+    def use_kv_dtype(self, name: str) -> None:
+        if name not in ("float32", "float16"):
+            raise InvalidInputError(f"The cpu backend keeps its KV cache in float32 or "
+                                    f"float16, not {name!r}.")
+        self.kv_dtype = np.dtype(name)
+
+    def kv_zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, self.kv_dtype)
 
     def set_threads(self, n: int) -> None:
         import numba
@@ -611,8 +622,9 @@ class CpuBackend(NumpyBackend):
             c.reserve(layer, k[i:i + 1], int(offsets[i]) + 1)
         kbuf = [c.keys[layer] for c in caches]
         vbuf = [c.values[layer] for c in caches]
-        if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in kbuf + vbuf):
+        if any(a.dtype != self.kv_dtype or not a.flags.c_contiguous for a in kbuf + vbuf):
             return super().attend_rows(q, k, v, caches, layer, **kw)
+        like = np.zeros(1, np.uint16 if self.kv_dtype == np.float16 else np.float32)
         kaddr, vaddr = (np.array([a.ctypes.data for a in bufs], dtype=np.int64)
                         for bufs in (kbuf, vbuf))
         caps = np.array([a.shape[2] for a in kbuf], dtype=np.int64)
@@ -623,7 +635,8 @@ class CpuBackend(NumpyBackend):
 
         def run() -> None:
             cos, sin = self._rope_tables(int(offsets.max()) + 1, d, theta, freq)
-            K.attend_rows(qs, ks, vs, cos, sin, offsets, kaddr, vaddr, caps, scale, qr, out)
+            A.attend_rows(qs, ks, vs, cos, sin, offsets, kaddr, vaddr, caps, scale, qr, out,
+                          like)
 
         run()
         tape = self._tape
@@ -652,13 +665,13 @@ class CpuBackend(NumpyBackend):
         if b == 1 and t == 1 and key_mask is None and causal_offset == s - 1:
             out = np.empty((hq, d), dtype=np.float32)
             qh, kb, vb = self._input(q, (hq, d)), _rows_of(k), _rows_of(v)
-            K.attend_decode(qh, kb[0], vb[0], s, scale, out)
+            A.attend_decode(qh, _bits(kb[0]), _bits(vb[0]), s, scale, out)
             if self._tape is not None:  # the keys up to the replayed position
                 if kb is not k.base or vb is not v.base:
                     raise NotCapturable("attention over keys outside a KV cache buffer")
                 at = self._tape.at(s)
                 self._tape.calls.append(
-                    lambda: K.attend_decode(qh, kb[0], vb[0], at(), scale, out))
+                    lambda: A.attend_decode(qh, _bits(kb[0]), _bits(vb[0]), at(), scale, out))
             return out.reshape(1, hq, 1, d)
         self._untaped("attention over more than one query")
         tiled = tiled_attention(self.attention, q, k, v, scale, causal_offset, key_mask,
@@ -748,11 +761,17 @@ def _rows_of(x: np.ndarray) -> np.ndarray:
     vectorises only over C-contiguous arrays, so the kernel takes the whole buffer and a
     key count. Anything else is copied."""
     base = x.base
-    if (isinstance(base, np.ndarray) and base.flags.c_contiguous and base.dtype == np.float32
+    if (isinstance(base, np.ndarray) and base.flags.c_contiguous and base.dtype == x.dtype
+            and x.dtype in (np.float32, np.float16)
             and base.ndim == 4 and base.shape[:2] == x.shape[:2] and base.shape[3] == x.shape[3]
             and x.strides == base.strides and x.ctypes.data == base.ctypes.data):
         return base
     return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    """A float16 cache buffer as the uint16 bits the kernels read (float32 as it is)."""
+    return x.view(np.uint16) if x.dtype == np.float16 else x
 
 
 def probe() -> tuple[bool, str]:

@@ -177,6 +177,17 @@ def _bits_to_f32(typingctx, v):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
+@intrinsic
+def _f32_to_bits(typingctx, v):  # type: ignore[no-untyped-def]
+    """Reinterpret a float32 as int32 (:func:`_bits_to_f32` backwards)."""
+    sig = types.int32(types.float32)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
 def target_has(feature: str) -> bool:
     """Whether the code numba generates may use ``feature`` as LLVM names it for this
     architecture ("f16c", "avx2" on x86; "dotprod" on ARM): the host's CPU unless
@@ -716,102 +727,6 @@ def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) 
                 b = x[r, i, k + h]
                 out[r, i, k] = a * cos[i, k] - b * sin[i, k]
                 out[r, i, k + h] = b * cos[i, k] + a * sin[i, k]
-
-
-@_jit(parallel=True)
-def attend_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_keys: int, scale: float,
-                  out: np.ndarray) -> None:
-    """One query token per head, seeing the first n_keys keys: q (hq, d), k/v (hk, S, d)
-    C-contiguous (the whole cache buffer; only the first n_keys rows are read).
-    Grouped-query: head h reads kv head h // (hq/hk). Parallel over heads (decode has no
-    BLAS call around it, so the numba pool has the cores to itself)."""
-    hq, d = q.shape
-    group = hq // k.shape[0]
-    scale = _f32(scale)
-    p = np.empty((hq, n_keys), dtype=np.float32)  # one allocation, outside the threads
-    for h in prange(hq):
-        _attend_one(q[h], k[h // group], v[h // group], n_keys, scale, p[h], out[h])
-
-
-@_jit(inline="always")
-def _attend_one(qrow: np.ndarray, k: np.ndarray, v: np.ndarray, n: int, scale: np.float32,
-                ph: np.ndarray, o: np.ndarray) -> None:
-    """o = softmax(scale * k[:n] @ qrow) @ v[:n] for one query row against one kv head's
-    rows (k, v (S, d)); ``ph`` (>= n) holds the scores."""
-    d = qrow.shape[0]
-    m = _f32(-3.0e38)
-    for s in range(n):
-        krow = k[s]
-        acc = _f32(0.0)
-        for c in range(d):
-            acc += qrow[c] * krow[c]
-        acc *= scale
-        ph[s] = acc
-        m = acc if acc > m else m
-    tot = _f32(0.0)
-    for s in range(n):
-        e = _exp(ph[s] - m)
-        ph[s] = e
-        tot += e
-    inv = _f32(1.0) / tot
-    o[:] = 0.0
-    for s in range(n):
-        w = ph[s] * inv
-        vrow = v[s]
-        for c in range(d):
-            o[c] += w * vrow[c]
-
-
-@intrinsic
-def _f32_at(typingctx, addr):  # type: ignore[no-untyped-def]
-    """The float32 buffer at address ``addr`` (int64) as a pointer ``numba.carray`` takes."""
-    sig = types.CPointer(types.float32)(types.int64)
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-
-    return sig, codegen
-
-
-@_jit(parallel=True)
-def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-                offsets: np.ndarray, kaddr: np.ndarray, vaddr: np.ndarray, caps: np.ndarray,
-                scale: float, qr: np.ndarray, out: np.ndarray) -> None:
-    """One decode step of ``b`` sequences, each with its own cache: row i of q (b, hq, d) and
-    k/v (b, hk, d) is sequence i's token at position ``offsets[i]``. NeoX RoPE (tables
-    (P, d/2)) on q and k, k/v written to row ``offsets[i]`` of sequence i's cache buffers
-    (float32 (hk, caps[i], d), C-contiguous, at addresses kaddr[i] / vaddr[i]), then each
-    query attends to its sequence's first offsets[i] + 1 keys; ``qr`` (b * hq, d) holds
-    the rotated queries. A row's arithmetic is that of :func:`rope_rows` and
-    :func:`attend_decode` and does not depend on the other rows."""
-    b, hq, d = q.shape
-    hk = k.shape[1]
-    half = d // 2
-    group = hq // hk
-    scale = _f32(scale)
-    for j in prange(b * hk):  # RoPE on k; k and v into the caches
-        i, kv = j // hk, j % hk
-        pos = offsets[i]
-        kc = numba.carray(_f32_at(kaddr[i]), (hk, caps[i], d))
-        vc = numba.carray(_f32_at(vaddr[i]), (hk, caps[i], d))
-        for c in range(half):
-            a, b2 = k[i, kv, c], k[i, kv, c + half]
-            kc[kv, pos, c] = a * cos[pos, c] - b2 * sin[pos, c]
-            kc[kv, pos, c + half] = b2 * cos[pos, c] + a * sin[pos, c]
-        for c in range(d):
-            vc[kv, pos, c] = v[i, kv, c]
-    p = np.empty((b * hq, offsets.max() + 1), dtype=np.float32)
-    for j in prange(b * hq):
-        i, h = j // hq, j % hq
-        kv, pos = h // group, offsets[i]
-        kc = numba.carray(_f32_at(kaddr[i]), (hk, caps[i], d))
-        vc = numba.carray(_f32_at(vaddr[i]), (hk, caps[i], d))
-        qrow = qr[j]
-        for c in range(half):
-            a, b2 = q[i, h, c], q[i, h, c + half]
-            qrow[c] = a * cos[pos, c] - b2 * sin[pos, c]
-            qrow[c + half] = b2 * cos[pos, c] + a * sin[pos, c]
-        _attend_one(qrow, kc[kv], vc[kv], pos + 1, scale, p[j], out[i, h])
 
 
 # --- encoder / prefill ops --------------------------------------------------------------

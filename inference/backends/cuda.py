@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from inference.backends.base import OPS, Backend, TokenSampler, host_rss
-from inference.errors import BackendUnavailableError
+from inference.errors import BackendUnavailableError, InvalidInputError
 from inference.events import MemorySample
 from inference.formats.quants import dequantize
 from inference.formats.tensor import TensorData
@@ -113,9 +113,7 @@ class CudaBackend(Backend):
         if self.prefill_dtype not in PREFILL_DTYPES:
             raise ValueError("prefill_dtype must be float32, float16 or 'bfloat16', "
                              f"got {prefill_dtype}")
-        self.kv_dtype = ops.KV_BF16 if kv_dtype == "bfloat16" else np.dtype(kv_dtype)
-        if self.kv_dtype not in ops.KV_KERNELS:
-            raise ValueError(f"kv_dtype must be float32, float16 or 'bfloat16', got {kv_dtype}")
+        self.use_kv_dtype(kv_dtype)
         self.xp = self.dev.xp
         self.device = getattr(self.dev, "device_name", self.dev.name)
         # Prefill GEMM inputs, reused by every weight of every layer: "w" the weight in
@@ -310,6 +308,16 @@ class CudaBackend(Backend):
     def zeros(self, shape: tuple[int, ...]) -> Any:
         self._eager_only("a new zero buffer")
         return self.dev.zeros(shape, np.float32)
+
+    def use_kv_dtype(self, name: Any) -> None:
+        try:
+            dtype = ops.KV_BF16 if name == "bfloat16" else np.dtype(name)
+        except TypeError:
+            dtype = None
+        if dtype not in ops.KV_KERNELS:
+            raise InvalidInputError(f"The cuda backend keeps its KV cache in float32, float16 "
+                                    f"or bfloat16, not {name}.")
+        self.kv_dtype = dtype
 
     def kv_zeros(self, shape: tuple[int, ...]) -> Any:
         self._eager_only("a new zero buffer")

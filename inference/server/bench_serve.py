@@ -112,10 +112,11 @@ def _server(argv: list[str], port: int) -> Iterator[tuple[str, str]]:
             proc.wait(timeout=30)
 
 
-def _inferdesk_argv(path: str, backend: str, threads: int, port: int) -> list[str]:
+def _inferdesk_argv(path: str, backend: str, threads: int, port: int,
+                    kv_dtype: str | None = None) -> list[str]:
     return [sys.executable, "-m", "inference.cli", "serve", "--model", path,
             "--backend", backend, "--threads", str(threads), "--port", str(port),
-            "--parallel", str(max(STREAMS))]
+            "--parallel", str(max(STREAMS)), *(["--kv-dtype", kv_dtype] if kv_dtype else [])]
 
 
 def _llama_cpp_argv(path: str, threads: int, port: int) -> list[str] | None:
@@ -141,7 +142,8 @@ def bench_serve(args: Any, out: dict[str, Any]) -> None:
     path = str(resolve(args.llm_model).path)
     out["serve_mode"] = "one server process per side; clients in the bench process"
     port = _free_port()
-    with _server(_inferdesk_argv(path, args.backend, args.threads, port), port) as (url, name):
+    argv = _inferdesk_argv(path, args.backend, args.threads, port, args.kv_dtype)
+    with _server(argv, port) as (url, name):
         # One untimed request per side: JIT compilation, first-touch allocations.
         _stream_times(url, name, prompt, 4)
         out["serve"] = {"inferdesk": measure(url, name, prompt, args.decode_tokens)}

@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import Any
 
+from inference.cli import add_kv_dtype
 from inference.server.scheduler import MAX_PARALLEL
 
 
@@ -14,7 +15,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     key = args.api_key or os.environ.get("INFERDESK_API_KEY") or None
     check_exposure(args.host, key)  # before minutes of loading, not after
-    engine = load_engine(args.model, args.embed_model, args.backend, args.parallel)
+    engine = load_engine(args.model, args.embed_model, args.backend, args.parallel,
+                         args.kv_dtype)
     if args.threads is not None:
         from inference.threads import set_threads
 
@@ -50,6 +52,7 @@ def add_parser(sub: Any, backends: list[str]) -> None:
     s.add_argument("--parallel", type=_parallel, default=4,
                    help=f"chat requests decoded together (1-{MAX_PARALLEL})")
     s.add_argument("--backend", choices=backends, default="auto")
+    add_kv_dtype(s)
     s.add_argument("--threads", type=_threads,
                    help="compute threads (BLAS and the cpu kernels; default: every core)")
     s.set_defaults(func=cmd_serve)

@@ -30,7 +30,7 @@ def check_exposure(host: str, api_key: str | None) -> None:
 
 
 def load_engine(model: str | None, embed_model: str | None, backend: str = "auto",
-                parallel: int = 4) -> Engine:
+                parallel: int = 4, kv_dtype: str | None = None) -> Engine:
     """Load the named chat model and/or encoder and start their batching threads."""
     from inference.api import load_model
     from inference.remote import is_url
@@ -45,7 +45,7 @@ def load_engine(model: str | None, embed_model: str | None, backend: str = "auto
     for name, want in ((model, "causal"), (embed_model, "encoder")):
         if not name:
             continue
-        m = load_model(name, backend=backend)
+        m = load_model(name, backend=backend, kv_dtype=kv_dtype if want == "causal" else None)
         if m.kind != want:
             flag, what = ("--model", "a chat") if want == "causal" else (
                 "--embed-model", "an embedding")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from inference.backends.cuda import CudaBackend
+from inference.errors import InvalidInputError
 from inference.generate import generate_step
 from inference.models import llama
 from inference.sampling import SamplingParams
@@ -91,7 +92,7 @@ def test_captured_row_write_rounds_like_the_eager_write() -> None:
 def test_bfloat16_is_a_mode_not_the_default() -> None:
     assert CudaBackend(EmulatedDevice()).kv_dtype == np.float16
     assert CudaBackend(EmulatedDevice(), kv_dtype="bfloat16").kv_dtype == BF16
-    with pytest.raises(ValueError, match="float32, float16 or 'bfloat16'"):
+    with pytest.raises(InvalidInputError, match="float32, float16 or bfloat16, not"):
         CudaBackend(EmulatedDevice(), kv_dtype=np.int8)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from inference.backends.cuda import CudaBackend
+from inference.errors import InvalidInputError
 from inference.generate import generate_step
 from inference.models import llama
 from inference.sampling import SamplingParams
@@ -78,7 +79,7 @@ def test_half_cache_halves_the_attention_bytes() -> None:
 
 def test_half_is_the_default_and_other_cache_types_are_refused() -> None:
     assert CudaBackend(EmulatedDevice()).kv_dtype == np.float16  # chosen by the parity below
-    with pytest.raises(ValueError, match="float32, float16 or"):
+    with pytest.raises(InvalidInputError, match="float32, float16 or bfloat16, not"):
         CudaBackend(EmulatedDevice(), kv_dtype=np.int8)
 
 
