@@ -32,6 +32,8 @@ from gui.settings import CONTEXT_RANGE, Settings
 from gui.theme import icon
 from gui.worker import BackendInfo, LoadedInfo, WorkerHandle
 
+# The KV cache types a user may ask for: (label, load_model's kv_dtype; "" the backend's own).
+KV_CHOICES = (("backend default", ""), ("float32", "float32"), ("float16", "float16"))
 COLUMNS = ("Name", "Kind", "Format", "Architecture", "Context", "Quant", "Params",
            "File size", "Est. memory", "Fits", "Source")
 MODEL_FILTER = "Model files (*.gguf *.safetensors);;All files (*)"
@@ -75,16 +77,6 @@ class ModelPicker(QWidget):
         self.backend_combo.addItem("auto", "auto")
         self.backend_combo.currentIndexChanged.connect(self._on_backend_changed)
         top.addWidget(self.backend_combo)
-        top.addWidget(QLabel("Context:"))
-        self.context_box = QSpinBox()
-        self.context_box.setRange(*CONTEXT_RANGE)
-        self.context_box.setSingleStep(1024)
-        self.context_box.setSuffix(" tokens")
-        self.context_box.setToolTip("Tokens a chat may hold (its KV cache is sized for this; "
-                                    "capped at each model's own context)")
-        self.context_box.setValue(self.context())
-        self.context_box.valueChanged.connect(self._on_context_changed)
-        top.addWidget(self.context_box)
         self.backend_note = QLabel("")
         self.backend_note.setObjectName("Hint")
         self.backend_note.setWordWrap(True)
@@ -102,6 +94,30 @@ class ModelPicker(QWidget):
         top.addWidget(self.connect_button)
         top.addWidget(self.refresh_button)
         layout.addLayout(top)
+        opts = QHBoxLayout()  # what a load sizes: its own row, so the window fits 800 px
+        opts.addWidget(QLabel("Context:"))
+        self.context_box = QSpinBox()
+        self.context_box.setRange(*CONTEXT_RANGE)
+        self.context_box.setSingleStep(1024)
+        self.context_box.setSuffix(" tokens")
+        self.context_box.setToolTip("Tokens a chat may hold (its KV cache is sized for this; "
+                                    "capped at each model's own context)")
+        self.context_box.setValue(self.context())
+        self.context_box.valueChanged.connect(self._on_context_changed)
+        opts.addWidget(self.context_box)
+        opts.addWidget(QLabel("KV cache:"))
+        self.kv_combo = QComboBox()
+        for label, value in KV_CHOICES:
+            self.kv_combo.addItem(label, value)
+        self.kv_combo.setToolTip("The element type of a chat's KV cache. float16 holds it in "
+                                 "half the memory and reads half the bytes per token "
+                                 "(cpu and cuda); backends without it say so at load")
+        self.kv_combo.setCurrentIndex(max(0, self.kv_combo.findData(
+            self.settings.get("models/kv_dtype", "", str))))
+        self.kv_combo.currentIndexChanged.connect(self._on_kv_changed)
+        opts.addWidget(self.kv_combo)
+        opts.addStretch(1)
+        layout.addLayout(opts)
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -172,6 +188,15 @@ class ModelPicker(QWidget):
     def context(self) -> int:
         return self.settings.context()
 
+    def kv_dtype(self) -> str:
+        """The KV cache type chosen ("": the backend's own)."""
+        return self.kv_combo.currentData() or ""
+
+    def _on_kv_changed(self, *_: object) -> None:
+        self.settings.set("models/kv_dtype", self.kv_dtype())
+        self.estimates = {}
+        self.request_estimates()
+
     def _on_context_changed(self, value: int) -> None:
         self.settings.set("models/context", int(value))
         self.context_changed.emit(int(value))
@@ -180,10 +205,10 @@ class ModelPicker(QWidget):
     def request_estimates(self) -> None:
         """Estimates for the chosen backend and context (computed by the worker)."""
         if self.specs:
-            self.handle.estimate(self.specs, self.backend(), self.context())
+            self.handle.estimate(self.specs, self.backend(), self.context(), self.kv_dtype())
 
-    def _on_estimated(self, backend: str, context: int, estimates: dict) -> None:
-        if backend != self.backend() or context != self.context():
+    def _on_estimated(self, backend: str, context: int, kv_dtype: str, estimates: dict) -> None:
+        if (backend, context, kv_dtype) != (self.backend(), self.context(), self.kv_dtype()):
             return  # an answer to an earlier choice
         self.estimates = estimates
         col = COLUMNS.index("Est. memory")
@@ -208,7 +233,7 @@ class ModelPicker(QWidget):
 
     def load(self, target: Any) -> None:
         """Load a ModelSpec, a model name or a path on the chosen backend."""
-        self.handle.load(target, self.backend())
+        self.handle.load(target, self.backend(), self.kv_dtype())
 
     def selected_spec(self) -> Any | None:
         row = self.table.currentRow()

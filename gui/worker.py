@@ -122,7 +122,8 @@ class Worker(QObject):
     load_progress = Signal(int, int)  # weight bytes converted, total
     loaded = Signal(object)  # LoadedInfo
     unloaded = Signal(str)  # kind
-    estimated = Signal(str, int, dict)  # backend asked for, context, {path: MemoryEstimate}
+    # backend asked for, context, KV cache type asked for ("": the backend's), {path: estimate}
+    estimated = Signal(str, int, str, dict)
     remote_listed = Signal(str, list)  # server URL, list[inference.remote.RemoteModel]
     planned = Signal(object)  # gui.context_fit.Fitted: what the model is sent
     measured = Signal(int, int)  # prompt tokens of a conversation, the context it may use
@@ -215,8 +216,10 @@ class Worker(QObject):
 
         self._run("probe", job)
 
-    @Slot(object, str, object)
-    def load(self, target: Any, backend: str, cancel: threading.Event) -> None:
+    @Slot(object, str, str, object)
+    def load(self, target: Any, backend: str, kv_dtype: str, cancel: threading.Event) -> None:
+        """Load ``target`` on ``backend`` with its KV cache in ``kv_dtype`` ("": the
+        backend's own); a backend without that type refuses in one sentence."""
         def job() -> None:
             import inference
             from inference.backends.base import host_rss
@@ -232,7 +235,8 @@ class Worker(QObject):
             else:
                 # Cancel stops the load between tensors (CancelledError -> cancelled).
                 model = inference.load_model(target, backend=backend, cancel=cancel,
-                                             progress=self.load_progress.emit)
+                                             progress=self.load_progress.emit,
+                                             kv_dtype=kv_dtype or None)
             old = self.models.pop(model.kind, None)
             if old is not None:
                 old.close()
@@ -264,10 +268,11 @@ class Worker(QObject):
 
         self._run("connect", job)
 
-    @Slot(list, str, int)
-    def estimate(self, specs: list, backend: str, context: int) -> None:
+    @Slot(list, str, int, str)
+    def estimate(self, specs: list, backend: str, context: int, kv_dtype: str = "") -> None:
         """Memory each model would take on ``backend`` ("auto": the one the engine would
-        pick for it) with a KV cache of ``context`` tokens. Quiet, like :meth:`measure`."""
+        pick for it) with a KV cache of ``context`` tokens in ``kv_dtype`` ("": the
+        backend's own). Quiet, like :meth:`measure`."""
         from inference.backends import select_backend
         from inference.memory_estimate import estimate
         from inference.models import architecture
@@ -278,10 +283,12 @@ class Worker(QObject):
                 mod = architecture(spec.architecture, spec.path.name)
                 B, _ = select_backend(backend, mod.REQUIRED_OPS, set(spec.quant_types),
                                       spec.architecture)
+                if kv_dtype:
+                    B.use_kv_dtype(kv_dtype)
                 out[str(spec.path)] = estimate(spec, B, context or None)
             except Exception:  # noqa: BLE001 - the stored allowance stays shown
                 log.debug("estimate failed for %s", spec.path, exc_info=True)
-        self.estimated.emit(backend, context, out)
+        self.estimated.emit(backend, context, kv_dtype, out)
 
     @Slot(str)
     def unload(self, kind: str) -> None:
@@ -472,11 +479,11 @@ class WorkerHandle(QObject):
     # Requests (queued into the worker's thread).
     _discover = Signal(list)
     _probe = Signal()
-    _load = Signal(object, str, object)
+    _load = Signal(object, str, str, object)
     _unload = Signal(str)
     _generate = Signal(object)
     _measure = Signal(list, int, str)
-    _estimate = Signal(list, str, int)
+    _estimate = Signal(list, str, int, str)
     _list_remote = Signal(str, str)
     _embed = Signal(list, int, object)
     _query = Signal(str, int)
@@ -494,7 +501,7 @@ class WorkerHandle(QObject):
     load_progress = Signal(int, int)
     loaded = Signal(object)
     unloaded = Signal(str)
-    estimated = Signal(str, int, dict)
+    estimated = Signal(str, int, str, dict)
     remote_listed = Signal(str, list)
     planned = Signal(object)
     measured = Signal(int, int)
@@ -550,8 +557,8 @@ class WorkerHandle(QObject):
     def probe(self) -> None:
         self._probe.emit()
 
-    def load(self, target: Any, backend: str = "auto") -> None:
-        self._load.emit(target, backend, self._event("load"))
+    def load(self, target: Any, backend: str = "auto", kv_dtype: str = "") -> None:
+        self._load.emit(target, backend, kv_dtype, self._event("load"))
 
     def unload(self, kind: str) -> None:
         self._unload.emit(kind)
@@ -564,8 +571,8 @@ class WorkerHandle(QObject):
         self._cancels["generate"] = req.cancel
         self._generate.emit(req)
 
-    def estimate(self, specs: list, backend: str, context: int) -> None:
-        self._estimate.emit(list(specs), backend, int(context))
+    def estimate(self, specs: list, backend: str, context: int, kv_dtype: str = "") -> None:
+        self._estimate.emit(list(specs), backend, int(context), kv_dtype)
 
     def measure(self, messages: list[dict], limit: int | None, policy: str) -> None:
         self._measure.emit(list(messages), int(limit or 0), policy)

@@ -135,7 +135,7 @@ def test_the_picker_passes_the_users_context(make_window, qtbot) -> None:
     p = w.picker
     wait_until(lambda: bool(p.specs) and p.backend_infos, 60_000, "models and backends")
     with qtbot.waitSignal(w.handle.estimated, timeout=120_000,
-                          check_params_cb=lambda _b, c, _e: c == 2048):
+                          check_params_cb=lambda _b, c, _k, _e: c == 2048):
         p.context_box.setValue(2048)
     assert w.settings.context() == 2048
     row = next(r for r, s in enumerate(p.specs) if s.kind == "causal")
