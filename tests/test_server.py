@@ -20,11 +20,16 @@ from tests.server_support import alone, client, engine, server  # noqa: F401
 HI = [{"role": "user", "content": "Say hello to Paris."}]
 
 
-def _wait_idle(engine, timeout=120.0):  # noqa: F811
+def _wait_load(engine, want, timeout=120.0):  # noqa: F811
+    """The scheduler's (running, waiting) once it reads ``want``, or at the deadline."""
     deadline = time.monotonic() + timeout
-    while engine.scheduler.load() != (0, 0) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while engine.scheduler.load() != want and time.monotonic() < deadline:
+        time.sleep(0.02)
     return engine.scheduler.load()
+
+
+def _wait_idle(engine, timeout=120.0):  # noqa: F811
+    return _wait_load(engine, (0, 0), timeout)
 
 
 def test_models_and_health(client, engine, server):  # noqa: F811
@@ -296,12 +301,11 @@ def test_queue_full_is_429(engine, monkeypatch):  # noqa: F811
     try:
         with httpx.Client(timeout=300) as c, \
                 c.stream("POST", f"{srv.url}/chat/completions", json=body) as first:
-            next(first.iter_lines())  # running
+            next(first.iter_lines())  # its stream has begun: submitted, maybe not yet running
+            _wait_load(small, (1, 0))  # running (the scheduler thread may lag on a busy box)
             with c.stream("POST", f"{srv.url}/chat/completions", json=body) as second:
                 assert second.status_code == 200  # waiting
-                deadline = time.monotonic() + 60
-                while small.scheduler.load() != (1, 1) and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                _wait_load(small, (1, 1))
                 third = httpx.post(f"{srv.url}/chat/completions", json={**body, "stream": False})
                 assert third.status_code == 429
                 assert third.json()["error"]["code"] == "queue_full"
