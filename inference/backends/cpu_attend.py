@@ -10,13 +10,11 @@ F16C), writes round to nearest even through :func:`half_bits`, the rounding NumP
 Each query's scores, softmax and weighted sum are :func:`_attend_one`'s arithmetic
 whatever else runs in the call (the server's batching relies on a row not depending on
 the other rows). Scores and the weighted sum go four keys at a time: one pass over q
-serves four key rows, and the output row is read and written once per four value rows.
-One key at a time the loops were bound by a horizontal add and a store of ``o`` per key:
-scores 6.0 vs 3.9 ns a key, weighted sum 7.2 vs 3.7 (SmolLM2's 9 heads of 64 over 230
-cached keys, Intel Xeon, 1 thread, cache-resident). From memory, decode attention reads
-the cache at about the machine's bandwidth either way; a float16 cache reads half the
-bytes (30 layers, 2 threads: 3.3 -> 2.4-2.5 ms a token at 1,000 keys, 11.6 -> 9.0 ms for
-8 sequences at 415).
+serves four key rows, and the output row is read and written once per four value rows
+(one key at a time, each key ended in a horizontal add and a store of ``o``). From memory,
+decode attention reads a float32 cache at about the machine's bandwidth; a float16 cache
+reads half the bytes (docs/cpu-backend.md, "Decode attention";
+``scripts/bench_decode_attention.py``).
 """
 
 from __future__ import annotations
