@@ -120,14 +120,16 @@ def smollm2_half():
     return load_model("SmolLM2-135M-Instruct.Q4_1", backend="cpu", kv_dtype="float16")
 
 
-@pytest.mark.parametrize("name", ["chat", "code"])
-def test_smollm2_with_a_half_cache_keeps_the_parity_bars(smollm2_half, name):
-    text = g.load_smollm2()["texts"][name]
+def test_smollm2_with_a_half_cache_keeps_the_parity_bars(smollm2_half):
+    # One golden text, decoded over its first 96 tokens (the suite's time); every text and
+    # token: scripts/kv_cache_parity.py.
+    text = g.load_smollm2()["texts"]["chat"]
     ids = [int(i) for i in text["ids"]]
+    head = {k: text[k][:96] for k in ("top_ids", "top_logp")}
     assert smollm2_half.model.make_cache(4).B.kv_dtype == np.float16
-    for path, logits in (("prefill", smollm2_half.logits(ids)),
-                         ("decode", decode_logits(smollm2_half, ids))):
-        agree, dlogp = g.smollm2_agreement(text, logits)
+    for path, golden, logits in (("prefill", text, smollm2_half.logits(ids)),
+                                 ("decode", head, decode_logits(smollm2_half, ids[:96]))):
+        agree, dlogp = g.smollm2_agreement(golden, logits)
         assert agree >= g.SMOLLM2_MIN_TOP1_AGREEMENT, (path, agree)
         assert dlogp <= g.SMOLLM2_MAX_MEAN_ABS_DLOGP_TOP1, (path, dlogp)
 
