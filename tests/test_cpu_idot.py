@@ -104,12 +104,13 @@ def test_integer_matvec_multiplies_the_quantized_activations(ci, qtype):
 def test_one_call_linear_is_bitwise_the_two_calls(ci, qtype):
     """An uncaptured decode linear quantizes inside its one numba call (``linear_q4`` /
     ``linear_q8``); a captured step replays ``quantize_call``'s fill, then the kernel. Both
-    must give the same bits, for one row, a pair, and pairs with an odd row."""
+    must give the same bits, for every batch size a decode step takes (1-8 rows: each mix
+    of row groups)."""
     from inference.backends import cpu_kernels as K
 
     w = ci.weight(_weight(qtype))
-    x = np.random.default_rng(2).standard_normal((5, 512)).astype(np.float32) * 3
-    for rows in (1, 2, 5):
+    x = np.random.default_rng(2).standard_normal((8, 512)).astype(np.float32) * 3
+    for rows in range(1, 9):
         one, two = (np.empty((rows, len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
                     for _ in range(2))
         ci._matvec_into(x[:rows], w, one)
