@@ -391,9 +391,21 @@ def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Valu
     return builder.add(acc, builder.call(madd, [words, x]))
 
 
+def _chains(nrows: int) -> int:
+    """Accumulators per 16 output lanes of a row: ``vpdpwssd`` waits 5 cycles for its
+    accumulator, so one chain through a block's 16 multiply-adds would hold one or two
+    rows to its latency; 4 and more rows have chains enough side by side."""
+    return max(1, 4 // nrows)
+
+
 def _wide_store(context, builder, oty, oarr, offset, acc):  # type: ignore[no-untyped-def]
-    """Two int32 vectors of 16 lanes -> ``out[offset:offset + 32]`` (a constant offset)."""
-    for e, vec in enumerate(acc):
+    """A row's accumulators (``_chains`` for lanes 0-15, then as many for 16-31), summed,
+    -> ``out[offset:offset + 32]`` (a constant offset). Integer adds: exact in any order."""
+    k = len(acc) // 2
+    for e in range(2):
+        vec = acc[k * e]
+        for part in acc[k * e + 1:k * (e + 1)]:
+            vec = builder.add(vec, part)
         ptr = _item_ptr(context, builder, oty, oarr, [ir.Constant(_i64, offset + 16 * e)])
         builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
 
@@ -415,7 +427,8 @@ def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
             m15, four, one = (ir.Constant(v64i8, [c] * 64) for c in (15, 4, 1))
             blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
             rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
-            acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]  # lanes 0-15, 16-31
+            k = _chains(nrows)  # a row's accumulators: k for lanes 0-15, k for 16-31
+            acc = [[ir.Constant(v16i32, [0] * 16)] * (2 * k) for _ in rows]
             if five:  # bit 4 of codes (2p, 2p+1) and (2p+16, 2p+17), paired as the codes
                 el, ol, eh, oh = _block_rows(context, builder, cty, carr, blk, (16, 17, 18, 19),
                                              v32i8)
@@ -434,11 +447,12 @@ def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
                             (lo, hi), tops, strict=True))
                 for c, codes_ in enumerate((lo, hi)):  # codes 2p.. and 2p+16..
                     words = _wide_words(builder, codes_, signed=False)
+                    j = (2 * p + c) % k  # the chain this step adds to
                     for a, rw in zip(acc, rows, strict=True):
                         x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0,
                                                        p + 8 * c), 16)
-                        a[0] = _wide_madd(builder, a[0], words[0], x)
-                        a[1] = _wide_madd(builder, a[1], words[1], x)
+                        a[j] = _wide_madd(builder, a[j], words[0], x)
+                        a[k + j] = _wide_madd(builder, a[k + j], words[1], x)
             for r, a in enumerate(acc):
                 _wide_store(context, builder, oty, oarr, 2 * K.LANES * r, a)
             return context.get_dummy_value()
@@ -464,16 +478,18 @@ def _make_wide_dot8(nrows: int):  # type: ignore[no-untyped-def]
             blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
             rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
             for half in range(2):  # codes 0-15, then 16-31
-                acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]
+                k = _chains(nrows)
+                acc = [[ir.Constant(v16i32, [0] * 16)] * (2 * k) for _ in rows]
                 for p in range(8 * half, 8 * half + 8):
                     r0, r1 = _block_rows(context, builder, cty, carr, blk,
                                          (2 * p, 2 * p + 1), v32i8)
                     words = _wide_words(builder, builder.shuffle_vector(r0, r1, pairs), signed)
+                    j = p % k
                     for a, rw in zip(acc, rows, strict=True):
                         x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0, p),
                                         16)
-                        a[0] = _wide_madd(builder, a[0], words[0], x)
-                        a[1] = _wide_madd(builder, a[1], words[1], x)
+                        a[j] = _wide_madd(builder, a[j], words[0], x)
+                        a[k + j] = _wide_madd(builder, a[k + j], words[1], x)
                 for r, a in enumerate(acc):
                     _wide_store(context, builder, oty, oarr, 2 * K.LANES * r + half * K.LANES, a)
             return context.get_dummy_value()
@@ -526,11 +542,12 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
         isum = np.empty(2 * nl, dtype=np.int32)
+        pair = np.empty((2, nl), dtype=np.float32)
         accs = np.empty((ROW_GROUP, nl), dtype=np.float32)
         sums = np.empty(2 * ROW_GROUP * nl, dtype=np.int32)
         i = 0
-        while rows - i >= 2:  # groups of 8, 4 (AVX-512), then a pair
-            n = min(ROW_GROUP, 8 if rows - i >= 8 else (4 if rows - i >= 4 else 2))
+        while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
+            n = 8 if rows - i >= 8 else 4
             accs[:n] = 0.0
             for g in range(groups):
                 blk = t * groups + g
@@ -538,10 +555,8 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
                 if n == 8:
                     _dot4x8(codes, blk, xp, i, g * 16, sums, high)
-                elif n == 4:
-                    _dot4x4(codes, blk, xp, i, g * 16, sums, high)
                 else:
-                    _dot4x2(codes, blk, xp, i, g * 16, sums, high)
+                    _dot4x4(codes, blk, xp, i, g * 16, sums, high)
                 for r in range(n):
                     o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
                     if kind == K.AFFINE_F16:
@@ -559,6 +574,30 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                             accs[r, lane] += sg[lane] * (d * _f32(sums[o + lane]) - zx)
             out[i:i + n, t * K.LANES:(t + 1) * K.LANES] = accs[:n]
             i += n
+        while rows - i >= 2:  # pairs (a loop of their own, see above)
+            pair[:] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                _dot4x2(codes, blk, xp, i, g * 16, sums, high)
+                for r in range(2):
+                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
+                    if kind == K.AFFINE_F16:
+                        h = halves[blk, c]
+                        for lane in range(nl):
+                            pair[r, lane] += (K._half(h[lane]) * (d * _f32(sums[o + lane]))
+                                              + K._half(h[nl + lane]) * xsum)
+                    elif kind == K.AFFINE:
+                        sg, zg = blocks[blk, c], blocks[blk, c + 1]
+                        for lane in range(nl):
+                            pair[r, lane] += sg[lane] * (d * _f32(sums[o + lane])) + zg[lane] * xsum
+                    else:
+                        sg, zx = blocks[blk, c], _f32(zero) * xsum
+                        for lane in range(nl):
+                            pair[r, lane] += sg[lane] * (d * _f32(sums[o + lane]) - zx)
+            out[i:i + 2, t * K.LANES:(t + 1) * K.LANES] = pair
+            i += 2
         if i < rows:
             acc[:] = 0.0
             for g in range(groups):
@@ -597,11 +636,12 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
         isum = np.empty(2 * nl, dtype=np.int32)
+        pair = np.empty((2, nl), dtype=np.float32)
         accs = np.empty((ROW_GROUP, nl), dtype=np.float32)
         sums = np.empty(2 * ROW_GROUP * nl, dtype=np.int32)
         i = 0
-        while rows - i >= 2:  # groups of 8, 4 (AVX-512), then a pair
-            n = min(ROW_GROUP, 8 if rows - i >= 8 else (4 if rows - i >= 4 else 2))
+        while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
+            n = 8 if rows - i >= 8 else 4
             accs[:n] = 0.0
             for g in range(groups):
                 blk = t * groups + g
@@ -609,10 +649,8 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
                 if n == 8:
                     _dot8x8(codes, blk, xp, i, g * 16, sums)
-                elif n == 4:
-                    _dot8x4(codes, blk, xp, i, g * 16, sums)
                 else:
-                    _dot8x2(codes, blk, xp, i, g * 16, sums)
+                    _dot8x4(codes, blk, xp, i, g * 16, sums)
                 cb = codes[blk]
                 for r in range(n):
                     o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
@@ -641,6 +679,41 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                                 d * _f32(sums[o + lane] + sums[o + nl + lane]) - zx)
             out[i:i + n, t * K.LANES:(t + 1) * K.LANES] = accs[:n]
             i += n
+        while rows - i >= 2:  # pairs (a loop of their own, see above)
+            pair[:] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                _dot8x2(codes, blk, xp, i, g * 16, sums)
+                cb = codes[blk]
+                for r in range(2):
+                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
+                    if kind == K.SUB16:
+                        h = halves[blk, 8]
+                        for lane in range(nl):
+                            pair[r, lane] += (K._half(h[nl + lane]) * d) * (
+                                _f32(np.int32(cb[32, lane])) * _f32(sums[o + lane])
+                                + _f32(np.int32(cb[33, lane])) * _f32(sums[o + nl + lane]))
+                    elif kind == K.AFFINE_F16:
+                        h = halves[blk, 8]
+                        for lane in range(nl):
+                            pair[r, lane] += (
+                                K._half(h[lane]) * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
+                                + K._half(h[nl + lane]) * xsum)
+                    elif kind == K.AFFINE:
+                        sg, zg = blocks[blk, 8], blocks[blk, 9]
+                        for lane in range(nl):
+                            pair[r, lane] += (
+                                sg[lane] * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
+                                + zg[lane] * xsum)
+                    else:
+                        sg, zx = blocks[blk, 8], _f32(zero) * xsum
+                        for lane in range(nl):
+                            pair[r, lane] += sg[lane] * (
+                                d * _f32(sums[o + lane] + sums[o + nl + lane]) - zx)
+            out[i:i + 2, t * K.LANES:(t + 1) * K.LANES] = pair
+            i += 2
         if i < rows:
             acc[:] = 0.0
             for g in range(groups):
