@@ -3,8 +3,8 @@
 bit for bit, for 4-bit, 5-bit (plane of high bits) and 8-bit (signed and unsigned) codes,
 int16 and int8 activations, the row groups the kernels take (1, 2, 4, 8 rows sharing one
 unpacking of the codes). The kernels take whichever form the CPU has; this checks the other
-one too where the CPU can run both, and the 512-bit form's multiply-adds both ways: one
-``vpdpwssd`` (VNNI) and ``vpmaddwd`` + ``vpaddd``."""
+one too where the CPU can run both, and the 512-bit form's multiply-adds of 4 and 8 rows
+both ways: one ``vpdpwssd`` (VNNI, inline asm) and ``vpmaddwd`` + ``vpaddd``."""
 
 from __future__ import annotations
 

@@ -42,6 +42,12 @@ lanes in one register, half the multiply-adds; bitwise the same results. Measure
 Intel Xeon (AVX-512), SmolLM2's Q4_1 shapes, against the AVX2 form: one row 1.06-1.21x,
 pairs of rows (the server's batches) 1.3-1.7x (docs/cpu-backend.md).
 
+Activation rows (a batched decode step's sequences) share each unpacking of a block's
+codes: on AVX-512 in groups of 8, then 4, then a pair, then a single row; on AVX2 in
+pairs, then a single row (:data:`ROW_GROUP`). With VNNI a group's multiply-adds are
+each one ``vpdpwssd`` (:func:`_wide_madd`), without which the groups gain nothing. A
+row's result is the same bits in any group.
+
 Other CPUs (no AVX2, ARM, NUMBA_CPU_NAME=generic) keep the float kernels.
 """
 
@@ -375,15 +381,17 @@ def _vnni() -> bool:
     return True
 
 
-def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value) -> ir.Value:
-    """``acc + vpmaddwd(words, x)`` (16 int32 lanes): one ``vpdpwssd`` where the target has
-    VNNI, as inline asm. From the intrinsic LLVM (22) splits it back into ``vpmaddwd`` +
-    ``vpaddd`` to shorten each accumulator's chain: right for one or two rows, but at 4
-    and 8 rows the loop is bound by its vector ops and the split adds one per multiply-add
-    (4 rows sharing the codes then ran no faster than two pairs). Same sums either way:
-    both add modulo 2**32 (and these sums never wrap)."""
+def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value,
+               nrows: int) -> ir.Value:
+    """``acc + vpmaddwd(words, x)`` (16 int32 lanes) in a block of ``nrows`` rows: for 4
+    and more, one ``vpdpwssd`` where the target has VNNI, as inline asm. From the
+    intrinsic LLVM (22) splits it back into ``vpmaddwd`` + ``vpaddd`` to shorten each
+    accumulator's chain, which the one- and two-row blocks keep (their chains are few);
+    but with 4 rows or more the loop is bound by its vector ops, the split adds one per
+    multiply-add, and 4 rows sharing the codes then ran no faster than two pairs. Same
+    sums either way: both add modulo 2**32 (and these sums never wrap)."""
     v32i16, v16i32 = ir.VectorType(_i16, 32), ir.VectorType(_i32, 16)
-    if _vnni():
+    if nrows >= 4 and _vnni():
         ty = ir.FunctionType(v16i32, [v16i32, v32i16, v32i16])
         return builder.asm(ty, "vpdpwssd $3, $2, $0", "=v,0,v,v", [acc, words, x], False)
     madd = cgutils.get_or_insert_function(
@@ -391,21 +399,9 @@ def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Valu
     return builder.add(acc, builder.call(madd, [words, x]))
 
 
-def _chains(nrows: int) -> int:
-    """Accumulators per 16 output lanes of a row: ``vpdpwssd`` waits 5 cycles for its
-    accumulator, so one chain through a block's 16 multiply-adds would hold one or two
-    rows to its latency; 4 and more rows have chains enough side by side."""
-    return max(1, 4 // nrows)
-
-
 def _wide_store(context, builder, oty, oarr, offset, acc):  # type: ignore[no-untyped-def]
-    """A row's accumulators (``_chains`` for lanes 0-15, then as many for 16-31), summed,
-    -> ``out[offset:offset + 32]`` (a constant offset). Integer adds: exact in any order."""
-    k = len(acc) // 2
-    for e in range(2):
-        vec = acc[k * e]
-        for part in acc[k * e + 1:k * (e + 1)]:
-            vec = builder.add(vec, part)
+    """Two int32 vectors of 16 lanes -> ``out[offset:offset + 32]`` (a constant offset)."""
+    for e, vec in enumerate(acc):
         ptr = _item_ptr(context, builder, oty, oarr, [ir.Constant(_i64, offset + 16 * e)])
         builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
 
@@ -427,8 +423,7 @@ def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
             m15, four, one = (ir.Constant(v64i8, [c] * 64) for c in (15, 4, 1))
             blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
             rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
-            k = _chains(nrows)  # a row's accumulators: k for lanes 0-15, k for 16-31
-            acc = [[ir.Constant(v16i32, [0] * 16)] * (2 * k) for _ in rows]
+            acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]  # lanes 0-15, 16-31
             if five:  # bit 4 of codes (2p, 2p+1) and (2p+16, 2p+17), paired as the codes
                 el, ol, eh, oh = _block_rows(context, builder, cty, carr, blk, (16, 17, 18, 19),
                                              v32i8)
@@ -447,12 +442,11 @@ def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
                             (lo, hi), tops, strict=True))
                 for c, codes_ in enumerate((lo, hi)):  # codes 2p.. and 2p+16..
                     words = _wide_words(builder, codes_, signed=False)
-                    j = (2 * p + c) % k  # the chain this step adds to
                     for a, rw in zip(acc, rows, strict=True):
                         x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0,
                                                        p + 8 * c), 16)
-                        a[j] = _wide_madd(builder, a[j], words[0], x)
-                        a[k + j] = _wide_madd(builder, a[k + j], words[1], x)
+                        a[0] = _wide_madd(builder, a[0], words[0], x, nrows)
+                        a[1] = _wide_madd(builder, a[1], words[1], x, nrows)
             for r, a in enumerate(acc):
                 _wide_store(context, builder, oty, oarr, 2 * K.LANES * r, a)
             return context.get_dummy_value()
@@ -478,18 +472,16 @@ def _make_wide_dot8(nrows: int):  # type: ignore[no-untyped-def]
             blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
             rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
             for half in range(2):  # codes 0-15, then 16-31
-                k = _chains(nrows)
-                acc = [[ir.Constant(v16i32, [0] * 16)] * (2 * k) for _ in rows]
+                acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]
                 for p in range(8 * half, 8 * half + 8):
                     r0, r1 = _block_rows(context, builder, cty, carr, blk,
                                          (2 * p, 2 * p + 1), v32i8)
                     words = _wide_words(builder, builder.shuffle_vector(r0, r1, pairs), signed)
-                    j = p % k
                     for a, rw in zip(acc, rows, strict=True):
                         x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0, p),
                                         16)
-                        a[j] = _wide_madd(builder, a[j], words[0], x)
-                        a[k + j] = _wide_madd(builder, a[k + j], words[1], x)
+                        a[0] = _wide_madd(builder, a[0], words[0], x, nrows)
+                        a[1] = _wide_madd(builder, a[1], words[1], x, nrows)
                 for r, a in enumerate(acc):
                     _wide_store(context, builder, oty, oarr, 2 * K.LANES * r + half * K.LANES, a)
             return context.get_dummy_value()
@@ -509,19 +501,23 @@ def wide() -> bool:
 # single row. AVX2's 16 registers hold two rows' 8 accumulators; 4 rows were measured
 # slower (docs/cpu-backend.md). AVX-512's 32 hold 8 rows' 16 without spilling (read off
 # the compiled kernels), and there the unpacking costs about what a row's multiply-adds
-# do, so pairs would unpack 4 times at 8 rows.
+# do with VNNI, so pairs would unpack 4 times at 8 rows.
 ROW_GROUP = 8 if wide() else 2  # the largest group
 _make4, _make8 = (_make_wide_dot4, _make_wide_dot8) if wide() else (_make_dot4, _make_dot8)
 _dot4, _dot4x2 = _make4(1), _make4(2)
 _dot8, _dot8x2 = _make8(1), _make8(2)
-# AVX2 never takes the groups of 4 and 8 (``n <= ROW_GROUP``): their names hold the pairs'.
+# AVX2 never runs the groups' loop (ROW_GROUP < 4): their names hold the pairs'.
 _dot4x4, _dot4x8 = (_make4(4), _make4(8)) if ROW_GROUP == 8 else (_dot4x2, _dot4x2)
 _dot8x4, _dot8x8 = (_make8(4), _make8(8)) if ROW_GROUP == 8 else (_dot8x2, _dot8x2)
-# The float tails (integer sums -> float, times the scales) are written out twice in each
-# kernel, once for a group or pair and once for the single row: as one shared inline
-# function the one-row kernel ran at 0.8x (measured, numba 0.68). They compile without
-# FMA contraction or reassociation, so every copy computes the same bits for a row, alone,
-# in a pair or in a group (the server's batching relies on it).
+# Each kernel has three loops, groups of 8/4, pairs, the single row, each with the float
+# tail (integer sums -> float, times the scales) written out: pairs in the groups' loop
+# ran up to 10% slower at B=2 (the loop then holds three inlined dots; in a loop of their
+# own they still run 0-10% slower than before the groups, not resolved:
+# docs/cpu-backend.md), and the tail as one shared inline
+# function made Q4_1 1.5x slower at B=2 (and the one-row kernel 0.8x before; numba 0.68).
+# The tails compile without FMA contraction or reassociation, so every copy computes the
+# same bits for a row, alone, in a pair or in a group (the server's batching relies on
+# it; tests/test_backend_cpu.py checks batches of 1-8).
 _NO_FUSE = {"nnan", "ninf", "nsz", "arcp", "afn"}
 
 
@@ -574,7 +570,7 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                             accs[r, lane] += sg[lane] * (d * _f32(sums[o + lane]) - zx)
             out[i:i + n, t * K.LANES:(t + 1) * K.LANES] = accs[:n]
             i += n
-        while rows - i >= 2:  # pairs (a loop of their own, see above)
+        while rows - i >= 2:  # pairs (a loop of their own: the note above ROW_GROUP)
             pair[:] = 0.0
             for g in range(groups):
                 blk = t * groups + g
@@ -679,7 +675,7 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                                 d * _f32(sums[o + lane] + sums[o + nl + lane]) - zx)
             out[i:i + n, t * K.LANES:(t + 1) * K.LANES] = accs[:n]
             i += n
-        while rows - i >= 2:  # pairs (a loop of their own, see above)
+        while rows - i >= 2:  # pairs (a loop of their own: the note above ROW_GROUP)
             pair[:] = 0.0
             for g in range(groups):
                 blk = t * groups + g
