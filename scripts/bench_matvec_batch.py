@@ -8,7 +8,7 @@ For each weight (random codes, SmolLM2-135M's shapes: the fused qkv 960x576, gat
 ``backend.linear`` of B rows (int16 activations, the default) is timed: CPU time per call
 (process time / calls, all threads; numba and BLAS capped at --threads) and wall time
 per call, the best of ``--rounds`` rounds, the batch sizes taking turns round by round.
-``gemm`` rows time the dequant+sgemm path (``_gemm``) at B = 4, 8, 16.
+``gemm`` rows time the dequant+sgemm path (``_products``, the prefill's) at B = 4, 8, 16.
 A benchmark, not a test: nothing is asserted.
 """
 
@@ -60,7 +60,7 @@ def main() -> None:
             w = b.weight(random_tensor(qtype, n, k, seed=1))
             x = np.random.default_rng(0).standard_normal((16, k)).astype(np.float32)
             cases = {("matvec", bb): partial(b.linear, x[:bb], w) for bb in BATCHES}
-            gemms = {("gemm", bb): partial(b._gemm, x[:bb], w) for bb in GEMM_BATCHES}
+            gemms = {("gemm", bb): partial(b._products, x[:bb], [w]) for bb in GEMM_BATCHES}
             best = {}
             # The mat-vec rounds first, the gemm ones after: BLAS threads spin a while
             # after a call and would bill their CPU time to a mat-vec timed next.

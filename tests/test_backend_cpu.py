@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from inference.backends.cpu import CpuBackend, probe  # noqa: E402
+from inference.backends.cpu import MATVEC_ROWS, CpuBackend, probe  # noqa: E402
 from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_bits, unpack  # noqa: E402
 from inference.backends.numpy_backend import NumpyBackend  # noqa: E402
 from inference.formats.quants import dequantize, dequantize_raw  # noqa: E402
@@ -143,18 +143,21 @@ def test_decode_rows_are_each_bitwise_the_row_alone(qtype, mode):
     """The server's continuous batching feeds several sequences' tokens through one mat-vec
     call; each row must come out exactly as it does alone (scheduler.py), for every layout
     and activation mode: the one-row kernels, the shared-conversion kernel for pairs of
-    rows, the odd row, the integer kernels (cpu_kdot's groups of 4, 2, 1 for RAW)."""
+    rows, the odd row, the integer kernels (groups of 8, 4, 2, 1 on AVX-512, of 2, 1 on
+    AVX2; cpu_kdot's 4, 2, 1 for RAW). Every batch size up to MATVEC_ROWS, so every mix
+    of groups is taken (7 = 4 + 2 + 1)."""
     b = C if mode == "float" else CpuBackend(mode)
     if b.activations != mode:
         pytest.skip(f"{mode} activations need x86 AVX2")
     t = (_mlx_tensor(int(qtype[3]), 70, 512, seed=7) if qtype.startswith("MLX")
          else _tensor(qtype, 70, 512, seed=7))
     w = b.weight(t)
-    x = randn(8, 512, seed=8) * 3
-    for rows in (2, 3, 8):
+    x = randn(MATVEC_ROWS, 512, seed=8) * 3
+    alone = [b.linear(x[i:i + 1], w)[0] for i in range(MATVEC_ROWS)]
+    for rows in range(2, MATVEC_ROWS + 1):
         got = b.linear(x[:rows], w)
         for i in range(rows):
-            np.testing.assert_array_equal(got[i], b.linear(x[i:i + 1], w)[0])
+            np.testing.assert_array_equal(got[i], alone[i], err_msg=f"row {i} of {rows}")
 
 
 @pytest.mark.parametrize("qtype", RAW + ("F16", "BF16"))

@@ -104,12 +104,13 @@ def test_integer_matvec_multiplies_the_quantized_activations(ci, qtype):
 def test_one_call_linear_is_bitwise_the_two_calls(ci, qtype):
     """An uncaptured decode linear quantizes inside its one numba call (``linear_q4`` /
     ``linear_q8``); a captured step replays ``quantize_call``'s fill, then the kernel. Both
-    must give the same bits, for one row, a pair, and pairs with an odd row."""
+    must give the same bits, for every batch size a decode step takes (1-8 rows: each mix
+    of row groups)."""
     from inference.backends import cpu_kernels as K
 
     w = ci.weight(_weight(qtype))
-    x = np.random.default_rng(2).standard_normal((5, 512)).astype(np.float32) * 3
-    for rows in (1, 2, 5):
+    x = np.random.default_rng(2).standard_normal((8, 512)).astype(np.float32) * 3
+    for rows in range(1, 9):
         one, two = (np.empty((rows, len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
                     for _ in range(2))
         ci._matvec_into(x[:rows], w, one)
@@ -190,3 +191,53 @@ def test_smollm2_int16_decode_matches_transformers(smollm2_int16):
     agree, dlogp = g.smollm2_agreement(text, np.stack(rows))
     assert agree >= g.SMOLLM2_MIN_TOP1_AGREEMENT, agree
     assert dlogp <= g.SMOLLM2_MAX_MEAN_ABS_DLOGP_TOP1, dlogp
+
+
+AVX2_CHECK = """
+import numpy as np
+from inference.backends import cpu_idot
+from inference.backends.cpu import CpuBackend
+from inference.backends.numpy_backend import NumpyBackend
+from tests.bundled import random_tensor
+
+assert cpu_idot.available() and not cpu_idot.wide() and cpu_idot.ROW_GROUP == 2
+N = NumpyBackend()
+x = np.random.default_rng(8).standard_normal((8, 512)).astype(np.float32) * 3
+for mode in ("int16", "int8"):
+    b = CpuBackend(mode)
+    assert b.activations == mode
+    for qtype in ("Q4_1", "Q5_K", "Q8_0", "Q6_K"):  # 4-, 5- and 8-bit codes
+        t = random_tensor(qtype, 70, 512, seed=7)
+        w = b.weight(t)
+        alone = np.concatenate([b.linear(x[i:i + 1], w) for i in range(8)])
+        want = N.linear(x, N.weight(t))
+        assert np.abs(alone - want).max() <= 0.05 * np.abs(want).max(), (mode, qtype)
+        for rows in range(2, 9):
+            got = b.linear(x[:rows], w)
+            assert (got.view(np.uint32) == alone[:rows].view(np.uint32)).all(), (mode, qtype, rows)
+print("avx2 ok")
+"""
+AVX2_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,"
+                 "+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
+
+
+def test_avx2_build_batches_bitwise_as_rows_alone():
+    """The AVX2 build (pairs, then a single row; ``ROW_GROUP`` 2) compiled for a Haswell
+    target in a subprocess, so an AVX-512 host checks it too: each row of batches of 2-8
+    is the same bits as the row alone, and near NumPy (5% of the output scale: the
+    activations are quantized; the exact checks above run on the host's own build)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from inference.backends import cpu_kernels as K
+
+    if not (K._x86() and "+avx2" in K.host_cpu_features().split(",")):
+        pytest.skip("needs an x86 host with AVX2")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": AVX2_FEATURES,
+           "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, "-c", AVX2_CHECK], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0 and "avx2 ok" in out.stdout, out.stderr[-3000:]

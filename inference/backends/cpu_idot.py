@@ -42,14 +42,21 @@ lanes in one register, half the multiply-adds; bitwise the same results. Measure
 Intel Xeon (AVX-512), SmolLM2's Q4_1 shapes, against the AVX2 form: one row 1.06-1.21x,
 pairs of rows (the server's batches) 1.3-1.7x (docs/cpu-backend.md).
 
+Activation rows (a batched decode step's sequences) share each unpacking of a block's
+codes: on AVX-512 in groups of 8, then 4, then a pair, then a single row; on AVX2 in
+pairs, then a single row (:data:`ROW_GROUP`). With VNNI a group's multiply-adds are
+each one ``vpdpwssd`` (:func:`_wide_madd`), without which the groups gain nothing. A
+row's result is the same bits in any group.
+
 Other CPUs (no AVX2, ARM, NUMBA_CPU_NAME=generic) keep the float kernels.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from functools import cache, partial
 
 import numpy as np
+from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
@@ -364,8 +371,29 @@ def _wide_words(builder: ir.IRBuilder, codes: ir.Value, signed: bool) -> list[ir
         ir.VectorType(_i32, 32), list(range(h, h + 32)))) for h in (0, 32)]
 
 
-def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value) -> ir.Value:
+@cache
+def _vnni() -> bool:
+    """Whether the target has AVX-512 VNNI (``vpdpwssd``); the inline asm that writes it
+    needs LLVM's assembly parser, which numba does not set up."""
+    if not (K._x86() and K.target_has("avx512vnni")):
+        return False
+    llvm.initialize_native_asmparser()
+    return True
+
+
+def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value,
+               nrows: int) -> ir.Value:
+    """``acc + vpmaddwd(words, x)`` (16 int32 lanes) in a block of ``nrows`` rows: for 4
+    and more, one ``vpdpwssd`` where the target has VNNI, as inline asm. From the
+    intrinsic LLVM (22) splits it back into ``vpmaddwd`` + ``vpaddd`` to shorten each
+    accumulator's chain, which the one- and two-row blocks keep (their chains are few);
+    but with 4 rows or more the loop is bound by its vector ops, the split adds one per
+    multiply-add, and 4 rows sharing the codes then ran no faster than two pairs. Same
+    sums either way: both add modulo 2**32 (and these sums never wrap)."""
     v32i16, v16i32 = ir.VectorType(_i16, 32), ir.VectorType(_i32, 16)
+    if nrows >= 4 and _vnni():
+        ty = ir.FunctionType(v16i32, [v16i32, v32i16, v32i16])
+        return builder.asm(ty, "vpdpwssd $3, $2, $0", "=v,0,v,v", [acc, words, x], False)
     madd = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(v16i32, [v32i16, v32i16]), "llvm.x86.avx512.pmaddw.d.512")
     return builder.add(acc, builder.call(madd, [words, x]))
@@ -417,8 +445,8 @@ def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
                     for a, rw in zip(acc, rows, strict=True):
                         x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0,
                                                        p + 8 * c), 16)
-                        a[0] = _wide_madd(builder, a[0], words[0], x)
-                        a[1] = _wide_madd(builder, a[1], words[1], x)
+                        a[0] = _wide_madd(builder, a[0], words[0], x, nrows)
+                        a[1] = _wide_madd(builder, a[1], words[1], x, nrows)
             for r, a in enumerate(acc):
                 _wide_store(context, builder, oty, oarr, 2 * K.LANES * r, a)
             return context.get_dummy_value()
@@ -452,8 +480,8 @@ def _make_wide_dot8(nrows: int):  # type: ignore[no-untyped-def]
                     for a, rw in zip(acc, rows, strict=True):
                         x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0, p),
                                         16)
-                        a[0] = _wide_madd(builder, a[0], words[0], x)
-                        a[1] = _wide_madd(builder, a[1], words[1], x)
+                        a[0] = _wide_madd(builder, a[0], words[0], x, nrows)
+                        a[1] = _wide_madd(builder, a[1], words[1], x, nrows)
                 for r, a in enumerate(acc):
                     _wide_store(context, builder, oty, oarr, 2 * K.LANES * r + half * K.LANES, a)
             return context.get_dummy_value()
@@ -468,15 +496,28 @@ def wide() -> bool:
     return K._x86() and K.target_has("avx512bw")
 
 
-# Two rows share each unpacking of the codes; more would not fit AVX2's 16 vector
-# registers (two rows already hold 8 accumulators).
+# Rows go in groups that share each unpacking of the codes (load, interleave, mask,
+# widen): on AVX-512 8, then 4, then 2 rows, then a single one; on AVX2 pairs, then a
+# single row. AVX2's 16 registers hold two rows' 8 accumulators; 4 rows were measured
+# slower (docs/cpu-backend.md). AVX-512's 32 hold 8 rows' 16 without spilling (read off
+# the compiled kernels), and there the unpacking costs about what a row's multiply-adds
+# do with VNNI, so pairs would unpack 4 times at 8 rows.
+ROW_GROUP = 8 if wide() else 2  # the largest group
 _make4, _make8 = (_make_wide_dot4, _make_wide_dot8) if wide() else (_make_dot4, _make_dot8)
 _dot4, _dot4x2 = _make4(1), _make4(2)
 _dot8, _dot8x2 = _make8(1), _make8(2)
-# The float tails (integer sums -> float, times the scales) are written out in each loop:
-# as one shared inline function the one-row kernel ran at 0.8x (measured, numba 0.68).
-# They compile without FMA contraction or reassociation, so every copy computes the same
-# bits for a row, alone or in a pair (the server's batching relies on it).
+# AVX2 never runs the groups' loop (ROW_GROUP < 4): their names hold the pairs'.
+_dot4x4, _dot4x8 = (_make4(4), _make4(8)) if ROW_GROUP == 8 else (_dot4x2, _dot4x2)
+_dot8x4, _dot8x8 = (_make8(4), _make8(8)) if ROW_GROUP == 8 else (_dot8x2, _dot8x2)
+# Each kernel has three loops, groups of 8/4, pairs, the single row, each with the float
+# tail (integer sums -> float, times the scales) written out: pairs in the groups' loop
+# ran up to 10% slower at B=2 (the loop then holds three inlined dots; in a loop of their
+# own they still run 0-10% slower than before the groups, not resolved:
+# docs/cpu-backend.md), and the tail as one shared inline
+# function made Q4_1 1.5x slower at B=2 (and the one-row kernel 0.8x before; numba 0.68).
+# The tails compile without FMA contraction or reassociation, so every copy computes the
+# same bits for a row, alone, in a pair or in a group (the server's batching relies on
+# it; tests/test_backend_cpu.py checks batches of 1-8).
 _NO_FUSE = {"nnan", "ninf", "nsz", "arcp", "afn"}
 
 
@@ -487,7 +528,8 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
     """out (T, tiles*LANES) = x @ W.T for a 4-bit W (uint8 ``codes`` view), or a 5-bit one
     with its plane of high bits ``high``, and ``x`` given by :func:`quantize_rows` as
     (xp, dx, xs), 8- or 16-bit codes; the other arguments as in :func:`cpu_kernels.matvec_q4`.
-    Pairs of rows share the unpacked codes; an odd last row goes alone."""
+    Rows go in groups of 8 and 4 (AVX-512), pairs, then a single row, each group sharing
+    the unpacked codes; a row's result is the same bits in any of them."""
     rows, groups = dx.shape
     tiles = blocks.shape[0] // groups
     row_bytes = blocks.shape[1] * K.LANES * 4
@@ -497,8 +539,38 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
         acc = np.empty(nl, dtype=np.float32)
         isum = np.empty(2 * nl, dtype=np.int32)
         pair = np.empty((2, nl), dtype=np.float32)
-        sums = np.empty(4 * nl, dtype=np.int32)
-        for i in range(0, rows - 1, 2):
+        accs = np.empty((ROW_GROUP, nl), dtype=np.float32)
+        sums = np.empty(2 * ROW_GROUP * nl, dtype=np.int32)
+        i = 0
+        while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
+            n = 8 if rows - i >= 8 else 4
+            accs[:n] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                if n == 8:
+                    _dot4x8(codes, blk, xp, i, g * 16, sums, high)
+                else:
+                    _dot4x4(codes, blk, xp, i, g * 16, sums, high)
+                for r in range(n):
+                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
+                    if kind == K.AFFINE_F16:
+                        h = halves[blk, c]
+                        for lane in range(nl):
+                            accs[r, lane] += (K._half(h[lane]) * (d * _f32(sums[o + lane]))
+                                              + K._half(h[nl + lane]) * xsum)
+                    elif kind == K.AFFINE:
+                        sg, zg = blocks[blk, c], blocks[blk, c + 1]
+                        for lane in range(nl):
+                            accs[r, lane] += sg[lane] * (d * _f32(sums[o + lane])) + zg[lane] * xsum
+                    else:
+                        sg, zx = blocks[blk, c], _f32(zero) * xsum
+                        for lane in range(nl):
+                            accs[r, lane] += sg[lane] * (d * _f32(sums[o + lane]) - zx)
+            out[i:i + n, t * K.LANES:(t + 1) * K.LANES] = accs[:n]
+            i += n
+        while rows - i >= 2:  # pairs (a loop of their own: the note above ROW_GROUP)
             pair[:] = 0.0
             for g in range(groups):
                 blk = t * groups + g
@@ -521,8 +593,8 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                         for lane in range(nl):
                             pair[r, lane] += sg[lane] * (d * _f32(sums[o + lane]) - zx)
             out[i:i + 2, t * K.LANES:(t + 1) * K.LANES] = pair
-        if rows % 2:
-            i = rows - 1
+            i += 2
+        if i < rows:
             acc[:] = 0.0
             for g in range(groups):
                 blk = t * groups + g
@@ -561,8 +633,49 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
         acc = np.empty(nl, dtype=np.float32)
         isum = np.empty(2 * nl, dtype=np.int32)
         pair = np.empty((2, nl), dtype=np.float32)
-        sums = np.empty(4 * nl, dtype=np.int32)
-        for i in range(0, rows - 1, 2):
+        accs = np.empty((ROW_GROUP, nl), dtype=np.float32)
+        sums = np.empty(2 * ROW_GROUP * nl, dtype=np.int32)
+        i = 0
+        while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
+            n = 8 if rows - i >= 8 else 4
+            accs[:n] = 0.0
+            for g in range(groups):
+                blk = t * groups + g
+                if i == 0:
+                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                if n == 8:
+                    _dot8x8(codes, blk, xp, i, g * 16, sums)
+                else:
+                    _dot8x4(codes, blk, xp, i, g * 16, sums)
+                cb = codes[blk]
+                for r in range(n):
+                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
+                    if kind == K.SUB16:
+                        h = halves[blk, 8]
+                        for lane in range(nl):
+                            accs[r, lane] += (K._half(h[nl + lane]) * d) * (
+                                _f32(np.int32(cb[32, lane])) * _f32(sums[o + lane])
+                                + _f32(np.int32(cb[33, lane])) * _f32(sums[o + nl + lane]))
+                    elif kind == K.AFFINE_F16:
+                        h = halves[blk, 8]
+                        for lane in range(nl):
+                            accs[r, lane] += (
+                                K._half(h[lane]) * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
+                                + K._half(h[nl + lane]) * xsum)
+                    elif kind == K.AFFINE:
+                        sg, zg = blocks[blk, 8], blocks[blk, 9]
+                        for lane in range(nl):
+                            accs[r, lane] += (
+                                sg[lane] * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
+                                + zg[lane] * xsum)
+                    else:
+                        sg, zx = blocks[blk, 8], _f32(zero) * xsum
+                        for lane in range(nl):
+                            accs[r, lane] += sg[lane] * (
+                                d * _f32(sums[o + lane] + sums[o + nl + lane]) - zx)
+            out[i:i + n, t * K.LANES:(t + 1) * K.LANES] = accs[:n]
+            i += n
+        while rows - i >= 2:  # pairs (a loop of their own: the note above ROW_GROUP)
             pair[:] = 0.0
             for g in range(groups):
                 blk = t * groups + g
@@ -596,8 +709,8 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                             pair[r, lane] += sg[lane] * (
                                 d * _f32(sums[o + lane] + sums[o + nl + lane]) - zx)
             out[i:i + 2, t * K.LANES:(t + 1) * K.LANES] = pair
-        if rows % 2:
-            i = rows - 1
+            i += 2
+        if i < rows:
             acc[:] = 0.0
             for g in range(groups):
                 blk = t * groups + g
