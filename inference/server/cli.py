@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
+from inference.server.prefix_pool import PROMPT_CACHE_ENTRIES, PROMPT_CACHE_MB
 from inference.server.scheduler import MAX_PARALLEL
 
 
@@ -14,7 +16,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     key = args.api_key or os.environ.get("INFERDESK_API_KEY") or None
     check_exposure(args.host, key)  # before minutes of loading, not after
-    engine = load_engine(args.model, args.embed_model, args.backend, args.parallel)
+    engine = load_engine(args.model, args.embed_model, args.backend, args.parallel,
+                         args.prompt_cache_mb)
     if args.threads is not None:
         from inference.threads import set_threads
 
@@ -31,11 +34,13 @@ def _parallel(text: str) -> int:
     return n
 
 
-def _threads(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        n = int(text)
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return n
+    return parse
 
 
 def add_parser(sub: Any, backends: list[str]) -> None:
@@ -50,6 +55,10 @@ def add_parser(sub: Any, backends: list[str]) -> None:
     s.add_argument("--parallel", type=_parallel, default=4,
                    help=f"chat requests decoded together (1-{MAX_PARALLEL})")
     s.add_argument("--backend", choices=backends, default="auto")
-    s.add_argument("--threads", type=_threads,
+    s.add_argument("--threads", type=_at_least(1),
                    help="compute threads (BLAS and the cpu kernels; default: every core)")
+    s.add_argument("--prompt-cache-mb", type=_at_least(0), default=PROMPT_CACHE_MB,
+                   help="memory for finished requests' prompt prefixes, reused by later "
+                        f"requests starting the same way (at most {PROMPT_CACHE_ENTRIES} "
+                        f"kept; 0 disables; default {PROMPT_CACHE_MB})")
     s.set_defaults(func=cmd_serve)

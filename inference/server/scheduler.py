@@ -16,6 +16,10 @@ the chunk (``Model.layer_by_layer``) as fit in ``step_budget`` decode steps' tim
 layers), so a newcomer's prompt stretches every stream's inter-token gap by about that
 much instead of by a whole chunk's forward pass.
 
+Prompt cache: a finished (or cancelled) sequence's whole prefilled chunks are kept in a
+bounded pool (:class:`~inference.server.prefix_pool.PrefixPool`), copied like a running
+sequence's (:meth:`Scheduler._share_prefix`).
+
 Exactness: a sequence's tokens do not depend on what runs beside it. Prefill chunks are
 cut at fixed positions (0, C, 2C, ...) and each is one forward pass of one sequence,
 whether it runs in one step or a few layers per step (the same calls on the same inputs;
@@ -47,8 +51,14 @@ from inference.errors import InferdeskError, OutOfMemoryError
 from inference.events import GenerationEvent
 from inference.generate import Generation
 from inference.kv_cache import BatchedCaches, KVCache
-from inference.prompt_cache import common_prefix
 from inference.sampling import SamplingParams
+from inference.server.prefix_pool import (
+    PROMPT_CACHE_MB,
+    PrefixPool,
+    cache_nbytes,
+    compact,
+    shared_chunks,
+)
 
 MAX_PARALLEL = 8  # cpu: rows the mat-vec computes one by one (cpu.MATVEC_ROWS)
 PREFILL_CHUNK = 128  # tokens per prefill forward pass (a lone request runs one per step)
@@ -144,7 +154,8 @@ class _Seq:
 class Scheduler:
     def __init__(self, model: Any, parallel: int = 4, max_waiting: int = 16,
                  prefill_chunk: int = PREFILL_CHUNK, step_budget: float = STEP_BUDGET,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 prompt_cache_bytes: int = PROMPT_CACHE_MB << 20):
         if not 1 <= parallel <= MAX_PARALLEL:
             raise InferdeskError(f"parallel must be between 1 and {MAX_PARALLEL}.")
         self.model = model  # a CausalLM
@@ -157,6 +168,8 @@ class Scheduler:
         self.plans: collections.deque[StepPlan] = collections.deque(maxlen=4096)
         self.max_rows = 0  # most sequences one decode step has served
         self.shared_tokens = 0  # prompt tokens copied from another sequence, not prefilled
+        self.prefilled_tokens = 0  # prompt tokens prefilled (chunks whose pass completed)
+        self.pool = PrefixPool(prompt_cache_bytes)  # finished sequences' prompt prefixes
         self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: list[_Seq] = []
@@ -189,6 +202,7 @@ class Scheduler:
             self._closed = True
             self._cv.notify()
         self._thread.join(timeout=30)
+        self.pool.clear()
 
     # --- the scheduler thread ----------------------------------------------------------
     def _run(self) -> None:
@@ -211,6 +225,7 @@ class Scheduler:
             try:
                 self._step()
             except MemoryError:
+                self.pool.clear()
                 self._fail_all(OutOfMemoryError("Out of memory while generating; "
                                                 "fewer parallel requests may fit."))
             except Exception as e:  # noqa: BLE001 - the requests in the step fail, not the server
@@ -224,27 +239,50 @@ class Scheduler:
         m = self.model
         gen = Generation(m.tokenizer, len(req.prompt_ids), req.max_tokens, m.tokenizer.eos_ids,
                          req.stop)
-        cache = m.model.make_cache(len(req.prompt_ids) + req.max_tokens)
+        try:
+            cache = m.model.make_cache(len(req.prompt_ids) + req.max_tokens)
+        except MemoryError:  # kept prefixes go first, then the request may still fit
+            if not len(self.pool):
+                raise
+            self.pool.clear()
+            cache = m.model.make_cache(len(req.prompt_ids) + req.max_tokens)
         return _Seq(req, gen, np.random.default_rng(req.sampling.seed), list(req.prompt_ids),
                     cache)
 
     def _share_prefix(self, s: _Seq) -> None:
         """Before ``s`` prefills its next chunk: copy the chunks from there on that a
-        running sequence with the same prompt start has already prefilled (clients often
-        send one system prompt or document with many requests). Only whole chunks, cut at
-        the fixed positions every prompt is cut at, and at least one token is left to
-        run: the copied rows are what the very same prefill calls computed for the other
-        sequence, so the tokens stay exactly those of the request alone."""
+        running sequence with the same prompt start has already prefilled, or that a
+        finished one left in the pool (clients often send one system prompt or document
+        with many requests). Only whole chunks, cut at the fixed positions every prompt is
+        cut at, and at least one token is left to run: the copied rows are what the very
+        same prefill calls computed for the other sequence, so the tokens stay exactly
+        those of the request alone."""
         prompt, c = s.req.prompt_ids, self.prefill_chunk
-        best, src = s.pos, None
+        best, src = self.pool.match(prompt, c)
         for o in self._active:
             if o is not s:
-                n = min(o.pos, common_prefix(prompt, o.req.prompt_ids), len(prompt) - 1)
-                if n // c * c > best:
-                    best, src = n // c * c, o
-        if src is not None and s.cache.copy_prefix(src.cache, best):
+                n = shared_chunks(prompt, o.req.prompt_ids, o.pos, c)
+                if n > best:
+                    best, src = n, o.cache
+        if src is not None and best > s.pos and s.cache.copy_prefix(src, best):
             self.shared_tokens += best - s.pos
             s.pos = best
+
+    def _keep_prefix(self, s: _Seq) -> None:
+        """Put the whole chunks ``s`` prefilled (``s.pos``: a chunk under way when it was
+        cancelled is not among them) into the pool, as a compacted copy."""
+        c = self.prefill_chunk
+        n = s.pos // c * c
+        if (not n or s.cache is None or cache_nbytes(s.cache, n) > self.pool.max_bytes
+                or self.pool.covers(s.req.prompt_ids[:n])):
+            return  # nothing whole, disabled (0 bytes), too big, or already kept
+        try:
+            small = compact(self.model.model, s.cache, n)
+        except MemoryError:
+            self.pool.clear()
+            return
+        if small is not None:
+            self.pool.put(s.req.prompt_ids[:n], small)
 
     def _step(self) -> None:
         for s in [s for s in self._active if s.req.cancel.is_set()]:
@@ -301,6 +339,7 @@ class Scheduler:
             self.model.backend.synchronize(h)  # lazy backends: computed in this step
         self.budget.prefilled(self.clock() - t0, ran, s.chunk)
         if logits is not None:
+            self.prefilled_tokens += s.chunk
             s.pos, s.chunk, s.run = s.pos + s.chunk, 0, None
             if s.pos == len(s.req.prompt_ids):
                 self._accept(s, logits, 0)
@@ -326,6 +365,7 @@ class Scheduler:
             s.last = tok
 
     def _finish(self, s: _Seq, reason: str | None = None) -> None:
+        self._keep_prefix(s)
         events = s.gen.close(reason, memory=None)
         with self._cv:  # load() never shows the request gone before it shows it finished
             self.finished.append((s.gen.finish or "", len(s.gen.ids)))
