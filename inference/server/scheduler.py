@@ -16,6 +16,12 @@ the chunk (``Model.layer_by_layer``) as fit in ``step_budget`` decode steps' tim
 layers), so a newcomer's prompt stretches every stream's inter-token gap by about that
 much instead of by a whole chunk's forward pass.
 
+Bursts: while nobody has fed a token back yet (several requests arrived together), the
+first tokens wait and the other newcomers' prompts run in whole chunks, up to
+``burst_hold`` prompt tokens; then everyone decodes together. The first stream gets one
+long gap (its second token waits for the others' prefill) instead of the budgeted pieces
+stretching many of its gaps, and the later streams' first tokens come sooner.
+
 Prompt cache: a finished (or cancelled) sequence's whole prefilled chunks are kept in a
 bounded pool (:class:`~inference.server.prefix_pool.PrefixPool`), copied like a running
 sequence's (:meth:`Scheduler._share_prefix`).
@@ -68,6 +74,10 @@ PREFILL_CHUNK = 128  # tokens per prefill forward pass (a lone request runs one 
 # newcomers prefilled so slowly that 4 streams made 43.8 tok/s against 55.2 for one
 # (p99 155 ms); at 4.0, 81.8 tok/s and p99 100 ms; at 12, p99 216 ms.
 STEP_BUDGET = 4.0
+# A burst (newcomers while nobody has fed a token back yet): the decode step waits while
+# up to this many prompt tokens of the others are prefilled in whole chunks, so the first
+# stream's wait is one gap, not a stretch of every gap (module docstring).
+BURST_HOLD = 4 * PREFILL_CHUNK
 
 
 class QueueFullError(InferdeskError):
@@ -148,6 +158,7 @@ class _Seq:
     pos: int = 0  # prompt tokens prefilled
     last: int | None = None  # sampled, not yet fed back
     chunk: int = 0  # tokens of the prefill chunk under way
+    decoding: bool = False  # has fed a token back (been in a decode step)
     run: Generator[Any, None, Any] | None = None  # that chunk's forward pass, paused
 
 
@@ -155,7 +166,8 @@ class Scheduler:
     def __init__(self, model: Any, parallel: int = 4, max_waiting: int = 16,
                  prefill_chunk: int = PREFILL_CHUNK, step_budget: float = STEP_BUDGET,
                  clock: Callable[[], float] = time.perf_counter,
-                 prompt_cache_bytes: int = PROMPT_CACHE_MB << 20):
+                 prompt_cache_bytes: int = PROMPT_CACHE_MB << 20,
+                 burst_hold: int = BURST_HOLD):
         if not 1 <= parallel <= MAX_PARALLEL:
             raise InferdeskError(f"parallel must be between 1 and {MAX_PARALLEL}.")
         self.model = model  # a CausalLM
@@ -170,6 +182,8 @@ class Scheduler:
         self.shared_tokens = 0  # prompt tokens copied from another sequence, not prefilled
         self.prefilled_tokens = 0  # prompt tokens prefilled (chunks whose pass completed)
         self.pool = PrefixPool(prompt_cache_bytes)  # finished sequences' prompt prefixes
+        self.burst_hold = burst_hold
+        self._held = 0  # prompt tokens prefilled since the last decode step, in a burst
         self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: list[_Seq] = []
@@ -290,13 +304,25 @@ class Scheduler:
         M, B = self.model.model, self.model.backend
         pre = next((s for s in self._active if s.pos < len(s.req.prompt_ids)), None)
         others_decode = any(s.last is not None for s in self._active)
+        # A burst: nobody has fed a token back yet. Then the first tokens wait while the
+        # other newcomers' prompts prefill in whole chunks (up to burst_hold tokens),
+        # instead of every later decode step waiting for a budgeted piece of them.
+        burst = not any(s.decoding for s in self._active)
         tokens = layers = 0
         if pre is not None:
             tokens = pre.chunk or self._start_chunk(pre)
-            layers = self._prefill(pre, self.budget.layers(tokens) if others_decode else None)
+            whole = not others_decode or (burst and self._held < self.burst_hold)
+            layers = self._prefill(pre, None if whole else self.budget.layers(tokens))
+            if others_decode and burst and pre.run is None:
+                self._held += tokens
         done = pre is not None and pre.run is None
         dec = [s for s in self._active if s.last is not None]
+        if (dec and burst and self._held < self.burst_hold
+                and (any(s.pos < len(s.req.prompt_ids) for s in self._active)
+                     or (self._waiting and len(self._active) < self.parallel))):
+            dec = []  # the burst's first tokens wait for its other prompts (admitted next)
         if dec:
+            self._held = 0
             t0 = self.clock()
             ids = np.asarray([[s.last] for s in dec], dtype=np.int64)
             cache = dec[0].cache if len(dec) == 1 else BatchedCaches([s.cache for s in dec])
@@ -304,6 +330,7 @@ class Scheduler:
             self.steps += 1
             self.max_rows = max(self.max_rows, len(dec))
             for i, s in enumerate(dec):
+                s.decoding = True
                 self._accept(s, logits, i)
             if not tokens or self.budget.decode_s is None:
                 # Only steps without prefill: right after a prefill piece the decode step
