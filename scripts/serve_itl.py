@@ -1,8 +1,9 @@
 """Inter-token gaps of the batching scheduler alone (no HTTP): one stream, then four
 started together, each a greedy completion of the bench prompt. Prints JSON with p50/p99
-gaps and the p99 ratio (4 streams / 1). Usage: ``PYTHONPATH=<tree> python
-scripts/serve_itl.py [tokens] [step_budget]`` (the tree on PYTHONPATH is the code
-measured; the budget defaults to the scheduler's STEP_BUDGET)."""
+gaps, p50 time to first token and the p99 ratio (4 streams / 1). Usage:
+``PYTHONPATH=<tree> python scripts/serve_itl.py [tokens] [step_budget] [burst_hold]``
+(the tree on PYTHONPATH is the code measured; the budget and the burst hold default to
+the scheduler's STEP_BUDGET and BURST_HOLD; a hold of 0 turns the burst rule off)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from inference.bench import workloads
 from inference.events import DoneEvent, TokenEvent
 from inference.sampling import SamplingParams
 from inference.server.bench_serve import CONTINUATION
-from inference.server.scheduler import STEP_BUDGET, Request, Scheduler
+from inference.server.scheduler import BURST_HOLD, STEP_BUDGET, Request, Scheduler
 from inference.threads import set_threads
 
 
@@ -40,7 +41,9 @@ def run(sched: Scheduler, ids: list[int], n: int, tokens: int) -> dict[str, floa
     for d in done:
         d.wait(1200)
     gaps = np.concatenate([np.diff(t) for t in times]) * 1e3
+    ttft = [(t[0] - t0) * 1e3 for t in times]
     return {"streams": n, "gaps": int(gaps.size),
+            "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 1),
             "p50_ms": round(float(np.percentile(gaps, 50)), 1),
             "p99_ms": round(float(np.percentile(gaps, 99)), 1),
             "max_ms": round(float(gaps.max()), 1), "wall_s": round(time.perf_counter() - t0, 1)}
@@ -49,16 +52,18 @@ def run(sched: Scheduler, ids: list[int], n: int, tokens: int) -> dict[str, floa
 def main() -> None:
     tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 48
     budget = float(sys.argv[2]) if len(sys.argv) > 2 else STEP_BUDGET
+    hold = int(sys.argv[3]) if len(sys.argv) > 3 else BURST_HOLD
     llm = load_model("smollm2", backend="cpu")
     set_threads(2, llm.backend)
     ids = llm.plan(prompt=workloads()[0] + CONTINUATION, max_tokens=tokens)[0]
-    sched = Scheduler(llm, parallel=8, step_budget=budget)
+    sched = Scheduler(llm, parallel=8, step_budget=budget, burst_hold=hold)
     try:
         run(sched, ids, 1, tokens)  # warm-up: JIT, first touch
         out = [run(sched, ids, 1, tokens), run(sched, ids, 4, tokens)]
     finally:
         sched.close()
-    print(json.dumps({"prompt_tokens": len(ids), "step_budget": budget, "rounds": out,
+    print(json.dumps({"prompt_tokens": len(ids), "step_budget": budget, "burst_hold": hold,
+                      "prompt_cache_mb": sched.pool.max_bytes >> 20, "rounds": out,
                       "ratio_p99_4_over_1": round(out[1]["p99_ms"] / out[0]["p99_ms"], 2)}))
 
 

@@ -8,16 +8,30 @@ import pytest
 from inference.server import bench_serve as bs
 
 
-def test_serve_subprocess_answers_a_stream():
+def test_serve_subprocess_answers_a_stream(monkeypatch):
     port = bs._free_port()
     argv = bs._inferdesk_argv("smollm2", "cpu", 1, port)
     assert argv[argv.index("--threads") + 1] == "1"
+    monkeypatch.setattr(bs, "STREAMS", (1, 2))
     with bs._server(argv, port) as (url, name):
         assert url == f"http://127.0.0.1:{port}/v1"
         assert name.startswith("SmolLM2")
         times = bs._stream_times(url, name, "Hello", 4)
+        rows = bs.measure(url, name, "Hello", 3)
     assert 1 <= len(times) <= 4  # one timestamp per streamed text chunk
     assert times == sorted(times)
+    for row in rows.values():  # the old fields and the new ones
+        assert {"aggregate_tok_s", "tokens", "short", "wall_s", "itl_p50_ms", "itl_p99_ms",
+                "decode_tok_s", "ttft_p50_ms"} <= set(row)
+        assert row["ttft_p50_ms"] > 0
+    assert "speedup_vs_1" in rows["2"]
+
+
+def test_decode_rate_counts_tokens_after_the_first_over_first_to_last():
+    # Two streams decode 2 + 1 tokens between 1.0 (earliest first) and 2.2 (latest last);
+    # a stream with one token has nothing to decode.
+    assert bs.decode_rate([[1.0, 1.5, 2.0], [1.2, 2.2], [3.0]]) == 2.5
+    assert bs.decode_rate([[1.0]]) is None and bs.decode_rate([]) is None
 
 
 def test_server_that_exits_names_its_error():

@@ -114,9 +114,9 @@ def test_chunked_prefill_is_the_same_alone_or_in_company(engine, monkeypatch):  
     finally:
         solo.close()
     # A decode step costs 30 units, one layer of a 24-token chunk 1.2: with a budget of one
-    # decode step, 25 layers fit.
+    # decode step, 25 layers fit. No burst hold: the others decode while it prefills.
     mixed = Scheduler(llm, parallel=4, prefill_chunk=24, step_budget=1.0,
-                      clock=WorkClock(llm, monkeypatch))
+                      clock=WorkClock(llm, monkeypatch), burst_hold=0)
     try:
         # The others go first, so the long prompt's chunks run between their decode steps.
         together = _run_together(mixed, others + [ids], 6, samplings[1:] + samplings[:1])
@@ -130,6 +130,38 @@ def test_chunked_prefill_is_the_same_alone_or_in_company(engine, monkeypatch):  
     assert beside and all(p.layers <= 25 for p in beside)
     assert any(not p.chunk_done for p in beside)  # a chunk really was split
     assert sum(p.layers for p in mixed.plans if p.chunk_tokens) % n_layers == 0
+
+
+def test_a_burst_prefills_every_prompt_before_the_first_decode_step(engine):  # noqa: F811
+    """Four requests arriving together: the first one's first token waits while the other
+    prompts prefill in whole chunks, then all four decode together; each gets the tokens
+    it gets alone. Without the hold (burst_hold=0) the first decodes alone at once."""
+    llm = engine.llm
+    prompts = [llm.plan(messages=_messages(i), max_tokens=4)[0] for i in range(4)]
+    samplings = [_sampling(i) for i in range(4)]
+    solo = []
+    for p, sp in zip(prompts, samplings, strict=True):
+        one = Scheduler(llm, parallel=1, prefill_chunk=24, prompt_cache_bytes=0)
+        try:
+            solo.append(_run_together(one, [p], 4, [sp])[0].token_ids)
+        finally:
+            one.close()
+    first_rows = {}
+    for hold in (0, 4 * 128):
+        sched = Scheduler(llm, parallel=4, prefill_chunk=24, burst_hold=hold,
+                          prompt_cache_bytes=0)
+        try:
+            got = _run_together(sched, prompts, 4, samplings)
+        finally:
+            sched.close()
+        assert [d.token_ids for d in got] == solo
+        plans = list(sched.plans)
+        first = next(i for i, p in enumerate(plans) if p.decode_rows)
+        first_rows[hold] = plans[first].decode_rows
+        if hold:  # every chunk before it ran whole, and none after it
+            assert all(p.chunk_done for p in plans[:first + 1] if p.chunk_tokens)
+            assert not any(p.chunk_tokens for p in plans[first + 1:])
+    assert first_rows == {0: 1, 4 * 128: 4}
 
 
 def test_the_prefill_budget_fits_layers_into_a_share_of_a_decode_step():

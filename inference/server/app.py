@@ -23,6 +23,7 @@ from inference.sampling import SamplingParams
 from inference.server import errors
 from inference.server.embed_batcher import EmbedBatcher
 from inference.server.errors import APIError
+from inference.server.prefix_pool import PROMPT_CACHE_MB
 from inference.server.scheduler import Request as SeqRequest
 from inference.server.scheduler import Scheduler, TokenLogprobs
 from inference.server.schemas import ChatRequest, CompletionRequest, EmbeddingRequest
@@ -37,12 +38,15 @@ class Engine:
     the aliases it was asked for by, plus the threads that batch their work."""
 
     def __init__(self, llm: Any = None, encoder: Any = None, parallel: int = 4,
-                 max_waiting: int = 16, aliases: dict[str, str] | None = None):
+                 max_waiting: int = 16, aliases: dict[str, str] | None = None,
+                 prompt_cache_mb: int = PROMPT_CACHE_MB):
         if llm is None and encoder is None:
             raise APIError(400, "The server needs a model or an embedding model.")
         self.llm, self.encoder = llm, encoder
         self.created = int(time.time())
-        self.scheduler = Scheduler(llm, parallel, max_waiting) if llm is not None else None
+        self.scheduler = (Scheduler(llm, parallel, max_waiting,
+                                    prompt_cache_bytes=prompt_cache_mb << 20)
+                          if llm is not None else None)
         self.embedder = EmbedBatcher(encoder) if encoder is not None else None
         self.aliases = dict(aliases or {})
 

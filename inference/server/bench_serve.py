@@ -1,11 +1,24 @@
 """`inferdesk bench --serve`: the server under 1, 4 and 8 concurrent streams.
 
 Each stream is the same greedy completion of the bench prompt through the `openai` client;
-a round starts all its streams together. Reported per stream count: aggregate tok/s (all
-streams' completion tokens over the round's wall time, prefill included), and the p50/p99
-gap between consecutive chunks of a stream (inter-token latency). With ``--compare`` and
-llama-cpp-python's server installed, the same requests go to it (same model file, same
-thread count) in a subprocess.
+a round starts all its streams together. A "token" is a streamed chunk with text (one per
+token on both servers). Reported per stream count:
+
+- ``aggregate_tok_s``: all streams' tokens over the round's wall time (from the start of
+  the round to the last stream's end: prefill, queueing and HTTP included);
+- ``decode_tok_s``: the aggregate decode rate, the tokens after each stream's first over
+  the time from the round's earliest first token to its latest last token (so a stream
+  still prefilling while others decode counts against it, and time to first token does
+  not count at all);
+- ``ttft_p50_ms``: the median over the streams of the time from a stream's request to its
+  first token;
+- ``itl_p50_ms``/``itl_p99_ms``: percentiles of the gaps between consecutive tokens of a
+  stream, over all streams' gaps (inter-token latency).
+
+Every round sends the same prompt, so a server that keeps prompt prefixes across requests
+(both do: Inferdesk's prompt cache, llama-cpp-python's reuse of its last prompt) prefills
+only what it does not hold. With ``--compare`` and llama-cpp-python's server installed,
+the same requests go to it (same model file, same thread count) in a subprocess.
 """
 
 from __future__ import annotations
@@ -40,15 +53,27 @@ def _stream_times(url: str, model: str, prompt: str, max_tokens: int) -> list[fl
         return times
 
 
+def decode_rate(streams: list[list[float]]) -> float | None:
+    """Tokens after each stream's first, per second from the earliest first token to the
+    latest last one (``streams``: each stream's token times); None without such tokens."""
+    timed = [t for t in streams if len(t) > 1]
+    if not timed:
+        return None
+    span = max(t[-1] for t in timed) - min(t[0] for t in timed)
+    return round(sum(len(t) - 1 for t in timed) / span, 2) if span > 0 else None
+
+
 def measure(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     rows = {}
     for n in STREAMS:
         results: list[list[float]] = [[] for _ in range(n)]
+        starts = [0.0] * n
         barrier = threading.Barrier(n + 1)
 
-        def one(i: int, results: list[list[float]] = results,
+        def one(i: int, results: list[list[float]] = results, starts: list[float] = starts,
                 barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
+            starts[i] = time.perf_counter()
             results[i] = _stream_times(url, model, prompt, max_tokens)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
@@ -61,10 +86,13 @@ def measure(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any
         wall = time.perf_counter() - t0
         gaps = np.concatenate([np.diff(r) for r in results if len(r) > 1] or [np.zeros(0)])
         tokens = sum(len(r) for r in results)
+        ttft = [r[0] - s for r, s in zip(results, starts, strict=True) if r]
         rows[str(n)] = {
             "aggregate_tok_s": round(tokens / wall, 2), "tokens": tokens,
             "short": tokens < n * max_tokens,
             "wall_s": round(wall, 3),
+            "decode_tok_s": decode_rate(results),
+            "ttft_p50_ms": round(float(np.percentile(ttft, 50)) * 1e3, 2) if ttft else None,
             "itl_p50_ms": round(float(np.percentile(gaps, 50)) * 1e3, 2) if gaps.size else None,
             "itl_p99_ms": round(float(np.percentile(gaps, 99)) * 1e3, 2) if gaps.size else None,
         }

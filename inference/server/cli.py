@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
 from inference.cli import add_kv_dtype
+from inference.server.prefix_pool import PROMPT_CACHE_ENTRIES, PROMPT_CACHE_MB
 from inference.server.scheduler import MAX_PARALLEL
 
 
@@ -16,7 +18,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key or os.environ.get("INFERDESK_API_KEY") or None
     check_exposure(args.host, key)  # before minutes of loading, not after
     engine = load_engine(args.model, args.embed_model, args.backend, args.parallel,
-                         args.kv_dtype)
+                         args.prompt_cache_mb, args.kv_dtype)
     if args.threads is not None:
         from inference.threads import set_threads
 
@@ -33,11 +35,13 @@ def _parallel(text: str) -> int:
     return n
 
 
-def _threads(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        n = int(text)
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return n
+    return parse
 
 
 def add_parser(sub: Any, backends: list[str]) -> None:
@@ -53,6 +57,10 @@ def add_parser(sub: Any, backends: list[str]) -> None:
                    help=f"chat requests decoded together (1-{MAX_PARALLEL})")
     s.add_argument("--backend", choices=backends, default="auto")
     add_kv_dtype(s)
-    s.add_argument("--threads", type=_threads,
+    s.add_argument("--threads", type=_at_least(1),
                    help="compute threads (BLAS and the cpu kernels; default: every core)")
+    s.add_argument("--prompt-cache-mb", type=_at_least(0), default=PROMPT_CACHE_MB,
+                   help="memory for finished requests' prompt prefixes, reused by later "
+                        f"requests starting the same way (at most {PROMPT_CACHE_ENTRIES} "
+                        f"kept; 0 disables; default {PROMPT_CACHE_MB})")
     s.set_defaults(func=cmd_serve)

@@ -11,6 +11,7 @@ from typing import Any
 
 from inference.errors import InvalidInputError
 from inference.server.app import Engine, create_app
+from inference.server.prefix_pool import PROMPT_CACHE_MB
 
 
 def is_loopback(host: str) -> bool:
@@ -30,8 +31,11 @@ def check_exposure(host: str, api_key: str | None) -> None:
 
 
 def load_engine(model: str | None, embed_model: str | None, backend: str = "auto",
-                parallel: int = 4, kv_dtype: str | None = None) -> Engine:
-    """Load the named chat model and/or encoder and start their batching threads."""
+                parallel: int = 4, prompt_cache_mb: int = PROMPT_CACHE_MB,
+                kv_dtype: str | None = None) -> Engine:
+    """Load the named chat model and/or encoder and start their batching threads;
+    ``prompt_cache_mb`` bounds the finished requests' prompt prefixes kept (0: none);
+    ``kv_dtype`` is the chat model's KV cache type (None: the backend's)."""
     from inference.api import load_model
     from inference.remote import is_url
 
@@ -56,7 +60,8 @@ def load_engine(model: str | None, embed_model: str | None, backend: str = "auto
             llm = m
         else:
             enc = m
-    return Engine(llm, enc, parallel=parallel, aliases=aliases)
+    return Engine(llm, enc, parallel=parallel, aliases=aliases,
+                  prompt_cache_mb=prompt_cache_mb)
 
 
 def _bind(host: str, port: int) -> socket.socket:

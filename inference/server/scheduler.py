@@ -16,6 +16,16 @@ the chunk (``Model.layer_by_layer``) as fit in ``step_budget`` decode steps' tim
 layers), so a newcomer's prompt stretches every stream's inter-token gap by about that
 much instead of by a whole chunk's forward pass.
 
+Bursts: while nobody has fed a token back yet (several requests arrived together), the
+first tokens wait and the other newcomers' prompts run in whole chunks, up to
+``burst_hold`` prompt tokens; then everyone decodes together. The first stream gets one
+long gap (its second token waits for the others' prefill) instead of the budgeted pieces
+stretching many of its gaps, and the later streams' first tokens come sooner.
+
+Prompt cache: a finished (or cancelled) sequence's whole prefilled chunks are kept in a
+bounded pool (:class:`~inference.server.prefix_pool.PrefixPool`), copied like a running
+sequence's (:meth:`Scheduler._share_prefix`).
+
 Exactness: a sequence's tokens do not depend on what runs beside it. Prefill chunks are
 cut at fixed positions (0, C, 2C, ...) and each is one forward pass of one sequence,
 whether it runs in one step or a few layers per step (the same calls on the same inputs;
@@ -47,8 +57,14 @@ from inference.errors import InferdeskError, OutOfMemoryError
 from inference.events import GenerationEvent
 from inference.generate import Generation
 from inference.kv_cache import BatchedCaches, KVCache
-from inference.prompt_cache import common_prefix
 from inference.sampling import SamplingParams
+from inference.server.prefix_pool import (
+    PROMPT_CACHE_MB,
+    PrefixPool,
+    cache_nbytes,
+    compact,
+    shared_chunks,
+)
 
 MAX_PARALLEL = 8  # cpu: rows the mat-vec computes one by one (cpu.MATVEC_ROWS)
 PREFILL_CHUNK = 128  # tokens per prefill forward pass (a lone request runs one per step)
@@ -58,6 +74,10 @@ PREFILL_CHUNK = 128  # tokens per prefill forward pass (a lone request runs one 
 # newcomers prefilled so slowly that 4 streams made 43.8 tok/s against 55.2 for one
 # (p99 155 ms); at 4.0, 81.8 tok/s and p99 100 ms; at 12, p99 216 ms.
 STEP_BUDGET = 4.0
+# A burst (newcomers while nobody has fed a token back yet): the decode step waits while
+# up to this many prompt tokens of the others are prefilled in whole chunks, so the first
+# stream's wait is one gap, not a stretch of every gap (module docstring).
+BURST_HOLD = 4 * PREFILL_CHUNK
 
 
 class QueueFullError(InferdeskError):
@@ -138,13 +158,16 @@ class _Seq:
     pos: int = 0  # prompt tokens prefilled
     last: int | None = None  # sampled, not yet fed back
     chunk: int = 0  # tokens of the prefill chunk under way
+    decoding: bool = False  # has fed a token back (been in a decode step)
     run: Generator[Any, None, Any] | None = None  # that chunk's forward pass, paused
 
 
 class Scheduler:
     def __init__(self, model: Any, parallel: int = 4, max_waiting: int = 16,
                  prefill_chunk: int = PREFILL_CHUNK, step_budget: float = STEP_BUDGET,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 prompt_cache_bytes: int = PROMPT_CACHE_MB << 20,
+                 burst_hold: int = BURST_HOLD):
         if not 1 <= parallel <= MAX_PARALLEL:
             raise InferdeskError(f"parallel must be between 1 and {MAX_PARALLEL}.")
         self.model = model  # a CausalLM
@@ -157,6 +180,10 @@ class Scheduler:
         self.plans: collections.deque[StepPlan] = collections.deque(maxlen=4096)
         self.max_rows = 0  # most sequences one decode step has served
         self.shared_tokens = 0  # prompt tokens copied from another sequence, not prefilled
+        self.prefilled_tokens = 0  # prompt tokens prefilled (chunks whose pass completed)
+        self.pool = PrefixPool(prompt_cache_bytes)  # finished sequences' prompt prefixes
+        self.burst_hold = burst_hold
+        self._held = 0  # prompt tokens prefilled since the last decode step, in a burst
         self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: list[_Seq] = []
@@ -189,6 +216,7 @@ class Scheduler:
             self._closed = True
             self._cv.notify()
         self._thread.join(timeout=30)
+        self.pool.clear()
 
     # --- the scheduler thread ----------------------------------------------------------
     def _run(self) -> None:
@@ -211,6 +239,7 @@ class Scheduler:
             try:
                 self._step()
             except MemoryError:
+                self.pool.clear()
                 self._fail_all(OutOfMemoryError("Out of memory while generating; "
                                                 "fewer parallel requests may fit."))
             except Exception as e:  # noqa: BLE001 - the requests in the step fail, not the server
@@ -224,27 +253,50 @@ class Scheduler:
         m = self.model
         gen = Generation(m.tokenizer, len(req.prompt_ids), req.max_tokens, m.tokenizer.eos_ids,
                          req.stop)
-        cache = m.model.make_cache(len(req.prompt_ids) + req.max_tokens)
+        try:
+            cache = m.model.make_cache(len(req.prompt_ids) + req.max_tokens)
+        except MemoryError:  # kept prefixes go first, then the request may still fit
+            if not len(self.pool):
+                raise
+            self.pool.clear()
+            cache = m.model.make_cache(len(req.prompt_ids) + req.max_tokens)
         return _Seq(req, gen, np.random.default_rng(req.sampling.seed), list(req.prompt_ids),
                     cache)
 
     def _share_prefix(self, s: _Seq) -> None:
         """Before ``s`` prefills its next chunk: copy the chunks from there on that a
-        running sequence with the same prompt start has already prefilled (clients often
-        send one system prompt or document with many requests). Only whole chunks, cut at
-        the fixed positions every prompt is cut at, and at least one token is left to
-        run: the copied rows are what the very same prefill calls computed for the other
-        sequence, so the tokens stay exactly those of the request alone."""
+        running sequence with the same prompt start has already prefilled, or that a
+        finished one left in the pool (clients often send one system prompt or document
+        with many requests). Only whole chunks, cut at the fixed positions every prompt is
+        cut at, and at least one token is left to run: the copied rows are what the very
+        same prefill calls computed for the other sequence, so the tokens stay exactly
+        those of the request alone."""
         prompt, c = s.req.prompt_ids, self.prefill_chunk
-        best, src = s.pos, None
+        best, src = self.pool.match(prompt, c)
         for o in self._active:
             if o is not s:
-                n = min(o.pos, common_prefix(prompt, o.req.prompt_ids), len(prompt) - 1)
-                if n // c * c > best:
-                    best, src = n // c * c, o
-        if src is not None and s.cache.copy_prefix(src.cache, best):
+                n = shared_chunks(prompt, o.req.prompt_ids, o.pos, c)
+                if n > best:
+                    best, src = n, o.cache
+        if src is not None and best > s.pos and s.cache.copy_prefix(src, best):
             self.shared_tokens += best - s.pos
             s.pos = best
+
+    def _keep_prefix(self, s: _Seq) -> None:
+        """Put the whole chunks ``s`` prefilled (``s.pos``: a chunk under way when it was
+        cancelled is not among them) into the pool, as a compacted copy."""
+        c = self.prefill_chunk
+        n = s.pos // c * c
+        if (not n or s.cache is None or cache_nbytes(s.cache, n) > self.pool.max_bytes
+                or self.pool.covers(s.req.prompt_ids[:n])):
+            return  # nothing whole, disabled (0 bytes), too big, or already kept
+        try:
+            small = compact(self.model.model, s.cache, n)
+        except MemoryError:
+            self.pool.clear()
+            return
+        if small is not None:
+            self.pool.put(s.req.prompt_ids[:n], small)
 
     def _step(self) -> None:
         for s in [s for s in self._active if s.req.cancel.is_set()]:
@@ -252,13 +304,25 @@ class Scheduler:
         M, B = self.model.model, self.model.backend
         pre = next((s for s in self._active if s.pos < len(s.req.prompt_ids)), None)
         others_decode = any(s.last is not None for s in self._active)
+        # A burst: nobody has fed a token back yet. Then the first tokens wait while the
+        # other newcomers' prompts prefill in whole chunks (up to burst_hold tokens),
+        # instead of every later decode step waiting for a budgeted piece of them.
+        burst = not any(s.decoding for s in self._active)
         tokens = layers = 0
         if pre is not None:
             tokens = pre.chunk or self._start_chunk(pre)
-            layers = self._prefill(pre, self.budget.layers(tokens) if others_decode else None)
+            whole = not others_decode or (burst and self._held < self.burst_hold)
+            layers = self._prefill(pre, None if whole else self.budget.layers(tokens))
+            if others_decode and burst and pre.run is None:
+                self._held += tokens
         done = pre is not None and pre.run is None
         dec = [s for s in self._active if s.last is not None]
+        if (dec and burst and self._held < self.burst_hold
+                and (any(s.pos < len(s.req.prompt_ids) for s in self._active)
+                     or (self._waiting and len(self._active) < self.parallel))):
+            dec = []  # the burst's first tokens wait for its other prompts (admitted next)
         if dec:
+            self._held = 0
             t0 = self.clock()
             ids = np.asarray([[s.last] for s in dec], dtype=np.int64)
             cache = dec[0].cache if len(dec) == 1 else BatchedCaches([s.cache for s in dec])
@@ -266,6 +330,7 @@ class Scheduler:
             self.steps += 1
             self.max_rows = max(self.max_rows, len(dec))
             for i, s in enumerate(dec):
+                s.decoding = True
                 self._accept(s, logits, i)
             if not tokens or self.budget.decode_s is None:
                 # Only steps without prefill: right after a prefill piece the decode step
@@ -301,6 +366,7 @@ class Scheduler:
             self.model.backend.synchronize(h)  # lazy backends: computed in this step
         self.budget.prefilled(self.clock() - t0, ran, s.chunk)
         if logits is not None:
+            self.prefilled_tokens += s.chunk
             s.pos, s.chunk, s.run = s.pos + s.chunk, 0, None
             if s.pos == len(s.req.prompt_ids):
                 self._accept(s, logits, 0)
@@ -326,6 +392,7 @@ class Scheduler:
             s.last = tok
 
     def _finish(self, s: _Seq, reason: str | None = None) -> None:
+        self._keep_prefix(s)
         events = s.gen.close(reason, memory=None)
         with self._cv:  # load() never shows the request gone before it shows it finished
             self.finished.append((s.gen.finish or "", len(s.gen.ids)))
