@@ -105,8 +105,9 @@ def test_the_option_reaches_the_scheduler(engine, monkeypatch):  # noqa: F811
     seen = {}
     monkeypatch.setattr(run, "load_engine", lambda *a: seen.setdefault("args", a))
     monkeypatch.setattr(run, "serve", lambda *a: None)
-    assert main(["serve", "--model", "smollm2", "--prompt-cache-mb", "0"]) == 0
-    assert seen["args"][-1] == 0
+    assert main(["serve", "--model", "smollm2", "--prompt-cache-mb", "0",
+                 "--kv-dtype", "float16"]) == 0
+    assert seen["args"][4:] == (0, "float16")  # (model, embed, backend, parallel, these)
     with pytest.raises(SystemExit):
         main(["serve", "--model", "smollm2", "--prompt-cache-mb", "-1"])
     off = Engine(engine.llm, None, parallel=1, prompt_cache_mb=0)
