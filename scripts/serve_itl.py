@@ -1,9 +1,10 @@
 """Inter-token gaps of the batching scheduler alone (no HTTP): one stream, then four
 started together, each a greedy completion of the bench prompt. Prints JSON with p50/p99
 gaps, p50 time to first token and the p99 ratio (4 streams / 1). Usage:
-``PYTHONPATH=<tree> python scripts/serve_itl.py [tokens] [step_budget] [burst_hold]``
-(the tree on PYTHONPATH is the code measured; the budget and the burst hold default to
-the scheduler's STEP_BUDGET and BURST_HOLD; a hold of 0 turns the burst rule off)."""
+``PYTHONPATH=<tree> python scripts/serve_itl.py [tokens] [step_budget] [burst_hold]
+[prompt_cache_mb]`` (the tree on PYTHONPATH is the code measured; the others default to
+the scheduler's STEP_BUDGET, BURST_HOLD and PROMPT_CACHE_MB; 0 turns the burst rule or
+the prompt cache off)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from inference.bench import workloads
 from inference.events import DoneEvent, TokenEvent
 from inference.sampling import SamplingParams
 from inference.server.bench_serve import CONTINUATION
+from inference.server.prefix_pool import PROMPT_CACHE_MB
 from inference.server.scheduler import BURST_HOLD, STEP_BUDGET, Request, Scheduler
 from inference.threads import set_threads
 
@@ -53,10 +55,12 @@ def main() -> None:
     tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 48
     budget = float(sys.argv[2]) if len(sys.argv) > 2 else STEP_BUDGET
     hold = int(sys.argv[3]) if len(sys.argv) > 3 else BURST_HOLD
+    cache_mb = int(sys.argv[4]) if len(sys.argv) > 4 else PROMPT_CACHE_MB
     llm = load_model("smollm2", backend="cpu")
     set_threads(2, llm.backend)
     ids = llm.plan(prompt=workloads()[0] + CONTINUATION, max_tokens=tokens)[0]
-    sched = Scheduler(llm, parallel=8, step_budget=budget, burst_hold=hold)
+    sched = Scheduler(llm, parallel=8, step_budget=budget, burst_hold=hold,
+                      prompt_cache_bytes=cache_mb << 20)
     try:
         run(sched, ids, 1, tokens)  # warm-up: JIT, first touch
         out = [run(sched, ids, 1, tokens), run(sched, ids, 4, tokens)]
