@@ -63,6 +63,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from inference.backends import cpu_kernels as K
+from inference.backends.cpu_kernels import _item_ptr
 
 _f32 = np.float32
 _jit = K._jit
@@ -137,12 +138,6 @@ def _quantized(x: np.ndarray, level: np.integer) -> tuple[np.ndarray, np.ndarray
 
 
 # -- one block's integer sums, as LLVM IR -----------------------------------------------
-
-
-def _item_ptr(context, builder, aty, arr, idx):  # type: ignore[no-untyped-def]
-    ary = context.make_array(aty)(context, builder, arr)
-    return cgutils.get_item_pointer(context, builder, aty, ary, idx, wraparound=False,
-                                    boundscheck=False)
 
 
 def _i64_of(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:

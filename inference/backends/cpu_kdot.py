@@ -44,12 +44,11 @@ from inference.backends.cpu_idot import (
     _i32,
     _i64,
     _i64_of,
-    _item_ptr,
     _maddwd,
     _quantized,
     _splat,
 )
-from inference.backends.cpu_kernels import _f32, _jit, target_has
+from inference.backends.cpu_kernels import _f32, _item_ptr, _jit, target_has
 from inference.backends.cpu_raw import Q2_K, Q3_K, ROWS_PER_TASK, _f16_at
 from inference.formats.quants import BLOCK_TYPES
 

@@ -144,16 +144,21 @@ _jit = partial(njit, cache=True, fastmath=True, error_model="numpy", nogil=True)
 _NO_REASSOC = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
 
 
+def _item_ptr(context, builder, aty, arr, idx):  # type: ignore[no-untyped-def]
+    """In an intrinsic's codegen: the pointer to ``arr[idx]`` (``aty`` its array type,
+    ``idx`` a list of index values), unchecked."""
+    ary = context.make_array(aty)(context, builder, arr)
+    return cgutils.get_item_pointer(context, builder, aty, ary, idx, wraparound=False,
+                                    boundscheck=False)
+
+
 @intrinsic
 def _prefetch(typingctx, arr, idx):  # type: ignore[no-untyped-def]
     """llvm.prefetch (read, keep in all caches) of ``arr[idx]``; numba has no such call."""
     sig = types.void(arr, idx)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        aty = signature.args[0]
-        ary = context.make_array(aty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]],
-                                       wraparound=False, boundscheck=False)
+        ptr = _item_ptr(context, builder, signature.args[0], args[0], [args[1]])
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fn = cgutils.get_or_insert_function(

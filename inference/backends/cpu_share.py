@@ -19,8 +19,9 @@ from collections.abc import Callable
 
 import numpy as np
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
+
+from inference.backends.cpu_kernels import _item_ptr
 
 # Loads a quiet worker spins before it sleeps: ~0.3 ms at ~1 ns a load, longer than the
 # serial ops between two share-outs of a prefill layer (norms, RoPE, adds), and short
@@ -37,9 +38,7 @@ def _load_acquire(typingctx, arr, i):  # type: ignore[no-untyped-def]
     sig = types.int64(arr, i)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        aty = signature.args[0]
-        ary = context.make_array(aty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1]])
+        ptr = _item_ptr(context, builder, signature.args[0], args[0], [args[1]])
         return builder.load_atomic(ptr, "acquire", 8)
 
     return sig, codegen
