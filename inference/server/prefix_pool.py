@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from inference.kv_cache import KVCache
+from inference.prompt_cache import common_prefix
 
 PROMPT_CACHE_MB = 256  # default bound on the pool's bytes (`inferdesk serve --prompt-cache-mb`)
 PROMPT_CACHE_ENTRIES = 8  # and on its entries: a few system prompts/documents in rotation
@@ -27,11 +28,8 @@ def shared_chunks(prompt: Sequence[int], other: Sequence[int], ready: int, chunk
     """Tokens in the whole chunks (cut at 0, chunk, 2*chunk...) that ``prompt`` shares with
     ``other``, of the first ``ready`` tokens of ``other`` whose K/V exist, leaving at least
     the last prompt token to run (its logits start the reply)."""
-    limit = min(ready, len(prompt) - 1)
-    n = 0
-    while n + chunk <= limit and list(prompt[n:n + chunk]) == list(other[n:n + chunk]):
-        n += chunk
-    return n
+    n = min(ready, len(prompt) - 1, common_prefix(prompt, other))
+    return n // chunk * chunk
 
 
 def cache_nbytes(cache: KVCache, rows: int | None = None) -> int:
