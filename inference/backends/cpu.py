@@ -624,7 +624,7 @@ class CpuBackend(NumpyBackend):
         vbuf = [c.values[layer] for c in caches]
         if any(a.dtype != self.kv_dtype or not a.flags.c_contiguous for a in kbuf + vbuf):
             return super().attend_rows(q, k, v, caches, layer, **kw)
-        like = np.zeros(1, np.uint16 if self.kv_dtype == np.float16 else np.float32)
+        like = _bits(np.zeros(1, self.kv_dtype))  # the element type the kernel reads
         kaddr, vaddr = (np.array([a.ctypes.data for a in bufs], dtype=np.int64)
                         for bufs in (kbuf, vbuf))
         caps = np.array([a.shape[2] for a in kbuf], dtype=np.int64)
