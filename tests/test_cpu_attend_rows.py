@@ -17,12 +17,13 @@ KW = {"theta": 10000.0, "freq_factors": None, "scale": D ** -0.5, "window": None
       "softcap": None}
 
 
-def _caches(lengths: list[int], seed: int, max_len: int | None = None) -> list[KVCache]:
+def _caches(lengths: list[int], seed: int, max_len: int | None = None,
+            backend: CpuBackend = B) -> list[KVCache]:
     """One cache per sequence, ``lengths[i]`` tokens already in it (random K/V rows)."""
     rng = np.random.default_rng(seed)
     out = []
     for n in lengths:
-        c = KVCache(B, LAYERS, max_len=max_len)
+        c = KVCache(backend, LAYERS, max_len=max_len)
         for layer in range(LAYERS if n else 0):  # an empty cache has no buffers yet
             k, v = (rng.standard_normal((1, HK, n, D)).astype(np.float32) for _ in "kv")
             c.update(layer, k, v)

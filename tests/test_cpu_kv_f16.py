@@ -15,6 +15,7 @@ from inference.kv_cache import KVCache
 from tests import goldens_io as g
 from tests.bundled import load_bundled
 from tests.test_cpu_attend_rows import KW, LAYERS, _step
+from tests.test_cpu_attend_rows import _caches as attend_rows_caches
 from tests.test_cpu_kquants import decode_logits
 
 B = CpuBackend()
@@ -44,16 +45,7 @@ def test_half_bits_rounds_as_numpy():
 
 
 def _caches(lengths: list[int], seed: int) -> list[KVCache]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        c = KVCache(B, LAYERS)
-        for layer in range(LAYERS if n else 0):
-            k, v = (rng.standard_normal((1, 2, n, 16)).astype(np.float32) for _ in "kv")
-            c.update(layer, k, v)
-        c.advance(n)
-        out.append(c)
-    return out
+    return attend_rows_caches(lengths, seed, backend=B)
 
 
 def _reference(q: np.ndarray, cache: KVCache, layer: int, pos: int) -> np.ndarray:
