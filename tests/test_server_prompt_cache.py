@@ -103,20 +103,56 @@ def test_the_option_reaches_the_scheduler(engine, monkeypatch):  # noqa: F811
     from inference.server.app import Engine
 
     seen = {}
-    monkeypatch.setattr(run, "load_engine", lambda *a: seen.setdefault("args", a))
+    monkeypatch.setattr(run, "load_engine", lambda *a: seen.update(args=a))
     monkeypatch.setattr(run, "serve", lambda *a: None)
     assert main(["serve", "--model", "smollm2", "--prompt-cache-mb", "0",
-                 "--kv-dtype", "float16"]) == 0
-    assert seen["args"][4:] == (0, "float16")  # (model, embed, backend, parallel, these)
-    with pytest.raises(SystemExit):
-        main(["serve", "--model", "smollm2", "--prompt-cache-mb", "-1"])
+                 "--kv-dtype", "float16", "--prompt-cache-idle", "30"]) == 0
+    assert seen["args"][4:] == (0, "float16", 30.0)  # (model, embed, backend, parallel, ..)
+    assert main(["serve", "--model", "smollm2"]) == 0
+    assert seen["args"][4:] == (256, None, 300.0)  # the defaults
+    for flag, bad in (("--prompt-cache-mb", "-1"), ("--prompt-cache-idle", "-5"),
+                      ("--prompt-cache-idle", "nan"), ("--prompt-cache-idle", "soon")):
+        with pytest.raises(SystemExit):
+            main(["serve", "--model", "smollm2", flag, bad])
     off = Engine(engine.llm, None, parallel=1, prompt_cache_mb=0)
-    on = Engine(engine.llm, None, parallel=1, prompt_cache_mb=3)
+    on = Engine(engine.llm, None, parallel=1, prompt_cache_mb=3, prompt_cache_idle=7)
     try:
         assert (off.scheduler.pool.max_bytes, on.scheduler.pool.max_bytes) == (0, 3 << 20)
+        assert on.scheduler.prompt_cache_idle == 7
     finally:
         off.close()
         on.close()
+
+
+def test_an_idle_server_lets_its_prompt_cache_go(engine, monkeypatch):  # noqa: F811
+    """``prompt_cache_idle`` seconds after the last request the kept prefixes are dropped
+    and the heap trimmed; with 0 they stay."""
+    import time
+
+    from inference.server import scheduler as scheduler_module
+
+    trims: list[int] = []
+    monkeypatch.setattr(scheduler_module, "trim_host_heap", lambda: trims.append(1))
+    llm = engine.llm
+    ids = llm.plan(messages=_conv(0), max_tokens=2)[0]
+    greedy = [SamplingParams(temperature=0.0)]
+    for idle in (0.2, 0.0):
+        sched = Scheduler(llm, parallel=1, prefill_chunk=24, prompt_cache_idle=idle)
+        cleared: list[int] = []
+        clear = sched.pool.clear
+        sched.pool.clear = lambda pool=sched.pool, clear=clear, cleared=cleared: (
+            cleared.append(len(pool)), clear())  # what each clear dropped
+        try:
+            _run_together(sched, [ids], 2, greedy)
+            deadline = time.monotonic() + (60 if idle else 1)  # 0: nothing may come
+            while not cleared and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if idle:
+                assert cleared == [1] and len(sched.pool) == 0 and trims == [1]
+            else:
+                assert cleared == [] and len(sched.pool) == 1
+        finally:
+            sched.close()
 
 
 class _CancelAt:

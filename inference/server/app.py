@@ -23,7 +23,7 @@ from inference.sampling import SamplingParams
 from inference.server import errors
 from inference.server.embed_batcher import EmbedBatcher
 from inference.server.errors import APIError
-from inference.server.prefix_pool import PROMPT_CACHE_MB
+from inference.server.prefix_pool import PROMPT_CACHE_IDLE, PROMPT_CACHE_MB
 from inference.server.scheduler import Request as SeqRequest
 from inference.server.scheduler import Scheduler, TokenLogprobs
 from inference.server.schemas import ChatRequest, CompletionRequest, EmbeddingRequest
@@ -39,13 +39,15 @@ class Engine:
 
     def __init__(self, llm: Any = None, encoder: Any = None, parallel: int = 4,
                  max_waiting: int = 16, aliases: dict[str, str] | None = None,
-                 prompt_cache_mb: int = PROMPT_CACHE_MB):
+                 prompt_cache_mb: int = PROMPT_CACHE_MB,
+                 prompt_cache_idle: float = PROMPT_CACHE_IDLE):
         if llm is None and encoder is None:
             raise APIError(400, "The server needs a model or an embedding model.")
         self.llm, self.encoder = llm, encoder
         self.created = int(time.time())
         self.scheduler = (Scheduler(llm, parallel, max_waiting,
-                                    prompt_cache_bytes=prompt_cache_mb << 20)
+                                    prompt_cache_bytes=prompt_cache_mb << 20,
+                                    prompt_cache_idle=prompt_cache_idle)
                           if llm is not None else None)
         self.embedder = EmbedBatcher(encoder) if encoder is not None else None
         self.aliases = dict(aliases or {})

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inference.cli import add_kv_dtype
-from inference.server.prefix_pool import PROMPT_CACHE_ENTRIES, PROMPT_CACHE_MB
+from inference.server.prefix_pool import PROMPT_CACHE_ENTRIES, PROMPT_CACHE_IDLE, PROMPT_CACHE_MB
 from inference.server.scheduler import MAX_PARALLEL
 
 
@@ -18,7 +18,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     key = args.api_key or os.environ.get("INFERDESK_API_KEY") or None
     check_exposure(args.host, key)  # before minutes of loading, not after
     engine = load_engine(args.model, args.embed_model, args.backend, args.parallel,
-                         args.prompt_cache_mb, args.kv_dtype)
+                         args.prompt_cache_mb, args.kv_dtype, args.prompt_cache_idle)
     if args.threads is not None:
         from inference.threads import set_threads
 
@@ -44,6 +44,16 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _seconds(text: str) -> float:
+    try:
+        n = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a number of seconds") from None
+    if not 0 <= n < float("inf"):
+        raise argparse.ArgumentTypeError("must be 0 or more seconds")
+    return n
+
+
 def add_parser(sub: Any, backends: list[str]) -> None:
     s = sub.add_parser("serve", help="serve models over an OpenAI-compatible HTTP API")
     s.add_argument("--model", help="chat model: store name or path")
@@ -63,4 +73,8 @@ def add_parser(sub: Any, backends: list[str]) -> None:
                    help="memory for finished requests' prompt prefixes, reused by later "
                         f"requests starting the same way (at most {PROMPT_CACHE_ENTRIES} "
                         f"kept; 0 disables; default {PROMPT_CACHE_MB})")
+    s.add_argument("--prompt-cache-idle", type=_seconds, default=PROMPT_CACHE_IDLE,
+                   metavar="SECONDS",
+                   help="release the prompt cache after this long without a request "
+                        f"(0: never; default {PROMPT_CACHE_IDLE:g})")
     s.set_defaults(func=cmd_serve)

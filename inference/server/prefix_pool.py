@@ -22,6 +22,10 @@ from inference.prompt_cache import common_prefix
 
 PROMPT_CACHE_MB = 256  # default bound on the pool's bytes (`inferdesk serve --prompt-cache-mb`)
 PROMPT_CACHE_ENTRIES = 8  # and on its entries: a few system prompts/documents in rotation
+# Seconds without a request after which the pool is emptied (`--prompt-cache-idle`, 0:
+# never): a client sending a request every few minutes still finds its prefix, and a
+# server left idle holds its weights only. Ollama's idle unload is 5 minutes too.
+PROMPT_CACHE_IDLE = 300.0
 
 
 def shared_chunks(prompt: Sequence[int], other: Sequence[int], ready: int, chunk: int) -> int:

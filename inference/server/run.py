@@ -11,7 +11,7 @@ from typing import Any
 
 from inference.errors import InvalidInputError
 from inference.server.app import Engine, create_app
-from inference.server.prefix_pool import PROMPT_CACHE_MB
+from inference.server.prefix_pool import PROMPT_CACHE_IDLE, PROMPT_CACHE_MB
 
 
 def is_loopback(host: str) -> bool:
@@ -32,9 +32,11 @@ def check_exposure(host: str, api_key: str | None) -> None:
 
 def load_engine(model: str | None, embed_model: str | None, backend: str = "auto",
                 parallel: int = 4, prompt_cache_mb: int = PROMPT_CACHE_MB,
-                kv_dtype: str | None = None) -> Engine:
+                kv_dtype: str | None = None, prompt_cache_idle: float = PROMPT_CACHE_IDLE
+                ) -> Engine:
     """Load the named chat model and/or encoder and start their batching threads;
-    ``prompt_cache_mb`` bounds the finished requests' prompt prefixes kept (0: none);
+    ``prompt_cache_mb`` bounds the finished requests' prompt prefixes kept (0: none),
+    ``prompt_cache_idle`` the seconds without a request they are kept for (0: no limit);
     ``kv_dtype`` is the chat model's KV cache type (None: the backend's)."""
     from inference.api import load_model
     from inference.remote import is_url
@@ -61,7 +63,7 @@ def load_engine(model: str | None, embed_model: str | None, backend: str = "auto
         else:
             enc = m
     return Engine(llm, enc, parallel=parallel, aliases=aliases,
-                  prompt_cache_mb=prompt_cache_mb)
+                  prompt_cache_mb=prompt_cache_mb, prompt_cache_idle=prompt_cache_idle)
 
 
 def _bind(host: str, port: int) -> socket.socket:

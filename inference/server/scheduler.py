@@ -24,7 +24,9 @@ stretching many of its gaps, and the later streams' first tokens come sooner.
 
 Prompt cache: a finished (or cancelled) sequence's whole prefilled chunks are kept in a
 bounded pool (:class:`~inference.server.prefix_pool.PrefixPool`), copied like a running
-sequence's (:meth:`Scheduler._share_prefix`).
+sequence's (:meth:`Scheduler._share_prefix`). After ``prompt_cache_idle`` seconds with no
+request the pool is emptied and the freed heap given back to the system, so a server left
+running holds its weights only.
 
 Exactness: a sequence's tokens do not depend on what runs beside it. Prefill chunks are
 cut at fixed positions (0, C, 2C, ...) and each is one forward pass of one sequence,
@@ -53,12 +55,14 @@ from typing import Any
 
 import numpy as np
 
+from inference.backends.base import trim_host_heap
 from inference.errors import InferdeskError, OutOfMemoryError
 from inference.events import GenerationEvent
 from inference.generate import Generation
 from inference.kv_cache import BatchedCaches, KVCache
 from inference.sampling import SamplingParams
 from inference.server.prefix_pool import (
+    PROMPT_CACHE_IDLE,
     PROMPT_CACHE_MB,
     PrefixPool,
     cache_nbytes,
@@ -167,7 +171,7 @@ class Scheduler:
                  prefill_chunk: int = PREFILL_CHUNK, step_budget: float = STEP_BUDGET,
                  clock: Callable[[], float] = time.perf_counter,
                  prompt_cache_bytes: int = PROMPT_CACHE_MB << 20,
-                 burst_hold: int = BURST_HOLD):
+                 burst_hold: int = BURST_HOLD, prompt_cache_idle: float = PROMPT_CACHE_IDLE):
         if not 1 <= parallel <= MAX_PARALLEL:
             raise InferdeskError(f"parallel must be between 1 and {MAX_PARALLEL}.")
         self.model = model  # a CausalLM
@@ -182,6 +186,7 @@ class Scheduler:
         self.shared_tokens = 0  # prompt tokens copied from another sequence, not prefilled
         self.prefilled_tokens = 0  # prompt tokens prefilled (chunks whose pass completed)
         self.pool = PrefixPool(prompt_cache_bytes)  # finished sequences' prompt prefixes
+        self.prompt_cache_idle = prompt_cache_idle  # seconds idle before the pool is emptied
         self.burst_hold = burst_hold
         self._held = 0  # prompt tokens prefilled since the last decode step, in a burst
         self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
@@ -223,7 +228,7 @@ class Scheduler:
         while True:
             with self._cv:
                 while not self._closed and not self._waiting and not self._active:
-                    self._cv.wait()
+                    self._idle()
                 if self._closed:
                     break
                 while self._waiting and len(self._active) < self.parallel:
@@ -248,6 +253,15 @@ class Scheduler:
             self._finish(s, "cancelled")
         while self._waiting:
             self._close_request(self._waiting.popleft(), "cancelled")
+
+    def _idle(self) -> None:
+        """Wait (holding ``_cv``) for work; with prefixes kept, at most until the pool has
+        been idle ``prompt_cache_idle`` seconds, then empty it and trim the heap."""
+        if not len(self.pool) or self.prompt_cache_idle <= 0:
+            self._cv.wait()
+        elif not self._cv.wait(self.prompt_cache_idle):
+            self.pool.clear()
+            trim_host_heap()
 
     def _start(self, req: Request) -> _Seq:
         m = self.model
