@@ -59,7 +59,7 @@ class MainWindow(QMainWindow):
         self.chat = ChatPane(self.handle, self.store, self.settings)
         self.embed = EmbedPane(self.handle)
         self.perf = PerfPane(self.handle)
-        self.server = ServerPane()
+        self.server = ServerPane(self.settings)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for pane, name, ico in ((self.picker, "Models", "models"), (self.chat, "Chat", "chat"),

@@ -40,6 +40,18 @@ MODEL_FILTER = "Model files (*.gguf *.safetensors);;All files (*)"
 GOOD, BAD = QColor("#047857"), QColor("#b91c1c")
 
 
+def kv_choice_box(current: str) -> QComboBox:
+    """A combo box of :data:`KV_CHOICES` (item data: load_model's kv_dtype), at ``current``."""
+    box = QComboBox()
+    for label, value in KV_CHOICES:
+        box.addItem(label, value)
+    box.setToolTip("The element type of a chat's KV cache. float16 holds it in half the "
+                   "memory and reads half the bytes per token (cpu and cuda); backends "
+                   "without it say so at load")
+    box.setCurrentIndex(max(0, box.findData(current)))
+    return box
+
+
 class ModelPicker(QWidget):
     model_loaded = Signal(object)  # LoadedInfo
     context_changed = Signal(int)  # tokens a chat may use
@@ -106,14 +118,7 @@ class ModelPicker(QWidget):
         self.context_box.valueChanged.connect(self._on_context_changed)
         opts.addWidget(self.context_box)
         opts.addWidget(QLabel("KV cache:"))
-        self.kv_combo = QComboBox()
-        for label, value in KV_CHOICES:
-            self.kv_combo.addItem(label, value)
-        self.kv_combo.setToolTip("The element type of a chat's KV cache. float16 holds it in "
-                                 "half the memory and reads half the bytes per token "
-                                 "(cpu and cuda); backends without it say so at load")
-        self.kv_combo.setCurrentIndex(max(0, self.kv_combo.findData(
-            self.settings.get("models/kv_dtype", "", str))))
+        self.kv_combo = kv_choice_box(self.settings.get("models/kv_dtype", "", str))
         self.kv_combo.currentIndexChanged.connect(self._on_kv_changed)
         opts.addWidget(self.kv_combo)
         opts.addStretch(1)

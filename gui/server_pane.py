@@ -1,6 +1,8 @@
 """The Server tab: serve models over the OpenAI API from the app (start/stop, the URL, a
-live request log). Loading and serving run off the GUI thread; a QObject carries their
-results back as signals, so no widget is touched from another thread."""
+live request log), with the options of `inferdesk serve` a user tunes (parallel requests,
+KV cache type, prompt cache size), remembered from one start to the next (the API key is
+not stored). Loading and serving run off the GUI thread; a QObject carries their results
+back as signals, so no widget is touched from another thread."""
 
 from __future__ import annotations
 
@@ -21,7 +23,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui.model_picker import kv_choice_box
+from gui.settings import Settings
+
 LOG_LINES = 500  # the log keeps the last requests only
+PROMPT_CACHE_MAX_MB = 1 << 16  # the box's bound; the server takes any size
 
 
 class ServerBridge(QObject):
@@ -34,23 +40,39 @@ class ServerBridge(QObject):
 
 
 class ServerPane(QWidget):
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, settings: Settings | None = None, parent: QWidget | None = None):
+        from inference.server.prefix_pool import PROMPT_CACHE_MB
+
         super().__init__(parent)
+        self.settings = settings  # None: nothing remembered (tests, embedding the pane)
         self.bridge = ServerBridge(self)
         self.server: Any = None  # inference.server.run.ServerThread while serving
         self._busy = False
 
-        self.model = QLineEdit("smollm2", placeholderText="chat model (store name or path)")
-        self.embed_model = QLineEdit("minilm", placeholderText="embedding model (optional)")
-        self.host = QLineEdit("127.0.0.1")
-        self.port = QSpinBox(minimum=0, maximum=65535, value=8080)
+        def saved(key: str, default: Any, type_: type) -> Any:
+            return default if settings is None else settings.get(f"server/{key}", default,
+                                                                 type_)
+
+        self.model = QLineEdit(saved("model", "smollm2", str),
+                               placeholderText="chat model (store name or path)")
+        self.embed_model = QLineEdit(saved("embed_model", "minilm", str),
+                                     placeholderText="embedding model (optional)")
+        self.host = QLineEdit(saved("host", "127.0.0.1", str))
+        self.port = QSpinBox(minimum=0, maximum=65535, value=saved("port", 8080, int))
         self.api_key = QLineEdit(placeholderText="required off loopback",
                                  echoMode=QLineEdit.EchoMode.Password)
-        self.parallel = QSpinBox(minimum=1, maximum=8, value=4)
+        self.parallel = QSpinBox(minimum=1, maximum=8, value=saved("parallel", 4, int))
+        self.kv_dtype = kv_choice_box(saved("kv_dtype", "", str))
+        self.prompt_cache = QSpinBox(minimum=0, maximum=PROMPT_CACHE_MAX_MB, suffix=" MB",
+                                     value=saved("prompt_cache_mb", PROMPT_CACHE_MB, int))
+        self.prompt_cache.setToolTip("Memory for finished requests' prompt starts (a system "
+                                     "prompt or document sent again is not prefilled again); "
+                                     "0 keeps none")
         form = QFormLayout()
         for label, w in (("Chat model", self.model), ("Embedding model", self.embed_model),
                          ("Host", self.host), ("Port", self.port), ("API key", self.api_key),
-                         ("Parallel requests", self.parallel)):
+                         ("Parallel requests", self.parallel), ("KV cache", self.kv_dtype),
+                         ("Prompt cache", self.prompt_cache)):
             form.addRow(label, w)
         self.button = QPushButton("Start server")
         self.button.clicked.connect(self.toggle)
@@ -80,9 +102,11 @@ class ServerPane(QWidget):
         self.button.setEnabled(False)
         if self.server is None:
             self.url.setText("Loading models…")
+            self._remember()
             args = (self.model.text().strip() or None, self.embed_model.text().strip() or None,
                     self.host.text().strip(), self.port.value(),
-                    self.api_key.text() or None, self.parallel.value())
+                    self.api_key.text() or None, self.parallel.value(),
+                    self.kv_dtype.currentData() or None, self.prompt_cache.value())
             threading.Thread(target=self._start, args=args, name="inferdesk-serve-start",
                              daemon=True).start()
         else:
@@ -90,6 +114,16 @@ class ServerPane(QWidget):
             server, self.server = self.server, None
             threading.Thread(target=self._stop, args=(server,), name="inferdesk-serve-stop",
                              daemon=True).start()
+
+    def _remember(self) -> None:
+        if self.settings is None:
+            return
+        for key, value in (("model", self.model.text()), ("embed_model", self.embed_model.text()),
+                           ("host", self.host.text()), ("port", self.port.value()),
+                           ("parallel", self.parallel.value()),
+                           ("kv_dtype", self.kv_dtype.currentData()),
+                           ("prompt_cache_mb", self.prompt_cache.value())):
+            self.settings.set(f"server/{key}", value)
 
     def shutdown(self) -> None:
         """Stop serving now (the window is closing)."""
@@ -99,13 +133,15 @@ class ServerPane(QWidget):
 
     # --- worker threads (no widgets here) --------------------------------------------------
     def _start(self, model: str | None, embed: str | None, host: str, port: int,
-               key: str | None, parallel: int) -> None:
+               key: str | None, parallel: int, kv_dtype: str | None,
+               prompt_cache_mb: int) -> None:
         from inference.errors import InferdeskError
         from inference.server.run import ServerThread, check_exposure, load_engine
 
         try:
             check_exposure(host, key)
-            engine = load_engine(model, embed, parallel=parallel)
+            engine = load_engine(model, embed, parallel=parallel, kv_dtype=kv_dtype,
+                                 prompt_cache_mb=prompt_cache_mb)
             try:
                 server = ServerThread(engine, host, port, key, log=self.bridge.request.emit)
                 server.start()

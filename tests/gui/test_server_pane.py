@@ -37,3 +37,44 @@ def test_exposed_without_key_is_refused(qtbot):
         pane.toggle()
     assert "api-key" in failed.args[0] and pane.server is None
     assert pane.button.isEnabled() and pane.button.text() == "Start server"
+
+
+def test_options_reach_the_server_and_are_remembered(qtbot, tmp_path, monkeypatch):
+    """KV cache type and prompt cache size go to load_engine; the form comes back the same
+    in a new pane on the same settings, without the API key."""
+    from gui.model_picker import KV_CHOICES
+    from inference.server import run
+    from tests.gui.conftest import make_settings
+
+    seen = {}
+
+    def refuse(*args, **kwargs):  # stop before loading: this test is about what is passed
+        seen.update(args=args, kwargs=kwargs)
+        raise run.InvalidInputError("Not loading in this test.")
+
+    monkeypatch.setattr(run, "load_engine", refuse)
+    settings = make_settings(tmp_path / "settings.ini")
+    pane = ServerPane(settings)
+    qtbot.addWidget(pane)
+    assert pane.kv_dtype.count() == len(KV_CHOICES) and pane.prompt_cache.value() == 256
+    pane.model.setText("smollm2")
+    pane.embed_model.setText("")
+    pane.port.setValue(8123)
+    pane.parallel.setValue(6)
+    pane.api_key.setText("secret")
+    pane.kv_dtype.setCurrentIndex(pane.kv_dtype.findData("float16"))
+    pane.prompt_cache.setValue(0)
+    with qtbot.waitSignal(pane.bridge.failed, timeout=60_000) as failed:
+        pane.toggle()
+    assert failed.args[0] == "Not loading in this test."
+    assert seen["args"] == ("smollm2", None)
+    assert seen["kwargs"] == {"parallel": 6, "kv_dtype": "float16", "prompt_cache_mb": 0}
+
+    again = ServerPane(settings)
+    qtbot.addWidget(again)
+    assert (again.model.text(), again.embed_model.text(), again.port.value(),
+            again.parallel.value(), again.kv_dtype.currentData(),
+            again.prompt_cache.value()) == ("smollm2", "", 8123, 6, "float16", 0)
+    assert again.api_key.text() == ""
+    settings.q.sync()
+    assert "secret" not in (tmp_path / "settings.ini").read_text()
