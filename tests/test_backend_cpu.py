@@ -99,6 +99,18 @@ def test_mlx_affine_groups_of_64():
     np.testing.assert_allclose(unpack(w), dequantize(t), atol=1e-6)
 
 
+def test_mlx_8_bit_codes_are_stored_signed_with_the_bias_moved():
+    """One 8-bit kernel for every type (cpu_pack): MLX's codes 0..255 become -128..127 and
+    the bias takes 128 scales; the weights stay those of the file (float32 rounding of
+    the moved bias: 2^-24 of it, hence the tolerance)."""
+    t = _mlx_tensor(8, 40, 256, seed=9)
+    t.data[:, :2] = np.array([0, 0xFFFFFFFF], dtype=np.uint32)  # codes 0 x4, 255 x4
+    w = pack(t)
+    assert isinstance(w, PackedWeight) and w.codes.dtype == np.int8
+    want = dequantize(t)
+    np.testing.assert_allclose(unpack(w), want, rtol=0, atol=2e-7 * np.abs(want).max())
+
+
 # --- linear / embedding ------------------------------------------------------------------------
 
 def _float_tensor(qtype: str, rows: int, n: int, seed: int) -> TensorData:

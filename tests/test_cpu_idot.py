@@ -120,8 +120,8 @@ def test_one_call_linear_is_bitwise_the_two_calls(ci, qtype):
 
 
 def test_extreme_codes_and_activations_do_not_overflow(ci):
-    """The largest products the sums can meet: 8-bit codes of +-127 (Q8_0) and 255 (MLX
-    8-bit), and 15 (4-bit), against activations all at +-L."""
+    """The largest products the sums can meet: 8-bit codes of -128..127 (Q8_0, and MLX
+    8-bit stored signed: cpu_pack), and 15 (4-bit), against activations all at +-L."""
     x = np.full((1, 512), 3.0, dtype=np.float32)
     x[0, ::2] = -3.0
     for qtype in ("Q8_0", "MLX8", "Q4_1", "Q6_K"):

@@ -9,9 +9,14 @@ and biases stay float16 where
 the file has them so and both are needed (Q4_1, MLX with float16 scales: ``AFFINE_F16``),
 else float32 (a Q4_K scale is a float16 times a 6-bit integer, not a float16).
 
+8-bit codes are signed whatever the type (one kernel per code width, so a model's first
+load compiles fewer of them): MLX's unsigned 8-bit codes ``c`` become ``c - 128`` with the
+bias moved by ``128 * scale`` (in float32: one rounding of at most 2^-24 of the new
+bias), as Q8_0's are.
+
 Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
 its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q5_0 1.09x, Q5_1 1.0x, Q5_K
-1.27x, Q6_K 1.37x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.0x).
+1.27x, Q6_K 1.37x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
 Other types (Q3_K, Q2_K, F16, BF16, 3/6-bit MLX) stay as raw file bytes (1.0x):
 :mod:`cpu_raw` reads the GGML ones and the floats block by block; MLX's are dequantized
 by NumPy a chunk of rows at a time (slow).
@@ -51,7 +56,7 @@ class PackedWeight:
 
     def __post_init__(self) -> None:
         n = self.blocks.shape[0]
-        self.codes = self.blocks.view(np.int8 if self.scale_only_int8 else np.uint8
+        self.codes = self.blocks.view(np.int8 if self.bits == 8 else np.uint8  # module doc
                                       ).reshape(n, -1, LANES)
         self.halves = self.blocks.view(np.uint16)
         self.flat = self.blocks.reshape(-1).view(np.uint8)
@@ -108,6 +113,8 @@ def _groups(t: TensorData, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray, np
         gs = int(x["group_size"])
         codes = unpack_mlx(np.asarray(t.data[r0:r1]), int(x["bits"]))
         s, z = (_f32(np.asarray(x[k][r0:r1])) for k in ("scales", "biases"))
+        if x["bits"] == 8:  # signed codes (module docstring): c*s + z = (c-128)*s + (z+128s)
+            codes, z = (codes ^ np.uint8(0x80)).view(np.int8), z + np.float32(128) * s
         # Groups of 64/128 become 2/4 groups of 32 with the same scale and bias.
         return codes, np.repeat(s, gs // GROUP, axis=1), np.repeat(z, gs // GROUP, axis=1)
     bt = BLOCK_TYPES[t.qtype]
@@ -174,7 +181,7 @@ def _kind(t: TensorData) -> int:
         return SYMMETRIC
     if t.qtype == "Q6_K":
         return SUB16  # a scale per 16 weights: kept exact, not requantized
-    if t.qtype in ("Q4_1", "Q5_1") or (t.qtype == "MLX" and all(
+    if t.qtype in ("Q4_1", "Q5_1") or (t.qtype == "MLX" and int(t.extra["bits"]) != 8 and all(
             np.asarray(t.extra[k]).dtype == np.float16 for k in ("scales", "biases"))):
         return AFFINE_F16  # float16 in the file: exact in half the room
     return AFFINE
