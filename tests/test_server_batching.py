@@ -238,3 +238,30 @@ def test_concurrent_http_clients_get_what_they_get_alone(engine, server,  # noqa
     assert got == ref
     assert engine.scheduler.max_rows >= 2
     engine.scheduler.max_rows = max(before, engine.scheduler.max_rows)
+
+
+def test_a_batch_size_is_checked_once_per_scheduler(engine):  # noqa: F811
+    """The scheduler drops its captured step when the last sequence leaves (it holds
+    their caches), but keeps the record of batch sizes whose replay agreed with an eager
+    step: the next burst of the same size replays without running that check again (a
+    step that costs an eager step plus a replay)."""
+    from inference.backends.cpu_step import StepReplayer
+
+    llm = engine.llm
+    prompts = [llm.plan(messages=_messages(i), max_tokens=5)[0] for i in range(2)]
+    greedy = [SamplingParams(temperature=0.0)] * 2
+    sched = Scheduler(llm, parallel=2)
+    steps = sched._decode
+    assert isinstance(steps, StepReplayer)
+    checks: list[int] = []
+    verify = steps._verify
+    steps._verify = lambda model, ids, cache, caches: (checks.append(len(caches)),
+                                                        verify(model, ids, cache, caches))[1]
+    try:
+        first = _run_together(sched, prompts, 5, greedy)
+        assert sched._decode is steps and steps.replay is None  # released, not replaced
+        again = _run_together(sched, prompts, 5, greedy)
+    finally:
+        sched.close()
+    assert [d.token_ids for d in again] == [d.token_ids for d in first]
+    assert 2 in steps.verified and checks.count(2) == 1 and steps.captures >= 2

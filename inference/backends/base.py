@@ -215,6 +215,16 @@ class TokenSampler:
         return int(tok)
 
 
+class EagerSteps:
+    """A backend's decode steps run as they come (no captured step to replay)."""
+
+    def __call__(self, model: Any, ids: Any, cache: Any) -> Any:
+        return model(ids, cache, last_only=True)
+
+    def release(self) -> None:
+        """Give back what a captured step holds (nothing here)."""
+
+
 class Backend:
     """Base class. Subclasses implement the ops they support; ``ops()`` reports them."""
 
@@ -285,11 +295,11 @@ class Backend:
         is reset and the sampler for its tokens returned."""
         return TokenSampler(self, params, prompt_ids, rng)
 
-    def decode_steps(self) -> Callable[[Any, Any, Any], Any]:
+    def decode_steps(self) -> EagerSteps:
         """What runs a caller's decode steps, ``(model, ids, cache) -> logits`` as
         ``model(ids, cache, last_only=True)``: a backend may replay a captured step
         instead (cpu)."""
-        return lambda model, ids, cache: model(ids, cache, last_only=True)
+        return EagerSteps()
 
     def close(self) -> None:
         """The model using this backend is unloaded: give back what loading took."""

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends.base import OPS, TokenSampler
+from inference.backends.base import OPS, EagerSteps, TokenSampler
 from inference.kv_cache import BatchedCaches, KVCache
 from inference.sampling import SamplingParams
 
@@ -71,12 +71,13 @@ class StepReplay:
     buffers: tuple[int, ...]  # the caches and the KV buffers the calls write
 
 
-class StepReplayer:
+class StepReplayer(EagerSteps):
     """Decode steps of one model, replayed where they can be: ``replayer(model, ids,
     cache)`` is ``model(ids, cache, last_only=True)``. One sequence (a :class:`KVCache`)
     or several (:class:`BatchedCaches`, the server's steps): every cache moves one row a
     step, so one position serves them all. A new set of caches (a sequence joins or
-    leaves) is captured anew; the first capture of each batch size is checked."""
+    leaves) is captured anew; the first capture of each batch size in the replayer's life
+    is checked (:meth:`release` keeps that record)."""
 
     def __init__(self, backend: Any):
         self.B = backend
@@ -95,6 +96,13 @@ class StepReplayer:
         if len(caches) not in self.verified:
             return self._verify(model, ids, cache, caches)
         return self._run(r, ids, caches)
+
+    def release(self) -> None:
+        """Drop the captured step (it holds the last batch's caches and buffers), and the
+        reason replays stopped, if any; the batch sizes already checked stay checked:
+        this model's ops are the same ones at the next capture."""
+        self.replay = None
+        self.eager_reason = None
 
     def _replayable(self, caches: list[Any]) -> bool:
         B = self.B

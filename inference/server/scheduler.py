@@ -414,7 +414,7 @@ class Scheduler:
                 self._active.remove(s)
         s.cache = s.run = None  # type: ignore[assignment]  # memory goes now, not at a GC
         if not self._active:  # a captured step holds the last batch's caches
-            self._decode = self.model.backend.decode_steps()
+            self._decode.release()
         for ev in events:
             s.req.emit(ev, None)
 
