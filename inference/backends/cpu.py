@@ -48,6 +48,9 @@ from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams
 
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
+# Packed code widths whose prefill products take the integer kernels (``_tiles_plan``)
+# rather than dequant+sgemm, unless activations are "float" (docs/cpu-backend.md).
+INTEGER_BITS = frozenset({4, 5})
 MATVEC_ROWS = 8  # dequant+sgemm costs more per row even at 16 rows (docs/cpu-backend.md)
 # A prefill product's float32 scratch per thread: written by the dequantize and read at
 # once by sgemm, so it should stay in the core's L2 (256 KB-2 MB on current x86). The
@@ -379,7 +382,10 @@ class CpuBackend(NumpyBackend):
 
         Why not dequantize on one thread and let BLAS share the sgemm: that serial step
         was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s."""
-        plans = [self._plan(x, w) for w in ws]
+        integer = [self._integer(w) for w in ws]
+        xq = cpu_idot.quantize_rows(x, self.activations) if any(integer) else None
+        plans = [self._tiles_plan(xq, w) if i else self._plan(x, w)
+                 for w, i in zip(ws, integer, strict=True)]
         starts = [0]
         for _, _, units, _ in plans:
             starts.append(starts[-1] + units)
@@ -423,6 +429,35 @@ class CpuBackend(NumpyBackend):
             np.matmul(x, wt[:, : r1 - r0], out=y[:, r0:r1])
 
         return y, tiles, len(w.blocks) // w.groups, _tile_step(k)
+
+    def _integer(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
+        """Whether a prefill product with ``w`` takes the integer kernels (INTEGER_BITS)."""
+        return (isinstance(w, PackedWeight) and w.bits in INTEGER_BITS
+                and self.activations != "float")
+
+    def _tiles_plan(self, xq: tuple[np.ndarray, ...], w: PackedWeight
+                    ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:
+        """As :meth:`_plan`, by the decode kernels over the rows quantized once (``xq``,
+        :func:`cpu_idot.quantize_rows`), on one thread a range of lane tiles: each row's
+        result is the bits it gets in a decode step's mat-vec."""
+        tiles, g = len(w.blocks) // w.groups, w.groups
+        out = np.empty((xq[0].shape[0], tiles * K.LANES), dtype=np.float32)
+        row_bytes = w.blocks.shape[1] * K.LANES * 4
+
+        def tiles_(t0: int, t1: int) -> None:
+            b0, b1 = t0 * g, t1 * g
+            part = (w.codes[b0:b1], w.blocks[b0:b1], w.halves[b0:b1],
+                    w.flat[b0 * row_bytes:b1 * row_bytes])
+            o = out[:, t0 * K.LANES:t1 * K.LANES]
+            with _numba_threads(1):
+                if w.bits == 8:
+                    cpu_idot.matvec_q8(*part, w.kind, w.zero, *xq, o)
+                else:
+                    high = None if w.high is None else w.high[b0:b1]
+                    cpu_idot.matvec_q4(*part, high, w.kind, w.zero, *xq, o)
+
+        y = out if out.shape[1] == w.shape[0] else out[:, : w.shape[0]]
+        return y, tiles_, tiles, tiles
 
     def _share(self, units: int, part: Callable[[int, int], None], whole: int = 0) -> None:
         """``part(u0, u1)`` over ``units`` split into one contiguous range per thread: the
@@ -738,6 +773,20 @@ class CpuBackend(NumpyBackend):
             K.softmax_keys(sc.reshape(b, t, heads * t), scale, np.ones((b, t), np.float32))
             np.matmul(sc.transpose(0, 2, 3, 1), v2, out=o2)
         return out.reshape(1, n, hd)
+
+
+@contextlib.contextmanager
+def _numba_threads(n: int) -> Iterator[None]:
+    """numba's parallel kernels on ``n`` threads inside the block, on this thread only
+    (numba keeps the count per thread)."""
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(n)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 def _close_all(workers: list[SpinWorker]) -> None:
