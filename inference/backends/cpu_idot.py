@@ -117,6 +117,14 @@ def quantize_call(x: np.ndarray, width: str
     return fill, (q, d, xsum)
 
 
+def quantize_part(x: np.ndarray, width: str, xq: tuple[np.ndarray, ...], r0: int, r1: int
+                  ) -> None:
+    """Rows ``r0:r1`` of :func:`quantize_rows` ``(x, width)`` into its buffers ``xq`` (from
+    :func:`quantize_call`): one thread's part where a prefill shares the rows out."""
+    q, d, xsum = xq
+    _quantize(x[r0:r1], float(LEVELS[width]), q[r0:r1], d[r0:r1], xsum[r0:r1])
+
+
 # The largest |q| as the code type's scalar: the one-call entries allocate the codes by it.
 _LEVEL = {w: np.dtype(w).type(v) for w, v in LEVELS.items()}
 
@@ -498,6 +506,15 @@ def wide() -> bool:
 # the compiled kernels), and there the unpacking costs about what a row's multiply-adds
 # do with VNNI, so pairs would unpack 4 times at 8 rows.
 ROW_GROUP = 8 if wide() else 2  # the largest group
+
+
+def vnni_groups() -> bool:
+    """Whether rows go in groups of 8 whose multiply-adds are ``vpdpwssd`` (AVX-512 VNNI):
+    where the kernels beat dequant+sgemm at prefill sizes on 4/5-bit codes (measured on
+    this target only; docs/cpu-backend.md, "Prefill")."""
+    return ROW_GROUP == 8 and _vnni()
+
+
 _make4, _make8 = (_make_wide_dot4, _make_wide_dot8) if wide() else (_make_dot4, _make_dot8)
 _dot4, _dot4x2 = _make4(1), _make4(2)
 _dot8, _dot8x2 = _make8(1), _make8(2)
