@@ -6,10 +6,13 @@ token rows ``M``:
   directly, parallel over tiles of 32 output rows (types kept as file bytes: the
   :mod:`cpu_raw` kernels, block by block, or for Q2_K/Q3_K with integer activations the
   :mod:`cpu_kdot` integer-dot kernels over the same bytes);
-- larger ``M`` (prefill, teacher forcing): W's rows are shared out between the threads;
-  each dequantizes its part a chunk at a time into a float32 scratch small enough to stay
-  in its core's L2 (``CHUNK_BYTES``) and multiplies the chunk by a one-thread BLAS sgemm,
-  which at 100+ rows runs far above what a hand loop reaches.
+- larger ``M`` (prefill, teacher forcing): W's rows are shared out between the threads.
+  4- and 5-bit packed weights, where the integer kernels group 8 rows with VNNI
+  (AVX-512), go by those decode kernels over the rows quantized once (``_tiles_plan``):
+  no dequantize, and the ``vpdpwssd`` work matches sgemm's FMAs. Other weights: each
+  thread dequantizes its part a chunk at a time into a float32 scratch small enough to
+  stay in its core's L2 (``CHUNK_BYTES``) and multiplies the chunk by a one-thread BLAS
+  sgemm, which at 100+ rows runs far above what a hand loop reaches.
 Dense float32 weights (MiniLM) go straight to BLAS. The token loop's small ops (norms,
 RoPE, one-token attention, SiLU) are fused numba loops, since at one token the cost of
 NumPy is its per-call overhead, not arithmetic.
@@ -49,9 +52,16 @@ from inference.sampling import SamplingParams
 
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # Packed code widths whose prefill products take the integer kernels (``_tiles_plan``)
-# rather than dequant+sgemm, unless activations are "float" (docs/cpu-backend.md).
+# rather than dequant+sgemm (with integer activations, on AVX-512 VNNI). Measured per
+# product at 138 rows, 1 thread, SmolLM2 shapes: Q4_0/Q4_1/Q4_K/Q5_0 0.79-0.97x the time
+# of dequant+sgemm; 8-bit (Q8_0, Q6_K) 1.10-1.13x, so those keep sgemm
+# (docs/cpu-backend.md, "Prefill").
 INTEGER_BITS = frozenset({4, 5})
-MATVEC_ROWS = 8  # dequant+sgemm costs more per row even at 16 rows (docs/cpu-backend.md)
+# Up to this many rows a linear is the decode mat-vec, numba's threads over its tiles
+# (dequant+sgemm cost more per row even at 16 rows); above, a prefill product shared out
+# by ``_products`` (for 4/5-bit weights the same kernels, so their rows' results do not
+# depend on the cut). docs/cpu-backend.md, "Prefill".
+MATVEC_ROWS = 8
 # A prefill product's float32 scratch per thread: written by the dequantize and read at
 # once by sgemm, so it should stay in the core's L2 (256 KB-2 MB on current x86). The
 # dequantize runs 2.5x faster into 288-768 KB than into the 16 MB of a whole weight
