@@ -25,7 +25,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -443,7 +443,8 @@ class CpuBackend(NumpyBackend):
     def _integer(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
         """Whether a prefill product with ``w`` takes the integer kernels (INTEGER_BITS)."""
         return (isinstance(w, PackedWeight) and w.bits in INTEGER_BITS
-                and self.activations != "float" and cpu_idot.vnni_groups())
+                and self.activations != "float" and cpu_idot.vnni_groups()
+                and _concurrent_kernels())
 
     def _quantized(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
         """:func:`cpu_idot.quantize_rows` of ``x``, its rows shared out between the threads
@@ -791,6 +792,17 @@ class CpuBackend(NumpyBackend):
             K.softmax_keys(sc.reshape(b, t, heads * t), scale, np.ones((b, t), np.float32))
             np.matmul(sc.transpose(0, 2, 3, 1), v2, out=o2)
         return out.reshape(1, n, hd)
+
+
+@cache
+def _concurrent_kernels() -> bool:
+    """Whether numba's parallel kernels may run on two threads at once, as the integer
+    prefill parts do: its tbb and omp layers allow it, workqueue does not."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    parallel._launch_threads()  # picks the layer (as the first parallel call would)
+    return numba.threading_layer() != "workqueue"
 
 
 @contextlib.contextmanager
