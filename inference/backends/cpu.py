@@ -53,9 +53,9 @@ from inference.sampling import SamplingParams
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # Packed code widths whose prefill products take the integer kernels (``_tiles_plan``)
 # rather than dequant+sgemm (with integer activations, on AVX-512 VNNI). Measured per
-# product at 138 rows, 1 thread, SmolLM2 shapes: Q4_0/Q4_1/Q4_K/Q5_0 0.79-0.97x the time
-# of dequant+sgemm; 8-bit (Q8_0, Q6_K) 1.10-1.13x, so those keep sgemm
-# (docs/cpu-backend.md, "Prefill").
+# product at 138 rows, SmolLM2 shapes (scripts/bench_prefill_products.py): Q4_0, Q4_1,
+# Q4_K, Q5_0 0.80-0.95x the time of dequant+sgemm at 1 thread, 0.90-0.97x at 2; Q8_0 and
+# Q6_K 1.03-1.25x, so 8-bit keeps sgemm (docs/cpu-backend.md, "Prefill").
 INTEGER_BITS = frozenset({4, 5})
 # Up to this many rows a linear is the decode mat-vec, numba's threads over its tiles
 # (dequant+sgemm cost more per row even at 16 rows); above, a prefill product shared out
