@@ -444,14 +444,14 @@ def test_prefill_integer_products_shared_between_threads(qtype):
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only (and a "
                     "numba threading layer that runs kernels on two threads at once)")
     seen = []
-    kernel = cpu_idot.matvec_q4
+    kernel = cpu_idot.matvec_q4_tiles
 
     def spy(*args):
         seen.append((threading.get_ident(), numba.get_num_threads()))
         kernel(*args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_mod.cpu_idot, "matvec_q4", spy)
+        mp.setattr(cpu_mod.cpu_idot, "matvec_q4_tiles", spy)
         got = b.linear(x, w)
     assert len({t for t, _ in seen}) == 2 and {n for _, n in seen} == {1}
     alone = np.concatenate([b.linear(x[:, i:i + 1], w) for i in range(24)], axis=1)

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache, partial
 from typing import Any
 
+import numba
 import numpy as np
 
 from inference.backends import cpu_attend as A
@@ -459,21 +460,21 @@ class CpuBackend(NumpyBackend):
         """As :meth:`_plan`, by the decode kernels over the rows quantized once (``xq``,
         :func:`cpu_idot.quantize_rows`), on one thread a range of lane tiles: each row's
         result is the bits it gets in a decode step's mat-vec."""
-        tiles, g = len(w.blocks) // w.groups, w.groups
+        tiles = len(w.blocks) // w.groups
         out = np.empty((xq[0].shape[0], tiles * K.LANES), dtype=np.float32)
-        row_bytes = w.blocks.shape[1] * K.LANES * 4
 
         def tiles_(t0: int, t1: int) -> None:
-            b0, b1 = t0 * g, t1 * g
-            part = (w.codes[b0:b1], w.blocks[b0:b1], w.halves[b0:b1],
-                    w.flat[b0 * row_bytes:b1 * row_bytes])
-            o = out[:, t0 * K.LANES:t1 * K.LANES]
-            with _numba_threads(1):
+            threads = numba.get_num_threads()  # per thread: the helpers' and the caller's
+            numba.set_num_threads(1)
+            try:
                 if w.bits == 8:
-                    cpu_idot.matvec_q8(*part, w.kind, w.zero, *xq, o)
+                    cpu_idot.matvec_q8_tiles(w.codes, w.blocks, w.halves, w.flat, w.kind,
+                                             w.zero, *xq, out, t0, t1)
                 else:
-                    high = None if w.high is None else w.high[b0:b1]
-                    cpu_idot.matvec_q4(*part, high, w.kind, w.zero, *xq, o)
+                    cpu_idot.matvec_q4_tiles(w.codes, w.blocks, w.halves, w.flat, w.high,
+                                             w.kind, w.zero, *xq, out, t0, t1)
+            finally:
+                numba.set_num_threads(threads)
 
         y = out if out.shape[1] == w.shape[0] else out[:, : w.shape[0]]
         return y, tiles_, tiles, tiles
@@ -803,20 +804,6 @@ def _concurrent_kernels() -> bool:
 
     parallel._launch_threads()  # picks the layer (as the first parallel call would)
     return numba.threading_layer() != "workqueue"
-
-
-@contextlib.contextmanager
-def _numba_threads(n: int) -> Iterator[None]:
-    """numba's parallel kernels on ``n`` threads inside the block, on this thread only
-    (numba keeps the count per thread)."""
-    import numba
-
-    before = numba.get_num_threads()
-    numba.set_num_threads(n)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(before)
 
 
 def _close_all(workers: list[SpinWorker]) -> None:
