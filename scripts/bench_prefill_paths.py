@@ -1,22 +1,23 @@
 """Prefill on the `cpu` backend by three routes, in one process, rounds alternating:
 
-- ``dequant+sgemm``: what the backend does (a chunk of W dequantized by one thread, then
-  BLAS sgemm on every thread); the dequantize's share is timed separately;
-- ``integer``: the decode kernels (int16 activations, pairs of rows per weight read,
-  numba's threads over tiles) for every row, as if ``MATVEC_ROWS`` had no limit;
-- ``integer, BLAS 1 thread``: the same with OpenBLAS held at one thread for the whole
-  prefill, so its idle workers do not spin beside numba's.
+- ``dequant+sgemm``: every quantized product as a chunk of W dequantized, then a
+  one-thread BLAS sgemm, the threads sharing W's tiles (the dequantize's share is timed
+  separately);
+- ``integer 4/5-bit``: what the backend does: products of 4- and 5-bit weights by the
+  decode kernels (``cpu_idot``, the rows' activations quantized once, 8 rows sharing
+  each unpacking of the codes), one thread a range of tiles; 8-bit weights as above;
+- ``integer all``: 8-bit weights (Q8_0, Q6_K) by the integer kernels too.
 
     python scripts/bench_prefill_paths.py --model FILE [--threads 2] [--rounds 4]
 
 Prints tok/s per route and writes the raw figures (docs/bench-results/). A benchmark, not a
-test: nothing is asserted. Why the backend keeps dequant+sgemm: docs/cpu-backend.md.
+test: nothing is asserted. Which route the backend takes for which type, and why:
+docs/cpu-backend.md ("Prefill").
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -31,8 +32,8 @@ from inference.bench import workloads, write_record  # noqa: E402
 from inference.store import resolve  # noqa: E402
 from inference.threads import set_threads  # noqa: E402
 
-ROUTES = {"dequant+sgemm": (C.MATVEC_ROWS, False), "integer": (1 << 30, False),
-          "integer, BLAS 1 thread": (1 << 30, True)}
+ROUTES = {"dequant+sgemm": frozenset(), "integer 4/5-bit": C.INTEGER_BITS,
+          "integer all": frozenset({4, 5, 8})}
 
 
 def main() -> None:
@@ -56,11 +57,10 @@ def main() -> None:
     C.K.dequant_t = timed_dequant
 
     def prefill(route: str) -> tuple[float, float]:
-        C.MATVEC_ROWS, blas1 = ROUTES[route]
+        C.INTEGER_BITS = ROUTES[route]
         dequant[0] = 0.0
         t0 = time.perf_counter()
-        with m.backend._blas_threads(1) if blas1 else contextlib.nullcontext():
-            m.model(ids, m.model.make_cache(), last_only=True)
+        m.model(ids, m.model.make_cache(), last_only=True)
         return time.perf_counter() - t0, dequant[0]
 
     for route in ROUTES:  # compile, page in

@@ -47,9 +47,8 @@ def main() -> None:
                 for text in meta["texts"]:
                     golden = {k: z[f"{qtype}.{text}.{k}"] for k in ("top_ids", "top_logp")}
                     ids = z[f"{qtype}.{text}.ids"].tolist()
-                    paths = [("decode", decode_logits)]
-                    if mode == args.modes[0]:  # prefill runs float activations in every mode
-                        paths.insert(0, ("prefill", lambda m, i: m.logits(i)))
+                    # Prefill takes the mode's activations too (4/5-bit products).
+                    paths = [("prefill", lambda m, i: m.logits(i)), ("decode", decode_logits)]
                     for name, run in paths:
                         agree, dlogp = g.smollm2_agreement(golden, run(model, ids))
                         rows.append({"mode": mode, "kv_dtype": kv, "file": qtype, "text": text,

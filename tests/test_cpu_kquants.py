@@ -5,7 +5,8 @@ Q4_K, Q5_K, Q6_K), against transformers' float32 logits on the same file
 mean |delta log p(top-1)| <= 0.01 on every golden text.
 
 - decode, token by token, with the default int16 activations (the integer mat-vecs);
-- prefill (teacher forcing: the dequantize + sgemm path, float activations).
+- prefill (teacher forcing: 4- and 5-bit products by the same integer kernels over
+  int16 activations, 8-bit ones by dequantize + sgemm in float32).
 
 Opt-in, as tests/test_mlx_kquants.py: the files (93-138 MB) are not in the repository;
 ``scripts/make_kquant_goldens.py --files DIR --check`` remakes them byte for byte, and

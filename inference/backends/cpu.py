@@ -6,10 +6,13 @@ token rows ``M``:
   directly, parallel over tiles of 32 output rows (types kept as file bytes: the
   :mod:`cpu_raw` kernels, block by block, or for Q2_K/Q3_K with integer activations the
   :mod:`cpu_kdot` integer-dot kernels over the same bytes);
-- larger ``M`` (prefill, teacher forcing): W's rows are shared out between the threads;
-  each dequantizes its part a chunk at a time into a float32 scratch small enough to stay
-  in its core's L2 (``CHUNK_BYTES``) and multiplies the chunk by a one-thread BLAS sgemm,
-  which at 100+ rows runs far above what a hand loop reaches.
+- larger ``M`` (prefill, teacher forcing): W's rows are shared out between the threads.
+  4- and 5-bit packed weights, where the integer kernels group 8 rows with VNNI
+  (AVX-512), go by those decode kernels over the rows quantized once (``_tiles_plan``):
+  no dequantize, and the ``vpdpwssd`` work matches sgemm's FMAs. Other weights: each
+  thread dequantizes its part a chunk at a time into a float32 scratch small enough to
+  stay in its core's L2 (``CHUNK_BYTES``) and multiplies the chunk by a one-thread BLAS
+  sgemm, which at 100+ rows runs far above what a hand loop reaches.
 Dense float32 weights (MiniLM) go straight to BLAS. The token loop's small ops (norms,
 RoPE, one-token attention, SiLU) are fused numba loops, since at one token the cost of
 NumPy is its per-call overhead, not arithmetic.
@@ -22,9 +25,10 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
+import numba
 import numpy as np
 
 from inference.backends import cpu_attend as A
@@ -48,7 +52,17 @@ from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams
 
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
-MATVEC_ROWS = 8  # dequant+sgemm costs more per row even at 16 rows (docs/cpu-backend.md)
+# Packed code widths whose prefill products take the integer kernels (``_tiles_plan``)
+# rather than dequant+sgemm (with integer activations, on AVX-512 VNNI). Measured per
+# product at 138 rows, SmolLM2 shapes (scripts/bench_prefill_products.py): Q4_0, Q4_1,
+# Q4_K, Q5_0 0.80-0.95x the time of dequant+sgemm at 1 thread, 0.90-0.97x at 2; Q8_0 and
+# Q6_K 1.03-1.25x, so 8-bit keeps sgemm (docs/cpu-backend.md, "Prefill").
+INTEGER_BITS = frozenset({4, 5})
+# Up to this many rows a linear is the decode mat-vec, numba's threads over its tiles
+# (dequant+sgemm cost more per row even at 16 rows); above, a prefill product shared out
+# by ``_products`` (for 4/5-bit weights the same kernels, so their rows' results do not
+# depend on the cut). docs/cpu-backend.md, "Prefill".
+MATVEC_ROWS = 8
 # A prefill product's float32 scratch per thread: written by the dequantize and read at
 # once by sgemm, so it should stay in the core's L2 (256 KB-2 MB on current x86). The
 # dequantize runs 2.5x faster into 288-768 KB than into the 16 MB of a whole weight
@@ -379,7 +393,10 @@ class CpuBackend(NumpyBackend):
 
         Why not dequantize on one thread and let BLAS share the sgemm: that serial step
         was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s."""
-        plans = [self._plan(x, w) for w in ws]
+        integer = [self._integer(w) for w in ws]
+        xq = self._quantized(x) if any(integer) else None
+        plans = [self._tiles_plan(xq, w) if i else self._plan(x, w)
+                 for w, i in zip(ws, integer, strict=True)]
         starts = [0]
         for _, _, units, _ in plans:
             starts.append(starts[-1] + units)
@@ -423,6 +440,44 @@ class CpuBackend(NumpyBackend):
             np.matmul(x, wt[:, : r1 - r0], out=y[:, r0:r1])
 
         return y, tiles, len(w.blocks) // w.groups, _tile_step(k)
+
+    def _integer(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
+        """Whether a prefill product with ``w`` takes the integer kernels (INTEGER_BITS)."""
+        return (isinstance(w, PackedWeight) and w.bits in INTEGER_BITS
+                and self.activations != "float" and cpu_idot.vnni_groups()
+                and _concurrent_kernels())
+
+    def _quantized(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        """:func:`cpu_idot.quantize_rows` of ``x``, its rows shared out between the threads
+        (~1.3 ns an element on one: ~1 ms a SmolLM2 layer at 138 tokens)."""
+        _, xq = cpu_idot.quantize_call(x, self.activations)
+        self._share(x.shape[0], lambda a, b: cpu_idot.quantize_part(
+            x, self.activations, xq, a, b))
+        return xq
+
+    def _tiles_plan(self, xq: tuple[np.ndarray, ...], w: PackedWeight
+                    ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:
+        """As :meth:`_plan`, by the decode kernels over the rows quantized once (``xq``,
+        :func:`cpu_idot.quantize_rows`), on one thread a range of lane tiles: each row's
+        result is the bits it gets in a decode step's mat-vec."""
+        tiles = len(w.blocks) // w.groups
+        out = np.empty((xq[0].shape[0], tiles * K.LANES), dtype=np.float32)
+
+        def tiles_(t0: int, t1: int) -> None:
+            threads = numba.get_num_threads()  # per thread: the helpers' and the caller's
+            numba.set_num_threads(1)
+            try:
+                if w.bits == 8:
+                    cpu_idot.matvec_q8_tiles(w.codes, w.blocks, w.halves, w.flat, w.kind,
+                                             w.zero, *xq, out, t0, t1)
+                else:
+                    cpu_idot.matvec_q4_tiles(w.codes, w.blocks, w.halves, w.flat, w.high,
+                                             w.kind, w.zero, *xq, out, t0, t1)
+            finally:
+                numba.set_num_threads(threads)
+
+        y = out if out.shape[1] == w.shape[0] else out[:, : w.shape[0]]
+        return y, tiles_, tiles, tiles
 
     def _share(self, units: int, part: Callable[[int, int], None], whole: int = 0) -> None:
         """``part(u0, u1)`` over ``units`` split into one contiguous range per thread: the
@@ -738,6 +793,17 @@ class CpuBackend(NumpyBackend):
             K.softmax_keys(sc.reshape(b, t, heads * t), scale, np.ones((b, t), np.float32))
             np.matmul(sc.transpose(0, 2, 3, 1), v2, out=o2)
         return out.reshape(1, n, hd)
+
+
+@cache
+def _concurrent_kernels() -> bool:
+    """Whether numba's parallel kernels may run on two threads at once, as the integer
+    prefill parts do: its tbb and omp layers allow it, workqueue does not."""
+    import numba
+    from numba.np.ufunc import parallel
+
+    parallel._launch_threads()  # picks the layer (as the first parallel call would)
+    return numba.threading_layer() != "workqueue"
 
 
 def _close_all(workers: list[SpinWorker]) -> None:

@@ -117,6 +117,14 @@ def quantize_call(x: np.ndarray, width: str
     return fill, (q, d, xsum)
 
 
+def quantize_part(x: np.ndarray, width: str, xq: tuple[np.ndarray, ...], r0: int, r1: int
+                  ) -> None:
+    """Rows ``r0:r1`` of :func:`quantize_rows` ``(x, width)`` into its buffers ``xq`` (from
+    :func:`quantize_call`): one thread's part where a prefill shares the rows out."""
+    q, d, xsum = xq
+    _quantize(x[r0:r1], float(LEVELS[width]), q[r0:r1], d[r0:r1], xsum[r0:r1])
+
+
 # The largest |q| as the code type's scalar: the one-call entries allocate the codes by it.
 _LEVEL = {w: np.dtype(w).type(v) for w, v in LEVELS.items()}
 
@@ -498,6 +506,15 @@ def wide() -> bool:
 # the compiled kernels), and there the unpacking costs about what a row's multiply-adds
 # do with VNNI, so pairs would unpack 4 times at 8 rows.
 ROW_GROUP = 8 if wide() else 2  # the largest group
+
+
+def vnni_groups() -> bool:
+    """Whether rows go in groups of 8 whose multiply-adds are ``vpdpwssd`` (AVX-512 VNNI):
+    where the kernels beat dequant+sgemm at prefill sizes on 4/5-bit codes (measured on
+    this target only; docs/cpu-backend.md, "Prefill")."""
+    return ROW_GROUP == 8 and _vnni()
+
+
 _make4, _make8 = (_make_wide_dot4, _make_wide_dot8) if wide() else (_make_dot4, _make_dot8)
 _dot4, _dot4x2 = _make4(1), _make4(2)
 _dot8, _dot8x2 = _make8(1), _make8(2)
@@ -753,3 +770,43 @@ def linear_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
     """As :func:`linear_q4` for :func:`matvec_q8`."""
     xp, dx, xs = _quantized(x, level)
     matvec_q8(codes, blocks, halves, flat, kind, zero, xp, dx, xs, out)
+
+
+# -- prefill: a range of tiles on one thread ---------------------------------------------
+# A prefill product's threads each take a range of lane tiles (CpuBackend._products) and
+# run the parallel kernel there, numba set to one thread by the caller (the count is per
+# thread). A build of the kernels without ``parallel`` (prange as a plain loop) ran
+# 2.2-2.4x slower on one thread. Called from these compiled wrappers rather than from
+# Python, a 2-thread product (Q4_0 1536x576, 138 rows) took 1.05 ms instead of 1.6-1.7
+# (one thread: 1.7-1.9); the count is not set in here, as that keeps numba from caching.
+
+
+@_jit()
+def matvec_q4_tiles(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+                    flat: np.ndarray, high: np.ndarray | None, kind: int, zero: float,
+                    xp: np.ndarray, dx: np.ndarray, xs: np.ndarray, out: np.ndarray,
+                    t0: int, t1: int) -> None:
+    """:func:`matvec_q4` over lane tiles ``t0:t1`` only (their columns of ``out``); the
+    caller sets numba to one thread."""
+    g = dx.shape[1]
+    b0, b1 = t0 * g, t1 * g
+    row_bytes = blocks.shape[1] * K.LANES * 4
+    o = out[:, t0 * K.LANES:t1 * K.LANES]
+    if high is None:
+        matvec_q4(codes[b0:b1], blocks[b0:b1], halves[b0:b1], flat[b0 * row_bytes:b1 * row_bytes],
+                  None, kind, zero, xp, dx, xs, o)
+    else:
+        matvec_q4(codes[b0:b1], blocks[b0:b1], halves[b0:b1], flat[b0 * row_bytes:b1 * row_bytes],
+                  high[b0:b1], kind, zero, xp, dx, xs, o)
+
+
+@_jit()
+def matvec_q8_tiles(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+                    flat: np.ndarray, kind: int, zero: float, xp: np.ndarray, dx: np.ndarray,
+                    xs: np.ndarray, out: np.ndarray, t0: int, t1: int) -> None:
+    """As :func:`matvec_q4_tiles` for :func:`matvec_q8`."""
+    g = dx.shape[1]
+    b0, b1 = t0 * g, t1 * g
+    row_bytes = blocks.shape[1] * K.LANES * 4
+    matvec_q8(codes[b0:b1], blocks[b0:b1], halves[b0:b1], flat[b0 * row_bytes:b1 * row_bytes],
+              kind, zero, xp, dx, xs, out[:, t0 * K.LANES:t1 * K.LANES])
