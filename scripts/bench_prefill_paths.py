@@ -5,7 +5,7 @@
   separately);
 - ``integer 4/5-bit``: what the backend does: products of 4- and 5-bit weights by the
   decode kernels (``cpu_idot``, the rows' activations quantized once, 8 rows sharing
-  each unpacking of the codes), one thread a range of tiles; 8-bit weights as above;
+  each unpacking of the codes), one thread a range of token rows; 8-bit weights as above;
 - ``integer all``: 8-bit weights (Q8_0, Q6_K) by the integer kernels too.
 
     python scripts/bench_prefill_paths.py --model FILE [--threads 2] [--rounds 4]

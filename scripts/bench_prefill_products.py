@@ -1,5 +1,5 @@
 """One prefill product per weight type by both routes of ``CpuBackend._products``: the
-integer decode kernels (``cpu_idot``, rows quantized once, each thread a range of tiles)
+integer decode kernels (``cpu_idot``, rows quantized once, each thread a range of token rows)
 and dequant+sgemm (each thread an L2 chunk at a time, one-thread sgemm).
 
     python scripts/bench_prefill_products.py [--threads 1 2] [--rows 138] [--rounds 5]

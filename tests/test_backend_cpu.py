@@ -436,10 +436,11 @@ def test_concurrent_prefill_linears_match_serial(qtype):
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0"])  # packed 4-bit, 5-bit
 def test_prefill_integer_products_shared_between_threads(qtype):
     """4/5-bit prefill products go by the integer decode kernels, each thread a range of
-    tiles with numba at one thread (an uneven split: 1000 rows, 31.25 tiles; K=768). Every
-    row is the bits the decode mat-vec gives it alone: the same kernel, a tile computed
-    whole by one thread, integer sums exact in any order. Against NumPy over the
-    quantized activations, with the tolerance of every product (summation order)."""
+    token rows with numba at one thread (1000 output rows: 31.25 tiles; K=768; 24 token
+    rows, 12 a thread: groups of 8 and 4). Every row is the bits the decode mat-vec gives
+    it alone: the same kernel, integer sums exact in any order, a row the same bits in
+    any group. Against NumPy over the quantized activations, with the tolerance of every
+    product (summation order)."""
     import numba
 
     from inference.backends import cpu as cpu_mod
@@ -456,14 +457,14 @@ def test_prefill_integer_products_shared_between_threads(qtype):
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only (and a "
                     "numba threading layer that runs kernels on two threads at once)")
     seen = []
-    kernel = cpu_idot.matvec_q4_tiles
+    kernel = cpu_idot.matvec_q4_rows
 
     def spy(*args):
         seen.append((threading.get_ident(), numba.get_num_threads()))
         kernel(*args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_mod.cpu_idot, "matvec_q4_tiles", spy)
+        mp.setattr(cpu_mod.cpu_idot, "matvec_q4_rows", spy)
         got = b.linear(x, w)
     assert len({t for t, _ in seen}) == 2 and {n for _, n in seen} == {1}
     alone = np.concatenate([b.linear(x[:, i:i + 1], w) for i in range(24)], axis=1)

@@ -241,3 +241,40 @@ def test_avx2_build_batches_bitwise_as_rows_alone():
     out = subprocess.run([sys.executable, "-c", AVX2_CHECK], env=env, cwd=root,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0 and "avx2 ok" in out.stdout, out.stderr[-3000:]
+
+
+CACHED_CALLS = """
+import sys
+import numpy as np
+from inference.backends import cpu_idot
+from inference.backends.cpu import CpuBackend
+from tests.bundled import random_tensor
+w = CpuBackend("int16").weight(random_tensor("Q4_0", 64, 256, seed=1))
+x = np.ones((8, 256), dtype=np.float32)
+out = np.empty((8, 64), dtype=np.float32)
+if sys.argv[1] == "matvec":
+    cpu_idot.matvec_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero,
+                       *cpu_idot.quantize_rows(x, "int16"), out)
+else:
+    cpu_idot.linear_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x,
+                       cpu_idot.level("int16"), out)
+print("ok")
+"""
+
+
+def test_a_caller_of_a_cached_kernel_compiles(tmp_path):
+    """Processes over one fresh numba cache: the kernel alone (cached), then the one-call
+    entry, which links the cached kernel without generating its IR. Where the kernel holds
+    VNNI inline asm, LLVM needs its assembly parser set up in that process too: it
+    aborted there when the parser was set up only while generating the asm."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    for run in ("matvec", "linear"):
+        out = subprocess.run([sys.executable, "-c", CACHED_CALLS, run], env=env, cwd=root,
+                             capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0 and "ok" in out.stdout, (run, out.stderr[-2000:])

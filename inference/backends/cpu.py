@@ -8,7 +8,7 @@ token rows ``M``:
   :mod:`cpu_kdot` integer-dot kernels over the same bytes);
 - larger ``M`` (prefill, teacher forcing): W's rows are shared out between the threads.
   4- and 5-bit packed weights, where the integer kernels group 8 rows with VNNI
-  (AVX-512), go by those decode kernels over the rows quantized once (``_tiles_plan``):
+  (AVX-512), go by those decode kernels over the rows quantized once (``_rows_plan``):
   no dequantize, and the ``vpdpwssd`` work matches sgemm's FMAs. Other weights: each
   thread dequantizes its part a chunk at a time into a float32 scratch small enough to
   stay in its core's L2 (``CHUNK_BYTES``) and multiplies the chunk by a one-thread BLAS
@@ -52,7 +52,7 @@ from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams
 
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
-# Packed code widths whose prefill products take the integer kernels (``_tiles_plan``)
+# Packed code widths whose prefill products take the integer kernels (``_rows_plan``)
 # rather than dequant+sgemm (with integer activations, on AVX-512 VNNI). Measured per
 # product at 138 rows, SmolLM2 shapes (scripts/bench_prefill_products.py): Q4_0, Q4_1,
 # Q4_K, Q5_0 0.80-0.95x the time of dequant+sgemm at 1 thread, 0.90-0.97x at 2; Q8_0 and
@@ -395,7 +395,7 @@ class CpuBackend(NumpyBackend):
         was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s."""
         integer = [self._integer(w) for w in ws]
         xq = self._quantized(x) if any(integer) else None
-        plans = [self._tiles_plan(xq, w) if i else self._plan(x, w)
+        plans = [self._rows_plan(xq, w) if i else self._plan(x, w)
                  for w, i in zip(ws, integer, strict=True)]
         starts = [0]
         for _, _, units, _ in plans:
@@ -455,29 +455,29 @@ class CpuBackend(NumpyBackend):
             x, self.activations, xq, a, b))
         return xq
 
-    def _tiles_plan(self, xq: tuple[np.ndarray, ...], w: PackedWeight
-                    ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:
+    def _rows_plan(self, xq: tuple[np.ndarray, ...], w: PackedWeight
+                   ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:
         """As :meth:`_plan`, by the decode kernels over the rows quantized once (``xq``,
-        :func:`cpu_idot.quantize_rows`), on one thread a range of lane tiles: each row's
+        :func:`cpu_idot.quantize_rows`), on one thread a range of token rows: each row's
         result is the bits it gets in a decode step's mat-vec."""
-        tiles = len(w.blocks) // w.groups
-        out = np.empty((xq[0].shape[0], tiles * K.LANES), dtype=np.float32)
+        rows, tiles = xq[0].shape[0], len(w.blocks) // w.groups
+        out = np.empty((rows, tiles * K.LANES), dtype=np.float32)
 
-        def tiles_(t0: int, t1: int) -> None:
+        def rows_(r0: int, r1: int) -> None:
             threads = numba.get_num_threads()  # per thread: the helpers' and the caller's
             numba.set_num_threads(1)
             try:
                 if w.bits == 8:
-                    cpu_idot.matvec_q8_tiles(w.codes, w.blocks, w.halves, w.flat, w.kind,
-                                             w.zero, *xq, out, t0, t1)
+                    cpu_idot.matvec_q8_rows(w.codes, w.blocks, w.halves, w.flat, w.kind,
+                                            w.zero, *xq, out, r0, r1)
                 else:
-                    cpu_idot.matvec_q4_tiles(w.codes, w.blocks, w.halves, w.flat, w.high,
-                                             w.kind, w.zero, *xq, out, t0, t1)
+                    cpu_idot.matvec_q4_rows(w.codes, w.blocks, w.halves, w.flat, w.high,
+                                            w.kind, w.zero, *xq, out, r0, r1)
             finally:
                 numba.set_num_threads(threads)
 
         y = out if out.shape[1] == w.shape[0] else out[:, : w.shape[0]]
-        return y, tiles_, tiles, tiles
+        return y, rows_, rows, rows
 
     def _share(self, units: int, part: Callable[[int, int], None], whole: int = 0) -> None:
         """``part(u0, u1)`` over ``units`` split into one contiguous range per thread: the

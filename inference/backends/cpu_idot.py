@@ -374,14 +374,18 @@ def _wide_words(builder: ir.IRBuilder, codes: ir.Value, signed: bool) -> list[ir
         ir.VectorType(_i32, 32), list(range(h, h + 32)))) for h in (0, 32)]
 
 
+# The inline asm of the VNNI kernels (_wide_madd) needs LLVM's assembly parser, which numba
+# does not set up. Set up at import, not when a kernel's IR is generated: a process that
+# loads a kernel from numba's cache and then compiles a caller linking it (linear_q4 over a
+# cached matvec_q4) finalizes that asm without generating any, and LLVM aborted there.
+if K._x86():
+    llvm.initialize_native_asmparser()
+
+
 @cache
 def _vnni() -> bool:
-    """Whether the target has AVX-512 VNNI (``vpdpwssd``); the inline asm that writes it
-    needs LLVM's assembly parser, which numba does not set up."""
-    if not (K._x86() and K.target_has("avx512vnni")):
-        return False
-    llvm.initialize_native_asmparser()
-    return True
+    """Whether the target has AVX-512 VNNI (``vpdpwssd``, written as inline asm)."""
+    return K._x86() and K.target_has("avx512vnni")
 
 
 def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value,
@@ -772,41 +776,34 @@ def linear_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
     matvec_q8(codes, blocks, halves, flat, kind, zero, xp, dx, xs, out)
 
 
-# -- prefill: a range of tiles on one thread ---------------------------------------------
-# A prefill product's threads each take a range of lane tiles (CpuBackend._products) and
-# run the parallel kernel there, numba set to one thread by the caller (the count is per
-# thread). A build of the kernels without ``parallel`` (prange as a plain loop) ran
-# 2.2-2.4x slower on one thread. Called from these compiled wrappers rather than from
-# Python, a 2-thread product (Q4_0 1536x576, 138 rows) took 1.05 ms instead of 1.6-1.7
-# (one thread: 1.7-1.9); the count is not set in here, as that keeps numba from caching.
+# -- prefill: a range of rows on one thread ----------------------------------------------
+# A prefill product's threads each take a range of its token rows (CpuBackend._products)
+# and run the parallel kernel over all tiles for them, numba set to one thread by the
+# caller (the count is per thread). A range of rows is a C-contiguous block of ``xp`` and
+# ``out``, so the kernel is the very specialization a decode step compiled (a range of
+# tiles, the columns of ``out`` as a strided view, was another: 9-10 s more to compile per
+# code width and activation mode); the rows of 8 share an unpacking of the codes either
+# way. A build of the kernels without ``parallel`` (prange as a plain loop) ran 2.2-2.4x
+# slower on one thread. Called from these compiled wrappers rather than from Python, a
+# 2-thread product (Q4_0 1536x576, 138 rows) took 1.05 ms instead of 1.6-1.7 (one thread:
+# 1.7-1.9); the count is not set in here, as that keeps numba from caching.
 
 
 @_jit()
-def matvec_q4_tiles(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
-                    flat: np.ndarray, high: np.ndarray | None, kind: int, zero: float,
-                    xp: np.ndarray, dx: np.ndarray, xs: np.ndarray, out: np.ndarray,
-                    t0: int, t1: int) -> None:
-    """:func:`matvec_q4` over lane tiles ``t0:t1`` only (their columns of ``out``); the
-    caller sets numba to one thread."""
-    g = dx.shape[1]
-    b0, b1 = t0 * g, t1 * g
-    row_bytes = blocks.shape[1] * K.LANES * 4
-    o = out[:, t0 * K.LANES:t1 * K.LANES]
-    if high is None:
-        matvec_q4(codes[b0:b1], blocks[b0:b1], halves[b0:b1], flat[b0 * row_bytes:b1 * row_bytes],
-                  None, kind, zero, xp, dx, xs, o)
-    else:
-        matvec_q4(codes[b0:b1], blocks[b0:b1], halves[b0:b1], flat[b0 * row_bytes:b1 * row_bytes],
-                  high[b0:b1], kind, zero, xp, dx, xs, o)
+def matvec_q4_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+                   flat: np.ndarray, high: np.ndarray | None, kind: int, zero: float,
+                   xp: np.ndarray, dx: np.ndarray, xs: np.ndarray, out: np.ndarray,
+                   r0: int, r1: int) -> None:
+    """:func:`matvec_q4` for rows ``r0:r1`` of ``x`` and ``out``; the caller sets numba to
+    one thread."""
+    matvec_q4(codes, blocks, halves, flat, high, kind, zero, xp[r0:r1], dx[r0:r1], xs[r0:r1],
+              out[r0:r1])
 
 
 @_jit()
-def matvec_q8_tiles(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
-                    flat: np.ndarray, kind: int, zero: float, xp: np.ndarray, dx: np.ndarray,
-                    xs: np.ndarray, out: np.ndarray, t0: int, t1: int) -> None:
-    """As :func:`matvec_q4_tiles` for :func:`matvec_q8`."""
-    g = dx.shape[1]
-    b0, b1 = t0 * g, t1 * g
-    row_bytes = blocks.shape[1] * K.LANES * 4
-    matvec_q8(codes[b0:b1], blocks[b0:b1], halves[b0:b1], flat[b0 * row_bytes:b1 * row_bytes],
-              kind, zero, xp, dx, xs, out[:, t0 * K.LANES:t1 * K.LANES])
+def matvec_q8_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+                   flat: np.ndarray, kind: int, zero: float, xp: np.ndarray, dx: np.ndarray,
+                   xs: np.ndarray, out: np.ndarray, r0: int, r1: int) -> None:
+    """As :func:`matvec_q4_rows` for :func:`matvec_q8`."""
+    matvec_q8(codes, blocks, halves, flat, kind, zero, xp[r0:r1], dx[r0:r1], xs[r0:r1],
+              out[r0:r1])
