@@ -60,8 +60,12 @@ def test_spin_while_returns_the_new_value_or_gives_up():
 def test_linears_of_mixed_types_share_one_prefill_and_match_numpy():
     """q/k/v of different types (Q4_0, Q5_1, raw Q3_K) with biases: one share-out; each
     result as the NumPy backend's within sgemm rounding (rtol 1e-5 of the output scale,
-    as every prefill product in tests/test_backend_cpu.py)."""
+    as every prefill product in tests/test_backend_cpu.py), over the activations the
+    product took: quantized for the integer kernels (4/5-bit on AVX-512 VNNI), float for
+    dequant+sgemm."""
     import numba
+
+    from tests.test_cpu_idot import _dequantized
 
     b = CpuBackend()
     b.set_threads(min(2, numba.config.NUMBA_NUM_THREADS))
@@ -72,9 +76,11 @@ def test_linears_of_mixed_types_share_one_prefill_and_match_numpy():
     x = rng.standard_normal((1, 30, 512)).astype(np.float32)
     biases = [rng.standard_normal(t.shape[0]).astype(np.float32) for t in ts]
     biases[1] = None
-    got = b.linears(x, [(b.weight(t), bias) for t, bias in zip(ts, biases, strict=True)])
-    for y, t, bias in zip(got, ts, biases, strict=True):
-        want = n.linear(x, n.weight(t), bias)
+    ws = [b.weight(t) for t in ts]
+    got = b.linears(x, [(w, bias) for w, bias in zip(ws, biases, strict=True)])
+    xq = _dequantized(x[0], b.activations)[None] if b.activations != "float" else x
+    for y, w, t, bias in zip(got, ws, ts, biases, strict=True):
+        want = n.linear(xq if b._integer(w) else x, n.weight(t), bias)
         assert y.shape == want.shape == (1, 30, t.shape[0])
         np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
 

@@ -85,9 +85,33 @@ def model(name: str, backend: str):
     if key not in _loaded:
         if backend == "cuda":
             _loaded[key] = _emulated_cuda(str(TINY / MODELS[name]))
+        elif backend == "cpu-float":
+            _loaded[key] = _float_cpu(str(TINY / MODELS[name]))
         else:
             _loaded[key] = load_model(str(TINY / MODELS[name]), backend=backend)
     return _loaded[key]
+
+
+def _float_cpu(path: str):
+    """load_model on ``cpu`` with float activations. The logits bars below are float32's:
+    with the default int16 activations (decode, and prefill's 4/5-bit products on AVX-512
+    VNNI) each product rounds x to 1/32767 of its group's largest value, which moved
+    these logits by up to 1.5e-3 (bar 1e-4 of their scale, 6.6e-4); that mode is held to
+    the parity bars in tests/test_cpu_kquants.py and tests/test_cpu_idot.py, and to the
+    greedy tokens below."""
+    import os
+
+    from inference.backends.cpu import ACTIVATIONS_ENV
+
+    before = os.environ.get(ACTIVATIONS_ENV)
+    os.environ[ACTIVATIONS_ENV] = "float"
+    try:
+        return load_model(path, backend="cpu")
+    finally:
+        if before is None:
+            del os.environ[ACTIVATIONS_ENV]
+        else:
+            os.environ[ACTIVATIONS_ENV] = before
 
 
 def _emulated_cuda(path: str):
@@ -108,7 +132,7 @@ def _emulated_cuda(path: str):
 @pytest.mark.parametrize("name", MODELS)
 def test_logits_match_transformers(name, backend):
     gold, _ = golden(name)
-    m = model(name, backend)
+    m = model(name, "cpu-float" if backend == "cpu" else backend)  # float32's bars
     for seq in ("chat", "random"):
         ref = gold[f"{seq}.logits"]
         got = m.logits(gold[f"{seq}.ids"].tolist())
