@@ -319,10 +319,11 @@ class CpuBackend(NumpyBackend):
             # Captured: the quantize and the kernel as two calls over fixed buffers, the
             # quantized rows shared by consecutive linears of one input (q, k, v of
             # different types).
-            key = (x.ctypes.data, x.shape, x.strides)  # a new view of the same rows too
+            narrow = cpu_idot.narrow(self.activations, w.bits)
+            key = (x.ctypes.data, x.shape, x.strides, narrow)  # a new view of the same rows too
             if tape.quantized is None or tape.quantized[0] != key \
                     or tape.quantized[2] != len(tape.calls):
-                fill, xq = cpu_idot.quantize_call(x, self.activations)
+                fill, xq = cpu_idot.quantize_call(x, self.activations, narrow)
                 self._taped(fill)
                 tape.quantized = (key, xq, len(tape.calls))
             self._taped(*self._idot(w, tape.quantized[1], out))
@@ -352,7 +353,7 @@ class CpuBackend(NumpyBackend):
             return
         # One numba call: the rows quantized inside it (cpu_idot.linear_q4), bitwise as
         # quantize_rows + the kernel (the tape's two calls).
-        level = cpu_idot.level(self.activations)
+        level = cpu_idot.level(self.activations, cpu_idot.narrow(self.activations, w.bits))
         if w.bits == 8:
             cpu_idot.linear_q8(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x, level,
                                out)
@@ -394,8 +395,8 @@ class CpuBackend(NumpyBackend):
         Why not dequantize on one thread and let BLAS share the sgemm: that serial step
         was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s."""
         integer = [self._integer(w) for w in ws]
-        xq = self._quantized(x) if any(integer) else None
-        plans = [self._rows_plan(xq, w) if i else self._plan(x, w)
+        xqs: dict[bool, tuple[np.ndarray, ...]] = {}  # by cpu_idot.narrow: q/k/v share them
+        plans = [self._rows_plan(self._quantized(x, w.bits, xqs), w) if i else self._plan(x, w)
                  for w, i in zip(ws, integer, strict=True)]
         starts = [0]
         for _, _, units, _ in plans:
@@ -447,13 +448,18 @@ class CpuBackend(NumpyBackend):
                 and self.activations != "float" and cpu_idot.vnni_groups()
                 and _concurrent_kernels())
 
-    def _quantized(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
-        """:func:`cpu_idot.quantize_rows` of ``x``, its rows shared out between the threads
-        (~1.3 ns an element on one: ~1 ms a SmolLM2 layer at 138 tokens)."""
-        _, xq = cpu_idot.quantize_call(x, self.activations)
-        self._share(x.shape[0], lambda a, b: cpu_idot.quantize_part(
-            x, self.activations, xq, a, b))
-        return xq
+    def _quantized(self, x: np.ndarray, bits: int, done: dict[bool, tuple[np.ndarray, ...]]
+                   ) -> tuple[np.ndarray, ...]:
+        """:func:`cpu_idot.quantize_rows` of ``x`` for ``bits``-bit codes, its rows shared
+        out between the threads (~1.3 ns an element on one: ~1 ms a SmolLM2 layer at 138
+        tokens); once per storage type, kept in ``done``."""
+        narrow = cpu_idot.narrow(self.activations, bits)
+        if narrow not in done:
+            _, xq = cpu_idot.quantize_call(x, self.activations, narrow)
+            self._share(x.shape[0], lambda a, b: cpu_idot.quantize_part(
+                x, self.activations, xq, a, b))
+            done[narrow] = xq
+        return done[narrow]
 
     def _rows_plan(self, xq: tuple[np.ndarray, ...], w: PackedWeight
                    ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:

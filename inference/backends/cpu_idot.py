@@ -97,20 +97,30 @@ def _quantize(x: np.ndarray, levels: float, q: np.ndarray, d: np.ndarray,
             xsum[i, g] = d[i, g] * _f32(total)
 
 
-def quantize_rows(x: np.ndarray, width: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(T, K) float32 -> the codes ``q`` (T, K; int8 or int16 as ``width``), the scales
-    ``d`` and ``xsum = d * sum(q)`` (T, K/32) of each group of 32."""
-    fill, xq = quantize_call(x, width)
+def narrow(width: str, bits: int) -> bool:
+    """Whether activations of ``width`` reach the kernels for ``bits``-bit codes as int8
+    bytes: only 4-bit codes multiply bytes (``vpmaddubsw``); 5- and 8-bit ones widen every
+    activation to 16 bits, so there int8's values (at most 127) are stored as int16 and
+    run the 16-bit kernels: the same integer sums, one compiled kernel fewer per type."""
+    return width == "int8" and bits == 4
+
+
+def quantize_rows(x: np.ndarray, width: str, narrow: bool = True
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(T, K) float32 -> the codes ``q`` (T, K; int8 for ``width`` int8 and ``narrow``,
+    else int16, with values of ``width``), the scales ``d`` and ``xsum = d * sum(q)``
+    (T, K/32) of each group of 32."""
+    fill, xq = quantize_call(x, width, narrow)
     fill()
     return xq
 
 
-def quantize_call(x: np.ndarray, width: str
+def quantize_call(x: np.ndarray, width: str, narrow: bool = True
                   ) -> tuple[partial[None], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """The buffers :func:`quantize_rows` returns, unfilled, and the call that fills them
     from ``x`` (a captured decode step replays it)."""
     t, k = x.shape
-    q = np.empty((t, k), dtype=np.int8 if width == "int8" else np.int16)
+    q = np.empty((t, k), dtype=np.int8 if width == "int8" and narrow else np.int16)
     d = np.empty((t, k // K.GROUP), dtype=np.float32)
     xsum = np.empty_like(d)
     fill = partial(_quantize, x, float(LEVELS[width]), q, d, xsum)
@@ -129,10 +139,10 @@ def quantize_part(x: np.ndarray, width: str, xq: tuple[np.ndarray, ...], r0: int
 _LEVEL = {w: np.dtype(w).type(v) for w, v in LEVELS.items()}
 
 
-def level(width: str) -> np.integer:
+def level(width: str, narrow: bool = True) -> np.integer:
     """The ``level`` argument of :func:`linear_q4` / :func:`linear_q8` for activations of
-    ``width`` ("int8", "int16")."""
-    return _LEVEL[width]
+    ``width`` ("int8", "int16"); int8's stored as int16 unless ``narrow`` (:func:`narrow`)."""
+    return _LEVEL[width] if narrow else np.int16(LEVELS[width])
 
 
 @_jit(inline="always")
