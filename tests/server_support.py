@@ -4,11 +4,22 @@ behind a real uvicorn on 127.0.0.1 (a free port), once per session."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from inference.events import DoneEvent
 from inference.sampling import SamplingParams
+
+
+def wait_load(sched, want: tuple[int, int] = (0, 0), timeout: float = 120.0
+              ) -> tuple[int, int]:
+    """The scheduler's (running, waiting) once it reads ``want`` (default: idle), or at
+    the deadline (a busy machine's scheduler thread may lag the client)."""
+    deadline = time.monotonic() + timeout
+    while sched.load() != want and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return sched.load()
 
 
 @pytest.fixture(scope="session")

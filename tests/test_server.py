@@ -15,21 +15,9 @@ import openai
 import pytest
 
 from inference.errors import InvalidInputError
-from tests.server_support import alone, client, engine, server  # noqa: F401
+from tests.server_support import alone, client, engine, server, wait_load  # noqa: F401
 
 HI = [{"role": "user", "content": "Say hello to Paris."}]
-
-
-def _wait_load(engine, want, timeout=120.0):  # noqa: F811
-    """The scheduler's (running, waiting) once it reads ``want``, or at the deadline."""
-    deadline = time.monotonic() + timeout
-    while engine.scheduler.load() != want and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return engine.scheduler.load()
-
-
-def _wait_idle(engine, timeout=120.0):  # noqa: F811
-    return _wait_load(engine, (0, 0), timeout)
 
 
 def test_models_and_health(client, engine, server):  # noqa: F811
@@ -227,7 +215,7 @@ def test_disconnect_cancels_within_a_token(engine, server):  # noqa: F811
     body = {"model": engine.llm.name, "messages": HI, "max_tokens": 200, "temperature": 0,
             "stream": True}
     read = 0
-    _wait_idle(engine)  # an earlier test's request must not finish in between
+    wait_load(engine.scheduler)  # an earlier test's request must not finish in between
     before = len(engine.scheduler.finished)
     with httpx.Client(timeout=300) as c, c.stream("POST", f"{server.url}/chat/completions",
                                                   json=body) as r:
@@ -236,7 +224,7 @@ def test_disconnect_cancels_within_a_token(engine, server):  # noqa: F811
                 read += 1
             if read >= 3:
                 break  # leaving the block closes the connection mid-stream
-    assert _wait_idle(engine) == (0, 0)
+    assert wait_load(engine.scheduler) == (0, 0)
     if before < engine.scheduler.finished.maxlen:
         assert len(engine.scheduler.finished) == before + 1  # this request alone
     reason, n = engine.scheduler.finished[-1]
@@ -266,7 +254,7 @@ def test_non_streaming_disconnect_cancels(engine, server):  # noqa: F811
         time.sleep(0.01)
     assert engine.scheduler.load()[0] == 1, "the request never started"
     sock.close()
-    assert _wait_idle(engine) == (0, 0)
+    assert wait_load(engine.scheduler) == (0, 0)
     reason, n = engine.scheduler.finished[-1]
     assert reason == "cancelled" and n < 200
 
@@ -302,10 +290,10 @@ def test_queue_full_is_429(engine, monkeypatch):  # noqa: F811
         with httpx.Client(timeout=300) as c, \
                 c.stream("POST", f"{srv.url}/chat/completions", json=body) as first:
             next(first.iter_lines())  # its stream has begun: submitted, maybe not yet running
-            _wait_load(small, (1, 0))  # running (the scheduler thread may lag on a busy box)
+            wait_load(small.scheduler, (1, 0))  # running (its thread may lag on a busy box)
             with c.stream("POST", f"{srv.url}/chat/completions", json=body) as second:
                 assert second.status_code == 200  # waiting
-                _wait_load(small, (1, 1))
+                wait_load(small.scheduler, (1, 1))
                 third = httpx.post(f"{srv.url}/chat/completions", json={**body, "stream": False})
                 assert third.status_code == 429
                 assert third.json()["error"]["code"] == "queue_full"

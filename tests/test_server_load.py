@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import random
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx2 as httpx
@@ -19,7 +18,7 @@ import openai
 from inference.backends.base import host_rss, trim_host_heap
 from inference.sampling import SamplingParams
 from inference.server.scheduler import Scheduler
-from tests.server_support import alone, engine, server  # noqa: F401
+from tests.server_support import alone, engine, server, wait_load  # noqa: F401
 from tests.test_server_batching import _run_together
 
 PROMPTS = [[{"role": "user", "content": "Name a colour."}],
@@ -30,9 +29,7 @@ RSS_SLACK = 48 << 20  # allocator and interpreter noise; 32 leaked KV caches wou
 
 
 def _settle(sched: Scheduler) -> None:
-    deadline = time.monotonic() + 120
-    while sched.load() != (0, 0) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_load(sched)
     gc.collect()
     trim_host_heap()
 

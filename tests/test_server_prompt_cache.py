@@ -16,7 +16,7 @@ from inference.kv_cache import KVCache
 from inference.sampling import SamplingParams
 from inference.server.prefix_pool import PrefixPool, cache_nbytes, shared_chunks
 from inference.server.scheduler import Request, Scheduler
-from tests.server_support import alone, engine, server  # noqa: F401
+from tests.server_support import alone, engine, server, wait_load  # noqa: F401
 from tests.test_server_batching import WorkClock, _run_together
 
 # Over 128 tokens with the chat template: its first whole chunk can be kept.
@@ -36,15 +36,6 @@ def _conv(i: int) -> list[dict[str, str]]:
     return [SYSTEM, {"role": "user", "content": QUESTIONS[i]}]
 
 
-def _wait_idle(sched: Scheduler) -> None:
-    import time
-
-    deadline = time.monotonic() + 120
-    while sched.load() != (0, 0) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sched.load() == (0, 0)
-
-
 def test_a_repeated_prompt_start_prefills_only_its_tail(engine, server):  # noqa: F811
     """Through the server (chunks of 128): the second and third requests copy the
     system prompt's whole chunks from the first, finished one; each answer equals the
@@ -54,7 +45,7 @@ def test_a_repeated_prompt_start_prefills_only_its_tail(engine, server):  # noqa
     assert min(len(p) for p in prompts) > 128
     kept = shared_chunks(prompts[1], prompts[0], len(prompts[0]), 128)
     assert kept >= 128
-    _wait_idle(sched)
+    assert wait_load(sched) == (0, 0)
     sched.pool.clear()
     asks = [(0, SamplingParams(temperature=0.0)),  # nothing kept yet: prefills it all
             (1, SamplingParams(temperature=0.8, top_p=0.9, seed=7)),  # copies the system part
@@ -69,7 +60,7 @@ def test_a_repeated_prompt_start_prefills_only_its_tail(engine, server):  # noqa
             ref = alone(llm, _conv(i), max_tokens=6, temperature=sp.temperature,
                         top_p=sp.top_p, seed=sp.seed)
             assert r.choices[0].message.content == ref.text
-            _wait_idle(sched)
+            assert wait_load(sched) == (0, 0)
             assert sched.shared_tokens - shared == want
             assert sched.prefilled_tokens - prefilled == len(prompts[i]) - want
     assert len(sched.pool) >= 1
@@ -207,7 +198,7 @@ def test_a_request_cancelled_mid_prefill_leaves_only_its_whole_chunks(engine,  #
         sched.submit(Request(long, 5, SamplingParams(temperature=0.0), emit_for("long"),
                              cancel=cancel))
         assert done["long"].wait(600) and done["short"].wait(600)
-        _wait_idle(sched)
+        assert wait_load(sched) == (0, 0)
         assert ("cancelled", 0) in sched.finished
         last = [p for p in sched.plans if p.chunk_tokens][-1]
         assert last.chunk_tokens == 24 and not last.chunk_done  # cancelled mid-chunk

@@ -805,7 +805,6 @@ class CpuBackend(NumpyBackend):
 def _concurrent_kernels() -> bool:
     """Whether numba's parallel kernels may run on two threads at once, as the integer
     prefill parts do: its tbb and omp layers allow it, workqueue does not."""
-    import numba
     from numba.np.ufunc import parallel
 
     parallel._launch_threads()  # picks the layer (as the first parallel call would)
