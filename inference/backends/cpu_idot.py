@@ -83,16 +83,27 @@ def available() -> bool:
 @_jit(fastmath=False)
 def _quantize(x: np.ndarray, levels: float, q: np.ndarray, d: np.ndarray,
               xsum: np.ndarray) -> None:
+    top = np.empty(d.shape[1], dtype=np.int32)
     for i in range(x.shape[0]):
+        xi, qi = x[i], q[i]
+        # Each group's max |x| as bits (sign cleared): non-negative floats order as their
+        # bits, and an integer max vectorises where a float one is a serial chain without
+        # fast-math. A pass of its own, apart from the rounding, and loops of a constant trip
+        # count: 4x faster than one loop over range(g * GROUP, ...).
         for g in range(d.shape[1]):
-            amax = _f32(0.0)
-            for j in range(g * K.GROUP, (g + 1) * K.GROUP):
-                amax = max(amax, abs(x[i, j]))
+            b, m = g * K.GROUP, np.int32(0)
+            for j in range(K.GROUP):
+                v = K._f32_to_bits(xi[b + j]) & np.int32(0x7FFFFFFF)
+                m = v if v > m else m
+            top[g] = m
+        for g in range(d.shape[1]):
+            b, amax = g * K.GROUP, K._bits_to_f32(top[g])
             inv = _f32(levels) / amax if amax > 0 else _f32(0.0)
-            total = 0
-            for j in range(g * K.GROUP, (g + 1) * K.GROUP):
-                q[i, j] = np.rint(x[i, j] * inv)
-                total += np.int32(q[i, j])
+            total = np.int32(0)
+            for j in range(K.GROUP):
+                c = np.int32(np.rint(xi[b + j] * inv))  # |c| <= levels
+                qi[b + j] = c
+                total += c
             d[i, g] = amax / _f32(levels)
             xsum[i, g] = d[i, g] * _f32(total)
 
