@@ -13,8 +13,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
 import pytest  # noqa: E402
 
 import inference  # noqa: E402,F401 - first, as the app and CLI: it sets OpenBLAS up before numpy
+from tests import early  # noqa: E402
 
 LONG = os.environ.get("INFERDESK_LONG") == "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "early(steps=fn): subprocess steps started when the "
+                            "session's tests are chosen (tests/early.py)")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    early.start(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    early.stop()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

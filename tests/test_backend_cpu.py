@@ -7,7 +7,9 @@ polynomial approximations with relative error < 4e-7). Real models: the issue's 
 
 from __future__ import annotations
 
+import platform
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_bi
 from inference.backends.numpy_backend import NumpyBackend  # noqa: E402
 from inference.formats.quants import dequantize, dequantize_raw  # noqa: E402
 from inference.formats.tensor import TensorData  # noqa: E402
+from tests import early  # noqa: E402
 from tests import goldens_io as g  # noqa: E402
 from tests.bundled import INSTALL_HINT, load_bundled, random_tensor  # noqa: E402
 
@@ -668,21 +671,19 @@ print("generic ok")
 """
 
 
-def test_kernels_compile_and_match_for_a_generic_x86_cpu():
+def _generic_steps(tmp: Path) -> list[early.Step] | str:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "the generic-x86 target is for x86"
+    # a cache of its own: this target's entries beside the host's would race on their index
+    return [early.python(GENERIC_CHECK, NUMBA_CPU_NAME="generic", NUMBA_CPU_FEATURES=None,
+                         NUMBA_CACHE_DIR=str(tmp))]
+
+
+@pytest.mark.early(steps=_generic_steps)
+def test_kernels_compile_and_match_for_a_generic_x86_cpu(request):
     """NUMBA_CPU_NAME=generic (an old laptop's baseline x86-64, no F16C): the float16
     widening falls back to integer ops, exact for all 65,536 inputs, and the mat-vecs still
-    match NumPy. Before, LLVM emitted a call to a helper the JIT could not link: a crash."""
-    import os
-    import platform
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("the generic-x86 target is for x86")
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "PYTHONPATH": str(root)}
-    env.pop("NUMBA_CPU_FEATURES", None)
-    out = subprocess.run([sys.executable, "-c", GENERIC_CHECK], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=900)
+    match NumPy. Before, LLVM emitted a call to a helper the JIT could not link: a crash.
+    (A subprocess started with the session: tests/early.py.)"""
+    (out,) = early.result(request.node)
     assert out.returncode == 0 and "generic ok" in out.stdout, out.stderr[-3000:]

@@ -15,6 +15,8 @@ against transformers); int8 does not meet them there (docs/benchmarks.md has its
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -23,6 +25,7 @@ from inference.backends.cpu import ACTIVATIONS_ENV, CpuBackend
 from inference.backends.numpy_backend import NumpyBackend
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
+from tests import early
 from tests import goldens_io as g
 from tests.bundled import random_tensor
 from tests.test_backend_cpu import PACKED, _mlx_tensor
@@ -223,25 +226,24 @@ AVX2_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr
                  "+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
 
 
-def test_avx2_build_batches_bitwise_as_rows_alone():
-    """The AVX2 build (pairs, then a single row; ``ROW_GROUP`` 2) compiled for a Haswell
-    target in a subprocess, so an AVX-512 host checks it too: each row of batches of 2-8
-    is the same bits as the row alone, and near NumPy (5% of the output scale: the
-    activations are quantized; the exact checks above run on the host's own build)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def _avx2_steps(tmp: Path) -> list[early.Step] | str:
     from inference.backends import cpu_kernels as K
 
     if not (K._x86() and "+avx2" in K.host_cpu_features().split(",")):
-        pytest.skip("needs an x86 host with AVX2")
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": AVX2_FEATURES,
-           "PYTHONPATH": str(root)}
-    out = subprocess.run([sys.executable, "-c", AVX2_CHECK], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=900)
+        return "needs an x86 host with AVX2"
+    # a cache of its own: this target's entries beside the host's would race on their index
+    return [early.python(AVX2_CHECK, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=AVX2_FEATURES,
+                         NUMBA_CACHE_DIR=str(tmp))]
+
+
+@pytest.mark.early(steps=_avx2_steps)
+def test_avx2_build_batches_bitwise_as_rows_alone(request):
+    """The AVX2 build (pairs, then a single row; ``ROW_GROUP`` 2) compiled for a Haswell
+    target in a subprocess, so an AVX-512 host checks it too: each row of batches of 2-8
+    is the same bits as the row alone, and near NumPy (5% of the output scale: the
+    activations are quantized; the exact checks above run on the host's own build).
+    (Started with the session: tests/early.py.)"""
+    (out,) = early.result(request.node)
     assert out.returncode == 0 and "avx2 ok" in out.stdout, out.stderr[-3000:]
 
 
@@ -264,19 +266,19 @@ print("ok")
 """
 
 
-def test_a_caller_of_a_cached_kernel_compiles(tmp_path):
+def _cached_steps(tmp: Path) -> list[early.Step]:
+    return [early.python(CACHED_CALLS, run, NUMBA_CACHE_DIR=str(tmp))
+            for run in ("matvec", "linear")]
+
+
+@pytest.mark.early(steps=_cached_steps)
+def test_a_caller_of_a_cached_kernel_compiles(request):
     """Processes over one fresh numba cache: the kernel alone (cached), then the one-call
     entry, which links the cached kernel without generating its IR. Where the kernel holds
     VNNI inline asm, LLVM needs its assembly parser set up in that process too: it
-    aborted there when the parser was set up only while generating the asm."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
-    for run in ("matvec", "linear"):
-        out = subprocess.run([sys.executable, "-c", CACHED_CALLS, run], env=env, cwd=root,
-                             capture_output=True, text=True, timeout=900)
+    aborted there when the parser was set up only while generating the asm.
+    (Started with the session: tests/early.py.)"""
+    runs = early.result(request.node)
+    assert len(runs) == 2, runs[-1].stderr[-2000:]
+    for run, out in zip(("matvec", "linear"), runs, strict=True):
         assert out.returncode == 0 and "ok" in out.stdout, (run, out.stderr[-2000:])

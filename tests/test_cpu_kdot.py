@@ -14,6 +14,8 @@ K-quant: Q2_K, Q3_K among them) decoded token by token against transformers' log
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,7 @@ from inference.backends.cpu import CpuBackend
 from inference.backends.cpu_pack import RawWeight
 from inference.formats.quants import dequantize_raw
 from inference.formats.tensor import TensorData
+from tests import early
 from tests import goldens_io as g
 from tests.bundled import random_tensor
 
@@ -172,18 +175,18 @@ print("ok")
 """
 
 
-def test_kernels_load_from_numba_cache_without_crashing(tmp_path):
+def _cached_steps(tmp: Path) -> list[early.Step]:
+    return [early.python(CACHED_CALLS, run, NUMBA_CACHE_DIR=str(tmp))
+            for run in ("matvec", "linear", "linear")]
+
+
+@pytest.mark.early(steps=_cached_steps)
+def test_kernels_load_from_numba_cache_without_crashing(request):
     """Processes over one fresh numba cache: the kernel alone, then the one-call entry
     twice (the second run loads it from the cache). With the kernel cached on its own,
-    that third process crashed (segfault); it is left out of the cache since."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
-    for run in ("matvec", "linear", "linear"):
-        out = subprocess.run([sys.executable, "-c", CACHED_CALLS, run], env=env, cwd=root,
-                             capture_output=True, text=True, timeout=900)
+    that third process crashed (segfault); it is left out of the cache since.
+    (Started with the session: tests/early.py.)"""
+    runs = early.result(request.node)
+    assert len(runs) == 3, runs[-1].stderr[-2000:]
+    for run, out in zip(("matvec", "linear", "linear"), runs, strict=True):
         assert out.returncode == 0 and "ok" in out.stdout, (run, out.stderr[-2000:])
