@@ -25,7 +25,11 @@ class LlamaCppLLM:
     def __init__(self, gguf: Path, threads: int, n_ctx: int):
         import llama_cpp
 
-        self.version = llama_cpp.__version__
+        # the build's instruction sets, as llama.cpp reports them (AVX2, AVX512, ... = 1)
+        info = llama_cpp.llama_print_system_info().decode(errors="replace")
+        isa = [f.split("=")[0].split(":")[-1].strip() for f in info.split("|")
+               if f.strip().endswith("= 1")]
+        self.version = f"{llama_cpp.__version__} ({' '.join(isa)})"
         self.llm = llama_cpp.Llama(
             model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
             n_threads_batch=threads, logits_all=False, verbose=False,
