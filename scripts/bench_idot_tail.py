@@ -1,7 +1,7 @@
 """The integer mat-vec kernels (``cpu_idot.matvec_q4`` / ``matvec_q8``) of this tree against
 those of a git revision, in one process, taking turns:
 
-    python scripts/bench_idot_tail.py [--base HEAD] [--rows 1 4 8 136] [--rounds 5]
+    python scripts/bench_idot_tail.py [--base HEAD] [--rows 1 2 4 8 136] [--rounds 5] [--turns 3]
 
 The revision's ``inference/backends/cpu_idot.py`` is loaded as a module of its own (its
 kernels compiled uncached, as are this tree's); both run one thread over the same packed
@@ -65,7 +65,7 @@ def _best(fn, rounds: int) -> float:  # type: ignore[no-untyped-def]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default="HEAD")
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 136])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 136])
     ap.add_argument("--types", nargs="+", default=list(TYPES))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--turns", type=int, default=3)
