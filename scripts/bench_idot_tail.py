@@ -18,7 +18,6 @@ import importlib.util
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numba
@@ -27,13 +26,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_prefill_products import SHAPES, TYPES, _best  # noqa: E402  (this script's folder)
+
 import inference.backends.cpu as C  # noqa: E402
 from inference.backends import cpu_idot  # noqa: E402
 from inference.bench import write_record  # noqa: E402
 from tests.bundled import random_tensor  # noqa: E402
-
-TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K")
-SHAPES = ((1536, 576), (576, 1536))
 
 
 def _load(path: Path, name: str):  # type: ignore[no-untyped-def]
@@ -50,16 +48,6 @@ def _uncached(mod):  # type: ignore[no-untyped-def]
         f = getattr(mod, name)
         out[name] = mod._jit(parallel=True, fastmath=mod._NO_FUSE, cache=False)(f.py_func)
     return out
-
-
-def _best(fn, rounds: int) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(5):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / 5)
-    return best
 
 
 def main() -> None:
