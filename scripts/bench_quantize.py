@@ -47,7 +47,8 @@ def main() -> None:
                 best = min(best, (time.perf_counter() - t0) / 50)
             rows.append({"width": width, "shape": [t, k], "us": round(best * 1e6, 3),
                          "ns_per_element": round(best * 1e9 / (t * k), 3)})
-            print(f"{width} {t}x{k}: {rows[-1]['us']:8.2f} us  {rows[-1]['ns_per_element']:.3f} ns/el")
+            r = rows[-1]
+            print(f"{width} {t}x{k}: {r['us']:8.2f} us  {r['ns_per_element']:.3f} ns/el")
     name = "quantize" + (f"-{args.label}" if args.label else "")
     write_record(args.out, name, "scripts/bench_quantize.py", {"rows": rows})
 

@@ -1,10 +1,18 @@
-"""The two forms of the integer-dot block sums (inference/backends/cpu_idot.py): 256-bit
-(AVX2) and 512-bit (AVX-512BW). Integer sums are exact, so both must equal the NumPy sums
-bit for bit, for 4-bit, 5-bit (plane of high bits) and 8-bit (signed and unsigned) codes,
-int16 and int8 activations, the row groups the kernels take (1, 2, 4, 8 rows sharing one
-unpacking of the codes). The kernels take whichever form the CPU has; this checks the other
-one too where the CPU can run both, and the 512-bit form's multiply-adds of 4 and 8 rows
-both ways: one ``vpdpwssd`` (VNNI, inline asm) and ``vpmaddwd`` + ``vpaddd``."""
+"""The two forms of the integer-dot block intrinsics (inference/backends/cpu_idot.py):
+256-bit (AVX2) and 512-bit (AVX-512BW). Each takes a block's exact integer sums and ends
+with their float tail (``_Tail``), plain IEEE multiplies and adds in a fixed order. So
+both forms must equal NumPy's float32 evaluation of the same expression from the exact
+integer sums bit for bit: for 4-bit, 5-bit (plane of high bits) and 8-bit (signed and
+unsigned) codes, int16 and int8 activations, every scale layout (kind), and the row
+groups the kernels take (1, 2, 4, 8 rows sharing one unpacking of the codes). The kernels
+take whichever form the CPU has; this checks the other one too where the CPU can run
+both, and the 512-bit form's multiply-adds of 4 and 8 rows both ways: one ``vpdpwssd``
+(VNNI, inline asm) and ``vpmaddwd`` + ``vpaddd``. The float tail's result is compared,
+not the sums: they are exact integers, and float32 takes them exactly below 2**24 (every
+4/5-bit sum here, asserted). 8-bit sums with int16 activations reach 2**26 here, where
+float32 rounds to a multiple of 4: the conversion rounds the same way in NumPy and in the
+kernels, so the comparison stays bitwise, but an integer error below 4 there could go
+unseen (test_cpu_idot.py checks the kernels' extreme sums against NumPy)."""
 
 from __future__ import annotations
 
@@ -13,41 +21,49 @@ import pytest
 from numba import njit
 
 from inference.backends import cpu_idot as I
+from inference.backends import cpu_kernels as K
 from inference.backends.cpu_kernels import LANES
 
 pytestmark = pytest.mark.skipif(not I.wide(), reason="the 512-bit form needs AVX-512BW")
 
 GROUPS = 2  # one block per group of 32 activations
 ROWS = 8  # activation rows: every group size divides it
-NROWS = [1, 2, 4, 8]
+# (vnni, rows): without VNNI only 4 and 8 rows, the only ones taking ``vpdpwssd`` with it
+CASES = [(True, 1), (True, 2), (True, 4), (True, 8), (False, 4), (False, 8)]
+ZERO = 8.0  # SYMMETRIC's code offset
+f32 = np.float32
 
 
-def _forms(monkeypatch, vnni: bool) -> None:
-    """The makers of both forms; without ``vnni`` the 512-bit one is compiled as if the
-    target had no VNNI (the makers read ``_vnni`` when their runner compiles)."""
+def _forms(monkeypatch, vnni: bool, makers: tuple) -> tuple:
+    """The makers to check: both forms; without ``vnni`` only the 512-bit one (the AVX2
+    form never takes ``vpdpwssd``), compiled as if the target had no VNNI (the makers
+    read ``_vnni`` when their runner compiles)."""
     if not vnni:
         monkeypatch.setattr(I, "_vnni", lambda: False)
-    elif not I._vnni():
+        return makers[1:]
+    if not I._vnni():
         pytest.skip("the target has no AVX-512 VNNI")
+    return makers
 
 
 def _runner(dot, nrows):
+    """Block g over rows r0.. of group g, each (g, r0) into its own accumulators."""
     @njit
-    def run(codes, xp, out):
+    def run(codes, xp, blocks, kind, dx, xs, accs):
         for g in range(GROUPS):
             for r0 in range(0, xp.shape[0] - nrows + 1, nrows):
-                dot(codes, g, xp, r0, g * 16, out[g, r0])
+                dot(codes, g, xp, r0, g, blocks, kind, ZERO, dx, xs, accs[g, r0])
     return run
 
 
 def _runner4(dot, nrows):
-    """``high`` is None (4-bit codes) or the plane rows (5-bit): the intrinsic specialises
-    on its type, as in the kernels."""
+    """As :func:`_runner`; ``high`` is None (4-bit codes) or the plane rows (5-bit): the
+    intrinsic specialises on its type, as in the kernels."""
     @njit
-    def run(codes, xp, out, high):
+    def run(codes, xp, high, blocks, kind, dx, xs, accs):
         for g in range(GROUPS):
             for r0 in range(0, xp.shape[0] - nrows + 1, nrows):
-                dot(codes, g, xp, r0, g * 16, out[g, r0], high)
+                dot(codes, g, xp, r0, g, high, blocks, kind, ZERO, dx, xs, accs[g, r0])
     return run
 
 
@@ -67,45 +83,95 @@ def _codes4(rng, five):
     return codes, values  # values (GROUPS, 32 codes, LANES)
 
 
-@pytest.mark.parametrize("vnni", [True, False])
+def _scales(rng, c: int):
+    """(GROUPS, c + 2, LANES) float32 blocks with random scales in rows c (float32 scales,
+    or 2 * LANES float16: scales then biases) and c + 1 (float32 biases); and the row
+    quantities d, xsum (ROWS, GROUPS)."""
+    blocks = np.zeros((GROUPS, c + 2, LANES), dtype=f32)
+    blocks[:, c + 1] = rng.standard_normal((GROUPS, LANES))
+    dx = rng.uniform(1e-6, 1e-3, (ROWS, GROUPS)).astype(f32)
+    xs = rng.standard_normal((ROWS, GROUPS)).astype(f32)
+    return blocks, dx, xs
+
+
+def _expected(kind, blocks, c, dx, xs, isum, subs=None):
+    """NumPy float32, the tail's order: ``isum`` (GROUPS, ROWS, LANES) or, where ``subs``
+    (Q6_K's sub-scales, GROUPS x 2 x LANES) is given, (GROUPS, ROWS, 2, LANES)."""
+    halves = blocks[:, c].view(np.float16).astype(f32)  # (GROUPS, 2 * LANES)
+    out = np.empty((GROUPS, ROWS, LANES), dtype=f32)
+    for g in range(GROUPS):
+        for r in range(ROWS):
+            d, xsum = dx[r, g], xs[r, g]
+            if kind == K.SUB16:
+                s0, s1 = isum[g, r].astype(f32)
+                sc0, sc1 = subs[g].astype(f32)
+                term = (halves[g, LANES:] * d) * (sc0 * s0 + sc1 * s1)
+            else:
+                s = isum[g, r] if isum.ndim == 3 else isum[g, r].sum(axis=0)
+                s = s.astype(f32)
+                if kind == K.AFFINE_F16:
+                    term = halves[g, :LANES] * (d * s) + halves[g, LANES:] * xsum
+                elif kind == K.AFFINE:
+                    term = blocks[g, c] * (d * s) + blocks[g, c + 1] * xsum
+                else:
+                    term = blocks[g, c] * (d * s - f32(ZERO) * xsum)
+            out[g, r] = f32(0.0) + term
+    return out
+
+
+def _check(run, args, kinds, blocks, c, nrows, want, rng, subs=None):
+    """Run every kind (float32 scales and float16 ones in row c) and compare bitwise."""
+    f32_row = rng.standard_normal((GROUPS, LANES)).astype(f32)
+    f16_row = rng.standard_normal((GROUPS, 2 * LANES)).astype(np.float16).view(f32)
+    for kind in kinds:
+        blocks[:, c] = f16_row if kind in (K.AFFINE_F16, K.SUB16) else f32_row
+        codes, xp, *rest, dx, xs = args
+        accs = np.zeros((GROUPS, ROWS, nrows, LANES), dtype=f32)
+        run(codes, xp, *rest, blocks, kind, dx, xs, accs)
+        exp = _expected(kind, blocks, c, dx, xs, want, subs)
+        for r0 in range(0, ROWS, nrows):
+            got = accs[:, r0]  # (GROUPS, nrows, LANES)
+            np.testing.assert_array_equal(got.view(np.uint32),
+                                          exp[:, r0:r0 + nrows].view(np.uint32),
+                                          err_msg=f"kind {kind}")
+
+
+@pytest.mark.parametrize("vnni,nrows", CASES)
 @pytest.mark.parametrize("width", list(I.LEVELS))
 @pytest.mark.parametrize("five", [False, True])
-@pytest.mark.parametrize("nrows", NROWS)
 def test_dot4_forms_equal_numpy(width, five, nrows, vnni, monkeypatch):
-    _forms(monkeypatch, vnni)
+    makers = _forms(monkeypatch, vnni, (I._make_dot4, I._make_wide_dot4))
     rng = np.random.default_rng(nrows * 10 + five)
     codes, values = _codes4(rng, five)
     xp = _activations(width, ROWS, rng)
     want = np.einsum("gjl,rgj->grl", values, xp.reshape(ROWS, GROUPS, 32).astype(np.int64))
-    for make in (I._make_dot4, I._make_wide_dot4):
-        out = np.zeros((GROUPS, ROWS, 2 * LANES * nrows), dtype=np.int32)
-        _runner4(make(nrows), nrows)(codes, xp, out, codes[:, 16:20] if five else None)
-        for r0 in range(0, ROWS, nrows):
-            for r in range(nrows):
-                got = out[:, r0, 2 * LANES * r: 2 * LANES * r + LANES]
-                np.testing.assert_array_equal(got, want[:, r0 + r], err_msg=make.__name__)
+    assert np.abs(want).max() < 2**24  # exact in float32 (module docstring)
+    c = 5 if five else 4
+    blocks, dx, xs = _scales(rng, c)
+    high = codes[:, 16:20] if five else None
+    for make in makers:
+        _check(_runner4(make(nrows), nrows), (codes, xp, high, dx, xs),
+               (K.SYMMETRIC, K.AFFINE, K.AFFINE_F16), blocks, c, nrows, want, rng)
 
 
-@pytest.mark.parametrize("vnni", [True, False])
+@pytest.mark.parametrize("vnni,nrows", CASES)
 @pytest.mark.parametrize("width", list(I.LEVELS))
 @pytest.mark.parametrize("signed", [False, True])
-@pytest.mark.parametrize("nrows", NROWS)
 def test_dot8_forms_equal_numpy(width, signed, nrows, vnni, monkeypatch):
-    _forms(monkeypatch, vnni)
+    makers = _forms(monkeypatch, vnni, (I._make_dot8, I._make_wide_dot8))
     rng = np.random.default_rng(nrows * 10 + signed)
     dtype = np.int8 if signed else np.uint8
     info = np.iinfo(dtype)
-    codes = rng.integers(info.min, info.max + 1, (GROUPS, 32, LANES)).astype(dtype)
+    codes = rng.integers(info.min, info.max + 1, (GROUPS, 34, LANES)).astype(dtype)
     codes[0, 0] = info.min  # the extremes
     codes[0, 1] = info.max
     xp = _activations(width, ROWS, rng)
-    xs = xp.reshape(ROWS, GROUPS, 2, 16).astype(np.int64)  # codes 0-15 and 16-31 apart
-    c = codes.astype(np.int64).reshape(GROUPS, 2, 16, LANES)
-    want = np.einsum("ghjl,rghj->grhl", c, xs)
-    for make in (I._make_dot8, I._make_wide_dot8):
-        out = np.zeros((GROUPS, ROWS, 2 * LANES * nrows), dtype=np.int32)
-        _runner(make(nrows), nrows)(codes, xp, out)
-        for r0 in range(0, ROWS, nrows):
-            for r in range(nrows):
-                got = out[:, r0, 2 * LANES * r: 2 * LANES * (r + 1)].reshape(GROUPS, 2, LANES)
-                np.testing.assert_array_equal(got, want[:, r0 + r], err_msg=make.__name__)
+    xs16 = xp.reshape(ROWS, GROUPS, 2, 16).astype(np.int64)  # codes 0-15 and 16-31 apart
+    cv = codes[:, :32].astype(np.int64).reshape(GROUPS, 2, 16, LANES)
+    want = np.einsum("ghjl,rghj->grhl", cv, xs16)  # (GROUPS, ROWS, 2, LANES)
+    assert np.abs(want).max() < 2**26  # float32 keeps them to within 4 (module docstring)
+    blocks, dx, xs = _scales(rng, 8)
+    for make in makers:
+        _check(_runner(make(nrows), nrows), (codes, xp, dx, xs),
+               (K.SYMMETRIC, K.AFFINE, K.AFFINE_F16, K.SUB16), blocks, 8, nrows, want, rng,
+               subs=codes[:, 32:34])

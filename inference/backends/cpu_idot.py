@@ -33,6 +33,8 @@ products as LLVM IR (numba ``@intrinsic``), unrolled over the block:
   codes 0-15 and 16-31 keep separate 16-bit sums, widened to 32 bits at the end.
 - everything else: codes widened to 16 bits, ``vpmaddwd``, 32-bit sums (at most
   16 * 255 * 32767 per half block, far inside 32 bits).
+Each intrinsic ends with the float tail of its rows, in IR too (:class:`_Tail`): the sums
+go from registers through the scales into the rows' float accumulators.
 Measured on SmolLM2's 1536x576 Q4_1 weight, 1 thread (AMD EPYC, AVX2), with the
 quantization: 16-bit 2.0x, 8-bit 3.0x the float lane kernel (docs/benchmarks.md).
 
@@ -53,6 +55,7 @@ Other CPUs (no AVX2, ARM, NUMBA_CPU_NAME=generic) keep the float kernels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache, partial
 
 import numpy as np
@@ -220,17 +223,161 @@ def _pair(context, builder, xty, xarr, row, p0, p):  # type: ignore[no-untyped-d
     return builder.load(builder.bitcast(ptr, pair.as_pointer()), align=1)
 
 
-def _store_lanes(context, builder, oty, oarr, row, offset, parts, lanes_of):  # type: ignore
-    """Store int32 vectors ``parts`` (part i holds lanes ``lanes_of[i]``, in runs of 8
-    consecutive lanes) to ``out[2 * LANES * row + offset + lane]`` (``row`` a constant)."""
+def _runs(builder: ir.IRBuilder, parts: list[ir.Value], lanes_of: Sequence[Sequence[int]]
+          ) -> list[tuple[int, ir.Value]]:
+    """int32 vectors ``parts`` (part i holds lanes ``lanes_of[i]``, in runs of 8
+    consecutive lanes) as (first lane, 8 lanes' sums) pairs."""
+    out = []
     for vec, lanes in zip(parts, lanes_of, strict=True):
         for start in range(0, len(lanes), 8):
-            run = builder.shuffle_vector(vec, ir.Constant(vec.type, None), ir.Constant(
-                ir.VectorType(_i32, 8), list(range(start, start + 8))))
-            ptr = _item_ptr(context, builder, oty, oarr,
-                            [ir.Constant(_i64, 2 * K.LANES * row + offset + lanes[start])])
-            builder.store(run, builder.bitcast(ptr, ir.VectorType(_i32, 8).as_pointer()),
-                          align=4)
+            out.append((lanes[start], builder.shuffle_vector(
+                vec, ir.Constant(vec.type, None),
+                ir.Constant(ir.VectorType(_i32, 8), list(range(start, start + 8))))))
+    return out
+
+
+# -- the float tail, as LLVM IR ----------------------------------------------------------
+# Each dot intrinsic ends with its rows' float tail: the block's integer sums, still in
+# registers, times the scales, added into ``accs[r, lane]`` (a float32 array, row r of the
+# group). Written out in numba it was a loop per row with a runtime trip count and runtime
+# alias checks between ``accs``, the sums and the scales, each row reloading the scales
+# and the sums from memory: 27-36% of the 8-row kernel's time (docs/cpu-backend.md). Here
+# the scales are read once per block for all rows and nothing is checked. The ops are
+# IEEE ``fmul`` / ``fadd`` / ``fsub`` without fast-math flags (so no FMA contraction and
+# no reassociation), one fixed expression for every row: a row's bits do not depend on
+# the group it runs in, nor on the kernel's own fast-math flags.
+
+
+class _Tail:
+    """The tail's arguments ``(blocks, kind, zero, dx, xs, accs)`` of an intrinsic and its
+    block ``blk`` and group ``g``; ``c`` the block's row of scales (``cpu_kernels``
+    docstring), ``codes`` the intrinsic's code bytes (Q6_K's sub-scales, rows 32-33)."""
+
+    def __init__(self, context, builder, tys, vals, blk, g, c, codes):  # type: ignore
+        self.context, self.builder = context, builder
+        self.tys, self.blk, self.g, self.c, self.codes = tys, blk, g, c, codes
+        (self.blocks, self.kind, self.zero, self.dx, self.xs, self.accs) = vals
+
+    def _ptr(self, aty, arr, idx):  # type: ignore[no-untyped-def]
+        return _item_ptr(self.context, self.builder, aty, arr,
+                         [i if isinstance(i, ir.Value) else ir.Constant(_i64, i) for i in idx])
+
+    def _vec(self, ptr: ir.Value, n: int, elem: ir.Type, offset: int = 0) -> ir.Value:
+        b = self.builder
+        ptr = b.bitcast(ptr, elem.as_pointer())
+        if offset:
+            ptr = b.gep(ptr, [ir.Constant(_i64, offset)])
+        return b.load(b.bitcast(ptr, ir.VectorType(elem, n).as_pointer()), align=1)
+
+    def _scales(self, row: int, lane: int, n: int) -> ir.Value:
+        """Lanes ``lane:lane+n`` of the block's float32 row ``row``."""
+        ptr = self._ptr(self.tys[0], self.blocks, [self.blk, row, lane])
+        return self._vec(ptr, n, ir.FloatType())
+
+    def _halves(self, lane: int, n: int) -> ir.Value:
+        """float16 values ``lane:lane+n`` of the block's row ``c`` read as 2 * LANES halves."""
+        ptr = self._ptr(self.tys[0], self.blocks, [self.blk, self.c, 0])
+        h = self._vec(ptr, n, _i16, lane)
+        if K.target_has_f16c():
+            return self.builder.fpext(self.builder.bitcast(h, ir.VectorType(ir.HalfType(), n)),
+                                      ir.VectorType(ir.FloatType(), n))
+        return K._half_from_bits(self.builder, h)
+
+    def _subscales(self, row: int, lane: int, n: int) -> ir.Value:
+        """Code bytes ``lane:lane+n`` of row ``row`` of the block (Q6_K's int8 scales)."""
+        cty, carr = self.codes
+        ptr = self._ptr(cty, carr, [self.blk, row, lane])
+        v = self._vec(ptr, n, _i8)
+        v = (self.builder.sext if cty.dtype == types.int8 else self.builder.zext)(
+            v, ir.VectorType(_i32, n))
+        return self.builder.sitofp(v, ir.VectorType(ir.FloatType(), n))
+
+    def emit(self, row0: ir.Value, sums: list[list[tuple[int, ir.Value, ir.Value | None]]]
+             ) -> None:
+        """``accs[r, lane] +=`` the tail of ``sums[r]`` for rows ``row0 + r`` of ``dx`` /
+        ``xs``: per run of lanes (first lane, int32 sums of codes 0-15, of codes 16-31 or
+        None where one sum covers the block). The expressions, per kind:
+
+        - AFFINE_F16 / AFFINE: ``s * (d * f(isum)) + z * xsum``
+        - SYMMETRIC: ``s * (d * f(isum) - f32(zero) * xsum)``
+        - SUB16 (two sums): ``(dq * d) * (f(sc0) * f(isum0) + f(sc1) * f(isum1))``
+
+        where ``isum`` is the sum of the two where there are two."""
+        b, f32 = self.builder, ir.FloatType()
+        kind = self.kind
+        runs = [(lane, a.type.count) for lane, a, _ in sums[0]]
+        two = sums[0][0][2] is not None
+
+        def splat(v: ir.Value, n: int) -> ir.Value:
+            return _splat(b, v, n)
+
+        def isum(a: ir.Value, h: ir.Value | None) -> ir.Value:
+            return b.sitofp(a if h is None else b.add(a, h), ir.VectorType(f32, a.type.count))
+
+        def accumulate(terms) -> None:  # type: ignore[no-untyped-def]
+            # terms(d, xsum, k, n, a, h): what run k (n lanes, sums a, h) of a row adds to
+            # accs. d and xsum are loaded where a row starts, not all first: in registers
+            # for 8 rows they were spilled.
+            for r, row in enumerate(sums):
+                at = [b.add(row0, ir.Constant(_i64, r)), self.g]
+                d = b.load(self._ptr(self.tys[3], self.dx, at))
+                xsum = b.load(self._ptr(self.tys[4], self.xs, at))
+                for k, (lane, a, h) in enumerate(row):
+                    ptr = b.bitcast(self._ptr(self.tys[5], self.accs, [r, lane]),
+                                    ir.VectorType(f32, a.type.count).as_pointer())
+                    b.store(b.fadd(b.load(ptr, align=4), terms(d, xsum, k, a.type.count, a, h)),
+                            ptr, align=4)
+
+        def affine(half: bool) -> None:
+            sz = [((self._halves(lane, n), self._halves(K.LANES + lane, n)) if half else
+                   (self._scales(self.c, lane, n), self._scales(self.c + 1, lane, n)))
+                  for lane, n in runs]
+            accumulate(lambda d, xsum, k, n, a, h: b.fadd(
+                b.fmul(sz[k][0], b.fmul(splat(d, n), isum(a, h))),
+                b.fmul(sz[k][1], splat(xsum, n))))
+
+        def symmetric() -> None:
+            sg = [self._scales(self.c, lane, n) for lane, n in runs]
+            accumulate(lambda d, xsum, k, n, a, h: b.fmul(
+                sg[k], b.fsub(b.fmul(splat(d, n), isum(a, h)),
+                              splat(b.fmul(self.zero, xsum), n))))
+
+        def sub16() -> None:
+            dq = [self._halves(K.LANES + lane, n) for lane, n in runs]
+            sc = [(self._subscales(32, lane, n), self._subscales(33, lane, n))
+                  for lane, n in runs]
+            accumulate(lambda d, xsum, k, n, a, h: b.fmul(
+                b.fmul(dq[k], splat(d, n)),
+                b.fadd(b.fmul(sc[k][0], b.sitofp(a, ir.VectorType(f32, n))),
+                       b.fmul(sc[k][1], b.sitofp(h, ir.VectorType(f32, n))))))
+
+        cases = [(K.AFFINE_F16, partial(affine, True)), (K.AFFINE, partial(affine, False))]
+        if two:
+            cases.append((K.SUB16, sub16))
+        fn = b.function
+        done = fn.append_basic_block("tail.done")
+        other = fn.append_basic_block("tail.symmetric")
+        switch = b.switch(kind, other)
+        for value, body in cases:
+            block = fn.append_basic_block(f"tail.{value}")
+            switch.add_case(ir.Constant(kind.type, value), block)
+            b.position_at_end(block)
+            body()
+            b.branch(done)
+        b.position_at_end(other)
+        symmetric()
+        b.branch(done)
+        b.position_at_end(done)
+
+
+def _tail_args(context, builder, signature, args, first: int, blk, g, c):  # type: ignore
+    """The :class:`_Tail` of an intrinsic whose first argument is ``codes`` and whose
+    arguments from ``first`` on are ``(blocks, kind, zero, dx, xs, accs)``."""
+    tys = signature.args[first:first + 6]
+    vals = list(args[first:first + 6])
+    vals[1] = context.cast(builder, vals[1], tys[1], types.int64)
+    vals[2] = context.cast(builder, vals[2], tys[2], types.float32)
+    return _Tail(context, builder, tys, vals, blk, g, c, (signature.args[0], args[0]))
 
 
 def _maddwd(builder: ir.IRBuilder) -> ir.Function:
@@ -254,23 +401,26 @@ _EIGHTS = [list(range(0, 8)), list(range(16, 24)), list(range(8, 16)), list(rang
 
 
 def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
-    """An intrinsic ``(codes, blk, xp, row, p0, out, high)``: ``out[r, lane] = sum_j
-    code_j * q_j`` (int32) for activation rows ``row + r``, r < ``nrows``, over block
-    ``blk``'s 32 4-bit codes of each of the LANES lanes (byte j: code j low, code j+16
-    high), ``q`` the activation codes ``xp[row + r, 2*p0:2*p0+32]`` (int8 or int16), read
-    in pairs. The codes are unpacked once for all ``nrows`` rows. With
-    ``high`` an array (not None) the codes are 5-bit: bit 4 comes from the plane of high
-    bits, code bytes 16-19 (``cpu_kernels`` docstring; read through ``codes``)."""
+    """An intrinsic ``(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs)``:
+    the sums ``isum[r, lane] = sum_j code_j * q_j`` (int32) for activation rows ``row +
+    r``, r < ``nrows``, over block ``blk``'s 32 4-bit codes of each of the LANES lanes
+    (byte j: code j low, code j+16 high), ``q`` the activation codes ``xp[row + r,
+    32*g:32*g+32]`` (int8 or int16), read in pairs; then their float tail
+    (:meth:`_Tail.emit`) added into ``accs[r]``. The codes are unpacked once for all
+    ``nrows`` rows. With ``high`` an array (not None) the codes are 5-bit: bit 4 comes from
+    the plane of high bits, code bytes 16-19 (``cpu_kernels`` docstring; read through
+    ``codes``)."""
 
     @intrinsic
-    def dot4(typingctx, codes, blk, xp, row, p0, out, high):  # type: ignore[no-untyped-def]
-        sig = types.void(codes, blk, xp, row, p0, out, high)
+    def dot4(typingctx, codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs
+             ):  # type: ignore[no-untyped-def]
+        sig = types.void(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs)
         narrow = xp.dtype == types.int8
         five = not isinstance(high, types.NoneType)
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            cty, _, xty, _, _, oty, _ = signature.args
-            carr, cblk, xarr, crow, cp0, oarr, _ = args
+            cty, _, xty = signature.args[:3]
+            carr, cblk, xarr, crow, cg = args[:5]
             v32i8, v16i16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16)
             v8i32 = ir.VectorType(_i32, 8)
             maddubs = cgutils.get_or_insert_function(
@@ -279,7 +429,8 @@ def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
             maddwd = _maddwd(builder)
             m15 = ir.Constant(v32i8, [15] * 32)
             four = ir.Constant(v32i8, [4] * 32)
-            blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+            blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
+            p0 = builder.mul(g, ir.Constant(_i64, 16))
             rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
             zero = (ir.Constant(v16i16, [0] * 16) if narrow  # (half, codes 0-15 / 16-31)
                     else ir.Constant(v8i32, [0] * 8))  # 8 lanes each, in _EIGHTS order
@@ -324,14 +475,17 @@ def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
                         for i in range(4):
                             w[i] = builder.add(w[i], builder.sext(a[i], v16i32))
                             a[i] = zero
+            sums = []
             for r, a in enumerate(acc):
-                orow = r
                 if narrow:
                     w = wide[r]
-                    parts = [builder.add(w[2 * h], w[2 * h + 1]) for h in range(2)]
-                    _store_lanes(context, builder, oty, oarr, orow, 0, parts, _HALVES)
+                    runs = _runs(builder, [builder.add(w[2 * h], w[2 * h + 1])
+                                           for h in range(2)], _HALVES)
                 else:
-                    _store_lanes(context, builder, oty, oarr, orow, 0, a, _EIGHTS)
+                    runs = _runs(builder, a, _EIGHTS)
+                sums.append([(lane, v, None) for lane, v in runs])
+            _tail_args(context, builder, signature, args, 6, blk, g, 5 if five else 4
+                       ).emit(row, sums)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -340,21 +494,25 @@ def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
 
 
 def _make_dot8(nrows: int):  # type: ignore[no-untyped-def]
-    """As :func:`_make_dot4` for 8-bit codes (int8 or uint8 by the array's type), with
-    ``out[r, lane]`` / ``out[r, LANES + lane]`` the sums over codes 0-15 / 16-31."""
+    """As :func:`_make_dot4` for 8-bit codes (int8 or uint8 by the array's type), without
+    ``high``: ``(codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs)``, the sums
+    over codes 0-15 and 16-31 kept apart for the tail (Q6_K scales them apart)."""
 
     @intrinsic
-    def dot8(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
-        sig = types.void(codes, blk, xp, row, p0, out)
+    def dot8(typingctx, codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs
+             ):  # type: ignore[no-untyped-def]
+        sig = types.void(codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs)
         signed = codes.dtype == types.int8
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            cty, _, xty, _, _, oty = signature.args
-            carr, cblk, xarr, crow, cp0, oarr = args
+            cty, _, xty = signature.args[:3]
+            carr, cblk, xarr, crow, cg = args[:5]
             v32i8, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8)
             maddwd = _maddwd(builder)
-            blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+            blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
+            p0 = builder.mul(g, ir.Constant(_i64, 16))
             rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
+            halves = []
             for half in range(2):  # codes 0-15, then 16-31
                 acc = [[ir.Constant(v8i32, [0] * 8)] * 4 for _ in rows]  # _EIGHTS order
                 for p in range(8 * half, 8 * half + 8):
@@ -368,8 +526,10 @@ def _make_dot8(nrows: int):  # type: ignore[no-untyped-def]
                             for a, x in zip(acc, xs, strict=True):
                                 a[2 * h + e] = builder.add(a[2 * h + e],
                                                            builder.call(maddwd, [words, x]))
-                for r, a in enumerate(acc):
-                    _store_lanes(context, builder, oty, oarr, r, half * K.LANES, a, _EIGHTS)
+                halves.append([_runs(builder, a, _EIGHTS) for a in acc])
+            sums = [[(lane, a, h) for (lane, a), (_, h) in zip(*pair, strict=True)]
+                    for pair in zip(*halves, strict=True)]
+            _tail_args(context, builder, signature, args, 5, blk, g, 8).emit(row, sums)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -427,29 +587,24 @@ def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Valu
     return builder.add(acc, builder.call(madd, [words, x]))
 
 
-def _wide_store(context, builder, oty, oarr, offset, acc):  # type: ignore[no-untyped-def]
-    """Two int32 vectors of 16 lanes -> ``out[offset:offset + 32]`` (a constant offset)."""
-    for e, vec in enumerate(acc):
-        ptr = _item_ptr(context, builder, oty, oarr, [ir.Constant(_i64, offset + 16 * e)])
-        builder.store(vec, builder.bitcast(ptr, vec.type.as_pointer()), align=4)
-
-
 def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
-    """:func:`_make_dot4` in 512-bit vectors: same arguments, same sums in ``out``."""
+    """:func:`_make_dot4` in 512-bit vectors: same arguments, same sums and tail."""
 
     @intrinsic
-    def dot4(typingctx, codes, blk, xp, row, p0, out, high):  # type: ignore[no-untyped-def]
-        sig = types.void(codes, blk, xp, row, p0, out, high)
+    def dot4(typingctx, codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs
+             ):  # type: ignore[no-untyped-def]
+        sig = types.void(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs)
         five = not isinstance(high, types.NoneType)
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            cty, _, xty, _, _, oty, _ = signature.args
-            carr, cblk, xarr, crow, cp0, oarr, _ = args
+            cty, _, xty = signature.args[:3]
+            carr, cblk, xarr, crow, cg = args[:5]
             v32i8, v64i8, v16i32 = (ir.VectorType(_i8, 32), ir.VectorType(_i8, 64),
                                     ir.VectorType(_i32, 16))
             pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
             m15, four, one = (ir.Constant(v64i8, [c] * 64) for c in (15, 4, 1))
-            blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+            blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
+            p0 = builder.mul(g, ir.Constant(_i64, 16))
             rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
             acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]  # lanes 0-15, 16-31
             if five:  # bit 4 of codes (2p, 2p+1) and (2p+16, 2p+17), paired as the codes
@@ -475,8 +630,8 @@ def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
                                                        p + 8 * c), 16)
                         a[0] = _wide_madd(builder, a[0], words[0], x, nrows)
                         a[1] = _wide_madd(builder, a[1], words[1], x, nrows)
-            for r, a in enumerate(acc):
-                _wide_store(context, builder, oty, oarr, 2 * K.LANES * r, a)
+            _tail_args(context, builder, signature, args, 6, blk, g, 5 if five else 4).emit(
+                row, [[(0, a[0], None), (16, a[1], None)] for a in acc])
             return context.get_dummy_value()
 
         return sig, codegen
@@ -485,20 +640,23 @@ def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
 
 
 def _make_wide_dot8(nrows: int):  # type: ignore[no-untyped-def]
-    """:func:`_make_dot8` in 512-bit vectors: same arguments, same sums in ``out``."""
+    """:func:`_make_dot8` in 512-bit vectors: same arguments, same sums and tail."""
 
     @intrinsic
-    def dot8(typingctx, codes, blk, xp, row, p0, out):  # type: ignore[no-untyped-def]
-        sig = types.void(codes, blk, xp, row, p0, out)
+    def dot8(typingctx, codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs
+             ):  # type: ignore[no-untyped-def]
+        sig = types.void(codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs)
         signed = codes.dtype == types.int8
 
         def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            cty, _, xty, _, _, oty = signature.args
-            carr, cblk, xarr, crow, cp0, oarr = args
+            cty, _, xty = signature.args[:3]
+            carr, cblk, xarr, crow, cg = args[:5]
             v32i8, v16i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 16)
             pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
-            blk, row, p0 = (_i64_of(builder, v) for v in (cblk, crow, cp0))
+            blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
+            p0 = builder.mul(g, ir.Constant(_i64, 16))
             rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
+            halves = []
             for half in range(2):  # codes 0-15, then 16-31
                 acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]
                 for p in range(8 * half, 8 * half + 8):
@@ -510,8 +668,9 @@ def _make_wide_dot8(nrows: int):  # type: ignore[no-untyped-def]
                                         16)
                         a[0] = _wide_madd(builder, a[0], words[0], x, nrows)
                         a[1] = _wide_madd(builder, a[1], words[1], x, nrows)
-                for r, a in enumerate(acc):
-                    _wide_store(context, builder, oty, oarr, 2 * K.LANES * r + half * K.LANES, a)
+                halves.append(acc)
+            _tail_args(context, builder, signature, args, 5, blk, g, 8).emit(
+                row, [[(0, a[0], h[0]), (16, a[1], h[1])] for a, h in zip(*halves, strict=True)])
             return context.get_dummy_value()
 
         return sig, codegen
@@ -546,15 +705,14 @@ _dot8, _dot8x2 = _make8(1), _make8(2)
 # AVX2 never runs the groups' loop (ROW_GROUP < 4): their names hold the pairs'.
 _dot4x4, _dot4x8 = (_make4(4), _make4(8)) if ROW_GROUP == 8 else (_dot4x2, _dot4x2)
 _dot8x4, _dot8x8 = (_make8(4), _make8(8)) if ROW_GROUP == 8 else (_dot8x2, _dot8x2)
-# Each kernel has three loops, groups of 8/4, pairs, the single row, each with the float
-# tail (integer sums -> float, times the scales) written out: pairs in the groups' loop
-# ran up to 10% slower at B=2 (the loop then holds three inlined dots; in a loop of their
-# own they still run 0-10% slower than before the groups, not resolved:
-# docs/cpu-backend.md), and the tail as one shared inline
-# function made Q4_1 1.5x slower at B=2 (and the one-row kernel 0.8x before; numba 0.68).
-# The tails compile without FMA contraction or reassociation, so every copy computes the
-# same bits for a row, alone, in a pair or in a group (the server's batching relies on
-# it; tests/test_backend_cpu.py checks batches of 1-8).
+# Each kernel has three loops, groups of 8/4, pairs, the single row: pairs in the groups'
+# loop ran up to 10% slower at B=2 (the loop then holds three inlined dots; in a loop of
+# their own they still run 0-10% slower than before the groups, not resolved:
+# docs/cpu-backend.md). The float tail is the dot intrinsics' own (:class:`_Tail`), one
+# expression in IEEE ops without fast-math flags for every group size, so a row computes
+# the same bits alone, in a pair or in a group (the server's batching relies on it;
+# tests/test_backend_cpu.py checks batches of 1-8). The kernels keep compiling without
+# FMA contraction or reassociation (``_NO_FUSE``, which cpu_kdot's tails rely on too).
 _NO_FUSE = {"nnan", "ninf", "nsz", "arcp", "afn"}
 
 
@@ -564,20 +722,16 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
               xs: np.ndarray, out: np.ndarray) -> None:
     """out (T, tiles*LANES) = x @ W.T for a 4-bit W (uint8 ``codes`` view), or a 5-bit one
     with its plane of high bits ``high``, and ``x`` given by :func:`quantize_rows` as
-    (xp, dx, xs), 8- or 16-bit codes; the other arguments as in :func:`cpu_kernels.matvec_q4`.
-    Rows go in groups of 8 and 4 (AVX-512), pairs, then a single row, each group sharing
-    the unpacked codes; a row's result is the same bits in any of them."""
+    (xp, dx, xs), 8- or 16-bit codes; the other arguments as in :func:`cpu_kernels.matvec_q4`
+    (``halves`` unused: the tails read float16 scales through ``blocks``). Rows go in
+    groups of 8 and 4 (AVX-512), pairs, then a single row, each group sharing the unpacked
+    codes; a row's result is the same bits in any of them."""
     rows, groups = dx.shape
     tiles = blocks.shape[0] // groups
     row_bytes = blocks.shape[1] * K.LANES * 4
-    nl = codes.shape[2]  # == LANES, a runtime trip count (cpu_kernels docstring)
-    c = 4 if high is None else 5  # the block's row of scales
     for t in prange(tiles):
-        acc = np.empty(nl, dtype=np.float32)
-        isum = np.empty(2 * nl, dtype=np.int32)
-        pair = np.empty((2, nl), dtype=np.float32)
-        accs = np.empty((ROW_GROUP, nl), dtype=np.float32)
-        sums = np.empty(2 * ROW_GROUP * nl, dtype=np.int32)
+        accs = np.empty((ROW_GROUP, K.LANES), dtype=np.float32)
+        cols = slice(t * K.LANES, (t + 1) * K.LANES)
         i = 0
         while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
             n = 8 if rows - i >= 8 else 4
@@ -587,72 +741,28 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                 if i == 0:
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
                 if n == 8:
-                    _dot4x8(codes, blk, xp, i, g * 16, sums, high)
+                    _dot4x8(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
                 else:
-                    _dot4x4(codes, blk, xp, i, g * 16, sums, high)
-                for r in range(n):
-                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
-                    if kind == K.AFFINE_F16:
-                        h = halves[blk, c]
-                        for lane in range(nl):
-                            accs[r, lane] += (K._half(h[lane]) * (d * _f32(sums[o + lane]))
-                                              + K._half(h[nl + lane]) * xsum)
-                    elif kind == K.AFFINE:
-                        sg, zg = blocks[blk, c], blocks[blk, c + 1]
-                        for lane in range(nl):
-                            accs[r, lane] += sg[lane] * (d * _f32(sums[o + lane])) + zg[lane] * xsum
-                    else:
-                        sg, zx = blocks[blk, c], _f32(zero) * xsum
-                        for lane in range(nl):
-                            accs[r, lane] += sg[lane] * (d * _f32(sums[o + lane]) - zx)
-            out[i:i + n, t * K.LANES:(t + 1) * K.LANES] = accs[:n]
+                    _dot4x4(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
+            out[i:i + n, cols] = accs[:n]
             i += n
         while rows - i >= 2:  # pairs (a loop of their own: the note above ROW_GROUP)
-            pair[:] = 0.0
+            accs[:2] = 0.0
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
-                _dot4x2(codes, blk, xp, i, g * 16, sums, high)
-                for r in range(2):
-                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
-                    if kind == K.AFFINE_F16:
-                        h = halves[blk, c]
-                        for lane in range(nl):
-                            pair[r, lane] += (K._half(h[lane]) * (d * _f32(sums[o + lane]))
-                                              + K._half(h[nl + lane]) * xsum)
-                    elif kind == K.AFFINE:
-                        sg, zg = blocks[blk, c], blocks[blk, c + 1]
-                        for lane in range(nl):
-                            pair[r, lane] += sg[lane] * (d * _f32(sums[o + lane])) + zg[lane] * xsum
-                    else:
-                        sg, zx = blocks[blk, c], _f32(zero) * xsum
-                        for lane in range(nl):
-                            pair[r, lane] += sg[lane] * (d * _f32(sums[o + lane]) - zx)
-            out[i:i + 2, t * K.LANES:(t + 1) * K.LANES] = pair
+                _dot4x2(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
+            out[i:i + 2, cols] = accs[:2]
             i += 2
         if i < rows:
-            acc[:] = 0.0
+            accs[:1] = 0.0
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
-                _dot4(codes, blk, xp, i, g * 16, isum, high)
-                d, xsum = dx[i, g], xs[i, g]
-                if kind == K.AFFINE_F16:
-                    h = halves[blk, c]
-                    for lane in range(nl):
-                        acc[lane] += (K._half(h[lane]) * (d * _f32(isum[lane]))
-                                      + K._half(h[nl + lane]) * xsum)
-                elif kind == K.AFFINE:
-                    sg, zg = blocks[blk, c], blocks[blk, c + 1]
-                    for lane in range(nl):
-                        acc[lane] += sg[lane] * (d * _f32(isum[lane])) + zg[lane] * xsum
-                else:
-                    sg, zx = blocks[blk, c], _f32(zero) * xsum
-                    for lane in range(nl):
-                        acc[lane] += sg[lane] * (d * _f32(isum[lane]) - zx)
-            out[i, t * K.LANES:(t + 1) * K.LANES] = acc
+                _dot4(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
+            out[i, cols] = accs[0]
 
 
 @_jit(parallel=True, fastmath=_NO_FUSE)
@@ -665,13 +775,9 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
     rows, groups = dx.shape
     tiles = blocks.shape[0] // groups
     row_bytes = blocks.shape[1] * K.LANES * 4
-    nl = codes.shape[2]
     for t in prange(tiles):
-        acc = np.empty(nl, dtype=np.float32)
-        isum = np.empty(2 * nl, dtype=np.int32)
-        pair = np.empty((2, nl), dtype=np.float32)
-        accs = np.empty((ROW_GROUP, nl), dtype=np.float32)
-        sums = np.empty(2 * ROW_GROUP * nl, dtype=np.int32)
+        accs = np.empty((ROW_GROUP, K.LANES), dtype=np.float32)
+        cols = slice(t * K.LANES, (t + 1) * K.LANES)
         i = 0
         while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
             n = 8 if rows - i >= 8 else 4
@@ -681,102 +787,28 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
                 if i == 0:
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
                 if n == 8:
-                    _dot8x8(codes, blk, xp, i, g * 16, sums)
+                    _dot8x8(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
                 else:
-                    _dot8x4(codes, blk, xp, i, g * 16, sums)
-                cb = codes[blk]
-                for r in range(n):
-                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
-                    if kind == K.SUB16:
-                        h = halves[blk, 8]
-                        for lane in range(nl):
-                            accs[r, lane] += (K._half(h[nl + lane]) * d) * (
-                                _f32(np.int32(cb[32, lane])) * _f32(sums[o + lane])
-                                + _f32(np.int32(cb[33, lane])) * _f32(sums[o + nl + lane]))
-                    elif kind == K.AFFINE_F16:
-                        h = halves[blk, 8]
-                        for lane in range(nl):
-                            accs[r, lane] += (
-                                K._half(h[lane]) * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
-                                + K._half(h[nl + lane]) * xsum)
-                    elif kind == K.AFFINE:
-                        sg, zg = blocks[blk, 8], blocks[blk, 9]
-                        for lane in range(nl):
-                            accs[r, lane] += (
-                                sg[lane] * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
-                                + zg[lane] * xsum)
-                    else:
-                        sg, zx = blocks[blk, 8], _f32(zero) * xsum
-                        for lane in range(nl):
-                            accs[r, lane] += sg[lane] * (
-                                d * _f32(sums[o + lane] + sums[o + nl + lane]) - zx)
-            out[i:i + n, t * K.LANES:(t + 1) * K.LANES] = accs[:n]
+                    _dot8x4(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
+            out[i:i + n, cols] = accs[:n]
             i += n
         while rows - i >= 2:  # pairs (a loop of their own: the note above ROW_GROUP)
-            pair[:] = 0.0
+            accs[:2] = 0.0
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
-                _dot8x2(codes, blk, xp, i, g * 16, sums)
-                cb = codes[blk]
-                for r in range(2):
-                    o, d, xsum = r * 2 * nl, dx[i + r, g], xs[i + r, g]
-                    if kind == K.SUB16:
-                        h = halves[blk, 8]
-                        for lane in range(nl):
-                            pair[r, lane] += (K._half(h[nl + lane]) * d) * (
-                                _f32(np.int32(cb[32, lane])) * _f32(sums[o + lane])
-                                + _f32(np.int32(cb[33, lane])) * _f32(sums[o + nl + lane]))
-                    elif kind == K.AFFINE_F16:
-                        h = halves[blk, 8]
-                        for lane in range(nl):
-                            pair[r, lane] += (
-                                K._half(h[lane]) * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
-                                + K._half(h[nl + lane]) * xsum)
-                    elif kind == K.AFFINE:
-                        sg, zg = blocks[blk, 8], blocks[blk, 9]
-                        for lane in range(nl):
-                            pair[r, lane] += (
-                                sg[lane] * (d * _f32(sums[o + lane] + sums[o + nl + lane]))
-                                + zg[lane] * xsum)
-                    else:
-                        sg, zx = blocks[blk, 8], _f32(zero) * xsum
-                        for lane in range(nl):
-                            pair[r, lane] += sg[lane] * (
-                                d * _f32(sums[o + lane] + sums[o + nl + lane]) - zx)
-            out[i:i + 2, t * K.LANES:(t + 1) * K.LANES] = pair
+                _dot8x2(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
+            out[i:i + 2, cols] = accs[:2]
             i += 2
         if i < rows:
-            acc[:] = 0.0
+            accs[:1] = 0.0
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
                     K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
-                _dot8(codes, blk, xp, i, g * 16, isum)
-                cb = codes[blk]
-                d, xsum = dx[i, g], xs[i, g]
-                if kind == K.SUB16:
-                    h = halves[blk, 8]
-                    for lane in range(nl):
-                        acc[lane] += (K._half(h[nl + lane]) * d) * (
-                            _f32(np.int32(cb[32, lane])) * _f32(isum[lane])
-                            + _f32(np.int32(cb[33, lane])) * _f32(isum[nl + lane]))
-                elif kind == K.AFFINE_F16:
-                    h = halves[blk, 8]
-                    for lane in range(nl):
-                        acc[lane] += (K._half(h[lane]) * (d * _f32(isum[lane] + isum[nl + lane]))
-                                      + K._half(h[nl + lane]) * xsum)
-                elif kind == K.AFFINE:
-                    sg, zg = blocks[blk, 8], blocks[blk, 9]
-                    for lane in range(nl):
-                        acc[lane] += (sg[lane] * (d * _f32(isum[lane] + isum[nl + lane]))
-                                      + zg[lane] * xsum)
-                else:
-                    sg, zx = blocks[blk, 8], _f32(zero) * xsum
-                    for lane in range(nl):
-                        acc[lane] += sg[lane] * (d * _f32(isum[lane] + isum[nl + lane]) - zx)
-            out[i, t * K.LANES:(t + 1) * K.LANES] = acc
+                _dot8(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
+            out[i, cols] = accs[0]
 
 
 @_jit()

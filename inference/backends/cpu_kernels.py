@@ -242,11 +242,13 @@ def _half_from_bits(builder: ir.IRBuilder, h16: ir.Value) -> ir.Value:
     """float16 bits -> float32 with integer ops only, exact for every input (zeros,
     subnormals, inf, NaN): the mantissa and exponent move into float32's fields and the
     exponent is rebiased; a subnormal is renormalised by one float subtraction. Selects,
-    not branches, so loops stay vectorised."""
+    not branches, so loops stay vectorised. ``h16`` an i16 or a vector of them."""
     i32, f32 = ir.IntType(32), ir.FloatType()
+    if isinstance(h16.type, ir.VectorType):
+        i32, f32 = ir.VectorType(i32, h16.type.count), ir.VectorType(f32, h16.type.count)
 
     def c(v: int) -> ir.Constant:
-        return ir.Constant(i32, v)
+        return ir.Constant(i32, v)  # a vector constant splats v
 
     h = builder.zext(h16, i32)
     o = builder.shl(builder.and_(h, c(0x7FFF)), c(13))
