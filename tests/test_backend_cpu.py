@@ -380,12 +380,12 @@ def _blas_threads(_: object = None) -> int:
     return max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
 
 
-def _two_threads() -> CpuBackend:
+def _two_threads(activations: str | None = None) -> CpuBackend:
     import numba
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("one core: map_calls runs calls one after another")
-    b = CpuBackend()
+    b = CpuBackend(activations)
     b.set_threads(2)
     return b
 
@@ -436,9 +436,9 @@ def test_concurrent_prefill_linears_match_serial(qtype):
         assert_matmul_close(got, ref)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0"])  # packed 4-bit, 5-bit
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q6_K"])  # packed 4-, 5-, 8-bit
 def test_prefill_integer_products_shared_between_threads(qtype):
-    """4/5-bit prefill products go by the integer decode kernels, each thread a range of
+    """4/5/8-bit prefill products go by the integer decode kernels, each thread a range of
     token rows with numba at one thread (1000 output rows: 31.25 tiles; K=768; 24 token
     rows, 12 a thread: groups of 8 and 4). Every row is the bits the decode mat-vec gives
     it alone: the same kernel, integer sums exact in any order, a row the same bits in
@@ -460,14 +460,15 @@ def test_prefill_integer_products_shared_between_threads(qtype):
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only (and a "
                     "numba threading layer that runs kernels on two threads at once)")
     seen = []
-    kernel = cpu_idot.matvec_q4_rows
+    name = "matvec_q8_rows" if w.bits == 8 else "matvec_q4_rows"
+    kernel = getattr(cpu_idot, name)
 
     def spy(*args):
         seen.append((threading.get_ident(), numba.get_num_threads()))
         kernel(*args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_mod.cpu_idot, "matvec_q4_rows", spy)
+        mp.setattr(cpu_mod.cpu_idot, name, spy)
         got = b.linear(x, w)
     assert len({t for t, _ in seen}) == 2 and {n for _, n in seen} == {1}
     alone = np.concatenate([b.linear(x[:, i:i + 1], w) for i in range(24)], axis=1)
@@ -480,10 +481,11 @@ def test_prefill_integer_products_shared_between_threads(qtype):
 def test_prefill_products_shared_between_threads(qtype):
     """Each thread dequantizes and multiplies its own part of W's rows (BLAS at one thread
     meanwhile): an uneven split (1000 rows: 31.25 tiles of 32; K=768) against the NumPy
-    backend. Tolerance as every prefill product: sgemm's rounding depends on its blocking."""
+    backend. Tolerance as every prefill product: sgemm's rounding depends on its blocking.
+    Packed weights take this route with float activations (or without AVX-512 VNNI)."""
     from inference.backends import cpu as cpu_mod
 
-    b = _two_threads()
+    b = _two_threads("float" if qtype == "Q6_K" else None)
     t = random_tensor(qtype, 1000, 768, seed=7)
     assert 1000 * 768 >= cpu_mod.SHARE_MIN  # shared, not one chunk on the caller
     x = randn(1, 24, 768, seed=8)

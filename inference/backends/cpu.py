@@ -54,10 +54,11 @@ from inference.sampling import SamplingParams
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # Packed code widths whose prefill products take the integer kernels (``_rows_plan``)
 # rather than dequant+sgemm (with integer activations, on AVX-512 VNNI). Measured per
-# product at 138 rows, SmolLM2 shapes (scripts/bench_prefill_products.py): Q4_0, Q4_1,
-# Q4_K, Q5_0 0.80-0.95x the time of dequant+sgemm at 1 thread, 0.90-0.97x at 2; Q8_0 and
-# Q6_K 1.03-1.25x, so 8-bit keeps sgemm (docs/cpu-backend.md, "Prefill").
-INTEGER_BITS = frozenset({4, 5})
+# product at 138 rows, SmolLM2 shapes (scripts/bench_prefill_products.py), with the float
+# tail in the intrinsics: 4/5-bit 0.68-0.71x the time of dequant+sgemm at 1 thread, 8-bit
+# (Q8_0, Q6_K) 0.69-0.71x (1.03-1.25x before that tail). AVX2 (row pairs) keeps sgemm:
+# 0.80-0.93x its speed on the Q3_K_M prefill (docs/cpu-backend.md, "Prefill").
+INTEGER_BITS = frozenset({4, 5, 8})
 # Up to this many rows a linear is the decode mat-vec, numba's threads over its tiles
 # (dequant+sgemm cost more per row even at 16 rows); above, a prefill product shared out
 # by ``_products`` (for 4/5-bit weights the same kernels, so their rows' results do not
