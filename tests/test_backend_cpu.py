@@ -477,6 +477,48 @@ def test_prefill_integer_products_shared_between_threads(qtype):
     assert numba.get_num_threads() == 2  # the caller's count back after its part
 
 
+def test_integer_products_of_one_input_quantize_each_threads_rows_once():
+    """q/k/v of 4-, 5- and 8-bit types in one share-out (``linears``): the token rows go
+    out, each thread quantizes its own rows once per activation storage and runs every
+    kernel over them (no quantize hand-off of its own); each output is the bits of its
+    linear alone (a row's bits do not depend on the split)."""
+    from inference.backends import cpu as cpu_mod
+    from inference.backends import cpu_idot
+
+    b = _two_threads()
+    ws = [b.weight(random_tensor(q, 1000, 768, seed=s))
+          for s, q in enumerate(("Q4_1", "Q5_0", "Q6_K"))]
+    if not all(b._integer(w) for w in ws):
+        pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only")
+    x = randn(24, 768, seed=8)
+    seen = []
+    inner = cpu_idot.quantize_part
+
+    def spy(x_, width, xq, r0, r1):
+        seen.append((threading.get_ident(), xq[0].dtype, r0, r1))
+        inner(x_, width, xq, r0, r1)
+
+    shares = []
+    share = b._share
+
+    def counted(*args, **kw):
+        shares.append(args[0])
+        share(*args, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod.cpu_idot, "quantize_part", spy)
+        mp.setattr(b, "_share", counted)
+        got = b.linears(x, [(w, None) for w in ws])
+    assert shares == [24]  # one hand-off: the rows, quantize and kernels together
+    assert len({t for t, *_ in seen}) == 2
+    for dtype in {d for _, d, _, _ in seen}:  # every row once per storage
+        spans = sorted((r0, r1) for _, d, r0, r1 in seen if d == dtype)
+        assert spans[0][0] == 0 and spans[-1][1] == 24
+        assert all(a[1] == c[0] for a, c in zip(spans, spans[1:], strict=False))
+    for y, w in zip(got, ws, strict=True):
+        np.testing.assert_array_equal(y, b.linear(x, w))
+
+
 @pytest.mark.parametrize("qtype", ["Q6_K", "Q3_K"])  # packed 8-bit, raw bytes
 def test_prefill_products_shared_between_threads(qtype):
     """Each thread dequantizes and multiplies its own part of W's rows (BLAS at one thread
