@@ -277,11 +277,7 @@ class _Tail:
     def _halves(self, lane: int, n: int) -> ir.Value:
         """float16 values ``lane:lane+n`` of the block's row ``c`` read as 2 * LANES halves."""
         ptr = self._ptr(self.tys[0], self.blocks, [self.blk, self.c, 0])
-        h = self._vec(ptr, n, _i16, lane)
-        if K.target_has_f16c():
-            return self.builder.fpext(self.builder.bitcast(h, ir.VectorType(ir.HalfType(), n)),
-                                      ir.VectorType(ir.FloatType(), n))
-        return K._half_from_bits(self.builder, h)
+        return K.half_to_float(self.builder, self._vec(ptr, n, _i16, lane))
 
     def _subscales(self, row: int, lane: int, n: int) -> ir.Value:
         """Code bytes ``lane:lane+n`` of row ``row`` of the block (Q6_K's int8 scales)."""

@@ -264,18 +264,28 @@ def _half_from_bits(builder: ir.IRBuilder, h16: ir.Value) -> ir.Value:
     return builder.bitcast(builder.or_(builder.bitcast(f, i32), sign), f32)
 
 
+def half_to_float(builder: ir.IRBuilder, h16: ir.Value) -> ir.Value:
+    """float16 bits (an i16 or a vector of them) -> float32 in IR. With F16C: LLVM's fpext
+    from half, one vcvtph2ps per 16 values. Without it (an old CPU, or numba told to
+    compile for a generic x86-64) fpext would become a call to a runtime helper the JIT
+    cannot link, so the conversion is written out in integer ops instead."""
+    if not target_has_f16c():
+        return _half_from_bits(builder, h16)
+    if isinstance(h16.type, ir.VectorType):
+        n = h16.type.count
+        return builder.fpext(builder.bitcast(h16, ir.VectorType(ir.HalfType(), n)),
+                             ir.VectorType(ir.FloatType(), n))
+    return builder.fpext(builder.bitcast(h16, ir.HalfType()), ir.FloatType())
+
+
 @intrinsic
 def _half(typingctx, h):  # type: ignore[no-untyped-def]
-    """float16 bits (uint16) -> float32 (numba has no float16 type on the CPU). With F16C:
-    LLVM's fpext from half, one vcvtph2ps per 16 values. Without it (an old CPU, or numba
-    told to compile for a generic x86-64) fpext would become a call to a runtime helper
-    the JIT cannot link, so the conversion is written out in integer ops instead."""
+    """float16 bits (uint16) -> float32 (numba has no float16 type on the CPU):
+    :func:`half_to_float`."""
     sig = types.float32(types.uint16)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        if target_has_f16c():
-            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-        return _half_from_bits(builder, args[0])
+        return half_to_float(builder, args[0])
 
     return sig, codegen
 
