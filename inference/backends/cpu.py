@@ -396,8 +396,9 @@ class CpuBackend(NumpyBackend):
         Why not dequantize on one thread and let BLAS share the sgemm: that serial step
         was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s."""
         integer = [self._integer(w) for w in ws]
+        big = sum(w.shape[0] * w.shape[1] for w in ws) >= SHARE_MIN
         if all(integer):
-            return self._integer_products(x, ws)
+            return self._integer_products(x, ws, big)
         xqs: dict[bool, tuple[np.ndarray, ...]] = {}  # by cpu_idot.narrow: q/k/v share them
         plans = [self._rows_plan(self._quantized(x, w.bits, xqs), w) if i else self._plan(x, w)
                  for w, i in zip(ws, integer, strict=True)]
@@ -411,20 +412,20 @@ class CpuBackend(NumpyBackend):
                 for u0 in range(lo, hi, step):
                     product(u0, min(hi, u0 + step))
 
-        big = sum(w.shape[0] * w.shape[1] for w in ws) >= SHARE_MIN
         self._share(starts[-1] if big else 1, part, whole=starts[-1])
         return [y for y, _, _, _ in plans]
 
-    def _integer_products(self, x: np.ndarray, ws: Sequence[PackedWeight]) -> list[np.ndarray]:
+    def _integer_products(self, x: np.ndarray, ws: Sequence[PackedWeight], big: bool
+                          ) -> list[np.ndarray]:
         """:meth:`_products` when every W takes the integer kernels: the token rows shared
         out, each thread quantizing its own rows once for all of ``ws`` and then running
         each kernel over them. No hand-off for the quantize of its own (0.1-0.2 ms of a
         2-thread product's ~1.5 ms went there), and the parts are even. A row's result is
-        the bits the decode mat-vec gives it alone, as by :meth:`_rows_plan`."""
-        xqs = {n: cpu_idot.quantize_call(x, self.activations, n)[1]
-               for n in {cpu_idot.narrow(self.activations, w.bits) for w in ws}}
-        plans = [self._rows_plan(xqs[cpu_idot.narrow(self.activations, w.bits)], w)
-                 for w in ws]
+        the bits the decode mat-vec gives it alone, as by :meth:`_rows_plan`. ``big``: as
+        in :meth:`_products`, whether ``ws`` are worth sharing out."""
+        narrows = [cpu_idot.narrow(self.activations, w.bits) for w in ws]
+        xqs = {n: cpu_idot.quantize_call(x, self.activations, n)[1] for n in set(narrows)}
+        plans = [self._rows_plan(xqs[n], w) for n, w in zip(narrows, ws, strict=True)]
 
         def part(a: int, b: int) -> None:
             for xq in xqs.values():
@@ -433,7 +434,6 @@ class CpuBackend(NumpyBackend):
                 product(a, b)
 
         rows = x.shape[0]
-        big = sum(w.shape[0] * w.shape[1] for w in ws) >= SHARE_MIN
         self._share(rows if big else 1, part, whole=rows)
         return [y for y, _, _, _ in plans]
 
