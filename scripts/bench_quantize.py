@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_prefill_products import _best  # noqa: E402  (this script's folder)
 
 from inference.backends import cpu_idot  # noqa: E402
 from inference.bench import write_record  # noqa: E402
@@ -39,12 +40,12 @@ def main() -> None:
             x = (rng.standard_normal((t, k)) * 3).astype(np.float32)
             fill, _ = cpu_idot.quantize_call(x, width)
             fill()  # compile
-            best = float("inf")
-            for _ in range(args.rounds):
-                t0 = time.perf_counter()
-                for _ in range(50):
+
+            def ten(fill=fill) -> None:
+                for _ in range(10):
                     fill()
-                best = min(best, (time.perf_counter() - t0) / 50)
+
+            best = _best(ten, args.rounds) / 10  # rounds of 5 x 10 calls
             rows.append({"width": width, "shape": [t, k], "us": round(best * 1e6, 3),
                          "ns_per_element": round(best * 1e9 / (t * k), 3)})
             r = rows[-1]
