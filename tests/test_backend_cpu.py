@@ -236,6 +236,58 @@ def test_attention_causal_gqa(t, s, offset):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("t,offset,heads,kv_dtype", [
+    (13, 0, (9, 3), np.float32),  # a tail of one row past the blocks of four
+    (16, 5, (4, 4), np.float32),  # keys before the new rows (a prefill chunk after others)
+    (30, 17, (9, 3), np.float16),  # a float16 cache: bits widened by the kernel
+])
+def test_prefill_attention_on_two_threads(t, offset, heads, kv_dtype):
+    """A prefill's attention on two threads is the numba kernel (each row against its own
+    keys, read from the cache buffer), within float32 rounding of NumPy's masked softmax;
+    a row's bits do not depend on how its rows are split between threads (a row's sums
+    run in an order fixed by its place in its block of four, whatever the split: parts 1,
+    2 and 3 give the same bits). One thread keeps the grouped BLAS GEMMs."""
+    from inference.backends import cpu as cpu_mod
+    from inference.backends import cpu_attend
+
+    hq, hk = heads
+    s = offset + t
+    q = randn(1, hq, t, 64, seed=40)
+    cache = np.zeros((2, 1, hk, s + 7, 64), dtype=kv_dtype)  # a buffer with spare rows
+    cache[:, :, :, :s] = randn(2, 1, hk, s, 64, seed=41)
+    k, v = cache[0, :, :, :s], cache[1, :, :, :s]
+    want = N.attention(q, k.astype(np.float32), v.astype(np.float32), 0.125,
+                       causal_offset=offset)
+    b = _two_threads()
+    calls = []
+    kernel = cpu_attend.attend_prefill
+
+    def spy(*args):
+        calls.append(args[-1])
+        kernel(*args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod.A, "attend_prefill", spy)
+        got = b.attention(q, k, v, 0.125, causal_offset=offset)
+        b.set_threads(1)
+        one = b.attention(q, k, v, 0.125, causal_offset=offset)
+    assert calls == [2]
+    # Sums of 64 products and softmax over <= 47 keys, float32: NumPy's differ in order.
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    np.testing.assert_allclose(one, want, atol=2e-6)
+    qh = np.ascontiguousarray(q[0])
+    kb, vb = (a[0].view(np.uint16) if kv_dtype == np.float16 else a[0]
+              for a in (cache[0], cache[1]))
+    outs = []
+    for parts in (1, 2, 3):
+        out = np.empty((t, hq, 64), dtype=np.float32)
+        kernel(qh, kb, vb, offset, 0.125, out, parts)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    np.testing.assert_array_equal(outs[0], got[0].transpose(1, 0, 2))
+
+
 def test_attention_key_mask():
     q, k, v = (randn(3, 4, 7, 32, seed=s) for s in (15, 16, 17))
     mask = (np.arange(7)[None, :] < np.array([[7], [3], [1]])).astype(np.float32)
@@ -437,12 +489,13 @@ def test_concurrent_prefill_linears_match_serial(qtype):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q6_K"])  # packed 4-, 5-, 8-bit
-def test_prefill_integer_products_shared_between_threads(qtype):
-    """4/5/8-bit prefill products go by the integer decode kernels, each thread a range of
-    token rows with numba at one thread (1000 output rows: 31.25 tiles; K=768; 24 token
-    rows, 12 a thread: groups of 8 and 4). Every row is the bits the decode mat-vec gives
-    it alone: the same kernel, integer sums exact in any order, a row the same bits in
-    any group. Against NumPy over the quantized activations, with the tolerance of every
+def test_prefill_integer_products_run_the_decode_kernel_on_numbas_threads(qtype):
+    """4/5/8-bit prefill products go by the integer decode kernel over all the token rows
+    in one call from the caller's thread, numba at the backend's 2 threads (the weight's
+    tiles split between them: 1000 output rows are 31.25 tiles; K=768; 24 token rows in
+    groups of 8), and not to the helper threads. Every row is the bits the decode mat-vec
+    gives it alone: the same kernel, integer sums exact in any order, a row the same bits
+    in any group. Against NumPy over the quantized activations, with the tolerance of every
     product (summation order)."""
     import numba
 
@@ -460,28 +513,28 @@ def test_prefill_integer_products_shared_between_threads(qtype):
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only (and a "
                     "numba threading layer that runs kernels on two threads at once)")
     seen = []
-    name = "matvec_q8_rows" if w.bits == 8 else "matvec_q4_rows"
+    name = "matvec_q8" if w.bits == 8 else "matvec_q4"
     kernel = getattr(cpu_idot, name)
 
     def spy(*args):
-        seen.append((threading.get_ident(), numba.get_num_threads()))
+        seen.append((threading.get_ident(), numba.get_num_threads(), args[-1].shape[0]))
         kernel(*args)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cpu_mod.cpu_idot, name, spy)
+        mp.setattr(b, "_share", lambda *a, **k: pytest.fail("a share-out to the helpers"))
         got = b.linear(x, w)
-    assert len({t for t, _ in seen}) == 2 and {n for _, n in seen} == {1}
+    assert seen == [(threading.get_ident(), 2, 24)]
     alone = np.concatenate([b.linear(x[:, i:i + 1], w) for i in range(24)], axis=1)
     np.testing.assert_array_equal(got, alone)
     assert_matmul_close(got, N.linear(_dequantized(x[0], b.activations)[None], N.weight(t)))
-    assert numba.get_num_threads() == 2  # the caller's count back after its part
+    assert numba.get_num_threads() == 2  # the caller's count back after the products
 
 
-def test_integer_products_of_one_input_quantize_each_threads_rows_once():
-    """q/k/v of 4-, 5- and 8-bit types in one share-out (``linears``): the token rows go
-    out, each thread quantizes its own rows once per activation storage and runs every
-    kernel over them (no quantize hand-off of its own); each output is the bits of its
-    linear alone (a row's bits do not depend on the split)."""
+def test_integer_products_of_one_input_quantize_it_once_per_storage():
+    """q/k/v of 4-, 5- and 8-bit types in one ``linears``: the input is quantized once per
+    activation storage (the 4- and 5-bit kernels may share one), each kernel then reads
+    those rows; each output is the bits of its linear alone."""
     from inference.backends import cpu as cpu_mod
     from inference.backends import cpu_idot
 
@@ -492,29 +545,17 @@ def test_integer_products_of_one_input_quantize_each_threads_rows_once():
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only")
     x = randn(24, 768, seed=8)
     seen = []
-    inner = cpu_idot.quantize_part
+    inner = cpu_idot.quantize_rows
 
-    def spy(x_, width, xq, r0, r1):
-        seen.append((threading.get_ident(), xq[0].dtype, r0, r1))
-        inner(x_, width, xq, r0, r1)
-
-    shares = []
-    share = b._share
-
-    def counted(*args, **kw):
-        shares.append(args[0])
-        share(*args, **kw)
+    def spy(x_, width, narrow=True):
+        seen.append((x_.shape, narrow))
+        return inner(x_, width, narrow)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_mod.cpu_idot, "quantize_part", spy)
-        mp.setattr(b, "_share", counted)
+        mp.setattr(cpu_mod.cpu_idot, "quantize_rows", spy)
         got = b.linears(x, [(w, None) for w in ws])
-    assert shares == [24]  # one hand-off: the rows, quantize and kernels together
-    assert len({t for t, *_ in seen}) == 2
-    for dtype in {d for _, d, _, _ in seen}:  # every row once per storage
-        spans = sorted((r0, r1) for _, d, r0, r1 in seen if d == dtype)
-        assert spans[0][0] == 0 and spans[-1][1] == 24
-        assert all(a[1] == c[0] for a, c in zip(spans, spans[1:], strict=False))
+    storages = {cpu_idot.narrow(b.activations, w.bits) for w in ws}
+    assert sorted(seen) == sorted(((24, 768), n) for n in storages)
     for y, w in zip(got, ws, strict=True):
         np.testing.assert_array_equal(y, b.linear(x, w))
 

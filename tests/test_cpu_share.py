@@ -92,7 +92,7 @@ def test_a_backend_let_go_of_stops_its_helper_threads():
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("one core: no helper threads")
-    b = CpuBackend()
+    b = CpuBackend(activations="float")  # dequantize + sgemm: the helpers share it out
     b.set_threads(2)
     w = b.weight(random_tensor("Q4_0", 1024, 512, seed=1))
     b.linear(np.ones((20, 512), dtype=np.float32), w)  # a prefill product: shared out

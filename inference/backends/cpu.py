@@ -234,6 +234,18 @@ class CpuBackend(NumpyBackend):
             for lib, m in zip(libs, before, strict=True):
                 lib.set_num_threads(m)
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _numba_threads(n: int) -> Iterator[None]:
+        """numba's parallel kernels called from this thread run on ``n`` threads inside the
+        block (numba keeps the count per calling thread)."""
+        before = numba.get_num_threads()
+        numba.set_num_threads(n)
+        try:
+            yield
+        finally:
+            numba.set_num_threads(before)
+
     # --- weights ---------------------------------------------------------------------
     def weight(self, t: TensorData) -> Any:
         if t.qtype == "F32" or len(t.shape) != 2:
@@ -417,25 +429,28 @@ class CpuBackend(NumpyBackend):
 
     def _integer_products(self, x: np.ndarray, ws: Sequence[PackedWeight], big: bool
                           ) -> list[np.ndarray]:
-        """:meth:`_products` when every W takes the integer kernels: the token rows shared
-        out, each thread quantizing its own rows once for all of ``ws`` and then running
-        each kernel over them. No hand-off for the quantize of its own (0.1-0.2 ms of a
-        2-thread product's ~1.5 ms went there), and the parts are even. A row's result is
-        the bits the decode mat-vec gives it alone, as by :meth:`_rows_plan`. ``big``: as
-        in :meth:`_products`, whether ``ws`` are worth sharing out."""
+        """:meth:`_products` when every W takes the integer kernels: ``x`` quantized once
+        per storage, then each W's decode kernel over all the rows, W's tiles split between
+        numba's threads (its ``prange``), the quantized rows shared. A row's result is the
+        bits the decode mat-vec gives it alone. ``big``: as in :meth:`_products`.
+
+        Why numba's threads and not :meth:`_share`: a part handed to a helper runs Python,
+        so the helper first waits for the GIL the caller holds, asleep, and waking it costs
+        what its spin saves (an empty share-out ~66 us on a 2-vCPU KVM guest, an OpenMP
+        region ~2 us). Measured in one process in turns, 12 rounds, 2 threads: Q3_K_M
+        prefill 509 -> 577 tok/s, Q4_K_M 764 -> 873, the same bits; 1 thread unchanged
+        (docs/cpu-backend.md, "Prefill")."""
         narrows = [cpu_idot.narrow(self.activations, w.bits) for w in ws]
-        xqs = {n: cpu_idot.quantize_call(x, self.activations, n)[1] for n in set(narrows)}
-        plans = [self._rows_plan(xqs[n], w) for n, w in zip(narrows, ws, strict=True)]
-
-        def part(a: int, b: int) -> None:
-            for xq in xqs.values():
-                cpu_idot.quantize_part(x, self.activations, xq, a, b)
-            for _, product, _, _ in plans:
-                product(a, b)
-
-        rows = x.shape[0]
-        self._share(rows if big else 1, part, whole=rows)
-        return [y for y, _, _, _ in plans]
+        xqs = {n: cpu_idot.quantize_rows(x, self.activations, n) for n in set(narrows)}
+        ys = []
+        with self._numba_threads(self._shares(x.shape[0]) if big else 1):
+            for n, w in zip(narrows, ws, strict=True):
+                out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES),
+                               dtype=np.float32)
+                kernel, *args = self._idot(w, xqs[n], out)
+                kernel(*args)
+                ys.append(out if out.shape[1] == w.shape[0] else out[:, : w.shape[0]])
+        return ys
 
     def _plan(self, x: np.ndarray, w: PackedWeight | RawWeight | np.ndarray
               ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:
@@ -469,8 +484,16 @@ class CpuBackend(NumpyBackend):
 
     def _integer(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
         """Whether a prefill product with ``w`` takes the integer kernels (INTEGER_BITS)."""
-        return (isinstance(w, PackedWeight) and w.bits in INTEGER_BITS
-                and self.activations != "float" and cpu_idot.vnni_groups()
+        return isinstance(w, PackedWeight) and w.bits in INTEGER_BITS and self._numba_prefill()
+
+    def _numba_prefill(self) -> bool:
+        """Whether prefill's packed products take the integer kernels (a CPU whose kernels
+        group 8 rows with VNNI, integer activations, a threading layer that runs kernels
+        from two threads at once), and with them SiLU and attention run on numba's threads
+        too: one pool for the whole prefill. Beside the helpers of :meth:`_share`, an
+        OpenMP region's workers spin on the same cores: attention alone on numba's threads
+        next to shared-out products took a 2-thread Q3_K_M prefill from 762 to 450 tok/s."""
+        return (self.activations != "float" and cpu_idot.vnni_groups()
                 and _concurrent_kernels())
 
     def _quantized(self, x: np.ndarray, bits: int, done: dict[bool, tuple[np.ndarray, ...]]
@@ -495,17 +518,13 @@ class CpuBackend(NumpyBackend):
         out = np.empty((rows, tiles * K.LANES), dtype=np.float32)
 
         def rows_(r0: int, r1: int) -> None:
-            threads = numba.get_num_threads()  # per thread: the helpers' and the caller's
-            numba.set_num_threads(1)
-            try:
+            with self._numba_threads(1):  # per thread: the helpers' and the caller's
                 if w.bits == 8:
                     cpu_idot.matvec_q8_rows(w.codes, w.blocks, w.halves, w.flat, w.kind,
                                             w.zero, *xq, out, r0, r1)
                 else:
                     cpu_idot.matvec_q4_rows(w.codes, w.blocks, w.halves, w.flat, w.high,
                                             w.kind, w.zero, *xq, out, r0, r1)
-            finally:
-                numba.set_num_threads(threads)
 
         y = out if out.shape[1] == w.shape[0] else out[:, : w.shape[0]]
         return y, rows_, rows, rows
@@ -652,9 +671,13 @@ class CpuBackend(NumpyBackend):
             return super().silu_mul(gate, up)
         g, u = self._input(gate, (-1,)), self._input(up, (-1,))
         out = np.empty_like(g)
-        if self._tape is None and g.size >= SHARE_MIN:  # a prefill's: shared out
-            self._share(g.size // 4096 + 1, lambda a, b: K.silu_mul_flat(
-                g[a * 4096:b * 4096], u[a * 4096:b * 4096], out[a * 4096:b * 4096]))
+        if self._tape is None and g.size >= SHARE_MIN and self._numba_prefill():
+            with self._numba_threads(self._shares(g.size // K.SILU_CHUNK + 1)):
+                K.silu_mul_chunks(g, u, out)  # a prefill's, on numba's threads
+        elif self._tape is None and g.size >= SHARE_MIN:  # a prefill's, shared out
+            c = K.SILU_CHUNK
+            self._share(g.size // c + 1, lambda a, b: K.silu_mul_flat(
+                g[a * c:b * c], u[a * c:b * c], out[a * c:b * c]))
         else:
             self._taped(K.silu_mul_flat, g, u, out)
         return out.reshape(gate.shape)
@@ -760,6 +783,10 @@ class CpuBackend(NumpyBackend):
                     lambda: A.attend_decode(qh, _bits(kb[0]), _bits(vb[0]), at(), scale, out))
             return out.reshape(1, hq, 1, d)
         self._untaped("attention over more than one query")
+        if (b == 1 and key_mask is None and causal_offset is not None
+                and 0 <= causal_offset <= s - t and self._shares(hq) > 1
+                and self._numba_prefill()):
+            return self._attend_prefill(q, k, v, scale, causal_offset)  # a prefill
         tiled = tiled_attention(self.attention, q, k, v, scale, causal_offset, key_mask,
                                 lambda parts: np.concatenate(parts, axis=2))
         if tiled is not None:
@@ -789,6 +816,27 @@ class CpuBackend(NumpyBackend):
 
         self._share(b * hq, heads)
         return out
+
+    def _attend_prefill(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                        offset: int) -> np.ndarray:
+        """Causal attention of one sequence's t new tokens on more than one thread
+        (:func:`cpu_attend.attend_prefill`): blocks of query rows split between numba's
+        threads, each row against only the keys it sees, read from the cache buffer.
+
+        Why not BLAS per head on :meth:`_share`: each part runs Python between its calls,
+        and two threads' Python trade the GIL (a sleep and a wake each time); that split
+        gained nothing from the second thread. On one thread the grouped BLAS GEMMs stay:
+        they run the full square of scores, masked, but at ~1.8x this kernel's rate, so it
+        is a tie at 138 tokens and BLAS leads at 512-1024 (docs/cpu-backend.md,
+        "Prefill attention")."""
+        _, hq, t, d = q.shape
+        qh = self._input(q, (hq, t, d))
+        kb, vb = _bits(_rows_of(k)[0]), _bits(_rows_of(v)[0])
+        out = np.empty((t, hq, d), dtype=np.float32)
+        n = self._shares(hq)
+        with self._numba_threads(n):
+            A.attend_prefill(qh, kb, vb, offset, scale, out, n)
+        return out.transpose(1, 0, 2)[None]  # (1, hq, t, d): the caller's transpose is free
 
     def attention_packed(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int,
                          scale: float, starts: Sequence[int]) -> np.ndarray:
