@@ -437,9 +437,10 @@ class CpuBackend(NumpyBackend):
         Why numba's threads and not :meth:`_share`: a part handed to a helper runs Python,
         so the helper first waits for the GIL the caller holds, asleep, and waking it costs
         what its spin saves (an empty share-out ~66 us on a 2-vCPU KVM guest, an OpenMP
-        region ~2 us). Measured in one process in turns, 12 rounds, 2 threads: Q3_K_M
-        prefill 509 -> 577 tok/s, Q4_K_M 764 -> 873, the same bits; 1 thread unchanged
-        (docs/cpu-backend.md, "Prefill")."""
+        region ~2 us). Q3_K_M prefill at 2 threads, in turns in one process: 586 -> 733
+        tok/s (medians of 8), the same bits; 1 thread unchanged; slower than before with
+        another process busy on a core (docs/cpu-backend.md, "One pool for the
+        prefill")."""
         narrows = [cpu_idot.narrow(self.activations, w.bits) for w in ws]
         xqs = {n: cpu_idot.quantize_rows(x, self.activations, n) for n in set(narrows)}
         ys = []
@@ -826,9 +827,9 @@ class CpuBackend(NumpyBackend):
         Why not BLAS per head on :meth:`_share`: each part runs Python between its calls,
         and two threads' Python trade the GIL (a sleep and a wake each time); that split
         gained nothing from the second thread. On one thread the grouped BLAS GEMMs stay:
-        they run the full square of scores, masked, but at ~1.8x this kernel's rate, so it
-        is a tie at 138 tokens and BLAS leads at 512-1024 (docs/cpu-backend.md,
-        "Prefill attention")."""
+        they compute the full square of scores, masked, but at about twice this kernel's
+        rate, so it is a tie at 138 tokens and BLAS leads at 512-1024 (docs/cpu-backend.md,
+        "One pool for the prefill")."""
         _, hq, t, d = q.shape
         qh = self._input(q, (hq, t, d))
         kb, vb = _bits(_rows_of(k)[0]), _bits(_rows_of(v)[0])
