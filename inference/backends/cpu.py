@@ -261,6 +261,14 @@ class CpuBackend(NumpyBackend):
         packed = packed_nbytes(t)
         return t.nbytes if packed is None else packed
 
+    def attention_bytes(self, heads: int, rows: int, keys: int, *, masked: bool = False,
+                        capped: bool = False) -> int:
+        """As :meth:`Backend.attention_bytes`; a prefill's causal attention on numba's
+        threads (:meth:`_attend_prefill`) holds four rows of scores per thread."""
+        if not (masked or capped) and self._numba_prefill() and self._shares(heads) > 1:
+            return self._shares(heads) * 4 * 4 * keys
+        return super().attention_bytes(heads, rows, keys, masked=masked, capped=capped)
+
     def _score_copies(self, masked: bool, capped: bool) -> int:
         # Soft-capped or windowed scores take the NumPy path (see attention).
         return NumpyBackend.score_copies if capped else self.score_copies
