@@ -4,8 +4,8 @@ For each round: the server's CPU split by thread (/proc/<pid>/task) and this pro
 CPU, each over the round's streamed tokens.
 
 Threads: the event loop is the main thread (tid == pid); the Python threads (the
-scheduler, the kernels' helper ``cpu-share-0``) are named from py-spy's thread list when
-``--pyspy`` is given; "other threads" are the rest (numba's native workers). CPU time is
+scheduler, the kernels' helper ``cpu-share-0``) are named from ``py-spy dump``; "other
+threads" are the rest (numba's native workers). CPU time is
 less noisy than wall time on a shared machine (it does not count the time another
 process held the core), except that the kernels' threads spin while they wait for each
 other, so with 2 threads the server's CPU is about 2 x its wall time whatever the work.
@@ -23,9 +23,13 @@ detokenizing, stop strings, the hand-off to the event loop). Run it at ``--threa
 no kernel thread then spins waiting for a partner that another process holds off its
 core, which on a loaded machine inflates the real step's CPU many times.
 
+``--raw-client``: the streams read the SSE lines with httpx and ``json.loads`` instead of
+the openai client (which builds a pydantic object per chunk), to see what the bench's own
+client costs the machine it shares with the server.
+
 Usage: ``PYTHONPATH=<tree> python scripts/serve_cpu.py [--streams 4] [--tokens 128]
-[--rounds 3] [--threads 2] [--fake-step] [--pyspy out.txt]`` (the tree on PYTHONPATH is
-the code measured; prints JSON; py-spy from $PYSPY, else the PATH)."""
+[--rounds 3] [--threads 2] [--fake-step] [--raw-client] [--pyspy out.txt]`` (the tree on
+PYTHONPATH is the code measured; prints JSON; py-spy from $PYSPY, else the PATH)."""
 
 from __future__ import annotations
 
@@ -63,9 +67,12 @@ def own_cpu() -> float:
 
 
 def thread_names(pid: int) -> dict[int, str]:
-    """Python threads' names by native id, from ``py-spy dump``."""
-    text = subprocess.run([PYSPY, "dump", "--nonblocking", "-p", str(pid)],
-                          capture_output=True, text=True, timeout=60).stdout
+    """Python threads' names by native id, from ``py-spy dump`` (none without py-spy)."""
+    try:
+        text = subprocess.run([PYSPY, "dump", "--nonblocking", "-p", str(pid)],
+                              capture_output=True, text=True, timeout=60).stdout
+    except FileNotFoundError:
+        return {}
     return {int(m.group(1)): m.group(2)
             for m in re.finditer(r'Thread (\d+) \([^)]*\): "([^"]+)"', text)}
 
@@ -154,15 +161,33 @@ def child(port: int, threads: int) -> None:
     serve(engine, port=port)
 
 
-def one_round(url: str, model: str, prompt: str, n: int, tokens: int) -> int:
+def _raw_stream(url: str, model: str, prompt: str, max_tokens: int) -> list[float]:
+    """``bench_serve._stream_times`` without the openai client: the times of the chunks
+    with text, read as SSE lines."""
+    import httpx2 as httpx
+
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True}
+    times = []
+    with httpx.stream("POST", f"{url}/completions", json=body, timeout=900) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choices = json.loads(line[6:]).get("choices")
+                if choices and choices[0].get("text"):
+                    times.append(time.perf_counter())
+    return times
+
+
+def one_round(url: str, model: str, prompt: str, n: int, tokens: int, raw: bool) -> int:
     from inference.server.bench_serve import _stream_times
 
+    stream = _raw_stream if raw else _stream_times
     counts = [0] * n
     barrier = threading.Barrier(n)
 
     def one(i: int) -> None:
         barrier.wait()
-        counts[i] = len(_stream_times(url, model, prompt, tokens))
+        counts[i] = len(stream(url, model, prompt, tokens))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
@@ -190,6 +215,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--fake-step", action="store_true",
                    help="the server's decode step costs nothing; a short prompt")
+    p.add_argument("--raw-client", action="store_true",
+                   help="streams read with httpx and json.loads, not the openai client")
     p.add_argument("--pyspy", help="also record the last round with py-spy (raw, by thread)")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)  # the fake-step server's port
     a = p.parse_args()
@@ -204,7 +231,7 @@ def main() -> None:
     with _server(argv, port) as (url, name):
         pid = next(int(q) for q in os.listdir("/proc") if q.isdigit() and _is_server(q, port))
         _stream_times(url, name, prompt, 4)  # JIT, first touch
-        names = thread_names(pid) if a.pyspy else {}
+        names = thread_names(pid)
         for r in range(a.rounds):
             spy = None
             if a.pyspy and r == a.rounds - 1:
@@ -215,7 +242,7 @@ def main() -> None:
                 time.sleep(1.0)
             f0 = _step_cpu(port).copy() if a.fake_step else None
             s0, c0, t0 = thread_cpu(pid), own_cpu(), time.perf_counter()
-            n_tok = one_round(url, name, prompt, a.streams, a.tokens)
+            n_tok = one_round(url, name, prompt, a.streams, a.tokens, a.raw_client)
             s1, c1, wall = thread_cpu(pid), own_cpu(), time.perf_counter() - t0
             fake = _step_cpu(port) - f0 if f0 is not None else None
             if spy is not None:
@@ -244,7 +271,7 @@ def main() -> None:
                 row["pyspy_samples"] = spy_summary(a.pyspy)
             rounds.append(row)
     print(json.dumps({"streams": a.streams, "tokens_per_stream": a.tokens,
-                      "fake_step": a.fake_step,
+                      "fake_step": a.fake_step, "raw_client": a.raw_client,
                       "threads": a.threads, "code": os.environ.get("PYTHONPATH", "."),
                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "loadavg_1m": round(os.getloadavg()[0], 2), "rounds": rounds},
