@@ -1,14 +1,17 @@
 """CPU seconds per streamed token of `inferdesk serve` (cpu backend) and of its clients:
-the server in a process of its own, N openai streams in this one (as `bench --serve`).
-For each round: the server's CPU split by thread (/proc/<pid>/task) and this process's
-CPU, each over the round's streamed tokens.
+the server in a process of its own (this script as a child, serving as `inferdesk serve
+--model smollm2 --backend cpu --parallel 8` does), N openai streams in this one (as
+`bench --serve`). For each round: the server's CPU split by thread (/proc/<pid>/task)
+and this process's CPU, each over the round's streamed tokens; the gaps between a
+stream's tokens (``gap_summary``); the server's garbage collections by generation
+(count, time, the longest; timed with ``gc.callbacks``).
 
 Threads: the event loop is the main thread (tid == pid); the Python threads (the
 scheduler, the kernels' helper ``cpu-share-0``) are named from ``py-spy dump``; "other
-threads" are the rest (numba's native workers). CPU time is
-less noisy than wall time on a shared machine (it does not count the time another
-process held the core), except that the kernels' threads spin while they wait for each
-other, so with 2 threads the server's CPU is about 2 x its wall time whatever the work.
+threads" are the rest (numba's native workers). CPU time is less noisy than wall time on
+a shared machine (it does not count the time another process held the core), except
+that the kernels' threads spin while they wait for each other, so with 2 threads the
+server's CPU is about 2 x its wall time whatever the work.
 With ``--pyspy`` the last round is also sampled (200 Hz, raw stacks by thread) and the
 samples are counted by where they are (``pyspy_samples``): the scheduler thread in the
 decode step, in prefill, or outside both (sampling, detokenizing, handing events on, and
@@ -77,12 +80,31 @@ def thread_names(pid: int) -> dict[int, str]:
             for m in re.finditer(r'Thread (\d+) \([^)]*\): "([^"]+)"', text)}
 
 
-def _step_cpu(port: int, create: bool = False) -> Any:
-    """The fake step's [CPU seconds, calls] so far, shared with the parent."""
+def _shared(port: int, create: bool = False) -> Any:
+    """Counters the server child shares with the parent: the fake step's CPU seconds and
+    calls, then for each GC generation 0-2: collections, seconds, the longest."""
     import numpy as np
 
     return np.memmap(f"/tmp/serve_cpu_{port}.step", np.float64, "w+" if create else "r+",
-                     shape=(2,))
+                     shape=(11,))
+
+
+def _time_gc(shared: Any) -> None:
+    """Count the server's garbage collections and their time into ``shared``."""
+    import gc
+
+    t0 = [0.0]
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            t0[0] = time.perf_counter()
+            return
+        at, took = 2 + 3 * info["generation"], time.perf_counter() - t0[0]
+        shared[at] += 1
+        shared[at + 1] += took
+        shared[at + 2] = max(shared[at + 2], took)
+
+    gc.callbacks.append(timed)
 
 
 def spy_summary(path: str) -> dict[str, Any]:
@@ -146,18 +168,21 @@ class _FakeStep:
         pass
 
 
-def child(port: int, threads: int) -> None:
-    """The server with a decode step that costs nothing (``--fake-step``)."""
+def child(port: int, threads: int, fake: bool) -> None:
+    """The server as `inferdesk serve --model smollm2 --backend cpu --parallel 8` runs it,
+    its garbage collections timed, and with ``fake`` the decode step replaced."""
     from inference.bench import workloads
     from inference.server.run import load_engine, serve
     from inference.threads import set_threads
 
+    shared = _shared(port, create=True)
     engine = load_engine("smollm2", None, "cpu", parallel=8)
     set_threads(threads, engine.llm.backend)
-    tok = engine.llm.tokenizer
-    ids = [i for i in tok.encode(workloads()[0]) if i not in tok.eos_ids]
-    engine.scheduler._decode = _FakeStep(engine.llm.args.vocab_size, ids,
-                                         _step_cpu(port, create=True))
+    if fake:
+        tok = engine.llm.tokenizer
+        ids = [i for i in tok.encode(workloads()[0]) if i not in tok.eos_ids]
+        engine.scheduler._decode = _FakeStep(engine.llm.args.vocab_size, ids, shared)
+    _time_gc(shared)
     serve(engine, port=port)
 
 
@@ -178,23 +203,44 @@ def _raw_stream(url: str, model: str, prompt: str, max_tokens: int) -> list[floa
     return times
 
 
-def one_round(url: str, model: str, prompt: str, n: int, tokens: int, raw: bool) -> int:
+def one_round(url: str, model: str, prompt: str, n: int, tokens: int, raw: bool
+              ) -> list[list[float]]:
+    """Each stream's token times."""
     from inference.server.bench_serve import _stream_times
 
     stream = _raw_stream if raw else _stream_times
-    counts = [0] * n
+    times: list[list[float]] = [[] for _ in range(n)]
     barrier = threading.Barrier(n)
 
     def one(i: int) -> None:
         barrier.wait()
-        counts[i] = len(stream(url, model, prompt, tokens))
+        times[i] = stream(url, model, prompt, tokens)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sum(counts)
+    return times
+
+
+def gap_summary(times: list[list[float]]) -> dict[str, Any]:
+    """The gaps between a stream's consecutive tokens, all streams together: p50, mean,
+    p99, and the gaps longer than 1.5x the p50: how many, where in their stream (the
+    first 4 gaps, where the round's prefills fall, or later), and their time past the
+    p50 spread over all gaps (what lifts the mean above the median)."""
+    import numpy as np
+
+    pos = [(j, g) for t in times for j, g in enumerate(np.diff(t) * 1e3)]
+    if not pos:
+        return {}
+    gaps = np.array([g for _, g in pos])
+    p50 = float(np.median(gaps))
+    long = [(j, g) for j, g in pos if g > 1.5 * p50]
+    return {"gaps": len(pos), "p50_ms": round(p50, 2), "mean_ms": round(float(gaps.mean()), 2),
+            "p99_ms": round(float(np.percentile(gaps, 99)), 2), "long": len(long),
+            "long_in_first_4": sum(j < 4 for j, _ in long),
+            "long_excess_ms_per_gap": round(sum(g - p50 for _, g in long) / len(pos), 3)}
 
 
 def main() -> None:
@@ -202,11 +248,9 @@ def main() -> None:
     from inference.server.bench_serve import (
         CONTINUATION,
         _free_port,
-        _inferdesk_argv,
         _server,
         _stream_times,
     )
-    from inference.store import resolve
 
     p = argparse.ArgumentParser()
     p.add_argument("--streams", type=int, default=4)
@@ -218,15 +262,14 @@ def main() -> None:
     p.add_argument("--raw-client", action="store_true",
                    help="streams read with httpx and json.loads, not the openai client")
     p.add_argument("--pyspy", help="also record the last round with py-spy (raw, by thread)")
-    p.add_argument("--child", type=int, help=argparse.SUPPRESS)  # the fake-step server's port
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)  # the server child's port
     a = p.parse_args()
     if a.child:
-        return child(a.child, a.threads)
+        return child(a.child, a.threads, a.fake_step)
     prompt = "Once upon a time" if a.fake_step else workloads()[0] + CONTINUATION
     port = _free_port()
-    argv = ([sys.executable, __file__, "--child", str(port), "--threads", str(a.threads)]
-            if a.fake_step else
-            _inferdesk_argv(str(resolve("smollm2").path), "cpu", a.threads, port))
+    argv = [sys.executable, __file__, "--child", str(port), "--threads", str(a.threads),
+            *(["--fake-step"] if a.fake_step else [])]
     rounds = []
     with _server(argv, port) as (url, name):
         pid = next(int(q) for q in os.listdir("/proc") if q.isdigit() and _is_server(q, port))
@@ -240,11 +283,14 @@ def main() -> None:
                                         "-f", "raw"], stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
-            f0 = _step_cpu(port).copy() if a.fake_step else None
+            shared = _shared(port)
+            shared[4::3] = 0.0  # the longest collections: this round's
+            f0 = shared.copy()
             s0, c0, t0 = thread_cpu(pid), own_cpu(), time.perf_counter()
-            n_tok = one_round(url, name, prompt, a.streams, a.tokens, a.raw_client)
+            times = one_round(url, name, prompt, a.streams, a.tokens, a.raw_client)
+            n_tok = sum(map(len, times))
             s1, c1, wall = thread_cpu(pid), own_cpu(), time.perf_counter() - t0
-            fake = _step_cpu(port) - f0 if f0 is not None else None
+            counts = shared - f0
             if spy is not None:
                 spy.send_signal(2)
                 spy.wait(60)
@@ -259,8 +305,14 @@ def main() -> None:
                 "server_cpu_ms_per_token": round(server / n_tok * 1e3, 3),
                 "client_cpu_ms_per_token": round((c1 - c0) / n_tok * 1e3, 3),
                 "server_threads_ms_per_token": {k: round(v / n_tok * 1e3, 3)
-                                                for k, v in sorted(by.items())}}
-            if fake is not None and fake[1]:
+                                                for k, v in sorted(by.items())},
+                "gaps": gap_summary(times)}
+            row["gc"] = {f"gen{g}": {"collections": int(counts[2 + 3 * g]),
+                                     "ms": round(counts[3 + 3 * g] * 1e3, 2),
+                                     "longest_ms": round(float(shared[4 + 3 * g]) * 1e3, 2)}
+                         for g in range(3)}
+            fake = counts[:2]
+            if a.fake_step and fake[1]:
                 # The round's wall time that was not the fake step's CPU, per step: the
                 # critical path's cost outside the step (prefill and HTTP setup included).
                 row["fake_steps"] = int(fake[1])
