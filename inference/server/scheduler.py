@@ -22,6 +22,11 @@ first tokens wait and the other newcomers' prompts run in whole chunks, up to
 long gap (its second token waits for the others' prefill) instead of the budgeted pieces
 stretching many of its gaps, and the later streams' first tokens come sooner.
 
+Events: what a step makes (text deltas, finished sequences' DoneEvents, errors) is
+collected and handed on at the step's end in one ``deliver`` call, in the order made, so
+a consumer on another thread (the server's event loop) is woken once per step, not once
+per token per stream.
+
 Prompt cache: a finished (or cancelled) sequence's whole prefilled chunks are kept in a
 bounded pool (:class:`~inference.server.prefix_pool.PrefixPool`), copied like a running
 sequence's (:meth:`Scheduler._share_prefix`). After ``prompt_cache_idle`` seconds with no
