@@ -322,6 +322,7 @@ def main() -> None:
             if spy is not None:
                 row["pyspy_samples"] = spy_summary(a.pyspy)
             rounds.append(row)
+    Path(f"/tmp/serve_cpu_{port}.step").unlink(missing_ok=True)
     print(json.dumps({"streams": a.streams, "tokens_per_stream": a.tokens,
                       "fake_step": a.fake_step, "raw_client": a.raw_client,
                       "threads": a.threads, "code": os.environ.get("PYTHONPATH", "."),
