@@ -24,8 +24,8 @@ from inference.server import errors
 from inference.server.embed_batcher import EmbedBatcher
 from inference.server.errors import APIError
 from inference.server.prefix_pool import PROMPT_CACHE_IDLE, PROMPT_CACHE_MB
+from inference.server.scheduler import Outbox, Scheduler, TokenLogprobs, emit_each
 from inference.server.scheduler import Request as SeqRequest
-from inference.server.scheduler import Scheduler, TokenLogprobs
 from inference.server.schemas import ChatRequest, CompletionRequest, EmbeddingRequest
 
 MAX_BODY_BYTES = 4 << 20  # a request body past this is refused with 413
@@ -47,7 +47,7 @@ class Engine:
         self.created = int(time.time())
         self.scheduler = (Scheduler(llm, parallel, max_waiting,
                                     prompt_cache_bytes=prompt_cache_mb << 20,
-                                    prompt_cache_idle=prompt_cache_idle)
+                                    prompt_cache_idle=prompt_cache_idle, deliver=_deliver)
                           if llm is not None else None)
         self.embedder = EmbedBatcher(encoder) if encoder is not None else None
         self.aliases = dict(aliases or {})
@@ -74,21 +74,39 @@ class Engine:
                 part.close()
 
 
+def _deliver(outbox: Outbox) -> None:
+    """The scheduler's hand-off of one step's events (on its thread): one
+    ``call_soon_threadsafe`` per event loop (a server has one), which puts every event on
+    its stream's queue in the step's order. One wake-up of the loop per step instead of one
+    per token per stream: each is a write to the loop's self-pipe and a GIL hand-off
+    between the scheduler thread and the loop."""
+    by_loop: dict[Any, Outbox] = {}
+    for item in outbox:
+        by_loop.setdefault(item[0].loop, []).append(item)
+    for loop, items in by_loop.items():
+        if loop is None:  # not a _Stream's request: its emit takes events on any thread
+            emit_each(items)
+            continue
+        try:
+            loop.call_soon_threadsafe(emit_each, items)
+        except RuntimeError:  # the loop is gone (server stopped): nobody is listening
+            for req, _, _ in items:
+                req.cancel.set()
+
+
 class _Stream:
-    """One generation's events, carried from the scheduler thread to the event loop."""
+    """One generation's events, carried from the scheduler thread to the event loop
+    (:func:`_deliver`; ``req.emit`` runs on the loop)."""
 
     def __init__(self, scheduler: Scheduler, ids: list[int], max_tokens: int,
                  sampling: SamplingParams, stop: list[str], top_logprobs: int | None):
-        self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[Any, TokenLogprobs | None]] = asyncio.Queue()
-        self.req = SeqRequest(ids, max_tokens, sampling, self._emit, stop, top_logprobs)
+        self.req = SeqRequest(ids, max_tokens, sampling, self._emit, stop, top_logprobs,
+                              loop=asyncio.get_running_loop())
         scheduler.submit(self.req)
 
     def _emit(self, item: Any, lp: TokenLogprobs | None) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (item, lp))
-        except RuntimeError:  # the loop is gone (server stopped): nobody is listening
-            self.req.cancel.set()
+        self._queue.put_nowait((item, lp))
 
     async def events(self) -> AsyncIterator[tuple[TokenEvent | DoneEvent, TokenLogprobs | None]]:
         """Until the DoneEvent. Leaving early (a client gone) cancels the generation: the

@@ -22,6 +22,11 @@ first tokens wait and the other newcomers' prompts run in whole chunks, up to
 long gap (its second token waits for the others' prefill) instead of the budgeted pieces
 stretching many of its gaps, and the later streams' first tokens come sooner.
 
+Events: what a step makes (text deltas, finished sequences' DoneEvents, errors) is
+collected and handed on at the step's end in one ``deliver`` call, in the order made, so
+a consumer on another thread (the server's event loop) is woken once per step, not once
+per token per stream.
+
 Prompt cache: a finished (or cancelled) sequence's whole prefilled chunks are kept in a
 bounded pool (:class:`~inference.server.prefix_pool.PrefixPool`), copied like a running
 sequence's (:meth:`Scheduler._share_prefix`). After ``prompt_cache_idle`` seconds with no
@@ -137,7 +142,7 @@ class StepPlan:
     decode_rows: int
 
 
-# emit(event, logprobs) or emit(error, None); called from the scheduler thread.
+# emit(event, logprobs) or emit(error, None); called by the scheduler's deliver.
 Emit = Callable[[GenerationEvent | BaseException, TokenLogprobs | None], None]
 
 
@@ -150,6 +155,20 @@ class Request:
     stop: Sequence[str] = ()
     top_logprobs: int | None = None  # None: no logprobs; k: the sampled one and k others
     cancel: threading.Event = field(default_factory=threading.Event)
+    loop: Any = None  # the consumer's event loop, for a deliver that hands events to it
+
+
+Outbox = list[tuple[Request, GenerationEvent | BaseException, TokenLogprobs | None]]
+# deliver(outbox): one scheduler iteration's events, in the order they were made (a
+# request's own in its order; a decode step's rows in row order); called from the
+# scheduler thread once per iteration that made any.
+Deliver = Callable[[Outbox], None]
+
+
+def emit_each(outbox: Outbox) -> None:
+    """The default deliver: each event to its request's ``emit``, on the scheduler thread."""
+    for req, ev, lp in outbox:
+        req.emit(ev, lp)
 
 
 @dataclass
@@ -171,7 +190,8 @@ class Scheduler:
                  prefill_chunk: int = PREFILL_CHUNK, step_budget: float = STEP_BUDGET,
                  clock: Callable[[], float] = time.perf_counter,
                  prompt_cache_bytes: int = PROMPT_CACHE_MB << 20,
-                 burst_hold: int = BURST_HOLD, prompt_cache_idle: float = PROMPT_CACHE_IDLE):
+                 burst_hold: int = BURST_HOLD, prompt_cache_idle: float = PROMPT_CACHE_IDLE,
+                 deliver: Deliver = emit_each):
         if not 1 <= parallel <= MAX_PARALLEL:
             raise InferdeskError(f"parallel must be between 1 and {MAX_PARALLEL}.")
         self.model = model  # a CausalLM
@@ -192,6 +212,8 @@ class Scheduler:
         self.finished: collections.deque[tuple[str, int]] = collections.deque(maxlen=256)
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: list[_Seq] = []
+        self.deliver = deliver
+        self._out: Outbox = []  # this iteration's events, delivered at its end
         self._decode = model.backend.decode_steps()  # replays captured steps where it can
         self._cv = threading.Condition()
         self._closed = False
@@ -239,8 +261,9 @@ class Scheduler:
                     try:
                         self._active.append(self._start(req))
                     except MemoryError:  # its KV cache: this request fails, not the thread
-                        req.emit(OutOfMemoryError("Out of memory for this request's context; "
-                                                  "ask for fewer tokens."), None)
+                        self._out.append((req, OutOfMemoryError(
+                            "Out of memory for this request's context; ask for fewer "
+                            "tokens."), None))
             try:
                 self._step()
             except MemoryError:
@@ -249,10 +272,19 @@ class Scheduler:
                                                 "fewer parallel requests may fit."))
             except Exception as e:  # noqa: BLE001 - the requests in the step fail, not the server
                 self._fail_all(e)
+            self._flush()
         for s in list(self._active):
             self._finish(s, "cancelled")
         while self._waiting:
             self._close_request(self._waiting.popleft(), "cancelled")
+        self._flush()
+
+    def _flush(self) -> None:
+        """Hand this iteration's events on in one call (one wake-up of their consumer per
+        step, not one per token per stream)."""
+        if self._out:
+            out, self._out = self._out, []
+            self.deliver(out)
 
     def _idle(self) -> None:
         """Wait (holding ``_cv``) for work; with prefixes kept, at most until the pool has
@@ -398,8 +430,7 @@ class Scheduler:
         s.history.append(tok)
         lp = None if s.req.top_logprobs is None else _logprobs(B.to_numpy(row), tok,
                                                                  s.req.top_logprobs)
-        for ev in s.gen.push(tok):
-            s.req.emit(ev, lp)
+        self._out.extend((s.req, ev, lp) for ev in s.gen.push(tok))
         if s.gen.finish is not None:
             self._finish(s)
         else:
@@ -415,21 +446,19 @@ class Scheduler:
         s.cache = s.run = None  # type: ignore[assignment]  # memory goes now, not at a GC
         if not self._active:  # a captured step holds the last batch's caches
             self._decode.release()
-        for ev in events:
-            s.req.emit(ev, None)
+        self._out.extend((s.req, ev, None) for ev in events)
 
     def _close_request(self, req: Request, reason: str) -> None:
         """End a request that never started (cancelled while it waited)."""
-        for ev in Generation(self.model.tokenizer, len(req.prompt_ids), req.max_tokens,
-                             set()).close(reason):
-            req.emit(ev, None)
+        self._out.extend((req, ev, None) for ev in Generation(
+            self.model.tokenizer, len(req.prompt_ids), req.max_tokens, set()).close(reason))
         self.finished.append((reason, 0))
 
     def _fail_all(self, error: BaseException) -> None:
         for s in list(self._active):
             self._active.remove(s)
             s.cache = s.run = None  # type: ignore[assignment]
-            s.req.emit(error, None)
+            self._out.append((s.req, error, None))
 
 
 def _logprobs(logits: np.ndarray, tok: int, k: int) -> TokenLogprobs:
