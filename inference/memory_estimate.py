@@ -131,6 +131,7 @@ def estimate(spec: ModelSpec, backend: Any, context: int | None = None,
     # The last prefill chunk's queries see the whole context.
     capped = bool(cfg.get("attn_logit_softcapping") or cfg.get("sliding_window"))
     scratch = (chunk * (2 * inter + backend.hidden_rows * hidden) * dtype_bytes
-               + backend.attention_bytes(heads, chunk, ctx, capped=capped)
+               + backend.attention_bytes(heads, chunk, ctx, capped=capped,
+                                         tensors=ckpt.tensors)
                + _num(cfg, "vocab_size", 0) * 4 + dequant)
     return MemoryEstimate(name, weights, kv, scratch, ctx, tok)

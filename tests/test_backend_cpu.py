@@ -242,8 +242,10 @@ def test_attention_causal_gqa(t, s, offset):
     (30, 17, (9, 3), np.float16),  # a float16 cache: bits widened by the kernel
 ])
 def test_prefill_attention_on_two_threads(t, offset, heads, kv_dtype):
-    """A prefill's attention on two threads is the numba kernel (each row against its own
-    keys, read from the cache buffer), within float32 rounding of NumPy's masked softmax;
+    """A prefill's attention on two threads, after products on numba's threads, is the
+    numba kernel (each row against its own keys, read from the cache buffer); after
+    products shared out to the helpers (a float32 weight) it keeps BLAS on the helpers, so
+    one prefill keeps to one pool. Within float32 rounding of NumPy's masked softmax;
     a row's bits do not depend on how its rows are split between threads (a row's sums
     run in an order fixed by its place in its block of four, whatever the split: parts 1,
     2 and 3 give the same bits). One thread keeps the grouped BLAS GEMMs."""
@@ -259,6 +261,8 @@ def test_prefill_attention_on_two_threads(t, offset, heads, kv_dtype):
     want = N.attention(q, k.astype(np.float32), v.astype(np.float32), 0.125,
                        causal_offset=offset)
     b = _two_threads()
+    if not b._numba_prefill():
+        pytest.skip("prefill runs on numba's threads on AVX-512 VNNI only")
     calls = []
     kernel = cpu_attend.attend_prefill
 
@@ -266,12 +270,18 @@ def test_prefill_attention_on_two_threads(t, offset, heads, kv_dtype):
         calls.append(args[-1])
         kernel(*args)
 
+    x = randn(1, 16, 256, seed=42)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cpu_mod.A, "attend_prefill", spy)
+        b.linear(x, b.weight(random_tensor("Q4_0", 512, 256, seed=43)))  # numba's threads
         got = b.attention(q, k, v, 0.125, causal_offset=offset)
+        b.linear(x, randn(512, 256, seed=44))  # float32: the helpers' sgemm
+        blas = b.attention(q, k, v, 0.125, causal_offset=offset)
+        b.linear(x, b.weight(random_tensor("Q4_0", 512, 256, seed=43)))
         b.set_threads(1)
         one = b.attention(q, k, v, 0.125, causal_offset=offset)
-    assert calls == [2]
+    assert calls == [2]  # not after the float32 product, nor on one thread
+    np.testing.assert_allclose(blas, want, atol=2e-6)
     # Sums of 64 products and softmax over <= 47 keys, float32: NumPy's differ in order.
     np.testing.assert_allclose(got, want, atol=2e-6)
     np.testing.assert_allclose(one, want, atol=2e-6)
@@ -286,6 +296,43 @@ def test_prefill_attention_on_two_threads(t, offset, heads, kv_dtype):
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
     np.testing.assert_array_equal(outs[0], got[0].transpose(1, 0, 2))
+
+
+def test_prefill_silu_follows_the_products_pool():
+    """A prefill's SiLU x up runs on numba's threads after products that ran there, and is
+    shared out to the helpers after products that were (a float32 weight): one pool per
+    prefill. Either way the values of the one-thread kernel."""
+    from inference.backends import cpu as cpu_mod
+
+    b = _two_threads()
+    if not b._numba_prefill():
+        pytest.skip("prefill runs on numba's threads on AVX-512 VNNI only")
+    x = randn(1, 16, 256, seed=45)
+    gate, up = randn(1, 200, 1536, seed=46), randn(1, 200, 1536, seed=47)  # past SHARE_MIN
+    want = N.silu_mul(gate, up)
+    seen = []
+    chunks, share = cpu_mod.K.silu_mul_chunks, b._share
+
+    def spy_chunks(*args):
+        seen.append("numba")
+        chunks(*args)
+
+    def spy_share(*args, **kw):
+        seen.append("helpers")
+        share(*args, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_mod.K, "silu_mul_chunks", spy_chunks)
+        b.linear(x, b.weight(random_tensor("Q4_0", 512, 256, seed=43)))
+        mp.setattr(b, "_share", spy_share)
+        on_numba = b.silu_mul(gate, up)
+        assert seen == ["numba"]
+        b.linear(x, randn(512, 256, seed=44))  # its own share-out to the helpers
+        seen.clear()
+        on_helpers = b.silu_mul(gate, up)
+    assert seen == ["helpers"]
+    np.testing.assert_allclose(on_numba, want, atol=1e-5)
+    np.testing.assert_array_equal(on_numba, on_helpers)
 
 
 def test_attention_key_mask():

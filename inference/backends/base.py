@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -249,11 +249,13 @@ class Backend:
         return 4 * math.prod(int(d) for d in t.shape)
 
     def attention_bytes(self, heads: int, rows: int, keys: int, *, masked: bool = False,
-                        capped: bool = False) -> int:
+                        capped: bool = False, tensors: Mapping[str, Any] | None = None) -> int:
         """Scratch of one attention call of ``rows`` queries over ``keys`` keys (``heads``:
         batch times heads): its live score arrays, in the query tiles
         :func:`tiled_attention` cuts. ``masked``: a key (padding) mask; ``capped``: soft-
-        capped or sliding-window scores; backends whose fused path lacks those override."""
+        capped or sliding-window scores; backends whose fused path lacks those override.
+        ``tensors``: the model's, by name, for a backend whose attention path depends on
+        how its products run (cpu)."""
         r0, r1 = query_tiles(1, heads, rows, keys)[0]
         return self._score_copies(masked, capped) * 4 * heads * (r1 - r0) * keys
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache, partial
 from typing import Any
@@ -43,7 +43,13 @@ from inference.backends.base import (
     tiled_attention,
     trim_host_heap,
 )
-from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_nbytes
+from inference.backends.cpu_pack import (
+    PackedWeight,
+    RawWeight,
+    pack,
+    packed_bits,
+    packed_nbytes,
+)
 from inference.backends.cpu_share import SpinWorker
 from inference.backends.cpu_step import CpuSampler, NotCapturable, StepReplayer, Tape
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
@@ -262,12 +268,16 @@ class CpuBackend(NumpyBackend):
         return t.nbytes if packed is None else packed
 
     def attention_bytes(self, heads: int, rows: int, keys: int, *, masked: bool = False,
-                        capped: bool = False) -> int:
+                        capped: bool = False, tensors: Mapping[str, TensorData] | None = None
+                        ) -> int:
         """As :meth:`Backend.attention_bytes`; a prefill's causal attention on numba's
-        threads (:meth:`_attend_prefill`) holds four rows of scores per thread."""
-        if not (masked or capped) and self._numba_prefill() and self._shares(heads) > 1:
+        threads (:meth:`_attend_prefill`, a model whose products run there) holds four rows
+        of scores per thread."""
+        if (not (masked or capped) and tensors is not None and self._shares(heads) > 1
+                and self._numba_products(tensors)):
             return self._shares(heads) * 4 * 4 * keys
-        return super().attention_bytes(heads, rows, keys, masked=masked, capped=capped)
+        return super().attention_bytes(heads, rows, keys, masked=masked, capped=capped,
+                                       tensors=tensors)
 
     def _score_copies(self, masked: bool, capped: bool) -> int:
         # Soft-capped or windowed scores take the NumPy path (see attention).
@@ -417,6 +427,7 @@ class CpuBackend(NumpyBackend):
         was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s."""
         integer = [self._integer(w) for w in ws]
         big = sum(w.shape[0] * w.shape[1] for w in ws) >= SHARE_MIN
+        self._local.numba_products = all(integer)  # the pool SiLU and attention follow
         if all(integer):
             return self._integer_products(x, ws, big)
         xqs: dict[bool, tuple[np.ndarray, ...]] = {}  # by cpu_idot.narrow: q/k/v share them
@@ -496,14 +507,26 @@ class CpuBackend(NumpyBackend):
         return isinstance(w, PackedWeight) and w.bits in INTEGER_BITS and self._numba_prefill()
 
     def _numba_prefill(self) -> bool:
-        """Whether prefill's packed products take the integer kernels (a CPU whose kernels
-        group 8 rows with VNNI, integer activations, a threading layer that runs kernels
-        from two threads at once), and with them SiLU and attention run on numba's threads
-        too: one pool for the whole prefill. Beside the helpers of :meth:`_share`, an
-        OpenMP region's workers spin on the same cores: attention alone on numba's threads
-        next to shared-out products took a 2-thread Q3_K_M prefill from 762 to 450 tok/s."""
+        """Whether prefill's packed products take the integer kernels, on numba's threads:
+        a CPU whose kernels group 8 rows with VNNI, integer activations, a threading layer
+        that runs kernels from two threads at once."""
         return (self.activations != "float" and cpu_idot.vnni_groups()
                 and _concurrent_kernels())
+
+    def _after_numba_products(self) -> bool:
+        """Whether this thread's latest prefill products ran on numba's threads: then SiLU
+        and attention run there too, else on the helpers or serially, so that a prefill
+        keeps to one pool. Beside the helpers of :meth:`_share`, an OpenMP region's workers
+        spin on the same cores: attention alone on numba's threads next to shared-out
+        products took a 2-thread Q3_K_M prefill from 762 to 450 tok/s."""
+        return getattr(self._local, "numba_products", False)
+
+    def _numba_products(self, tensors: Mapping[str, TensorData]) -> bool:
+        """Whether a model of ``tensors`` has every layer's product on numba's threads
+        (what :meth:`_after_numba_products` will say during its prefill)."""
+        return self._numba_prefill() and all(
+            packed_bits(t) in INTEGER_BITS for name, t in tensors.items()
+            if len(t.shape) == 2 and ("layers." in name or name.startswith("blk.")))
 
     def _quantized(self, x: np.ndarray, bits: int, done: dict[bool, tuple[np.ndarray, ...]]
                    ) -> tuple[np.ndarray, ...]:
@@ -680,7 +703,7 @@ class CpuBackend(NumpyBackend):
             return super().silu_mul(gate, up)
         g, u = self._input(gate, (-1,)), self._input(up, (-1,))
         out = np.empty_like(g)
-        if self._tape is None and g.size >= SHARE_MIN and self._numba_prefill():
+        if self._tape is None and g.size >= SHARE_MIN and self._after_numba_products():
             with self._numba_threads(self._shares(g.size // K.SILU_CHUNK + 1)):
                 K.silu_mul_chunks(g, u, out)  # a prefill's, on numba's threads
         elif self._tape is None and g.size >= SHARE_MIN:  # a prefill's, shared out
@@ -794,7 +817,7 @@ class CpuBackend(NumpyBackend):
         self._untaped("attention over more than one query")
         if (b == 1 and key_mask is None and causal_offset is not None
                 and 0 <= causal_offset <= s - t and self._shares(hq) > 1
-                and self._numba_prefill()):
+                and self._after_numba_products()):
             return self._attend_prefill(q, k, v, scale, causal_offset)  # a prefill
         tiled = tiled_attention(self.attention, q, k, v, scale, causal_offset, key_mask,
                                 lambda parts: np.concatenate(parts, axis=2))
