@@ -109,12 +109,7 @@ def _weigh(ph: np.ndarray, n: int, m: np.float32, v: np.ndarray, o: np.ndarray) 
     by the weights' numerators) and ``m`` their max; v's rows float32 or float16 bits."""
     d = o.shape[0]
     n4 = n - n % 4
-    tot = _f32(0.0)
-    for s in range(n):
-        e = _exp(ph[s] - m)
-        ph[s] = e
-        tot += e
-    inv = _f32(1.0) / tot
+    inv = _exps(ph, n, m, n)
     o[:] = 0.0
     for s in range(0, n4, 4):
         w0, w1, w2, w3 = ph[s] * inv, ph[s + 1] * inv, ph[s + 2] * inv, ph[s + 3] * inv
