@@ -344,7 +344,7 @@ class CpuBackend(NumpyBackend):
         return [y.reshape(*x.shape[:-1], y.shape[1]) for y in ys]
 
     def _matvec(self, x: np.ndarray, w: PackedWeight) -> np.ndarray:
-        out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
+        out = _lanes_out(x.shape[0], w)
         tape = self._tape
         if tape is not None and self.activations != "float":
             # Captured: the quantize and the kernel as two calls over fixed buffers, the
@@ -465,11 +465,10 @@ class CpuBackend(NumpyBackend):
         ys = []
         with self._numba_threads(self._shares(x.shape[0]) if big else 1):
             for n, w in zip(narrows, ws, strict=True):
-                out = np.empty((x.shape[0], len(w.blocks) // w.groups * K.LANES),
-                               dtype=np.float32)
+                out = _lanes_out(x.shape[0], w)
                 kernel, *args = self._idot(w, xqs[n], out)
                 kernel(*args)
-                ys.append(out if out.shape[1] == w.shape[0] else out[:, : w.shape[0]])
+                ys.append(_w_columns(out, w))
         return ys
 
     def _plan(self, x: np.ndarray, w: PackedWeight | RawWeight | np.ndarray
@@ -546,8 +545,8 @@ class CpuBackend(NumpyBackend):
         """As :meth:`_plan`, by the decode kernels over the rows quantized once (``xq``,
         :func:`cpu_idot.quantize_rows`), on one thread a range of token rows: each row's
         result is the bits it gets in a decode step's mat-vec."""
-        rows, tiles = xq[0].shape[0], len(w.blocks) // w.groups
-        out = np.empty((rows, tiles * K.LANES), dtype=np.float32)
+        rows = xq[0].shape[0]
+        out = _lanes_out(rows, w)
 
         def rows_(r0: int, r1: int) -> None:
             with self._numba_threads(1):  # per thread: the helpers' and the caller's
@@ -558,8 +557,7 @@ class CpuBackend(NumpyBackend):
                     cpu_idot.matvec_q4_rows(w.codes, w.blocks, w.halves, w.flat, w.high,
                                             w.kind, w.zero, *xq, out, r0, r1)
 
-        y = out if out.shape[1] == w.shape[0] else out[:, : w.shape[0]]
-        return y, rows_, rows, rows
+        return _w_columns(out, w), rows_, rows, rows
 
     def _share(self, units: int, part: Callable[[int, int], None], whole: int = 0) -> None:
         """``part(u0, u1)`` over ``units`` split into one contiguous range per thread: the
@@ -703,13 +701,14 @@ class CpuBackend(NumpyBackend):
             return super().silu_mul(gate, up)
         g, u = self._input(gate, (-1,)), self._input(up, (-1,))
         out = np.empty_like(g)
-        if self._tape is None and g.size >= SHARE_MIN and self._after_numba_products():
-            with self._numba_threads(self._shares(g.size // K.SILU_CHUNK + 1)):
-                K.silu_mul_chunks(g, u, out)  # a prefill's, on numba's threads
-        elif self._tape is None and g.size >= SHARE_MIN:  # a prefill's, shared out
-            c = K.SILU_CHUNK
-            self._share(g.size // c + 1, lambda a, b: K.silu_mul_flat(
-                g[a * c:b * c], u[a * c:b * c], out[a * c:b * c]))
+        c = K.SILU_CHUNK
+        if self._tape is None and g.size >= SHARE_MIN:  # a prefill's: in the products' pool
+            if self._after_numba_products():
+                with self._numba_threads(self._shares(g.size // c + 1)):
+                    K.silu_mul_chunks(g, u, out)
+            else:
+                self._share(g.size // c + 1, lambda a, b: K.silu_mul_flat(
+                    g[a * c:b * c], u[a * c:b * c], out[a * c:b * c]))
         else:
             self._taped(K.silu_mul_flat, g, u, out)
         return out.reshape(gate.shape)
@@ -919,6 +918,17 @@ def _concurrent_kernels() -> bool:
 def _close_all(workers: list[SpinWorker]) -> None:
     for worker in workers:
         worker.close()
+
+
+def _lanes_out(rows: int, w: PackedWeight) -> np.ndarray:
+    """What a mat-vec kernel of ``w`` writes for ``rows`` rows: W's whole tiles of lanes
+    (columns past W's rows where its last tile is partial)."""
+    return np.empty((rows, len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
+
+
+def _w_columns(out: np.ndarray, w: PackedWeight) -> np.ndarray:
+    """The columns of a :func:`_lanes_out` buffer that are W's rows (a view)."""
+    return out if out.shape[1] == w.shape[0] else out[:, : w.shape[0]]
 
 
 def _copy_into(dst: np.ndarray, src: np.ndarray) -> None:
