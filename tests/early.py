@@ -49,6 +49,19 @@ def python(code: str, *args: str, **env: str | None) -> Step:
     return Step([sys.executable, "-c", code, *args], full, ROOT)
 
 
+def over_one_cache(code: str, *runs: str) -> Steps:
+    """Steps for ``python -c code run``, one process per ``run`` in turn, all over one fresh
+    numba cache (the check's ``tmp``)."""
+    return lambda tmp: [python(code, run, NUMBA_CACHE_DIR=str(tmp)) for run in runs]
+
+
+def assert_ok(runs: Sequence[subprocess.CompletedProcess[str]], names: Sequence[str]) -> None:
+    """Every step ran (one run per name) and printed "ok"; else the failing one's stderr."""
+    assert len(runs) == len(names), runs[-1].stderr[-2000:]
+    for name, out in zip(names, runs, strict=True):
+        assert out.returncode == 0 and "ok" in out.stdout, (name, out.stderr[-2000:])
+
+
 class _Job:
     def __init__(self, steps: Steps) -> None:
         self.steps = steps

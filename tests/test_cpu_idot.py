@@ -266,19 +266,14 @@ print("ok")
 """
 
 
-def _cached_steps(tmp: Path) -> list[early.Step]:
-    return [early.python(CACHED_CALLS, run, NUMBA_CACHE_DIR=str(tmp))
-            for run in ("matvec", "linear")]
+CACHED_RUNS = ("matvec", "linear")
 
 
-@pytest.mark.early(steps=_cached_steps)
+@pytest.mark.early(steps=early.over_one_cache(CACHED_CALLS, *CACHED_RUNS))
 def test_a_caller_of_a_cached_kernel_compiles(request):
     """Processes over one fresh numba cache: the kernel alone (cached), then the one-call
     entry, which links the cached kernel without generating its IR. Where the kernel holds
     VNNI inline asm, LLVM needs its assembly parser set up in that process too: it
     aborted there when the parser was set up only while generating the asm.
     (Started with the session: tests/early.py.)"""
-    runs = early.result(request.node)
-    assert len(runs) == 2, runs[-1].stderr[-2000:]
-    for run, out in zip(("matvec", "linear"), runs, strict=True):
-        assert out.returncode == 0 and "ok" in out.stdout, (run, out.stderr[-2000:])
+    early.assert_ok(early.result(request.node), CACHED_RUNS)

@@ -14,8 +14,6 @@ K-quant: Q2_K, Q3_K among them) decoded token by token against transformers' log
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -175,18 +173,13 @@ print("ok")
 """
 
 
-def _cached_steps(tmp: Path) -> list[early.Step]:
-    return [early.python(CACHED_CALLS, run, NUMBA_CACHE_DIR=str(tmp))
-            for run in ("matvec", "linear", "linear")]
+CACHED_RUNS = ("matvec", "linear", "linear")
 
 
-@pytest.mark.early(steps=_cached_steps)
+@pytest.mark.early(steps=early.over_one_cache(CACHED_CALLS, *CACHED_RUNS))
 def test_kernels_load_from_numba_cache_without_crashing(request):
     """Processes over one fresh numba cache: the kernel alone, then the one-call entry
     twice (the second run loads it from the cache). With the kernel cached on its own,
     that third process crashed (segfault); it is left out of the cache since.
     (Started with the session: tests/early.py.)"""
-    runs = early.result(request.node)
-    assert len(runs) == 3, runs[-1].stderr[-2000:]
-    for run, out in zip(("matvec", "linear", "linear"), runs, strict=True):
-        assert out.returncode == 0 and "ok" in out.stdout, (run, out.stderr[-2000:])
+    early.assert_ok(early.result(request.node), CACHED_RUNS)
