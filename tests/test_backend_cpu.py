@@ -298,6 +298,27 @@ def test_prefill_attention_on_two_threads(t, offset, heads, kv_dtype):
     np.testing.assert_array_equal(outs[0], got[0].transpose(1, 0, 2))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8, 200])  # decode rows, and a prefill's (shared out)
+def test_silu_mul_reads_the_stacked_gate_up_in_place(rows):
+    """gate and up as column views of one stacked product (rows strided): the bits of
+    contiguous copies, the NumPy backend's values, and no copy on a captured step's tape."""
+    from inference.backends.cpu_step import Tape
+
+    b = CpuBackend()
+    y = randn(1, rows, 2 * 1536, seed=48)
+    gate, up = y[..., :1536], y[..., 1536:]
+    want = b.silu_mul(np.ascontiguousarray(gate), np.ascontiguousarray(up))
+    np.testing.assert_array_equal(b.silu_mul(gate, up), want)
+    np.testing.assert_allclose(want, N.silu_mul(gate, up), rtol=0, atol=1e-5)
+    if rows <= MATVEC_ROWS:
+        tape = b._tape = Tape(0)
+        try:
+            b.silu_mul(gate, up)
+        finally:
+            b._tape = None
+        assert len(tape.calls) == 1
+
+
 def test_prefill_silu_follows_the_products_pool():
     """A prefill's SiLU x up runs on numba's threads after products that ran there, and is
     shared out to the helpers after products that were (a float32 weight): one pool per

@@ -81,3 +81,29 @@ def test_windows_and_softcaps_take_the_composite(monkeypatch):
     B.attend_rows(q, k, v, _caches([3], 8), 0, **{**KW, "softcap": 50.0})
     B.attend_rows(q, k, v, _caches([3], 8), 0, **{**KW, "window": 4})
     assert len(called) == 2
+
+
+def test_views_of_one_stacked_product_are_read_in_place():
+    """q/k/v as the server's batched step makes them (column views of one q|k|v product,
+    rows strided): the bits of contiguous copies, and no copy on the tape."""
+    from inference.backends.cpu_step import Tape
+
+    lengths = [4, 130, 9]
+    q, k, v = _step(3, 9)
+    qkv = np.concatenate([a.reshape(3, -1) for a in (q, k, v)], axis=1)
+    views = []
+    at = 0
+    for a in (q, k, v):
+        n = a.shape[1] * D
+        views.append(qkv[:, at:at + n].reshape(a.shape))
+        at += n
+    assert not views[0].flags.c_contiguous
+    want = B.attend_rows(q, k, v, _caches(lengths, 10), 0, **KW)
+    caches = _caches(lengths, 10)
+    tape = B._tape = Tape(0)
+    try:
+        got = B.attend_rows(*views, caches, 0, **KW)
+    finally:
+        B._tape = None
+    np.testing.assert_array_equal(got, want)
+    assert len(tape.calls) == 1  # the kernel only: no copy of q, k or v

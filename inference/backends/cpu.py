@@ -177,6 +177,17 @@ class CpuBackend(NumpyBackend):
             self._tape.calls.append(partial(_copy_into, y, x))
         return y
 
+    def _unit_rows(self, x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """``x`` reshaped (default: rows (T, n)) as float32 rows of unit stride, a view
+        where it is one (the columns of a stacked product's output: the kernels read each
+        row through :func:`cpu_kernels._unit`), else a copy as :meth:`_input` makes."""
+        shape = shape or (-1, x.shape[-1])
+        if x.dtype == np.float32 and x.strides[-1] == 4 and x.size:
+            y = np.reshape(x, shape)
+            if np.may_share_memory(y, x) and y.strides[-1] == 4:  # a view, not a copy
+                return y
+        return self._input(x, shape)
+
     def _recomputed(self, fn: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
         """``fn(*args)``, a NumPy expression allocating its result; a capture replays it
         whole, copied into the captured output."""
@@ -699,18 +710,19 @@ class CpuBackend(NumpyBackend):
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         if gate.shape != up.shape:
             return super().silu_mul(gate, up)
-        g, u = self._input(gate, (-1,)), self._input(up, (-1,))
-        out = np.empty_like(g)
-        c = K.SILU_CHUNK
+        g, u = self._unit_rows(gate), self._unit_rows(up)
+        out = np.empty(g.shape, dtype=np.float32)
+        t, n = g.shape
+        per = max(1, K.SILU_CHUNK // n)  # rows a part, as silu_mul_chunks splits them
         if self._tape is None and g.size >= SHARE_MIN:  # a prefill's: in the products' pool
             if self._after_numba_products():
-                with self._numba_threads(self._shares(g.size // c + 1)):
+                with self._numba_threads(self._shares(t // per + 1)):
                     K.silu_mul_chunks(g, u, out)
             else:
-                self._share(g.size // c + 1, lambda a, b: K.silu_mul_flat(
-                    g[a * c:b * c], u[a * c:b * c], out[a * c:b * c]))
+                self._share(t // per + 1, lambda a, b: K.silu_mul_rows(
+                    g[a * per:b * per], u[a * per:b * per], out[a * per:b * per]))
         else:
-            self._taped(K.silu_mul_flat, g, u, out)
+            self._taped(K.silu_mul_rows, g, u, out)
         return out.reshape(gate.shape)
 
     def gelu_tanh_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -768,7 +780,7 @@ class CpuBackend(NumpyBackend):
         kaddr, vaddr = (np.array([a.ctypes.data for a in bufs], dtype=np.int64)
                         for bufs in (kbuf, vbuf))
         caps = np.array([a.shape[2] for a in kbuf], dtype=np.int64)
-        qs, ks, vs = (self._input(a, (b, a.shape[1], d)) for a in (q, k, v))
+        qs, ks, vs = (self._unit_rows(a, (b, a.shape[1], d)) for a in (q, k, v))
         qr = np.empty((b * hq, d), dtype=np.float32)
         out = np.empty((b, hq, d), dtype=np.float32)
         theta, freq, scale = kw["theta"], kw["freq_factors"], kw["scale"]

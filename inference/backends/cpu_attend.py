@@ -22,9 +22,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import prange, types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
-from inference.backends.cpu_kernels import _bits_to_f32, _exp, _f32_to_bits, _half, _jit
+from inference.backends.cpu_kernels import _at, _bits_to_f32, _exp, _f32_to_bits, _half, _jit, _unit
 
 _f32 = np.float32
 
@@ -68,18 +68,6 @@ def _narrow_ov(x, like):  # type: ignore[no-untyped-def]
     if like == types.uint16:
         return lambda x, like: half_bits(x)
     return lambda x, like: x
-
-
-@intrinsic
-def _at(typingctx, addr, like):  # type: ignore[no-untyped-def]
-    """The buffer at address ``addr`` (int64) as a pointer to ``like``'s element type (an
-    array), for ``numba.carray``."""
-    sig = types.CPointer(like.dtype)(types.int64, like)
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-
-    return sig, codegen
 
 
 @_jit(inline="always")
@@ -276,7 +264,8 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, si
                 offsets: np.ndarray, kaddr: np.ndarray, vaddr: np.ndarray, caps: np.ndarray,
                 scale: float, qr: np.ndarray, out: np.ndarray, like: np.ndarray) -> None:
     """One decode step of ``b`` sequences, each with its own cache: row i of q (b, hq, d) and
-    k/v (b, hk, d) is sequence i's token at position ``offsets[i]``. NeoX RoPE (tables
+    k/v (b, hk, d) is sequence i's token at position ``offsets[i]`` (rows of d of unit
+    stride, strided or not: views of one stacked q/k/v product). NeoX RoPE (tables
     (P, d/2)) on q and k, k/v written to row ``offsets[i]`` of sequence i's cache buffers
     ((hk, caps[i], d) of ``like``'s type — float32, or uint16 for float16 bits —
     C-contiguous, at addresses kaddr[i] / vaddr[i]), then each query attends to its
@@ -299,21 +288,22 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, si
         pos = offsets[i]
         kc = numba.carray(_at(kaddr[i], like), (hk, caps[i], d))
         vc = numba.carray(_at(vaddr[i], like), (hk, caps[i], d))
+        krow, vrow = _unit(k[i, kv], qr), _unit(v[i, kv], qr)
         for c in range(half):
-            a, b2 = k[i, kv, c], k[i, kv, c + half]
+            a, b2 = krow[c], krow[c + half]
             kc[kv, pos, c] = _narrow(a * cos[pos, c] - b2 * sin[pos, c], like[0])
             kc[kv, pos, c + half] = _narrow(b2 * cos[pos, c] + a * sin[pos, c], like[0])
         for c in range(d):
-            vc[kv, pos, c] = _narrow(v[i, kv, c], like[0])
+            vc[kv, pos, c] = _narrow(vrow[c], like[0])
     p = np.empty((b * hq, offsets.max() + 1), dtype=np.float32)
     for j in prange(b * hq):
         i, h = j // hq, j % hq
         kv, pos = h // group, offsets[i]
         kc = numba.carray(_at(kaddr[i], like), (hk, caps[i], d))
         vc = numba.carray(_at(vaddr[i], like), (hk, caps[i], d))
-        qrow = qr[j]
+        qrow, qin = qr[j], _unit(q[i, h], qr)
         for c in range(half):
-            a, b2 = q[i, h, c], q[i, h, c + half]
+            a, b2 = qin[c], qin[c + half]
             qrow[c] = a * cos[pos, c] - b2 * sin[pos, c]
             qrow[c + half] = b2 * cos[pos, c] + a * sin[pos, c]
         _attend_one(qrow, kc[kv], vc[kv], pos + 1, scale, p[j], out[i, h])
