@@ -1,6 +1,6 @@
 """CPU seconds per streamed token of `inferdesk serve` (cpu backend) and of its clients:
 the server in a process of its own (this script as a child, serving as `inferdesk serve
---model smollm2 --backend cpu --parallel 8` does), N openai streams in this one (as
+--model smollm2 --backend cpu --parallel 8` does), N streams in this one (as
 `bench --serve`). For each round: the server's CPU split by thread (/proc/<pid>/task)
 and this process's CPU, each over the round's streamed tokens; the gaps between a
 stream's tokens (``gap_summary``); the server's garbage collections by generation
@@ -26,13 +26,15 @@ detokenizing, stop strings, the hand-off to the event loop). Run it at ``--threa
 no kernel thread then spins waiting for a partner that another process holds off its
 core, which on a loaded machine inflates the real step's CPU many times.
 
-``--raw-client``: the streams read the SSE lines with httpx and ``json.loads`` instead of
-the openai client (which builds a pydantic object per chunk), to see what the bench's own
-client costs the machine it shares with the server.
+``--client``: how the streams read the SSE lines: ``stdlib`` (the bench's:
+``http.client`` and ``json.loads``), ``httpx`` (httpx's line iterator and ``json.loads``)
+or ``openai`` (the official client, which builds a pydantic object per chunk), to see
+what the client costs the machine it shares with the server.
 
 Usage: ``PYTHONPATH=<tree> python scripts/serve_cpu.py [--streams 4] [--tokens 128]
-[--rounds 3] [--threads 2] [--fake-step] [--raw-client] [--pyspy out.txt]`` (the tree on
-PYTHONPATH is the code measured; prints JSON; py-spy from $PYSPY, else the PATH)."""
+[--rounds 3] [--threads 2] [--fake-step] [--client stdlib|httpx|openai] [--pyspy out.txt]``
+(the tree on PYTHONPATH is the code measured; prints JSON; py-spy from $PYSPY, else the
+PATH)."""
 
 from __future__ import annotations
 
@@ -186,9 +188,21 @@ def child(port: int, threads: int, fake: bool) -> None:
     serve(engine, port=port)
 
 
-def _raw_stream(url: str, model: str, prompt: str, max_tokens: int) -> list[float]:
-    """``bench_serve._stream_times`` without the openai client: the times of the chunks
-    with text, read as SSE lines."""
+def _openai_stream(url: str, model: str, prompt: str, max_tokens: int) -> list[float]:
+    """``bench_serve._stream_times`` through the openai client."""
+    import openai
+
+    with openai.OpenAI(base_url=url, api_key="bench", max_retries=0, timeout=900) as c:
+        times = []
+        for ch in c.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                       temperature=0, stream=True):
+            if ch.choices and ch.choices[0].text:
+                times.append(time.perf_counter())
+        return times
+
+
+def _httpx_stream(url: str, model: str, prompt: str, max_tokens: int) -> list[float]:
+    """``bench_serve._stream_times`` through httpx's line iterator."""
     import httpx2 as httpx
 
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -203,12 +217,12 @@ def _raw_stream(url: str, model: str, prompt: str, max_tokens: int) -> list[floa
     return times
 
 
-def one_round(url: str, model: str, prompt: str, n: int, tokens: int, raw: bool
+def one_round(url: str, model: str, prompt: str, n: int, tokens: int, client: str
               ) -> list[list[float]]:
     """Each stream's token times."""
     from inference.server.bench_serve import _stream_times
 
-    stream = _raw_stream if raw else _stream_times
+    stream = {"stdlib": _stream_times, "httpx": _httpx_stream, "openai": _openai_stream}[client]
     times: list[list[float]] = [[] for _ in range(n)]
     barrier = threading.Barrier(n)
 
@@ -259,8 +273,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--fake-step", action="store_true",
                    help="the server's decode step costs nothing; a short prompt")
-    p.add_argument("--raw-client", action="store_true",
-                   help="streams read with httpx and json.loads, not the openai client")
+    p.add_argument("--client", choices=["stdlib", "httpx", "openai"], default="stdlib",
+                   help="how the streams read the SSE lines (the bench's: stdlib)")
     p.add_argument("--pyspy", help="also record the last round with py-spy (raw, by thread)")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)  # the server child's port
     a = p.parse_args()
@@ -287,7 +301,7 @@ def main() -> None:
             shared[4::3] = 0.0  # the longest collections: this round's
             f0 = shared.copy()
             s0, c0, t0 = thread_cpu(pid), own_cpu(), time.perf_counter()
-            times = one_round(url, name, prompt, a.streams, a.tokens, a.raw_client)
+            times = one_round(url, name, prompt, a.streams, a.tokens, a.client)
             n_tok = sum(map(len, times))
             s1, c1, wall = thread_cpu(pid), own_cpu(), time.perf_counter() - t0
             counts = shared - f0
@@ -324,7 +338,7 @@ def main() -> None:
             rounds.append(row)
     Path(f"/tmp/serve_cpu_{port}.step").unlink(missing_ok=True)
     print(json.dumps({"streams": a.streams, "tokens_per_stream": a.tokens,
-                      "fake_step": a.fake_step, "raw_client": a.raw_client,
+                      "fake_step": a.fake_step, "client": a.client,
                       "threads": a.threads, "code": os.environ.get("PYTHONPATH", "."),
                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "loadavg_1m": round(os.getloadavg()[0], 2), "rounds": rounds},

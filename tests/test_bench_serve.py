@@ -18,6 +18,8 @@ def test_serve_subprocess_answers_a_stream(monkeypatch):
         assert name.startswith("SmolLM2")
         times = bs._stream_times(url, name, "Hello", 4)
         rows = bs.measure(url, name, "Hello", 3)
+        with pytest.raises(RuntimeError, match="answered 404"):
+            bs._stream_times(url, "no-such-model", "Hello", 2)
     assert 1 <= len(times) <= 4  # one timestamp per streamed text chunk
     assert times == sorted(times)
     for row in rows.values():  # the old fields and the new ones

@@ -1,8 +1,14 @@
 """`inferdesk bench --serve`: the server under 1, 4 and 8 concurrent streams.
 
-Each stream is the same greedy completion of the bench prompt through the `openai` client;
-a round starts all its streams together. A "token" is a streamed chunk with text (one per
-token on both servers). Reported per stream count:
+Each stream is the same greedy completion of the bench prompt; a round starts all its
+streams together. A "token" is a streamed chunk with text (one per token on both servers).
+The streams read the SSE lines through the standard library's ``http.client`` and
+``json.loads`` (as vLLM's serving benchmark reads them raw): on a 2-core machine the
+clients share the cores with the server, and the `openai` client's parsing (0.56-0.69 ms
+of CPU a token, against 0.07-0.13 here; docs/server.md) came out of the server's steps.
+Before the timed rounds one untimed round at each stream count (``WARM_TOKENS`` each)
+pays what a server does once in its life: compiling, first-touch allocations, checking a
+captured step of each batch size. Reported per stream count:
 
 - ``aggregate_tok_s``: all streams' tokens over the round's wall time (from the start of
   the round to the last stream's end: prefill, queueing and HTTP included);
@@ -24,10 +30,13 @@ the same requests go to it (same model file, same thread count) in a subprocess.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,16 +50,30 @@ STREAMS = (1, 4, 8)
 CONTINUATION = "\n\nHis entries, numbered from the first day: 1, 2, 3, 4, 5,"
 
 
-def _stream_times(url: str, model: str, prompt: str, max_tokens: int) -> list[float]:
-    import openai
+WARM_TOKENS = 8  # per stream of each untimed round
 
-    with openai.OpenAI(base_url=url, api_key="bench", max_retries=0, timeout=900) as c:
+
+def _stream_times(url: str, model: str, prompt: str, max_tokens: int) -> list[float]:
+    """One streamed completion: the arrival time of each chunk with text."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=900)
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "stream": True})
+    try:
+        conn.request("POST", f"{parts.path}/completions", body,
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"the server answered {r.status}: {r.read()[:200]!r}")
         times = []
-        for ch in c.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                       temperature=0, stream=True):
-            if ch.choices and ch.choices[0].text:
-                times.append(time.perf_counter())
+        for line in r:  # SSE: one "data: {json}" line per chunk
+            if line.startswith(b"data: {"):
+                choices = json.loads(line[6:]).get("choices")
+                if choices and choices[0].get("text"):
+                    times.append(time.perf_counter())
         return times
+    finally:
+        conn.close()
 
 
 def decode_rate(streams: list[list[float]]) -> float | None:
@@ -64,26 +87,11 @@ def decode_rate(streams: list[list[float]]) -> float | None:
 
 
 def measure(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    for n in STREAMS:  # untimed: each stream count's first-use costs (module docstring)
+        _round(url, model, prompt, WARM_TOKENS, n)
     rows = {}
     for n in STREAMS:
-        results: list[list[float]] = [[] for _ in range(n)]
-        starts = [0.0] * n
-        barrier = threading.Barrier(n + 1)
-
-        def one(i: int, results: list[list[float]] = results, starts: list[float] = starts,
-                barrier: threading.Barrier = barrier) -> None:
-            barrier.wait()
-            starts[i] = time.perf_counter()
-            results[i] = _stream_times(url, model, prompt, max_tokens)
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
+        results, starts, wall = _round(url, model, prompt, max_tokens, n)
         gaps = np.concatenate([np.diff(r) for r in results if len(r) > 1] or [np.zeros(0)])
         tokens = sum(len(r) for r in results)
         ttft = [r[0] - s for r, s in zip(results, starts, strict=True) if r]
@@ -100,6 +108,29 @@ def measure(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any
     for n in STREAMS[1:]:
         rows[str(n)]["speedup_vs_1"] = round(rows[str(n)]["aggregate_tok_s"] / one_stream, 2)
     return rows
+
+
+def _round(url: str, model: str, prompt: str, max_tokens: int, n: int
+           ) -> tuple[list[list[float]], list[float], float]:
+    """``n`` streams started together: each one's token times, its start, the round's wall
+    time."""
+    results: list[list[float]] = [[] for _ in range(n)]
+    starts = [0.0] * n
+    barrier = threading.Barrier(n + 1)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        starts[i] = time.perf_counter()
+        results[i] = _stream_times(url, model, prompt, max_tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return results, starts, time.perf_counter() - t0
 
 
 def _free_port() -> int:
