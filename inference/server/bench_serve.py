@@ -6,9 +6,11 @@ The streams read the SSE lines through the standard library's ``http.client`` an
 ``json.loads`` (as vLLM's serving benchmark reads them raw): on a 2-core machine the
 clients share the cores with the server, and the `openai` client's parsing (0.56-0.69 ms
 of CPU a token, against 0.07-0.13 here; docs/server.md) came out of the server's steps.
-Before the timed rounds one untimed round at each stream count (``WARM_TOKENS`` each)
-pays what a server does once in its life: compiling, first-touch allocations, checking a
-captured step of each batch size. Reported per stream count:
+Before each stream count's timed round an untimed one (``WARM_TOKENS`` each) pays what a
+server does once in its life: compiling, first-touch allocations, checking a captured
+step of each batch size. (Not all of them first: llama-cpp-python's server, once it has
+queued 8 requests, ran every later stream at ~35 ms a token against ~11 before.)
+Reported per stream count:
 
 - ``aggregate_tok_s``: all streams' tokens over the round's wall time (from the start of
   the round to the last stream's end: prefill, queueing and HTTP included);
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -60,6 +63,8 @@ def _stream_times(url: str, model: str, prompt: str, max_tokens: int) -> list[fl
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
                        "temperature": 0, "stream": True})
     try:
+        conn.connect()
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as httpx does
         conn.request("POST", f"{parts.path}/completions", body,
                      {"Content-Type": "application/json"})
         r = conn.getresponse()
@@ -87,10 +92,9 @@ def decode_rate(streams: list[list[float]]) -> float | None:
 
 
 def measure(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    for n in STREAMS:  # untimed: each stream count's first-use costs (module docstring)
-        _round(url, model, prompt, WARM_TOKENS, n)
     rows = {}
     for n in STREAMS:
+        _round(url, model, prompt, WARM_TOKENS, n)  # untimed: first-use costs (docstring)
         results, starts, wall = _round(url, model, prompt, max_tokens, n)
         gaps = np.concatenate([np.diff(r) for r in results if len(r) > 1] or [np.zeros(0)])
         tokens = sum(len(r) for r in results)
@@ -134,8 +138,6 @@ def _round(url: str, model: str, prompt: str, max_tokens: int, n: int
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
