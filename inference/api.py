@@ -277,6 +277,7 @@ class Encoder(LoadedModel):
                                      max_batch=min(batch_size, self.limits.max_batch))
         if not ids:
             return np.zeros((0, self.dim), dtype=np.float32)
+        self.backend.adapt_threads()
         vecs = embed_ids(self.model, ids, pad_id=self.tokenizer.pad_id, limits=limits,
                          normalize=self.normalize, pooling=self.pipeline.pooling,
                          progress=progress, cancel=cancel, batching=batching)

@@ -283,6 +283,10 @@ class Backend:
         better than one call spread over it (cpu) overrides this."""
         return map(fn, items)
 
+    def adapt_threads(self) -> None:
+        """Choose the thread count again for the load other processes put on the machine
+        (cpu: at a generation's start and each server step); others keep theirs."""
+
     def synchronize(self, *outputs: Any) -> None:
         """Wait until ``outputs`` (or all queued device work) are computed; used by timing.
         Lazy backends (MLX) need the outputs to know what to evaluate."""

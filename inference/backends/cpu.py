@@ -21,6 +21,7 @@ NumPy is its per-call overhead, not arithmetic.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,6 +57,7 @@ from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams
+from inference.threads import BusyCores, threads_for
 
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # Packed code widths whose prefill products take the integer kernels (``_rows_plan``)
@@ -122,6 +124,9 @@ class CpuBackend(NumpyBackend):
         self._local = threading.local()  # dequant scratch: one per thread (map_calls)
         self._rope: dict[tuple[float, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
         self._threads = numba.get_num_threads()
+        # Until set_threads pins a count: the most threads adapt_threads may choose.
+        self._auto: int | None = self._threads
+        self._busy: BusyCores | None = None
         self._blas: Any = None
         self._pool: list[SpinWorker] | None = None
         self._sharing = threading.Lock()  # one share-out at a time has the helper threads
@@ -137,16 +142,38 @@ class CpuBackend(NumpyBackend):
         return np.zeros(shape, self.kv_dtype)
 
     def set_threads(self, n: int) -> None:
+        """Compute with ``n`` threads from now on, whatever the load (adapt_threads stops)."""
+        self._auto = None
+        self._use_threads(n)
+
+    def _use_threads(self, n: int) -> None:
         import numba
 
         self._threads = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
         numba.set_num_threads(self._threads)
         # Tiles are split statically (numba's default), as the app runs them: dynamic
         # chunks of 2 tiles decoded 7% slower on a quiet machine, and with another
-        # process busy on one core both schedules stalled alike.
+        # process busy on one core both schedules stalled alike (chunks of 1 tile:
+        # 342 tok/s against 254 in a loaded prefill, still far below one thread's 541).
+
+    def adapt_threads(self) -> None:
+        """Unless set_threads pinned a count: one thread per core other processes leave
+        free (:func:`inference.threads.threads_for`), chosen again at most every
+        LOAD_WINDOW_S seconds from the load since the last choice."""
+        if self._auto is None:
+            return
+        if self._busy is None:  # the first look starts the window
+            self._busy = BusyCores()
+            return
+        others = self._busy.others()
+        if others is not None:
+            n = threads_for(self._auto, others, os.cpu_count() or 1)
+            if n != self._threads:
+                self._use_threads(n)
 
     def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
                          rng: np.random.Generator) -> TokenSampler:
+        self.adapt_threads()
         return CpuSampler(self, params, prompt_ids, rng)
 
     def decode_steps(self) -> StepReplayer:
@@ -583,8 +610,9 @@ class CpuBackend(NumpyBackend):
             part(0, whole or units)
             return
         try:
-            bounds = [units * i // n for i in range(n + 1)]
             workers = self._workers()[: n - 1]
+            n = len(workers) + 1  # adapt_threads (another thread) may have shrunk the pool
+            bounds = [units * i // n for i in range(n + 1)]
             for i, worker in enumerate(workers, 1):
                 worker.start(part, bounds[i], bounds[i + 1])
             try:
@@ -986,7 +1014,8 @@ def probe() -> tuple[bool, str]:
     else:  # chosen, or the only path: the integer kernels are x86 (AVX2) code
         dot = "float mat-vec" + ("" if cpu_idot.available() else " (integer dots need AVX2)")
     return True, (f"numba {numba.__version__} kernels over quantized weights, "
-                  f"{numba.get_num_threads()} threads, {K.target_isa()}, "
+                  f"up to {numba.get_num_threads()} threads (fewer while other processes "
+                  f"keep cores busy), {K.target_isa()}, "
                   f"{K.float16_converts()}, {dot}")
 
 

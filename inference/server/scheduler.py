@@ -348,6 +348,7 @@ class Scheduler:
         for s in [s for s in self._active if s.req.cancel.is_set()]:
             self._finish(s, "cancelled")
         M, B = self.model.model, self.model.backend
+        B.adapt_threads()
         pre = next((s for s in self._active if s.pos < len(s.req.prompt_ids)), None)
         others_decode = any(s.last is not None for s in self._active)
         # A burst: nobody has fed a token back yet. Then the first tokens wait while the

@@ -1,0 +1,108 @@
+"""The cpu backend's thread count under other processes' load (``adapt_threads``): one
+thread per core they leave free unless a count was set, and every entry point asks."""
+
+from __future__ import annotations
+
+import time
+
+import numba
+import pytest
+
+from inference import threads as T
+from inference.backends.cpu import CpuBackend
+
+
+@pytest.mark.parametrize(("limit", "others", "cores", "want"), [
+    (2, 0.0, 2, 2),    # quiet
+    (2, 0.3, 2, 2),    # a little background work: both cores still pay
+    (2, 0.67, 2, 1),   # one busy process beside our two threads (its fair share)
+    (2, 1.0, 2, 1),    # ... beside one thread
+    (2, 2.0, 2, 1),    # never fewer than one
+    (8, 2.6, 8, 5),
+    (4, 0.0, 8, 4),    # never more than the limit
+])
+def test_one_thread_per_free_core(limit, others, cores, want):
+    assert T.threads_for(limit, others, cores) == want
+
+
+class FakeTimes:
+    """BusyCores._now's readings in turn: (wall, machine busy, own) seconds."""
+
+    def __init__(self, readings):
+        self.readings = list(readings)
+
+    def __call__(self):
+        return self.readings.pop(0)
+
+
+def test_busy_cores_subtract_our_own_cpu(monkeypatch):
+    monkeypatch.setattr(T.BusyCores, "_now", staticmethod(FakeTimes(
+        [(0.0, 0.0, 0.0), (1.0, 2.0, 1.25), (3.0, 4.0, 3.25)])))
+    b = T.BusyCores()
+    monkeypatch.setattr(T.time, "monotonic", lambda: 0.1)
+    assert b.others() is None  # the window has not passed: no reading taken
+    monkeypatch.setattr(T.time, "monotonic", lambda: 1.0)
+    assert b.others() == pytest.approx(0.75)  # 2 cores busy, 1.25 of them ours
+    monkeypatch.setattr(T.time, "monotonic", lambda: 3.0)
+    assert b.others() == 0.0  # all the busy time was ours
+
+
+class FixedLoad:
+    def __init__(self, others):
+        self.value = others
+
+    def others(self):
+        return self.value
+
+
+def test_the_backend_follows_the_load_until_pinned(monkeypatch):
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: nothing to choose")
+    monkeypatch.setattr("inference.backends.cpu.os.cpu_count", lambda: 2)
+    b = CpuBackend()
+    b._auto = 2
+    b._use_threads(2)
+    load = b._busy = FixedLoad(1.0)
+    b.adapt_threads()
+    assert b._threads == 1 and numba.get_num_threads() == 1
+    load.value = None  # within the window: unchanged
+    b.adapt_threads()
+    assert b._threads == 1
+    load.value = 0.1
+    b.adapt_threads()
+    assert b._threads == 2 and numba.get_num_threads() == 2
+    b.set_threads(2)  # a count the user chose stays, whatever the load
+    load.value = 1.5
+    b.adapt_threads()
+    assert b._threads == 2
+
+
+def test_generation_server_steps_and_embeddings_ask(monkeypatch):
+    from inference.api import load_model
+    from inference.events import DoneEvent
+    from inference.sampling import SamplingParams
+    from inference.server.scheduler import Request, Scheduler
+
+    asked = []
+    monkeypatch.setattr(CpuBackend, "adapt_threads", lambda self: asked.append("x"))
+    llm = load_model("smollm2", backend="cpu")
+    list(llm.generate(prompt="Hi", max_tokens=2))
+    assert asked, "generate"
+    asked.clear()
+    sched = Scheduler(llm, parallel=2)
+    try:
+        done = []
+        ids = llm.tokenizer.encode("Hi")
+        sched.submit(Request(ids, 2, SamplingParams(temperature=0.0),
+                             emit=lambda ev, lp: done.append(ev)))
+        deadline = time.monotonic() + 120
+        while not any(isinstance(e, DoneEvent) for e in done):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        sched.close()
+    assert asked, "server steps"
+    asked.clear()
+    enc = load_model("all-MiniLM-L6-v2", backend="cpu")
+    enc.embed(["a sentence"])
+    assert asked, "embeddings"
