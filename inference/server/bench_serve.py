@@ -4,8 +4,8 @@ Each stream is the same greedy completion of the bench prompt; a round starts al
 streams together. A "token" is a streamed chunk with text (one per token on both servers).
 The streams read the SSE lines through the standard library's ``http.client`` and
 ``json.loads`` (as vLLM's serving benchmark reads them raw): on a 2-core machine the
-clients share the cores with the server, and the `openai` client's parsing (0.56-0.69 ms
-of CPU a token, against 0.07-0.13 here; docs/server.md) came out of the server's steps.
+clients share the cores with the server, and the `openai` client's parsing (0.62-1.6 ms
+of CPU a token, against 0.08-0.10 here; docs/server.md) came out of the server's steps.
 Before each stream count's timed round an untimed one (``WARM_TOKENS`` each) pays what a
 server does once in its life: compiling, first-touch allocations, checking a captured
 step of each batch size. (Not all of them first: llama-cpp-python's server, once it has
