@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -224,3 +225,60 @@ def test_linears_of_one_input_share_its_quantized_rows_in_a_replay():
         call()
     for w, y in zip(ws, ys, strict=True):
         np.testing.assert_array_equal(y, B.linear(x, w))
+
+
+def test_a_new_batch_rebinds_the_capture_of_its_size():
+    """A new set of caches of a size already captured (sequences joined or left) rebinds
+    that capture instead of running an eager step to capture anew; each row's tokens stay
+    those of its sequence alone, and a capture lets go of caches it no longer runs."""
+    import gc
+    import weakref
+
+    from inference.kv_cache import BatchedCaches
+
+    m = load_model("smollm2", backend="cpu")
+    M, B = m.model, m.backend
+
+    def prefilled(text: str):
+        ids = m.tokenize(text)
+        c = M.make_cache(len(ids) + 16)
+        logits = M(B.array(np.asarray([ids])), c, last_only=True)
+        return c, int(np.argmax(B.to_numpy(logits)[0, -1]))
+
+    def alone(text: str, n: int) -> list[int]:
+        c, tok = prefilled(text)
+        out = [tok]
+        for _ in range(n - 1):
+            logits = M(B.array(np.asarray([[tok]])), c, last_only=True)
+            tok = int(np.argmax(B.to_numpy(logits)[0, -1]))
+            out.append(tok)
+        return out
+
+    def together(steps: StepReplayer, texts: list[str], n: int) -> tuple[list[list[int]], Any]:
+        """Each sequence's greedy tokens, and a weak reference to a KV buffer of theirs."""
+        cs, toks = zip(*(prefilled(t) for t in texts), strict=True)
+        out = [[t] for t in toks]
+        for _ in range(n - 1):
+            ids = B.array(np.asarray([[o[-1]] for o in out]))
+            logits = B.to_numpy(steps(M, ids, BatchedCaches(list(cs))))
+            for o, row in zip(out, logits, strict=True):
+                o.append(int(np.argmax(row[-1])))
+        return out, weakref.ref(cs[0].keys[0])
+
+    steps = StepReplayer(B)
+    first = ["The quick brown fox", "Once upon a time, in a land far"]
+    second = ["Water boils at", "My favourite colour is green because"]
+    got, held = together(steps, first, 6)
+    assert got == [alone(t, 6) for t in first]
+    assert steps.captures == 1 and steps.rebinds == 0
+    got, _ = together(steps, second, 6)
+    assert got == [alone(t, 6) for t in second]
+    assert steps.captures == 1 and steps.rebinds == 1 and steps.eager_reason is None
+    gc.collect()
+    assert held() is None  # the first pair's cache buffers are no longer held
+    got, held = together(steps, first[:1], 4)  # another size: a capture of its own
+    assert got == [alone(first[0], 4)] and steps.captures == 2
+    together(steps, second, 3)  # back to two: rebinds the kept capture of that size
+    assert steps.captures == 2 and steps.rebinds == 2
+    gc.collect()
+    assert held() is None  # the one-row capture let go of its cache

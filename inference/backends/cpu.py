@@ -797,17 +797,33 @@ class CpuBackend(NumpyBackend):
                 or any(c.windows[layer] is not None for c in caches)
                 or any(op in vars(self) for op in ("rope", "attention"))):
             return super().attend_rows(q, k, v, caches, layer, **kw)
-        offsets = np.array([c.layer_offset(layer) for c in caches], dtype=np.int64)
         for i, c in enumerate(caches):
-            c.reserve(layer, k[i:i + 1], int(offsets[i]) + 1)
-        kbuf = [c.keys[layer] for c in caches]
-        vbuf = [c.values[layer] for c in caches]
-        if any(a.dtype != self.kv_dtype or not a.flags.c_contiguous for a in kbuf + vbuf):
+            c.reserve(layer, k[i:i + 1], c.layer_offset(layer) + 1)
+        offsets, kaddr, vaddr, caps = (np.zeros(b, dtype=np.int64) for _ in range(4))
+        held: list[list[np.ndarray]] = []  # the caches' arrays: their addresses stay valid
+
+        def bind(caches: Sequence[Any] | None) -> bool:
+            """Point the call at ``caches`` (None: at nothing, holding none of them);
+            False where one cannot take this step's row in place."""
+            if caches is None:
+                held[:], kaddr[:], vaddr[:] = [], 0, 0
+                return True
+            kbuf = [c.keys[layer] for c in caches]
+            vbuf = [c.values[layer] for c in caches]
+            at = [c.layer_offset(layer) for c in caches]
+            if any(a is None or a.dtype != self.kv_dtype or not a.flags.c_contiguous
+                   for a in kbuf + vbuf):
+                return False
+            if any(o >= a.shape[2] for o, a in zip(at, kbuf, strict=True)):
+                return False  # no room for the row: an eager step grows the buffer
+            held[:] = [kbuf, vbuf]
+            kaddr[:], vaddr[:] = ([a.ctypes.data for a in bufs] for bufs in (kbuf, vbuf))
+            caps[:], offsets[:] = [a.shape[2] for a in kbuf], at
+            return True
+
+        if not bind(caches):
             return super().attend_rows(q, k, v, caches, layer, **kw)
         like = _bits(np.zeros(1, self.kv_dtype))  # the element type the kernel reads
-        kaddr, vaddr = (np.array([a.ctypes.data for a in bufs], dtype=np.int64)
-                        for bufs in (kbuf, vbuf))
-        caps = np.array([a.shape[2] for a in kbuf], dtype=np.int64)
         qs, ks, vs = (self._unit_rows(a, (b, a.shape[1], d)) for a in (q, k, v))
         qr = np.empty((b * hq, d), dtype=np.float32)
         out = np.empty((b, hq, d), dtype=np.float32)
@@ -820,15 +836,23 @@ class CpuBackend(NumpyBackend):
 
         run()
         tape = self._tape
-        if tape is not None:  # each row's position moves with the replayed one
-            base, pos, pos0 = offsets.copy(), tape.pos, tape.pos0
+        if tape is not None:  # each row's position moves with the replayed one (row 0's)
+            pos = tape.pos
+            rel = offsets - tape.pos0  # each row's offset from row 0's (the tape's position)
 
-            # ``buffers``: the call holds the caches' arrays, so their addresses stay valid.
-            def replay(buffers: tuple[list[Any], list[Any]] = (kbuf, vbuf)) -> None:
-                np.add(base, int(pos[0]) - pos0, out=offsets)
+            def replay() -> None:
+                np.add(rel, pos[0], out=offsets)
                 run()
 
+            def rebind(caches: Sequence[Any] | None) -> bool:
+                if not bind(caches):
+                    return False
+                if caches is not None:
+                    rel[:] = offsets - caches[0].offset
+                return True
+
             tape.calls.append(replay)
+            tape.binders.append(rebind)
         return out.reshape(b, hq, 1, d)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,

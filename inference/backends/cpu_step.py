@@ -51,6 +51,12 @@ class Tape:
     pos0: int  # the position the step was captured at
     pos: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     calls: list[Callable[[], Any]] = field(default_factory=list)
+    # Calls that read the caches through state of their own register ``rebind(caches)``:
+    # it points them at another set of caches of the same count (None: at none), False if
+    # one of those cannot take the step's row in place. ``positional``: some call reads the
+    # position through ``at`` instead, and the tape cannot be rebound.
+    binders: list[Callable[[Sequence[KVCache] | None], bool]] = field(default_factory=list)
+    positional: bool = False
     # The last input quantized for a mat-vec (address, shape, strides: its buffer outlives
     # the tape), its quantized rows, and len(calls) after the last call that read them:
     # reused only while no other call came between.
@@ -58,6 +64,7 @@ class Tape:
 
     def at(self, value: int) -> Callable[[], int]:
         """``value`` (a row or key count at the captured position) at the replayed one."""
+        self.positional = True
         delta = value - self.pos0
         pos = self.pos
         return lambda: int(pos[0]) + delta
@@ -75,34 +82,68 @@ class StepReplayer(EagerSteps):
     """Decode steps of one model, replayed where they can be: ``replayer(model, ids,
     cache)`` is ``model(ids, cache, last_only=True)``. One sequence (a :class:`KVCache`)
     or several (:class:`BatchedCaches`, the server's steps): every cache moves one row a
-    step, so one position serves them all. A new set of caches (a sequence joins or
-    leaves) is captured anew; the first capture of each batch size in the replayer's life
-    is checked (:meth:`release` keeps that record)."""
+    step, so one position serves them all. One capture is kept per batch size; a new set
+    of caches of that size (a sequence joins or leaves, a cache grows) rebinds it
+    (:attr:`Tape.binders`) instead of running an eager step to capture anew, where every
+    call can be rebound. The first capture and the first rebinding of each batch size in
+    the replayer's life are checked (:meth:`release` keeps that record)."""
 
     def __init__(self, backend: Any):
         self.B = backend
-        self.replay: StepReplay | None = None
+        self.replay: StepReplay | None = None  # the one the last step ran
+        self._kept: dict[int, StepReplay] = {}  # by batch size
         self.eager_reason: str | None = None  # why replays stopped
-        self.verified: set[int] = set()  # batch sizes whose capture agreed with eager
+        self.verified: set[int] = set()  # batch sizes whose last check agreed with eager
+        self.rebound: set[int] = set()  # batch sizes rebound at least once
         self.captures = 0
+        self.rebinds = 0
 
     def __call__(self, model: Any, ids: np.ndarray, cache: Any) -> Any:
         caches = cache.caches if isinstance(cache, BatchedCaches) else [cache]
         if not self._replayable(caches):
             return model(ids, cache, last_only=True)
-        r = self.replay
-        if r is None or r.buffers != _buffers(caches) or r.ids.shape != ids.shape:
+        r = self._kept.get(len(caches))
+        if r is not None and r.ids.shape == ids.shape and r.buffers != _buffers(caches):
+            r = self._rebind(r, caches)
+        if r is None or r.ids.shape != ids.shape:
             return self._capture(model, ids, cache, caches)
+        self._use(r)
         if len(caches) not in self.verified:
             return self._verify(model, ids, cache, caches)
         return self._run(r, ids, caches)
 
     def release(self) -> None:
-        """Drop the captured step (it holds the last batch's caches and buffers), and the
-        reason replays stopped, if any; the batch sizes already checked stay checked:
-        this model's ops are the same ones at the next capture."""
+        """Drop the captured steps (they hold their batches' buffers), and the reason
+        replays stopped, if any; the batch sizes already checked stay checked: this
+        model's ops are the same ones at the next capture."""
         self.replay = None
+        self._kept.clear()
         self.eager_reason = None
+
+    def _rebind(self, r: StepReplay, caches: list[KVCache]) -> StepReplay | None:
+        """``r`` pointed at ``caches``, or None (and ``r`` dropped) where it cannot be."""
+        n = len(caches)
+        if r.tape.positional or not all(bind(caches) for bind in r.tape.binders):
+            del self._kept[n]
+            return None
+        r.buffers = _buffers(caches)
+        self.rebinds += 1
+        if n not in self.rebound:  # the first rebinding of this size is checked too
+            self.rebound.add(n)
+            self.verified.discard(n)
+        return r
+
+    def _use(self, r: StepReplay | None) -> None:
+        """``r`` runs the next steps; the capture that ran the last one lets go of its
+        caches (finished sequences' memory) unless it is ``r``. Only the one in use is
+        bound, so a kept capture of another size holds none."""
+        old = self.replay
+        if old is not None and old is not r:
+            if old.tape.binders and all(bind(None) for bind in old.tape.binders):
+                old.buffers = ()  # a step with these caches rebinds it first
+            else:  # it cannot let go: drop it
+                self._kept = {n: k for n, k in self._kept.items() if k is not old}
+        self.replay = r
 
     def _replayable(self, caches: list[Any]) -> bool:
         B = self.B
@@ -123,7 +164,8 @@ class StepReplayer(EagerSteps):
 
     def _capture(self, model: Any, ids: np.ndarray, cache: Any, caches: list[KVCache]) -> Any:
         B = self.B
-        self.replay = None  # the old capture's buffers go first
+        self._use(None)  # the last step's capture lets go of its caches
+        self._kept.pop(len(caches), None)  # and the old one of this size goes first
         tape = Tape(caches[0].offset)
         fed = np.array(ids, dtype=np.int64, copy=True)
         offsets = [c.offset for c in caches]
@@ -138,7 +180,9 @@ class StepReplayer(EagerSteps):
             _rewind(caches, offsets)  # the eager step starts over (rows are rewritten)
             return model(ids, cache, last_only=True)
         self.captures += 1
-        self.replay = StepReplay(tape, fed, logits, _buffers(caches))
+        r = StepReplay(tape, fed, logits, _buffers(caches))
+        self._use(r)
+        self._kept[len(caches)] = r
         return logits.copy()  # the next replay overwrites the captured buffer
 
     def _verify(self, model: Any, ids: np.ndarray, cache: Any, caches: list[KVCache]) -> Any:
@@ -154,6 +198,7 @@ class StepReplayer(EagerSteps):
             return replayed
         self.eager_reason = "a replayed step disagreed with the eager one"
         self.replay = None
+        self._kept.clear()
         _rewind(caches, offsets)  # the replay wrote the KV rows: write them again
         return model(ids, cache, last_only=True)
 
