@@ -68,7 +68,8 @@ def add_parser(sub: Any, backends: list[str]) -> None:
     s.add_argument("--backend", choices=backends, default="auto")
     add_kv_dtype(s)
     s.add_argument("--threads", type=_at_least(1),
-                   help="compute threads (BLAS and the cpu kernels; default: every core)")
+                   help="compute threads (BLAS and the cpu kernels; default: one per core "
+                        "other processes leave free, chosen again as their load changes)")
     s.add_argument("--prompt-cache-mb", type=_at_least(0), default=PROMPT_CACHE_MB,
                    help="memory for finished requests' prompt prefixes, reused by later "
                         f"requests starting the same way (at most {PROMPT_CACHE_ENTRIES} "
