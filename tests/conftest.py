@@ -40,6 +40,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _numba_threads_restored():
+    """A test that sets the cpu backend's threads (``set_threads``, ``adapt_threads``)
+    changes numba's count for the calling thread, the main thread for the rest of the
+    session: put it back, so no later test depends on the order (the picker's memory
+    estimate read 0.58x its measured growth after a one-thread test)."""
+    import numba
+
+    before = numba.get_num_threads()
+    yield
+    if numba.get_num_threads() != before:
+        numba.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct Q4_1 on the NumPy reference backend."""

@@ -540,8 +540,13 @@ class CpuBackend(NumpyBackend):
         return y, tiles, len(w.blocks) // w.groups, _tile_step(k)
 
     def _integer(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
-        """Whether a prefill product with ``w`` takes the integer kernels (INTEGER_BITS)."""
-        return isinstance(w, PackedWeight) and w.bits in INTEGER_BITS and self._numba_prefill()
+        """Whether a prefill product with ``w`` takes the integer kernels."""
+        return isinstance(w, PackedWeight) and self._integer_bits(w.bits)
+
+    def _integer_bits(self, bits: int | None) -> bool:
+        """Whether prefill products of ``bits``-bit packed codes (None: not packed) take the
+        integer kernels (INTEGER_BITS): the one rule for the products and the estimate."""
+        return bits in INTEGER_BITS and self._numba_prefill()
 
     def _numba_prefill(self) -> bool:
         """Whether prefill's packed products take the integer kernels, on numba's threads:
@@ -562,7 +567,7 @@ class CpuBackend(NumpyBackend):
         """Whether a model of ``tensors`` has every layer's product on numba's threads
         (what :meth:`_after_numba_products` will say during its prefill)."""
         return self._numba_prefill() and all(
-            packed_bits(t) in INTEGER_BITS for name, t in tensors.items()
+            self._integer_bits(packed_bits(t)) for name, t in tensors.items()
             if len(t.shape) == 2 and ("layers." in name or name.startswith("blk.")))
 
     def _quantized(self, x: np.ndarray, bits: int, done: dict[bool, tuple[np.ndarray, ...]]
