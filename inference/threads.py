@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -43,20 +44,24 @@ def threads_for(limit: int, others: float, cores: int) -> int:
 
 
 class BusyCores:
-    """The cores other processes kept busy, on average, since the last look: the machine's
-    busy CPU time (the hypervisor's steal included) less this process's, over the wall
-    time between looks (psutil)."""
+    """The cores other processes kept busy, on average, since the last look: the busy CPU
+    time (the hypervisor's steal included) of the cores this process may run on (its
+    affinity: ``cores`` of them) less this process's own, over the wall time between
+    looks (psutil)."""
 
     def __init__(self) -> None:
+        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else None
+        self.cores = len(self.cpus) if self.cpus else os.cpu_count() or 1
         self._mark = self._now()
 
-    @staticmethod
-    def _now() -> tuple[float, float, float]:
+    def _now(self) -> tuple[float, float, float]:
         import psutil
 
-        t = psutil.cpu_times()
-        busy = sum(getattr(t, f, 0.0) for f in
-                   ("user", "nice", "system", "irq", "softirq", "steal"))
+        per = psutil.cpu_times(percpu=True)
+        mine = [per[i] for i in self.cpus if i < len(per)] if self.cpus else per
+        busy = sum(getattr(t, f, 0.0) for t in mine
+                   for f in ("user", "nice", "system", "irq", "softirq", "steal"))
         own = psutil.Process().cpu_times()
         return time.monotonic(), busy, own.user + own.system
 

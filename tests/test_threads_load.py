@@ -3,6 +3,7 @@ thread per core they leave free unless a count was set, and every entry point as
 
 from __future__ import annotations
 
+import os
 import time
 
 import numba
@@ -36,8 +37,8 @@ class FakeTimes:
 
 
 def test_busy_cores_subtract_our_own_cpu(monkeypatch):
-    monkeypatch.setattr(T.BusyCores, "_now", staticmethod(FakeTimes(
-        [(0.0, 0.0, 0.0), (1.0, 2.0, 1.25), (3.0, 4.0, 3.25)])))
+    fake = FakeTimes([(0.0, 0.0, 0.0), (1.0, 2.0, 1.25), (3.0, 4.0, 3.25)])
+    monkeypatch.setattr(T.BusyCores, "_now", lambda self: fake())
     b = T.BusyCores()
     monkeypatch.setattr(T.time, "monotonic", lambda: 0.1)
     assert b.others() is None  # the window has not passed: no reading taken
@@ -47,7 +48,19 @@ def test_busy_cores_subtract_our_own_cpu(monkeypatch):
     assert b.others() == 0.0  # all the busy time was ours
 
 
+def test_busy_cores_read_the_cores_this_process_may_use():
+    b = T.BusyCores()
+    assert 1 <= b.cores <= (os.cpu_count() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        assert b.cores == len(os.sched_getaffinity(0))
+    time.sleep(T.LOAD_WINDOW_S)
+    others = b.others()  # a real reading: psutil's times of those cores
+    assert others is not None and 0.0 <= others <= b.cores + 0.5  # ticks round (10 ms)
+
+
 class FixedLoad:
+    cores = 2
+
     def __init__(self, others):
         self.value = others
 
@@ -58,7 +71,6 @@ class FixedLoad:
 def test_the_backend_follows_the_load_until_pinned(monkeypatch):
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("one core: nothing to choose")
-    monkeypatch.setattr("inference.backends.cpu.os.cpu_count", lambda: 2)
     b = CpuBackend()
     b._auto = 2
     b._use_threads(2)

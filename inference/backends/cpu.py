@@ -21,7 +21,6 @@ NumPy is its per-call overhead, not arithmetic.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -167,7 +166,7 @@ class CpuBackend(NumpyBackend):
             return
         others = self._busy.others()
         if others is not None:
-            n = threads_for(self._auto, others, os.cpu_count() or 1)
+            n = threads_for(self._auto, others, self._busy.cores)
             if n != self._threads:
                 self._use_threads(n)
 
