@@ -60,6 +60,16 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
+def _threads_note(threads: tuple[int, int] | None) -> str:
+    """The last message's compute threads, where the backend chose them; why, when fewer."""
+    if threads is None:
+        return ""
+    used, most = threads
+    if used < most:
+        return f"; {used} of {most} threads (other processes keep cores busy)"
+    return f"; {used} thread{'s' if used > 1 else ''}"
+
+
 def nice_ceiling(x: float) -> float:
     """Smallest 1, 2 or 5 x 10^k at or above ``x``: y ranges change in visible steps only,
     so the axes (the costliest thing pyqtgraph paints) are redrawn rarely."""
@@ -349,7 +359,7 @@ class PerfPane(QWidget):
             f"Last message: {done.n_prompt} prompt tokens at {done.prefill_tok_s:.0f} tok/s, "
             f"{done.n_generated} generated at {done.decode_tok_s:.1f} tok/s, "
             f"TTFT {done.ttft_s * 1000:.0f} ms, total {done.total_s:.2f} s "
-            f"({done.finish_reason})")
+            f"({done.finish_reason}){_threads_note(getattr(done, 'threads', None))}")
         if done.op_times_s:
             self._show_ops(done.op_times_s)
             self.ops_hint.setText(f"Message {self.n_messages} (profiled). {OPS_HINT}")

@@ -46,6 +46,9 @@ class DoneEvent:
     memory: MemorySample | None = None
     op_times_s: dict[str, float] = field(default_factory=dict)  # filled when profiling
     n_cached: int = 0  # prompt tokens whose K/V came from the previous turn (not prefilled)
+    # (threads computing at the end, the most it may use) where the backend says (cpu:
+    # fewer while other processes keep cores busy), else None
+    threads: tuple[int, int] | None = None
 
 
 GenerationEvent = TokenEvent | DoneEvent

@@ -166,8 +166,8 @@ class Generation:
         return [TokenEvent(delta, tok, i, now - self.t0, self.ttft, self.prefill_tps,
                            self.decode_tps)]
 
-    def close(self, reason: str | None = None, memory: Any = None, n_cached: int = 0
-              ) -> list[GenerationEvent]:
+    def close(self, reason: str | None = None, memory: Any = None, n_cached: int = 0,
+              threads: tuple[int, int] | None = None) -> list[GenerationEvent]:
         """End the sequence (``reason`` if it had not finished by itself, e.g. "cancelled"):
         the held-back tail as a last TokenEvent if any, then the DoneEvent."""
         self.finish = self.finish or reason or "length"
@@ -186,6 +186,7 @@ class Generation:
             n_generated=len(self.ids), finish_reason=self.finish, ttft_s=self.ttft,
             prefill_tok_s=self.prefill_tps, decode_tok_s=self.decode_tps,
             total_s=time.perf_counter() - self.t0, memory=memory, n_cached=n_cached,
+            threads=threads,
         ))
         return out
 
@@ -221,4 +222,5 @@ def stream_generate(
     finally:
         steps.close()
     yield from gen.close(memory=model.B.memory(),
-                         n_cached=prompt_cache.reused if prompt_cache is not None else 0)
+                         n_cached=prompt_cache.reused if prompt_cache is not None else 0,
+                         threads=model.B.threads())

@@ -118,3 +118,16 @@ def test_generation_server_steps_and_embeddings_ask(monkeypatch):
     enc = load_model("all-MiniLM-L6-v2", backend="cpu")
     enc.embed(["a sentence"])
     assert asked, "embeddings"
+
+
+def test_a_generation_reports_its_threads():
+    from inference.api import load_model
+    from inference.events import DoneEvent
+
+    llm = load_model("smollm2", backend="cpu")
+    done = [e for e in llm.generate(prompt="Hi", max_tokens=2) if isinstance(e, DoneEvent)]
+    used, most = done[0].threads
+    assert 1 <= used <= most and (used, most) == llm.backend.threads()
+    ref = load_model("smollm2", backend="numpy")
+    done = [e for e in ref.generate(prompt="Hi", max_tokens=2) if isinstance(e, DoneEvent)]
+    assert done[0].threads is None  # the reference backend does not choose a count

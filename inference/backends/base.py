@@ -283,6 +283,11 @@ class Backend:
         better than one call spread over it (cpu) overrides this."""
         return map(fn, items)
 
+    def threads(self) -> tuple[int, int] | None:
+        """(threads computing now, the most it may use), where the backend chooses them
+        (cpu); None elsewhere."""
+        return None
+
     def adapt_threads(self) -> None:
         """Choose the thread count again for the load other processes put on the machine
         (cpu: at a generation's start and each server step); others keep theirs."""

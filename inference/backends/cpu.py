@@ -155,6 +155,9 @@ class CpuBackend(NumpyBackend):
         # process busy on one core both schedules stalled alike (chunks of 1 tile:
         # 342 tok/s against 254 in a loaded prefill, still far below one thread's 541).
 
+    def threads(self) -> tuple[int, int]:
+        return self._threads, self._auto or self._threads
+
     def adapt_threads(self) -> None:
         """Unless set_threads pinned a count: one thread per core other processes leave
         free (:func:`inference.threads.threads_for`), chosen again at most every

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gui.perf_pane import TTFT_KEEP
+from gui.perf_pane import TTFT_KEEP, _threads_note
 from tests.gui.conftest import spin
 
 
@@ -44,6 +44,8 @@ def test_graphs_receive_points_while_generating(loaded_window, qtbot) -> None:
     backend = w.picker.loaded["causal"].backend
     assert backend in p.backend_label.text() and "Why this backend" in p.backend_label.text()
     assert f"{ev.n_generated} generated" in p.last_label.text()
+    if ev.threads is not None:  # the cpu backend says how many threads it computed with
+        assert f"{ev.threads[0]} thread" in p.last_label.text()
     # Profiling on: the per-op table lists the engine's op times.
     assert ev.op_times_s and p.op_table.rowCount() == len(ev.op_times_s)
     assert {p.op_table.item(r, 0).text() for r in range(p.op_table.rowCount())} == set(
@@ -88,3 +90,10 @@ def test_ten_minutes_of_history_with_pause_and_scroll(make_window) -> None:
     assert p.span() == 600
     x, y = p.curves["decode"].getData()
     assert np.isfinite(y).any()
+
+
+def test_the_last_message_names_fewer_threads_and_why() -> None:
+    assert _threads_note(None) == ""  # a backend that does not choose (MLX, CUDA, remote)
+    assert _threads_note((2, 2)) == "; 2 threads"
+    assert _threads_note((1, 1)) == "; 1 thread"
+    assert _threads_note((1, 2)) == "; 1 of 2 threads (other processes keep cores busy)"
