@@ -747,9 +747,8 @@ class CpuBackend(NumpyBackend):
             return super().silu_mul(gate, up)
         g, u = self._unit_rows(gate), self._unit_rows(up)
         out = np.empty(g.shape, dtype=np.float32)
-        t, n = g.shape
-        per = max(1, K.SILU_CHUNK // n)  # rows a part, as silu_mul_chunks splits them
         if self._tape is None and g.size >= SHARE_MIN:  # a prefill's: in the products' pool
+            t, per = g.shape[0], K.silu_rows_per(g.shape[1])
             if self._after_numba_products():
                 with self._numba_threads(self._shares(t // per + 1)):
                     K.silu_mul_chunks(g, u, out)
@@ -806,7 +805,8 @@ class CpuBackend(NumpyBackend):
             return super().attend_rows(q, k, v, caches, layer, **kw)
         for i, c in enumerate(caches):
             c.reserve(layer, k[i:i + 1], c.layer_offset(layer) + 1)
-        offsets, kaddr, vaddr, caps = (np.zeros(b, dtype=np.int64) for _ in range(4))
+        # rel: each row's offset from row 0's cache offset (a replay's position, Tape.pos).
+        offsets, rel, kaddr, vaddr, caps = (np.zeros(b, dtype=np.int64) for _ in range(5))
         held: list[list[np.ndarray]] = []  # the caches' arrays: their addresses stay valid
 
         def bind(caches: Sequence[Any] | None) -> bool:
@@ -826,6 +826,7 @@ class CpuBackend(NumpyBackend):
             held[:] = [kbuf, vbuf]
             kaddr[:], vaddr[:] = ([a.ctypes.data for a in bufs] for bufs in (kbuf, vbuf))
             caps[:], offsets[:] = [a.shape[2] for a in kbuf], at
+            rel[:] = offsets - caches[0].offset
             return True
 
         if not bind(caches):
@@ -845,21 +846,13 @@ class CpuBackend(NumpyBackend):
         tape = self._tape
         if tape is not None:  # each row's position moves with the replayed one (row 0's)
             pos = tape.pos
-            rel = offsets - tape.pos0  # each row's offset from row 0's (the tape's position)
 
             def replay() -> None:
                 np.add(rel, pos[0], out=offsets)
                 run()
 
-            def rebind(caches: Sequence[Any] | None) -> bool:
-                if not bind(caches):
-                    return False
-                if caches is not None:
-                    rel[:] = offsets - caches[0].offset
-                return True
-
             tape.calls.append(replay)
-            tape.binders.append(rebind)
+            tape.binders.append(bind)
         return out.reshape(b, hq, 1, d)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,

@@ -764,12 +764,19 @@ def silu_mul_rows(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
 SILU_CHUNK = 4096  # elements per unit of silu_mul_chunks' split
 
 
+@_jit(inline="always")
+def silu_rows_per(n: int) -> int:
+    """Rows of ``n`` elements in one part of :func:`silu_mul_chunks` (about SILU_CHUNK
+    elements, at least one row); the helpers' split of a prefill's SiLU cuts the same."""
+    return max(1, SILU_CHUNK // n)
+
+
 @_jit(parallel=True)
 def silu_mul_chunks(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     """:func:`silu_mul_rows` over parts of about SILU_CHUNK elements, split between numba's
     threads (a prefill's gate: ~200 k elements a SmolLM2 layer at 138 tokens)."""
     t, n = g.shape
-    per = max(1, SILU_CHUNK // n)  # rows a part
+    per = silu_rows_per(n)
     for c in prange((t + per - 1) // per):
         a = c * per
         b = min(a + per, t)
