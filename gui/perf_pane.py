@@ -359,7 +359,7 @@ class PerfPane(QWidget):
             f"Last message: {done.n_prompt} prompt tokens at {done.prefill_tok_s:.0f} tok/s, "
             f"{done.n_generated} generated at {done.decode_tok_s:.1f} tok/s, "
             f"TTFT {done.ttft_s * 1000:.0f} ms, total {done.total_s:.2f} s "
-            f"({done.finish_reason}){_threads_note(getattr(done, 'threads', None))}")
+            f"({done.finish_reason}){_threads_note(done.threads)}")
         if done.op_times_s:
             self._show_ops(done.op_times_s)
             self.ops_hint.setText(f"Message {self.n_messages} (profiled). {OPS_HINT}")

@@ -34,7 +34,8 @@ LOAD_WINDOW_S = 0.5
 
 def threads_for(limit: int, others: float, cores: int) -> int:
     """Threads to compute with, at most ``limit``, when other processes keep ``others`` of
-    the machine's ``cores`` busy: one per core they leave free, rounded, at least one.
+    the ``cores`` this process may run on busy: one per core they leave free, rounded, at
+    least one.
 
     Why not all of them: the kernels' parallel loops end when their slowest thread does,
     and a thread that shares its core with another process runs a fraction of the time.
@@ -50,9 +51,12 @@ class BusyCores:
     looks (psutil)."""
 
     def __init__(self) -> None:
+        import psutil
+
         self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else None
         self.cores = len(self.cpus) if self.cpus else os.cpu_count() or 1
+        self._own = psutil.Process()
         self._mark = self._now()
 
     def _now(self) -> tuple[float, float, float]:
@@ -62,7 +66,7 @@ class BusyCores:
         mine = [per[i] for i in self.cpus if i < len(per)] if self.cpus else per
         busy = sum(getattr(t, f, 0.0) for t in mine
                    for f in ("user", "nice", "system", "irq", "softirq", "steal"))
-        own = psutil.Process().cpu_times()
+        own = self._own.cpu_times()
         return time.monotonic(), busy, own.user + own.system
 
     def others(self, window: float = LOAD_WINDOW_S) -> float | None:
