@@ -45,7 +45,6 @@ import re
 import resource
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -219,23 +218,11 @@ def _httpx_stream(url: str, model: str, prompt: str, max_tokens: int) -> list[fl
 
 def one_round(url: str, model: str, prompt: str, n: int, tokens: int, client: str
               ) -> list[list[float]]:
-    """Each stream's token times."""
-    from inference.server.bench_serve import _stream_times
+    """Each stream's token times (``bench_serve._round`` with the chosen client)."""
+    from inference.server.bench_serve import _round, _stream_times
 
     stream = {"stdlib": _stream_times, "httpx": _httpx_stream, "openai": _openai_stream}[client]
-    times: list[list[float]] = [[] for _ in range(n)]
-    barrier = threading.Barrier(n)
-
-    def one(i: int) -> None:
-        barrier.wait()
-        times[i] = stream(url, model, prompt, tokens)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return times
+    return _round(url, model, prompt, tokens, n, stream)[0]
 
 
 def gap_summary(times: list[list[float]]) -> dict[str, Any]:

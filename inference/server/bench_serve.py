@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -114,10 +114,12 @@ def measure(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any
     return rows
 
 
-def _round(url: str, model: str, prompt: str, max_tokens: int, n: int
+def _round(url: str, model: str, prompt: str, max_tokens: int, n: int,
+           stream: Callable[[str, str, str, int], list[float]] | None = None
            ) -> tuple[list[list[float]], list[float], float]:
     """``n`` streams started together: each one's token times, its start, the round's wall
-    time."""
+    time. ``stream``: how one stream is read (default :func:`_stream_times`)."""
+    stream = stream or _stream_times
     results: list[list[float]] = [[] for _ in range(n)]
     starts = [0.0] * n
     barrier = threading.Barrier(n + 1)
@@ -125,7 +127,7 @@ def _round(url: str, model: str, prompt: str, max_tokens: int, n: int
     def one(i: int) -> None:
         barrier.wait()
         starts[i] = time.perf_counter()
-        results[i] = _stream_times(url, model, prompt, max_tokens)
+        results[i] = stream(url, model, prompt, max_tokens)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
