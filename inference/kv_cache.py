@@ -32,6 +32,11 @@ class KVCache:
         self.max_len = max_len
         self.windows = list(windows) if windows is not None else [None] * n_layers
         self.start = [0] * n_layers
+        # Where rows came from: ``_own`` names this cache's rows as written; ``_from[t] = n``
+        # says rows [0, n) hold the same bits as those of the cache named t (a copied
+        # prefix). A name is retired when its rows are overwritten (copy_prefix, trim).
+        self._own = object()
+        self._from: dict[object, int] = {}
 
     def layer_offset(self, layer: int) -> int:
         return self.offset - self.start[layer]
@@ -99,6 +104,9 @@ class KVCache:
         layer of either already dropped rows."""
         if not self.offset <= n <= src.offset or any(src.start) or any(self.start):
             return False
+        self._own = object()  # rows [0, n) are overwritten: nobody holds these as ours
+        self._from = {t: min(r, n) for t, r in src._from.items()}
+        self._from[src._own] = n
         for layer in range(len(self.keys)):
             k = self.B.narrow(src.keys[layer], 2, 0, n)
             self._ensure(layer, k, n)
@@ -116,9 +124,24 @@ class KVCache:
         pairs = zip(self.windows, self.start, strict=True)
         if any(w is not None and s > max(0, n - w + 1) for w, s in pairs):
             n = 0
+        if n < self.offset:  # rows from n on will be written again
+            self._from = {t: min(r, n) for t, r in self._from.items()}
+            self._from[self._own] = n
+            self._own = object()
         self.offset = n
         if n == 0:
             self.start = [0] * len(self.start)
+
+
+def shared_rows(a: KVCache, b: KVCache) -> int:
+    """How many leading rows ``a`` and ``b`` hold with the same bits in every layer (a
+    prompt prefix one copied from the other, or both from a third); 0 once a sliding
+    window has dropped rows of either."""
+    if any(a.start) or any(b.start):
+        return 0
+    mine = {**a._from, a._own: a.offset}
+    theirs = {**b._from, b._own: b.offset}
+    return max((min(r, theirs[t]) for t, r in mine.items() if t in theirs), default=0)
 
 
 class BatchedCaches:

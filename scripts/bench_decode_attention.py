@@ -1,9 +1,13 @@
 """Decode attention on the `cpu` backend (``cpu_attend.attend_rows``), float32 against float16
 KV caches, from memory: SmolLM2's shapes (9 query heads, 3 kv heads of 64), one call per
 layer over 30 separate layer buffers (so the step reads its caches from memory, as a
-model's does), best of ``--rounds``. A benchmark, not a test: nothing is asserted.
+model's does), best of ``--rounds``. With ``--shared N`` every sequence reads its first N
+keys from sequence 0's buffers (a prompt prefix they all copied, as the server's batched
+step reads it); the bytes read are counted as if each read its own. A benchmark, not a
+test: nothing is asserted.
 
-    python scripts/bench_decode_attention.py [--threads 2] [--rounds 7] [--out docs/bench-results]
+    python scripts/bench_decode_attention.py [--threads 2] [--rounds 7] [--shared 0]
+        [--out docs/bench-results]
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ HQ, HK, D, LAYERS, CAP = 9, 3, 64, 30, 1100
 CASES = ((1, 230), (1, 1000), (4, 415), (8, 415))  # (sequences, cached keys)
 
 
-def _step(b: int, n: int, dtype: type, rng: np.random.Generator):  # noqa: ANN202
+def _step(b: int, n: int, dtype: type, rng: np.random.Generator, shared: int):  # noqa: ANN202
     q = rng.standard_normal((b, HQ, D), dtype=np.float32)
     k = rng.standard_normal((b, HK, D), dtype=np.float32)
     like = np.zeros(1, np.uint16 if dtype == np.float16 else np.float32)
@@ -38,10 +42,13 @@ def _step(b: int, n: int, dtype: type, rng: np.random.Generator):  # noqa: ANN20
     offsets = np.full(b, n - 1, dtype=np.int64)
     cos, sin = np.ones((CAP, D // 2), np.float32), np.zeros((CAP, D // 2), np.float32)
     qr, out = np.empty((b * HQ, D), np.float32), np.empty((b, HQ, D), np.float32)
+    src = np.zeros(b, dtype=np.int64) if shared else np.arange(b, dtype=np.int64)
+    rows = np.full(b, min(shared, n - 1) // 4 * 4, dtype=np.int64)
 
     def run() -> None:
         for _kc, _vc, ka, va in layers:
-            A.attend_rows(q, k, k, cos, sin, offsets, ka, va, caps, 0.125, qr, out, like)
+            A.attend_rows(q, k, k, cos, sin, offsets, ka, va, caps, src, rows, 0.125, qr, out,
+                          like)
 
     return run
 
@@ -50,6 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--shared", type=int, default=0, help="leading keys read from sequence 0")
     ap.add_argument("--out", default="docs/bench-results")
     args = ap.parse_args()
     import numba
@@ -58,7 +66,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     for b, n in CASES:
-        runs = {dt: _step(b, n, dt, rng) for dt in (np.float32, np.float16)}
+        runs = {dt: _step(b, n, dt, rng, args.shared) for dt in (np.float32, np.float16)}
         best = {dt: float("inf") for dt in runs}
         for run in runs.values():
             run()  # compile, first touch
@@ -69,7 +77,8 @@ def main() -> None:
                 best[dt] = min(best[dt], time.perf_counter() - t0)
         for dt, s in best.items():
             read = b * LAYERS * 2 * HK * n * D * np.dtype(dt).itemsize
-            rows.append({"sequences": b, "keys": n, "kv_dtype": np.dtype(dt).name,
+            rows.append({"sequences": b, "keys": n, "shared": args.shared,
+                         "kv_dtype": np.dtype(dt).name,
                          "ms_per_step": round(s * 1e3, 3), "cache_mb_read": round(read / 1e6, 1),
                          "gb_s": round(read / s / 1e9, 2)})
             print(rows[-1], flush=True)

@@ -107,3 +107,61 @@ def test_views_of_one_stacked_product_are_read_in_place():
         B._tape = None
     np.testing.assert_array_equal(got, want)
     assert len(tape.calls) == 1  # the kernel only: no copy of q, k or v
+
+
+def _copies_of(source: KVCache, rows: list[int], extra: list[int], seed: int) -> list[KVCache]:
+    """Caches that copied ``rows[i]`` leading rows of ``source`` and then wrote ``extra[i]``
+    rows of their own (random K/V)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n, more in zip(rows, extra, strict=True):
+        c = KVCache(B, LAYERS)
+        assert c.copy_prefix(source, n)
+        for layer in range(LAYERS if more else 0):
+            k, v = (rng.standard_normal((1, HK, more, D)).astype(np.float32) for _ in "kv")
+            c.update(layer, k, v)
+        c.advance(more)
+        out.append(c)
+    return out
+
+
+def test_a_copied_prefix_is_read_once_and_changes_no_bit(monkeypatch):
+    """Sequences that copied a prompt prefix from one source read those rows from the
+    first such sequence's buffers (the batch reads the prefix once), with the bits each
+    gets alone from its own copy. Rows 0-43 of the source are common to all; the second
+    and third copied 64; the fourth copied 43 (read to 40, the key groups' multiple of 4);
+    the last copied nothing."""
+    from inference.backends import cpu as cpu_backend
+
+    source = _caches([70], 11)[0]
+    caches = [*_copies_of(source, [64, 64, 43], [9, 30, 5], 12), _caches([50], 13)[0]]
+    chosen = []
+    real = cpu_backend._prefix_sources
+    monkeypatch.setattr(cpu_backend, "_prefix_sources",
+                        lambda cs: chosen.append(real(cs)) or chosen[-1])
+    q, k, v = _step(len(caches), 14)
+    batch = B.attend_rows(q, k, v, caches, 0, **KW)
+    assert chosen == [([0, 0, 0, 3], [0, 64, 40, 0])]
+    for i, c in enumerate(_copies_of(source, [64, 64, 43], [9, 30, 5], 12)
+                          + _caches([50], 13)):
+        alone = B.attend_rows(q[i:i + 1], k[i:i + 1], v[i:i + 1], [c], 0, **KW)
+        np.testing.assert_array_equal(alone[0], batch[i])
+
+
+def test_rows_written_again_are_no_longer_shared():
+    """A cache cut back (``trim``) and written again, or made a copy of something else,
+    no longer shares the rows it overwrote; copies of copies still do."""
+    from inference.kv_cache import shared_rows
+
+    source = _caches([70], 15)[0]
+    a, b = _copies_of(source, [64, 48], [6, 0], 16)
+    (c,) = _copies_of(b, [40], [3], 17)
+    assert shared_rows(a, b) == 48 and shared_rows(a, c) == shared_rows(b, c) == 40
+    assert shared_rows(source, a) == 64 and shared_rows(a, a) == 70
+    source.trim(20)
+    assert shared_rows(source, a) == 20 and shared_rows(a, b) == 48
+    (d,) = _copies_of(source, [20], [0], 18)
+    assert shared_rows(d, a) == 20
+    a.trim(0)
+    assert a.copy_prefix(_caches([30], 19)[0], 30)
+    assert shared_rows(a, b) == 0 and shared_rows(a, d) == 0

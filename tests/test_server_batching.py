@@ -179,10 +179,17 @@ def test_the_prefill_budget_fits_layers_into_a_share_of_a_decode_step():
         PrefillBudget(share=0)
 
 
-def test_a_shared_prompt_prefix_is_copied_and_changes_no_token(engine):  # noqa: F811
+def test_a_shared_prompt_prefix_is_copied_and_changes_no_token(engine, monkeypatch):  # noqa: F811
     """Requests that start with the same long system prompt copy its whole prefill chunks
-    from the one already prefilled, and still get exactly the tokens they get alone."""
+    from the one already prefilled, and still get exactly the tokens they get alone; on
+    `cpu` their batched decode steps read the copied rows from one sequence's buffers."""
+    from inference.backends import cpu as cpu_backend
+
     llm = engine.llm
+    reads = []
+    real = cpu_backend._prefix_sources
+    monkeypatch.setattr(cpu_backend, "_prefix_sources",
+                        lambda cs: reads.append(real(cs)) or reads[-1])
     system = {"role": "system", "content": "You are a careful assistant for a museum of "
               "natural history. Answer in one short sentence, plainly, without lists, and "
               "mention one exhibit of the museum when it fits the question."}
@@ -205,6 +212,8 @@ def test_a_shared_prompt_prefix_is_copied_and_changes_no_token(engine):  # noqa:
         sched.close()
     assert [d.token_ids for d in together] == alone_tokens
     assert sched.shared_tokens >= 3 * 48  # each later request copied >= 2 whole chunks
+    if llm.backend.name == "cpu":
+        assert max(min(shared[1:]) for _, shared in reads if len(shared) == 4) >= 48
 
 
 def test_concurrent_http_clients_get_what_they_get_alone(engine, server,  # noqa: F811

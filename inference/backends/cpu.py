@@ -55,6 +55,7 @@ from inference.backends.cpu_step import CpuSampler, NotCapturable, StepReplayer,
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
+from inference.kv_cache import shared_rows
 from inference.sampling import SamplingParams
 from inference.threads import BusyCores, threads_for
 
@@ -805,8 +806,10 @@ class CpuBackend(NumpyBackend):
             return super().attend_rows(q, k, v, caches, layer, **kw)
         for i, c in enumerate(caches):
             c.reserve(layer, k[i:i + 1], c.layer_offset(layer) + 1)
-        # rel: each row's offset from row 0's cache offset (a replay's position, Tape.pos).
-        offsets, rel, kaddr, vaddr, caps = (np.zeros(b, dtype=np.int64) for _ in range(5))
+        # rel: each row's offset from row 0's cache offset (a replay's position, Tape.pos);
+        # src/shared: the row whose buffers row i reads its first shared[i] keys from.
+        offsets, rel, kaddr, vaddr, caps, src, shared = (np.zeros(b, dtype=np.int64)
+                                                         for _ in range(7))
         held: list[list[np.ndarray]] = []  # the caches' arrays: their addresses stay valid
 
         def bind(caches: Sequence[Any] | None) -> bool:
@@ -827,6 +830,7 @@ class CpuBackend(NumpyBackend):
             kaddr[:], vaddr[:] = ([a.ctypes.data for a in bufs] for bufs in (kbuf, vbuf))
             caps[:], offsets[:] = [a.shape[2] for a in kbuf], at
             rel[:] = offsets - caches[0].offset
+            src[:], shared[:] = _prefix_sources(caches)
             return True
 
         if not bind(caches):
@@ -839,8 +843,8 @@ class CpuBackend(NumpyBackend):
 
         def run() -> None:
             cos, sin = self._rope_tables(int(offsets.max()) + 1, d, theta, freq)
-            A.attend_rows(qs, ks, vs, cos, sin, offsets, kaddr, vaddr, caps, scale, qr, out,
-                          like)
+            A.attend_rows(qs, ks, vs, cos, sin, offsets, kaddr, vaddr, caps, src, shared,
+                          scale, qr, out, like)
 
         run()
         tape = self._tape
@@ -1002,6 +1006,21 @@ def _copy_into(dst: np.ndarray, src: np.ndarray) -> None:
 def _raw_rows(table: RawWeight, ids: np.ndarray, rows: np.ndarray) -> None:
     for r, i in enumerate(ids):
         rows[r] = table.rows(int(i), int(i) + 1)[0]
+
+
+def _prefix_sources(caches: Sequence[Any]) -> tuple[list[int], list[int]]:
+    """For a batched step's attention: each row's source row (the first of the batch that
+    holds the most of its leading rows with the same bits, itself if none) and how many of
+    its leading rows to read there (a multiple of 4, the kernel's key groups; at most its
+    own offset). A batch of requests with one system prompt then reads that prompt's K/V
+    once a step, not once per sequence."""
+    src, shared = list(range(len(caches))), [0] * len(caches)
+    for i, c in enumerate(caches):
+        for j in range(i):
+            n = min(shared_rows(c, caches[j]), c.offset) // 4 * 4
+            if n > shared[i]:
+                src[i], shared[i] = j, n
+    return src, shared
 
 
 def _rows_of(x: np.ndarray) -> np.ndarray:

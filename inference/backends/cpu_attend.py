@@ -92,19 +92,64 @@ def _exps(ph: np.ndarray, n: int, m: np.float32, width: int) -> np.float32:
 
 
 @_jit(inline="always")
-def _weigh(ph: np.ndarray, n: int, m: np.float32, v: np.ndarray, o: np.ndarray) -> None:
-    """o = softmax(ph[:n]) @ v[:n], ``ph`` holding one query row's scaled scores (overwritten
-    by the weights' numerators) and ``m`` their max; v's rows float32 or float16 bits."""
+def _score4(qrow: np.ndarray, k: np.ndarray, s0: int, s1: int, scale: np.float32,
+            ph: np.ndarray, m: np.float32) -> np.float32:
+    """ph[s] = scale * k[s] . qrow for s in [s0, s1), four keys at a time (s1 - s0 a
+    multiple of 4): one pass over q serves four key rows. Returns the running max."""
+    d = qrow.shape[0]
+    for s in range(s0, s1, 4):
+        k0, k1, k2, k3 = k[s], k[s + 1], k[s + 2], k[s + 3]
+        a0 = a1 = a2 = a3 = _f32(0.0)
+        for c in range(d):
+            qc = qrow[c]
+            a0 += qc * _widen(k0[c])
+            a1 += qc * _widen(k1[c])
+            a2 += qc * _widen(k2[c])
+            a3 += qc * _widen(k3[c])
+        a0, a1, a2, a3 = a0 * scale, a1 * scale, a2 * scale, a3 * scale
+        ph[s], ph[s + 1], ph[s + 2], ph[s + 3] = a0, a1, a2, a3
+        m = _max(_max(m, a0), _max(_max(a1, a2), a3))
+    return m
+
+
+@_jit(inline="always")
+def _sum4(ph: np.ndarray, inv: np.float32, v: np.ndarray, s0: int, s1: int,
+          o: np.ndarray) -> None:
+    """o += sum of (ph[s] * inv) * v[s] for s in [s0, s1), four value rows at a time (s1 - s0
+    a multiple of 4): the output row is read and written once per four value rows."""
     d = o.shape[0]
-    n4 = n - n % 4
-    inv = _exps(ph, n, m, n)
-    o[:] = 0.0
-    for s in range(0, n4, 4):
+    for s in range(s0, s1, 4):
         w0, w1, w2, w3 = ph[s] * inv, ph[s + 1] * inv, ph[s + 2] * inv, ph[s + 3] * inv
         v0, v1, v2, v3 = v[s], v[s + 1], v[s + 2], v[s + 3]
         for c in range(d):
             o[c] += ((w0 * _widen(v0[c]) + w1 * _widen(v1[c]))
                      + (w2 * _widen(v2[c]) + w3 * _widen(v3[c])))
+
+
+@_jit(inline="always")
+def _attend_two(qrow: np.ndarray, k0: np.ndarray, v0: np.ndarray, n0: int, k: np.ndarray,
+                v: np.ndarray, n: int, scale: np.float32, ph: np.ndarray,
+                o: np.ndarray) -> None:
+    """:func:`_attend_one` with keys/values ``[0, n0)`` read from ``k0``/``v0`` and the rest
+    from ``k``/``v`` (n0 a multiple of 4, at most n rounded down to one): rows another
+    sequence's buffers hold with the same bits (a copied prompt prefix), read once for
+    every sequence of a batched step. The four-key groups, the running max and every sum
+    go in the same order as over one buffer, so the result is the same bits."""
+    d = qrow.shape[0]
+    n4 = n - n % 4
+    m = _score4(qrow, k0, 0, n0, scale, ph, _f32(-3.0e38))
+    m = _score4(qrow, k, n0, n4, scale, ph, m)
+    for s in range(n4, n):
+        krow = k[s]
+        acc = _f32(0.0)
+        for c in range(d):
+            acc += qrow[c] * _widen(krow[c])
+        ph[s] = acc * scale
+        m = _max(m, ph[s])
+    inv = _exps(ph, n, m, n)
+    o[:] = 0.0
+    _sum4(ph, inv, v0, 0, n0, o)
+    _sum4(ph, inv, v, n0, n4, o)
     for s in range(n4, n):
         w = ph[s] * inv
         vrow = v[s]
@@ -117,29 +162,7 @@ def _attend_one(qrow: np.ndarray, k: np.ndarray, v: np.ndarray, n: int, scale: n
                 ph: np.ndarray, o: np.ndarray) -> None:
     """o = softmax(scale * k[:n] @ qrow) @ v[:n] for one query row against one kv head's
     rows (k, v (S, d), float32 or float16 bits); ``ph`` (>= n) holds the scores."""
-    d = qrow.shape[0]
-    n4 = n - n % 4
-    m = _f32(-3.0e38)
-    for s in range(0, n4, 4):
-        k0, k1, k2, k3 = k[s], k[s + 1], k[s + 2], k[s + 3]
-        a0 = a1 = a2 = a3 = _f32(0.0)
-        for c in range(d):
-            qc = qrow[c]
-            a0 += qc * _widen(k0[c])
-            a1 += qc * _widen(k1[c])
-            a2 += qc * _widen(k2[c])
-            a3 += qc * _widen(k3[c])
-        a0, a1, a2, a3 = a0 * scale, a1 * scale, a2 * scale, a3 * scale
-        ph[s], ph[s + 1], ph[s + 2], ph[s + 3] = a0, a1, a2, a3
-        m = _max(_max(m, a0), _max(_max(a1, a2), a3))
-    for s in range(n4, n):
-        krow = k[s]
-        acc = _f32(0.0)
-        for c in range(d):
-            acc += qrow[c] * _widen(krow[c])
-        ph[s] = acc * scale
-        m = _max(m, ph[s])
-    _weigh(ph, n, m, v, o)
+    _attend_two(qrow, k, v, 0, k, v, n, scale, ph, o)
 
 
 @_jit(parallel=True)
@@ -262,7 +285,8 @@ def _prefill_units(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int,
 @_jit(parallel=True)
 def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray,
                 offsets: np.ndarray, kaddr: np.ndarray, vaddr: np.ndarray, caps: np.ndarray,
-                scale: float, qr: np.ndarray, out: np.ndarray, like: np.ndarray) -> None:
+                src: np.ndarray, shared: np.ndarray, scale: float, qr: np.ndarray,
+                out: np.ndarray, like: np.ndarray) -> None:
     """One decode step of ``b`` sequences, each with its own cache: row i of q (b, hq, d) and
     k/v (b, hk, d) is sequence i's token at position ``offsets[i]`` (rows of d of unit
     stride, strided or not: views of one stacked q/k/v product). NeoX RoPE (tables
@@ -270,8 +294,12 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, si
     ((hk, caps[i], d) of ``like``'s type — float32, or uint16 for float16 bits —
     C-contiguous, at addresses kaddr[i] / vaddr[i]), then each query attends to its
     sequence's first offsets[i] + 1 keys; ``qr`` (b * hq, d) holds the rotated queries.
-    A row's arithmetic is that of :func:`attend_decode` after RoPE and does not depend on
-    the other rows.
+    Sequence i reads its first ``shared[i]`` keys/values (a multiple of 4, at most
+    offsets[i]) from sequence ``src[i]``'s buffers, which hold them with the same bits (a
+    prompt prefix copied from one source; ``src[i] = i``, ``shared[i] = 0`` for none): the
+    sequences after the first then find those rows in the core's cache instead of reading
+    copies from memory (:func:`_attend_two`). A row's arithmetic is that of
+    :func:`attend_decode` after RoPE and does not depend on the other rows.
 
     Work goes out by (sequence, query head). Measured against going out by (sequence, kv
     head, part of 256 keys) with each key row loaded once for its group of query heads
@@ -301,9 +329,13 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, si
         kv, pos = h // group, offsets[i]
         kc = numba.carray(_at(kaddr[i], like), (hk, caps[i], d))
         vc = numba.carray(_at(vaddr[i], like), (hk, caps[i], d))
+        o = src[i]
+        k0 = numba.carray(_at(kaddr[o], like), (hk, caps[o], d))
+        v0 = numba.carray(_at(vaddr[o], like), (hk, caps[o], d))
         qrow, qin = qr[j], _unit(q[i, h], qr)
         for c in range(half):
             a, b2 = qin[c], qin[c + half]
             qrow[c] = a * cos[pos, c] - b2 * sin[pos, c]
             qrow[c + half] = b2 * cos[pos, c] + a * sin[pos, c]
-        _attend_one(qrow, kc[kv], vc[kv], pos + 1, scale, p[j], out[i, h])
+        _attend_two(qrow, k0[kv], v0[kv], shared[i], kc[kv], vc[kv], pos + 1, scale, p[j],
+                    out[i, h])
