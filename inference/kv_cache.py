@@ -19,6 +19,10 @@ class KVCache:
     are dropped, so such a layer holds at most ``w - 1 + max(step, tokens of one call)``
     rows however long the context. ``start[layer]`` is the position of its row 0, and
     :meth:`layer_offset` the row of the first new token (attention's causal offset).
+
+    A cache knows which of its leading rows hold another cache's bits (:meth:`copy_prefix`
+    records it, :meth:`trim` and a new copy retire it; :func:`shared_rows`), so a batched
+    decode step can read a prompt prefix that several sequences copied once.
     """
 
     step = 256
@@ -133,14 +137,18 @@ class KVCache:
             self.start = [0] * len(self.start)
 
 
-def shared_rows(a: KVCache, b: KVCache) -> int:
-    """How many leading rows ``a`` and ``b`` hold with the same bits in every layer (a
-    prompt prefix one copied from the other, or both from a third); 0 once a sliding
-    window has dropped rows of either."""
-    if any(a.start) or any(b.start):
-        return 0
-    mine = {**a._from, a._own: a.offset}
-    theirs = {**b._from, b._own: b.offset}
+def row_sources(c: KVCache) -> dict[object, int]:
+    """Names of row contents -> how many leading rows of ``c`` hold them (its own rows
+    included); empty once a sliding window has dropped rows."""
+    return {} if any(c.start) else {**c._from, c._own: c.offset}
+
+
+def shared_rows(a: KVCache | dict[object, int], b: KVCache | dict[object, int]) -> int:
+    """How many leading rows ``a`` and ``b`` (caches, or their :func:`row_sources`) hold
+    with the same bits in every layer: a prompt prefix one copied from the other, or both
+    from a third."""
+    mine = a if isinstance(a, dict) else row_sources(a)
+    theirs = b if isinstance(b, dict) else row_sources(b)
     return max((min(r, theirs[t]) for t, r in mine.items() if t in theirs), default=0)
 
 

@@ -55,7 +55,7 @@ from inference.backends.cpu_step import CpuSampler, NotCapturable, StepReplayer,
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
-from inference.kv_cache import shared_rows
+from inference.kv_cache import row_sources, shared_rows
 from inference.sampling import SamplingParams
 from inference.threads import BusyCores, threads_for
 
@@ -1015,9 +1015,10 @@ def _prefix_sources(caches: Sequence[Any]) -> tuple[list[int], list[int]]:
     own offset). A batch of requests with one system prompt then reads that prompt's K/V
     once a step, not once per sequence."""
     src, shared = list(range(len(caches))), [0] * len(caches)
+    rows = [row_sources(c) for c in caches]
     for i, c in enumerate(caches):
         for j in range(i):
-            n = min(shared_rows(c, caches[j]), c.offset) // 4 * 4
+            n = min(shared_rows(rows[i], rows[j]), c.offset) // 4 * 4
             if n > shared[i]:
                 src[i], shared[i] = j, n
     return src, shared
