@@ -41,14 +41,13 @@ def _step(b: int, n: int, dtype: type, rng: np.random.Generator, shared: int):  
     caps = np.full(b, CAP, dtype=np.int64)
     offsets = np.full(b, n - 1, dtype=np.int64)
     cos, sin = np.ones((CAP, D // 2), np.float32), np.zeros((CAP, D // 2), np.float32)
-    qr, out = np.empty((b * HQ, D), np.float32), np.empty((b, HQ, D), np.float32)
+    out = np.empty((b, HQ, D), np.float32)
     src = np.zeros(b, dtype=np.int64) if shared else np.arange(b, dtype=np.int64)
     rows = np.full(b, min(shared, n - 1) // 4 * 4, dtype=np.int64)
 
     def run() -> None:
         for _kc, _vc, ka, va in layers:
-            A.attend_rows(q, k, k, cos, sin, offsets, ka, va, caps, src, rows, 0.125, qr, out,
-                          like)
+            A.attend_rows(q, k, k, cos, sin, offsets, ka, va, caps, src, rows, 0.125, out, like)
 
     return run
 

@@ -165,3 +165,39 @@ def test_rows_written_again_are_no_longer_shared():
     a.trim(0)
     assert a.copy_prefix(_caches([30], 19)[0], 30)
     assert shared_rows(a, b) == 0 and shared_rows(a, d) == 0
+
+
+def test_other_head_sizes_and_thread_counts():
+    """Head sizes off the 16-lane vectors take the loops; a row's bits do not depend on
+    the thread count (the server changes it between steps under load, and a sequence's
+    tokens must not)."""
+    import numba
+
+    rng = np.random.default_rng(20)
+    for d in (24, 64):
+        lengths = [5, 70, 200]  # one, two and four spans
+        q, k, v = (rng.standard_normal((3, h, 1, d)).astype(np.float32) for h in (HQ, HK, HK))
+        kw = {**KW, "scale": d ** -0.5}
+
+        def caches(seed: int, d: int = d) -> list[KVCache]:
+            r = np.random.default_rng(seed)
+            out = []
+            for n in lengths:
+                c = KVCache(B, 1)
+                c.update(0, *(r.standard_normal((1, HK, n, d)).astype(np.float32)
+                              for _ in "kv"))
+                c.advance(n)
+                out.append(c)
+            return out
+
+        want = Backend.attend_rows(B, q, k, v, caches(21), 0, **kw)
+        before = numba.get_num_threads()
+        try:
+            numba.set_num_threads(1)
+            one = B.attend_rows(q, k, v, caches(21), 0, **kw)
+            numba.set_num_threads(before)
+            many = B.attend_rows(q, k, v, caches(21), 0, **kw)
+        finally:
+            numba.set_num_threads(before)
+        np.testing.assert_allclose(one, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
+        np.testing.assert_array_equal(one, many)

@@ -837,14 +837,13 @@ class CpuBackend(NumpyBackend):
             return super().attend_rows(q, k, v, caches, layer, **kw)
         like = _bits(np.zeros(1, self.kv_dtype))  # the element type the kernel reads
         qs, ks, vs = (self._unit_rows(a, (b, a.shape[1], d)) for a in (q, k, v))
-        qr = np.empty((b * hq, d), dtype=np.float32)
         out = np.empty((b, hq, d), dtype=np.float32)
         theta, freq, scale = kw["theta"], kw["freq_factors"], kw["scale"]
 
         def run() -> None:
             cos, sin = self._rope_tables(int(offsets.max()) + 1, d, theta, freq)
             A.attend_rows(qs, ks, vs, cos, sin, offsets, kaddr, vaddr, caps, src, shared,
-                          scale, qr, out, like)
+                          scale, out, like)
 
         run()
         tape = self._tape

@@ -7,26 +7,43 @@ F16C), writes round to nearest even through :func:`half_bits`, the rounding NumP
 ``astype(float16)`` does, so a row a prefill wrote (NumPy) and a row a decode step wrote
 (here) hold the same bits.
 
-Each query's scores, softmax and weighted sum are :func:`_attend_one`'s arithmetic
-whatever else runs in the call (the server's batching relies on a row not depending on
-the other rows). Scores and the weighted sum go four keys at a time: one pass over q
-serves four key rows, and the output row is read and written once per four value rows
-(one key at a time, each key ended in a horizontal add and a store of ``o``). From memory,
-decode attention reads a float32 cache at about the machine's bandwidth; a float16 cache
-reads half the bytes (docs/cpu-backend.md, "Decode attention";
-``scripts/bench_decode_attention.py``).
+A query's arithmetic depends only on its own row, keys and key count, never on the
+other rows of the call or the thread count (the server's batching relies on it). Scores
+and the weighted sum go four keys at a time, in LLVM IR where the head size is a multiple
+of 16 (:func:`_dots4`, :func:`_axpy4`): one pass over q serves four key rows, whose sums
+are reduced together, and the output row is read and written once per four value rows. A
+decode step's attention (:func:`attend_rows`) goes out in spans of ``SPAN`` keys, each
+span's K and V read from memory once for a kv head's whole group of query heads
+(docs/cpu-backend.md, "Decode attention"; ``scripts/bench_decode_attention.py``).
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import prange, types
-from numba.extending import overload
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
-from inference.backends.cpu_kernels import _at, _bits_to_f32, _exp, _f32_to_bits, _half, _jit, _unit
+from inference.backends.cpu_kernels import (
+    _at,
+    _bits_to_f32,
+    _exp,
+    _f32_to_bits,
+    _half,
+    _item_ptr,
+    _jit,
+    _unit,
+    _x86,
+    half_to_float,
+    target_has,
+)
 
 _f32 = np.float32
+# Keys per unit of a decode step's attention (attend_rows): a span's K and V stay in the
+# core's cache while its query heads read them (64 x 64 float32s: 16 KB each).
+SPAN = 64
 
 
 def _widen(x):  # type: ignore[no-untyped-def]  # numba only: a cache element as float32
@@ -78,48 +95,185 @@ def _max(m: np.float32, x: np.float32) -> np.float32:
 
 
 @_jit(inline="always")
-def _exps(ph: np.ndarray, n: int, m: np.float32, width: int) -> np.float32:
-    """ph[:n] = exp(ph[:n] - m), ph[n:width] = 0 (keys the row does not read); returns
-    1 / the sum."""
+def _exp_sum(ph: np.ndarray, n: int, m: np.float32) -> np.float32:
+    """ph[:n] = exp(ph[:n] - m); returns their sum."""
     tot = _f32(0.0)
     for s in range(n):
         e = _exp(ph[s] - m)
         ph[s] = e
         tot += e
+    return tot
+
+
+@_jit(inline="always")
+def _exps(ph: np.ndarray, n: int, m: np.float32, width: int) -> np.float32:
+    """ph[:n] = exp(ph[:n] - m), ph[n:width] = 0 (keys the row does not read); returns
+    1 / the sum."""
+    tot = _exp_sum(ph, n, m)
     for s in range(n, width):
         ph[s] = _f32(0.0)
     return _f32(1.0) / tot
 
 
+# -- four key rows at a time, as LLVM IR -------------------------------------------------
+# Written by hand because numba's loops leave most of the time outside the multiply-adds:
+# each of four keys' dot products ended in a horizontal sum of its own (11 shuffles and
+# adds), and the weighted sum of values, a store into the output row, was guarded by a
+# runtime overlap check per four rows. Here the four sums are reduced together (6
+# shuffles, 4 adds) and the output row is known not to overlap the values. Rows of a
+# multiple of ``LANES`` elements (head sizes 64, 128, 256); other sizes take the loops.
+LANES = 16  # float32s per vector: one AVX-512 register, two AVX2 ones (LLVM splits)
+_v16f = ir.VectorType(ir.FloatType(), LANES)
+
+
+def _lanes(context, builder, aty, arr, idx):  # type: ignore[no-untyped-def]
+    """``LANES`` elements of ``arr`` from ``idx`` on, as float32s (uint16: float16 bits)."""
+    ptr = _item_ptr(context, builder, aty, arr, idx)
+    if aty.dtype == types.uint16:
+        vt = ir.VectorType(ir.IntType(16), LANES)
+        return half_to_float(builder, builder.load(builder.bitcast(ptr, vt.as_pointer()), align=2))
+    return builder.load(builder.bitcast(ptr, _v16f.as_pointer()), align=4)
+
+
+def _chunks(context, builder, aty, arr):  # type: ignore[no-untyped-def]
+    """The count of LANES-element chunks in ``arr``'s last dimension."""
+    shape = cgutils.unpack_tuple(builder, context.make_array(aty)(context, builder, arr).shape)
+    return builder.udiv(shape[-1], ir.Constant(shape[-1].type, LANES))
+
+
+def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """a * b + c, rounded the same way in every compiled specialisation: fused where the
+    target has FMA (``llvm.fmuladd`` would leave the choice to each compilation, so a
+    batch's strided inputs and a lone row's contiguous ones could round differently),
+    else a multiply and an add."""
+    if _x86() and not target_has("fma"):
+        return builder.fadd(builder.fmul(a, b), c)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v16f, [_v16f] * 3),
+                                        "llvm.fma.v16f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _shuffle(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int]) -> ir.Value:
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)),
+                                                    lanes))
+
+
+@intrinsic
+def _dots4(typingctx, q, k, s):  # type: ignore[no-untyped-def]
+    """(q . k[s], q . k[s+1], q . k[s+2], q . k[s+3]): q (d,) float32, k (S, d) float32 or
+    float16 bits, C-contiguous, d a multiple of LANES."""
+    if q.layout != "C" or k.layout != "C":
+        return None
+    sig = types.UniTuple(types.float32, 4)(q, k, s)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        qty, kty, _ = signature.args
+        qarr, karr, s0 = args
+        s0 = builder.sext(s0, ir.IntType(64)) if s0.type.width < 64 else s0
+        rows = [builder.add(s0, ir.Constant(ir.IntType(64), r)) for r in range(4)]
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(_v16f, [0.0] * LANES))
+                for _ in range(4)]
+        with cgutils.for_range(builder, _chunks(context, builder, qty, qarr)) as loop:
+            col = builder.mul(loop.index, ir.Constant(loop.index.type, LANES))
+            qv = _lanes(context, builder, qty, qarr, [col])
+            for row, acc in zip(rows, accs, strict=True):
+                kv = _lanes(context, builder, kty, karr, [row, col])
+                builder.store(_fma(builder, qv, kv, builder.load(acc)), acc)
+        a = [builder.load(acc) for acc in accs]
+        # Four vectors of 16 partial sums -> one of four groups of 4 -> the four sums.
+        half = list(range(8))
+        t01 = builder.fadd(_shuffle(builder, a[0], a[1], half + [16 + i for i in half]),
+                           _shuffle(builder, a[0], a[1], [8 + i for i in half]
+                                    + [24 + i for i in half]))
+        t23 = builder.fadd(_shuffle(builder, a[2], a[3], half + [16 + i for i in half]),
+                           _shuffle(builder, a[2], a[3], [8 + i for i in half]
+                                    + [24 + i for i in half]))
+        lo = [g + i for g in (0, 8, 16, 24) for i in range(4)]
+        u = builder.fadd(_shuffle(builder, t01, t23, lo), _shuffle(builder, t01, t23,
+                                                                    [i + 4 for i in lo]))
+        swap2 = [g + i for g in (0, 4, 8, 12) for i in (2, 3, 0, 1)]
+        x = builder.fadd(u, _shuffle(builder, u, u, swap2))
+        swap1 = [g + i for g in (0, 4, 8, 12) for i in (1, 0, 3, 2)]
+        y = builder.fadd(x, _shuffle(builder, x, x, swap1))
+        sums = [builder.extract_element(y, ir.Constant(ir.IntType(32), 4 * r))
+                for r in range(4)]
+        return context.make_tuple(builder, signature.return_type, sums)
+
+    return sig, codegen
+
+
+@intrinsic
+def _axpy4(typingctx, o, v, s, w0, w1, w2, w3):  # type: ignore[no-untyped-def]
+    """o += (w0 v[s] + w1 v[s+1]) + (w2 v[s+2] + w3 v[s+3]): o (d,) float32, v (S, d)
+    float32 or float16 bits, C-contiguous, d a multiple of LANES; o overlaps no row of v."""
+    if o.layout != "C" or v.layout != "C":
+        return None
+    sig = types.void(o, v, s, w0, w1, w2, w3)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        oty, vty = signature.args[:2]
+        oarr, varr, s0 = args[:3]
+        s0 = builder.sext(s0, ir.IntType(64)) if s0.type.width < 64 else s0
+        rows = [builder.add(s0, ir.Constant(ir.IntType(64), r)) for r in range(4)]
+        ws = []
+        for w, wty in zip(args[3:], signature.args[3:], strict=True):
+            w = context.cast(builder, w, wty, types.float32)
+            ws.append(_shuffle(builder, builder.insert_element(
+                ir.Constant(_v16f, None), w, ir.Constant(ir.IntType(32), 0)),
+                ir.Constant(_v16f, None), [0] * LANES))
+        with cgutils.for_range(builder, _chunks(context, builder, oty, oarr)) as loop:
+            col = builder.mul(loop.index, ir.Constant(loop.index.type, LANES))
+            vs = [_lanes(context, builder, vty, varr, [r, col]) for r in rows]
+            t0 = _fma(builder, ws[1], vs[1], builder.fmul(ws[0], vs[0]))
+            t1 = _fma(builder, ws[3], vs[3], builder.fmul(ws[2], vs[2]))
+            ptr = builder.bitcast(_item_ptr(context, builder, oty, oarr, [col]),
+                                  _v16f.as_pointer())
+            builder.store(builder.fadd(builder.load(ptr, align=4), builder.fadd(t0, t1)), ptr,
+                          align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @_jit(inline="always")
 def _score4(qrow: np.ndarray, k: np.ndarray, s0: int, s1: int, scale: np.float32,
-            ph: np.ndarray, m: np.float32) -> np.float32:
-    """ph[s] = scale * k[s] . qrow for s in [s0, s1), four keys at a time (s1 - s0 a
+            ph: np.ndarray, base: int, m: np.float32) -> np.float32:
+    """ph[s - base] = scale * k[s] . qrow for s in [s0, s1), four keys at a time (s1 - s0 a
     multiple of 4): one pass over q serves four key rows. Returns the running max."""
     d = qrow.shape[0]
+    wide = d % LANES == 0
     for s in range(s0, s1, 4):
-        k0, k1, k2, k3 = k[s], k[s + 1], k[s + 2], k[s + 3]
-        a0 = a1 = a2 = a3 = _f32(0.0)
-        for c in range(d):
-            qc = qrow[c]
-            a0 += qc * _widen(k0[c])
-            a1 += qc * _widen(k1[c])
-            a2 += qc * _widen(k2[c])
-            a3 += qc * _widen(k3[c])
+        if wide:
+            a0, a1, a2, a3 = _dots4(qrow, k, s)
+        else:
+            k0, k1, k2, k3 = k[s], k[s + 1], k[s + 2], k[s + 3]
+            a0 = a1 = a2 = a3 = _f32(0.0)
+            for c in range(d):
+                qc = qrow[c]
+                a0 += qc * _widen(k0[c])
+                a1 += qc * _widen(k1[c])
+                a2 += qc * _widen(k2[c])
+                a3 += qc * _widen(k3[c])
         a0, a1, a2, a3 = a0 * scale, a1 * scale, a2 * scale, a3 * scale
-        ph[s], ph[s + 1], ph[s + 2], ph[s + 3] = a0, a1, a2, a3
+        j = s - base
+        ph[j], ph[j + 1], ph[j + 2], ph[j + 3] = a0, a1, a2, a3
         m = _max(_max(m, a0), _max(_max(a1, a2), a3))
     return m
 
 
 @_jit(inline="always")
-def _sum4(ph: np.ndarray, inv: np.float32, v: np.ndarray, s0: int, s1: int,
+def _sum4(ph: np.ndarray, base: int, inv: np.float32, v: np.ndarray, s0: int, s1: int,
           o: np.ndarray) -> None:
-    """o += sum of (ph[s] * inv) * v[s] for s in [s0, s1), four value rows at a time (s1 - s0
-    a multiple of 4): the output row is read and written once per four value rows."""
+    """o += sum of (ph[s - base] * inv) * v[s] for s in [s0, s1), four value rows at a time
+    (s1 - s0 a multiple of 4): the output row is read and written once per four rows."""
     d = o.shape[0]
+    wide = d % LANES == 0
     for s in range(s0, s1, 4):
-        w0, w1, w2, w3 = ph[s] * inv, ph[s + 1] * inv, ph[s + 2] * inv, ph[s + 3] * inv
+        j = s - base
+        w0, w1, w2, w3 = ph[j] * inv, ph[j + 1] * inv, ph[j + 2] * inv, ph[j + 3] * inv
+        if wide:
+            _axpy4(o, v, s, w0, w1, w2, w3)
+            continue
         v0, v1, v2, v3 = v[s], v[s + 1], v[s + 2], v[s + 3]
         for c in range(d):
             o[c] += ((w0 * _widen(v0[c]) + w1 * _widen(v1[c]))
@@ -127,34 +281,38 @@ def _sum4(ph: np.ndarray, inv: np.float32, v: np.ndarray, s0: int, s1: int,
 
 
 @_jit(inline="always")
-def _attend_two(qrow: np.ndarray, k0: np.ndarray, v0: np.ndarray, n0: int, k: np.ndarray,
-                v: np.ndarray, n: int, scale: np.float32, ph: np.ndarray,
-                o: np.ndarray) -> None:
-    """:func:`_attend_one` with keys/values ``[0, n0)`` read from ``k0``/``v0`` and the rest
-    from ``k``/``v`` (n0 a multiple of 4, at most n rounded down to one): rows another
-    sequence's buffers hold with the same bits (a copied prompt prefix), read once for
-    every sequence of a batched step. The four-key groups, the running max and every sum
-    go in the same order as over one buffer, so the result is the same bits."""
+def _attend_span(qrow: np.ndarray, k0: np.ndarray, v0: np.ndarray, n0: int, k: np.ndarray,
+                 v: np.ndarray, a: int, e: int, scale: np.float32, ph: np.ndarray,
+                 inv_out: bool, o: np.ndarray) -> tuple[np.float32, np.float32]:
+    """One query row against keys/values ``[a, e)`` (a a multiple of 4), those below ``n0``
+    (a multiple of 4) read from ``k0``/``v0`` (rows another sequence's buffers hold with
+    the same bits: a copied prompt prefix), the rest from ``k``/``v``; ``ph`` (>= e - a)
+    holds the scores. o = the exp-weighted sum of the values, normalised when
+    ``inv_out``; returns (max score, sum of exps). Keys go in groups of four from ``a``
+    and a tail, so the arithmetic does not depend on where ``n0`` falls."""
     d = qrow.shape[0]
-    n4 = n - n % 4
-    m = _score4(qrow, k0, 0, n0, scale, ph, _f32(-3.0e38))
-    m = _score4(qrow, k, n0, n4, scale, ph, m)
-    for s in range(n4, n):
+    e4 = a + (e - a) // 4 * 4
+    cut = min(max(n0, a), e4)
+    m = _score4(qrow, k0, a, cut, scale, ph, a, _f32(-3.0e38))
+    m = _score4(qrow, k, cut, e4, scale, ph, a, m)
+    for s in range(e4, e):
         krow = k[s]
         acc = _f32(0.0)
         for c in range(d):
             acc += qrow[c] * _widen(krow[c])
-        ph[s] = acc * scale
-        m = _max(m, ph[s])
-    inv = _exps(ph, n, m, n)
+        ph[s - a] = acc * scale
+        m = _max(m, ph[s - a])
+    tot = _exp_sum(ph, e - a, m)
+    inv = _f32(1.0) / tot if inv_out else _f32(1.0)
     o[:] = 0.0
-    _sum4(ph, inv, v0, 0, n0, o)
-    _sum4(ph, inv, v, n0, n4, o)
-    for s in range(n4, n):
-        w = ph[s] * inv
+    _sum4(ph, a, inv, v0, a, cut, o)
+    _sum4(ph, a, inv, v, cut, e4, o)
+    for s in range(e4, e):
+        w = ph[s - a] * inv
         vrow = v[s]
         for c in range(d):
             o[c] += w * _widen(vrow[c])
+    return m, tot
 
 
 @_jit(inline="always")
@@ -162,7 +320,7 @@ def _attend_one(qrow: np.ndarray, k: np.ndarray, v: np.ndarray, n: int, scale: n
                 ph: np.ndarray, o: np.ndarray) -> None:
     """o = softmax(scale * k[:n] @ qrow) @ v[:n] for one query row against one kv head's
     rows (k, v (S, d), float32 or float16 bits); ``ph`` (>= n) holds the scores."""
-    _attend_two(qrow, k, v, 0, k, v, n, scale, ph, o)
+    _attend_span(qrow, k, v, 0, k, v, 0, n, scale, ph, True, o)
 
 
 @_jit(parallel=True)
@@ -285,57 +443,99 @@ def _prefill_units(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int,
 @_jit(parallel=True)
 def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray,
                 offsets: np.ndarray, kaddr: np.ndarray, vaddr: np.ndarray, caps: np.ndarray,
-                src: np.ndarray, shared: np.ndarray, scale: float, qr: np.ndarray,
-                out: np.ndarray, like: np.ndarray) -> None:
+                src: np.ndarray, shared: np.ndarray, scale: float, out: np.ndarray,
+                like: np.ndarray) -> None:
     """One decode step of ``b`` sequences, each with its own cache: row i of q (b, hq, d) and
     k/v (b, hk, d) is sequence i's token at position ``offsets[i]`` (rows of d of unit
     stride, strided or not: views of one stacked q/k/v product). NeoX RoPE (tables
     (P, d/2)) on q and k, k/v written to row ``offsets[i]`` of sequence i's cache buffers
     ((hk, caps[i], d) of ``like``'s type — float32, or uint16 for float16 bits —
     C-contiguous, at addresses kaddr[i] / vaddr[i]), then each query attends to its
-    sequence's first offsets[i] + 1 keys; ``qr`` (b * hq, d) holds the rotated queries.
-    Sequence i reads its first ``shared[i]`` keys/values (a multiple of 4, at most
-    offsets[i]) from sequence ``src[i]``'s buffers, which hold them with the same bits (a
-    prompt prefix copied from one source; ``src[i] = i``, ``shared[i] = 0`` for none): the
-    sequences after the first then find those rows in the core's cache instead of reading
-    copies from memory (:func:`_attend_two`). A row's arithmetic is that of
-    :func:`attend_decode` after RoPE and does not depend on the other rows.
+    sequence's first offsets[i] + 1 keys. Sequence i reads its first ``shared[i]``
+    keys/values (a multiple of 4, at most offsets[i]) from sequence ``src[i]``'s buffers,
+    which hold them with the same bits (a prompt prefix copied from one source; ``src[i]
+    = i``, ``shared[i] = 0`` for none): the sequences after the first then find those rows
+    in the core's cache instead of reading copies from memory. A row's arithmetic does
+    not depend on the other rows, nor on the thread count.
 
-    Work goes out by (sequence, query head). Measured against going out by (sequence, kv
-    head, part of 256 keys) with each key row loaded once for its group of query heads
-    (SmolLM2's 9/3 heads, 30 layers, 230-1000 keys, 2 threads): no faster at any batch
-    (float32 reads its cache at ~13 GB/s either way, this VM's memory bandwidth), so the
-    simpler split stays."""
+    Work goes out by (sequence, kv head, span of ``SPAN`` keys): a unit scores the span
+    for its kv head's group of query heads one after another (the span's K and V rows,
+    16 KB each at 64 keys of 64 float32s, come from memory once and from the core's cache
+    for the other heads of the group), keeping each head's max, sum of exps and weighted
+    sum of values; the unit of a row's last span first writes the new K/V row (no other
+    unit reads it). A second pass merges a row's spans (:func:`_merge_spans`). Going out
+    by (sequence, query head) instead, each head read all of its sequence's keys: at 2,048
+    keys a kv head's K and V (1 MB) no longer stayed cached between the heads of its
+    group (docs/cpu-backend.md, "Decode attention")."""
     b, hq, d = q.shape
     hk = k.shape[1]
     half = d // 2
     group = hq // hk
     scale = _f32(scale)
-    for j in prange(b * hk):  # RoPE on k; k and v into the caches
-        i, kv = j // hk, j % hk
+    # Units (row, kv head, span), rows in order; first[i]: row i's first unit.
+    spans = (offsets + SPAN) // SPAN  # keys 0 .. offsets[i]: offsets[i] + 1 of them
+    first = np.zeros(b + 1, dtype=np.int64)
+    for i in range(b):
+        first[i + 1] = first[i] + hk * spans[i]
+    most = spans.max()
+    pm = np.empty((b * hq, most), dtype=np.float32)  # each span's max score,
+    pl = np.empty((b * hq, most), dtype=np.float32)  # sum of exps,
+    po = np.empty((b * hq, most, d), dtype=np.float32)  # and weighted sum of values
+    ph = np.empty((first[b], SPAN), dtype=np.float32)  # a unit's scores
+    qs = np.empty((first[b], d), dtype=np.float32)  # and rotated query
+    for u in prange(first[b]):
+        i = np.searchsorted(first, u, side="right") - 1
+        kv, c = (u - first[i]) // spans[i], (u - first[i]) % spans[i]
         pos = offsets[i]
         kc = numba.carray(_at(kaddr[i], like), (hk, caps[i], d))
         vc = numba.carray(_at(vaddr[i], like), (hk, caps[i], d))
-        krow, vrow = _unit(k[i, kv], qr), _unit(v[i, kv], qr)
-        for c in range(half):
-            a, b2 = krow[c], krow[c + half]
-            kc[kv, pos, c] = _narrow(a * cos[pos, c] - b2 * sin[pos, c], like[0])
-            kc[kv, pos, c + half] = _narrow(b2 * cos[pos, c] + a * sin[pos, c], like[0])
-        for c in range(d):
-            vc[kv, pos, c] = _narrow(vrow[c], like[0])
-    p = np.empty((b * hq, offsets.max() + 1), dtype=np.float32)
-    for j in prange(b * hq):
-        i, h = j // hq, j % hq
-        kv, pos = h // group, offsets[i]
-        kc = numba.carray(_at(kaddr[i], like), (hk, caps[i], d))
-        vc = numba.carray(_at(vaddr[i], like), (hk, caps[i], d))
+        if c == spans[i] - 1:  # RoPE on k; k and v into the caches
+            krow, vrow = _unit(k[i, kv], qs), _unit(v[i, kv], qs)
+            for x in range(half):
+                a, b2 = krow[x], krow[x + half]
+                kc[kv, pos, x] = _narrow(a * cos[pos, x] - b2 * sin[pos, x], like[0])
+                kc[kv, pos, x + half] = _narrow(b2 * cos[pos, x] + a * sin[pos, x], like[0])
+            for x in range(d):
+                vc[kv, pos, x] = _narrow(vrow[x], like[0])
         o = src[i]
         k0 = numba.carray(_at(kaddr[o], like), (hk, caps[o], d))
         v0 = numba.carray(_at(vaddr[o], like), (hk, caps[o], d))
-        qrow, qin = qr[j], _unit(q[i, h], qr)
-        for c in range(half):
-            a, b2 = qin[c], qin[c + half]
-            qrow[c] = a * cos[pos, c] - b2 * sin[pos, c]
-            qrow[c + half] = b2 * cos[pos, c] + a * sin[pos, c]
-        _attend_two(qrow, k0[kv], v0[kv], shared[i], kc[kv], vc[kv], pos + 1, scale, p[j],
-                    out[i, h])
+        start, end = c * SPAN, min((c + 1) * SPAN, pos + 1)
+        qrow = qs[u]
+        for h in range(kv * group, (kv + 1) * group):
+            qin = _unit(q[i, h], qs)
+            for x in range(half):
+                a, b2 = qin[x], qin[x + half]
+                qrow[x] = a * cos[pos, x] - b2 * sin[pos, x]
+                qrow[x + half] = b2 * cos[pos, x] + a * sin[pos, x]
+            j = i * hq + h
+            pm[j, c], pl[j, c] = _attend_span(qrow, k0[kv], v0[kv], shared[i], kc[kv], vc[kv],
+                                              start, end, scale, ph[u], False, po[j, c])
+    for j in prange(b * hq):
+        _merge_spans(pm[j], pl[j], po[j], spans[j // hq], out[j // hq, j % hq])
+
+
+@_jit(fastmath=False)
+def _merge_spans(pm: np.ndarray, pl: np.ndarray, po: np.ndarray, n: int,
+                 o: np.ndarray) -> None:
+    """o = the softmax-weighted sum over ``n`` spans from each span's max score ``pm``, sum
+    of exps ``pl`` and exp-weighted sum of values ``po`` (rescaled to the largest max).
+    Strict float arithmetic, compiled on its own: inlined into the fast-math kernel, its
+    multiply-adds were fused or not as each compiled specialisation chose, and a row of a
+    batch (strided q/k/v) differed by one ulp from the row alone (contiguous) in some
+    compilations."""
+    m = pm[0]
+    for c in range(1, n):
+        m = _max(m, pm[c])
+    tot = _f32(0.0)
+    for c in range(n):
+        w = _exp(pm[c] - m)
+        pm[c] = w
+        tot += w * pl[c]
+    inv = _f32(1.0) / tot
+    o[:] = 0.0
+    for c in range(n):
+        w = pm[c] * inv
+        span = po[c]
+        for x in range(o.shape[0]):
+            o[x] += w * span[x]
