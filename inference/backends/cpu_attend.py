@@ -236,24 +236,26 @@ def _axpy4(typingctx, o, v, s, w0, w1, w2, w3):  # type: ignore[no-untyped-def]
 
 
 @_jit(inline="always")
-def _score4(qrow: np.ndarray, k: np.ndarray, s0: int, s1: int, scale: np.float32,
-            ph: np.ndarray, base: int, m: np.float32) -> np.float32:
-    """ph[s - base] = scale * k[s] . qrow for s in [s0, s1), four keys at a time (s1 - s0 a
-    multiple of 4): one pass over q serves four key rows. Returns the running max."""
+def _score4(qrow: np.ndarray, k0: np.ndarray, k: np.ndarray, n0: int, s0: int, s1: int,
+            scale: np.float32, ph: np.ndarray, base: int, m: np.float32) -> np.float32:
+    """ph[s - base] = scale * key s . qrow for s in [s0, s1), four keys at a time (s0 and
+    s1 - s0 multiples of 4), key s read from ``k0`` below ``n0`` (a multiple of 4) and from
+    ``k`` from there on. Returns the running max."""
     d = qrow.shape[0]
     wide = d % LANES == 0
     for s in range(s0, s1, 4):
+        kk = k0 if s < n0 else k
         if wide:
-            a0, a1, a2, a3 = _dots4(qrow, k, s)
+            a0, a1, a2, a3 = _dots4(qrow, kk, s)
         else:
-            k0, k1, k2, k3 = k[s], k[s + 1], k[s + 2], k[s + 3]
+            r0, r1, r2, r3 = kk[s], kk[s + 1], kk[s + 2], kk[s + 3]
             a0 = a1 = a2 = a3 = _f32(0.0)
             for c in range(d):
                 qc = qrow[c]
-                a0 += qc * _widen(k0[c])
-                a1 += qc * _widen(k1[c])
-                a2 += qc * _widen(k2[c])
-                a3 += qc * _widen(k3[c])
+                a0 += qc * _widen(r0[c])
+                a1 += qc * _widen(r1[c])
+                a2 += qc * _widen(r2[c])
+                a3 += qc * _widen(r3[c])
         a0, a1, a2, a3 = a0 * scale, a1 * scale, a2 * scale, a3 * scale
         j = s - base
         ph[j], ph[j + 1], ph[j + 2], ph[j + 3] = a0, a1, a2, a3
@@ -262,22 +264,24 @@ def _score4(qrow: np.ndarray, k: np.ndarray, s0: int, s1: int, scale: np.float32
 
 
 @_jit(inline="always")
-def _sum4(ph: np.ndarray, base: int, inv: np.float32, v: np.ndarray, s0: int, s1: int,
-          o: np.ndarray) -> None:
-    """o += sum of (ph[s - base] * inv) * v[s] for s in [s0, s1), four value rows at a time
-    (s1 - s0 a multiple of 4): the output row is read and written once per four rows."""
+def _sum4(ph: np.ndarray, base: int, inv: np.float32, v0: np.ndarray, v: np.ndarray, n0: int,
+          s0: int, s1: int, o: np.ndarray) -> None:
+    """o += sum of (ph[s - base] * inv) * value s for s in [s0, s1), four value rows at a
+    time (s0 and s1 - s0 multiples of 4; value s from ``v0`` below ``n0``, else ``v``): the
+    output row is read and written once per four rows."""
     d = o.shape[0]
     wide = d % LANES == 0
     for s in range(s0, s1, 4):
+        vv = v0 if s < n0 else v
         j = s - base
         w0, w1, w2, w3 = ph[j] * inv, ph[j + 1] * inv, ph[j + 2] * inv, ph[j + 3] * inv
         if wide:
-            _axpy4(o, v, s, w0, w1, w2, w3)
+            _axpy4(o, vv, s, w0, w1, w2, w3)
             continue
-        v0, v1, v2, v3 = v[s], v[s + 1], v[s + 2], v[s + 3]
+        r0, r1, r2, r3 = vv[s], vv[s + 1], vv[s + 2], vv[s + 3]
         for c in range(d):
-            o[c] += ((w0 * _widen(v0[c]) + w1 * _widen(v1[c]))
-                     + (w2 * _widen(v2[c]) + w3 * _widen(v3[c])))
+            o[c] += ((w0 * _widen(r0[c]) + w1 * _widen(r1[c]))
+                     + (w2 * _widen(r2[c]) + w3 * _widen(r3[c])))
 
 
 @_jit(inline="always")
@@ -292,9 +296,7 @@ def _attend_span(qrow: np.ndarray, k0: np.ndarray, v0: np.ndarray, n0: int, k: n
     and a tail, so the arithmetic does not depend on where ``n0`` falls."""
     d = qrow.shape[0]
     e4 = a + (e - a) // 4 * 4
-    cut = min(max(n0, a), e4)
-    m = _score4(qrow, k0, a, cut, scale, ph, a, _f32(-3.0e38))
-    m = _score4(qrow, k, cut, e4, scale, ph, a, m)
+    m = _score4(qrow, k0, k, n0, a, e4, scale, ph, a, _f32(-3.0e38))
     for s in range(e4, e):
         krow = k[s]
         acc = _f32(0.0)
@@ -305,8 +307,7 @@ def _attend_span(qrow: np.ndarray, k0: np.ndarray, v0: np.ndarray, n0: int, k: n
     tot = _exp_sum(ph, e - a, m)
     inv = _f32(1.0) / tot if inv_out else _f32(1.0)
     o[:] = 0.0
-    _sum4(ph, a, inv, v0, a, cut, o)
-    _sum4(ph, a, inv, v, cut, e4, o)
+    _sum4(ph, a, inv, v0, v, n0, a, e4, o)
     for s in range(e4, e):
         w = ph[s - a] * inv
         vrow = v[s]
