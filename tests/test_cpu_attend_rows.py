@@ -174,8 +174,8 @@ def test_other_head_sizes_and_thread_counts():
     import numba
 
     rng = np.random.default_rng(20)
+    lengths = [5, 70, 200]  # one, two and four spans of 64 keys
     for d in (24, 64):
-        lengths = [5, 70, 200]  # one, two and four spans
         q, k, v = (rng.standard_normal((3, h, 1, d)).astype(np.float32) for h in (HQ, HK, HK))
         kw = {**KW, "scale": d ** -0.5}
 
