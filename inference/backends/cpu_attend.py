@@ -32,8 +32,10 @@ from inference.backends.cpu_kernels import (
     _exp,
     _f32_to_bits,
     _half,
+    _i64_of,
     _item_ptr,
     _jit,
+    _splat,
     _unit,
     _x86,
     half_to_float,
@@ -153,6 +155,12 @@ def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Val
     return builder.call(fn, [a, b, c])
 
 
+def _four_rows(builder: ir.IRBuilder, s: ir.Value) -> list[ir.Value]:
+    """Row indices s, s + 1, s + 2, s + 3 as 64-bit IR values."""
+    s = _i64_of(builder, s)
+    return [builder.add(s, ir.Constant(ir.IntType(64), r)) for r in range(4)]
+
+
 def _shuffle(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int]) -> ir.Value:
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)),
                                                     lanes))
@@ -169,8 +177,7 @@ def _dots4(typingctx, q, k, s):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         qty, kty, _ = signature.args
         qarr, karr, s0 = args
-        s0 = builder.sext(s0, ir.IntType(64)) if s0.type.width < 64 else s0
-        rows = [builder.add(s0, ir.Constant(ir.IntType(64), r)) for r in range(4)]
+        rows = _four_rows(builder, s0)
         accs = [cgutils.alloca_once_value(builder, ir.Constant(_v16f, [0.0] * LANES))
                 for _ in range(4)]
         with cgutils.for_range(builder, _chunks(context, builder, qty, qarr)) as loop:
@@ -213,14 +220,9 @@ def _axpy4(typingctx, o, v, s, w0, w1, w2, w3):  # type: ignore[no-untyped-def]
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         oty, vty = signature.args[:2]
         oarr, varr, s0 = args[:3]
-        s0 = builder.sext(s0, ir.IntType(64)) if s0.type.width < 64 else s0
-        rows = [builder.add(s0, ir.Constant(ir.IntType(64), r)) for r in range(4)]
-        ws = []
-        for w, wty in zip(args[3:], signature.args[3:], strict=True):
-            w = context.cast(builder, w, wty, types.float32)
-            ws.append(_shuffle(builder, builder.insert_element(
-                ir.Constant(_v16f, None), w, ir.Constant(ir.IntType(32), 0)),
-                ir.Constant(_v16f, None), [0] * LANES))
+        rows = _four_rows(builder, s0)
+        ws = [_splat(builder, context.cast(builder, w, wty, types.float32), LANES)
+              for w, wty in zip(args[3:], signature.args[3:], strict=True)]
         with cgutils.for_range(builder, _chunks(context, builder, oty, oarr)) as loop:
             col = builder.mul(loop.index, ir.Constant(loop.index.type, LANES))
             vs = [_lanes(context, builder, vty, varr, [r, col]) for r in rows]

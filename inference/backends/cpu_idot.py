@@ -66,7 +66,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from inference.backends import cpu_kernels as K
-from inference.backends.cpu_kernels import _item_ptr
+from inference.backends.cpu_kernels import _i64_of, _item_ptr, _splat
 
 _f32 = np.float32
 _jit = K._jit
@@ -170,17 +170,6 @@ def _quantized(x: np.ndarray, level: np.integer) -> tuple[np.ndarray, np.ndarray
 
 
 # -- one block's integer sums, as LLVM IR -----------------------------------------------
-
-
-def _i64_of(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    return builder.sext(v, _i64) if v.type.width < 64 else v
-
-
-def _splat(builder: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
-    vt = ir.VectorType(v.type, n)
-    v = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(_i32, 0))
-    return builder.shuffle_vector(v, ir.Constant(vt, None),
-                                  ir.Constant(ir.VectorType(_i32, n), [0] * n))
 
 
 def _pair_bytes(builder: ir.IRBuilder, pair: ir.Value) -> ir.Value:

@@ -144,6 +144,20 @@ _jit = partial(njit, cache=True, fastmath=True, error_model="numpy", nogil=True)
 _NO_REASSOC = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
 
 
+def _i64_of(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """An integer IR value widened (sign-extended) to 64 bits."""
+    return builder.sext(v, ir.IntType(64)) if v.type.width < 64 else v
+
+
+def _splat(builder: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
+    """``v`` (a scalar IR value) in every lane of an ``n``-lane vector."""
+    vt = ir.VectorType(v.type, n)
+    i32 = ir.IntType(32)
+    v = builder.insert_element(ir.Constant(vt, None), v, ir.Constant(i32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vt, None),
+                                  ir.Constant(ir.VectorType(i32, n), [0] * n))
+
+
 def _item_ptr(context, builder, aty, arr, idx):  # type: ignore[no-untyped-def]
     """In an intrinsic's codegen: the pointer to ``arr[idx]`` (``aty`` its array type,
     ``idx`` a list of index values), unchecked."""
