@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1,
                     help="activation rows per call (a batched decode); Gweights/s count each")
     args = ap.parse_args()
-    modes = ["float"] + (list(cpu_idot.LEVELS) if cpu_idot.available() else [])
+    modes = ["float", *cpu_idot.LEVELS]
     backends = {m: CpuBackend(m) for m in modes}
     for b in backends.values():
         b.set_threads(args.threads)

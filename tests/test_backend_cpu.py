@@ -768,26 +768,30 @@ def test_backend_reason_names_the_target_isa(monkeypatch, features, isa):
     ("+neon,+fp-armv8,-dotprod", "ARM NEON"),
     ("+avx2,+f16c,+fma", "ARM NEON"),  # x86 names in an ARM string enable nothing x86
 ])
-def test_backend_reason_on_arm_names_neon_and_the_float_kernels(monkeypatch, features, isa):
+def test_backend_reason_on_arm_names_neon_and_the_lane_kernels(monkeypatch, features, isa):
     """An aarch64 target (forced here, so this runs on x86 too): backend_reason says ARM
     NEON, whether LLVM reports the dot-product extension, that float16 converts natively,
-    and that the float mat-vec runs because the integer-dot kernels are x86 code."""
+    and that the integer dots run lane by lane (the pair forms are x86 code; the
+    Q2_K/Q3_K file-byte ones too)."""
     import numba
 
-    from inference.backends import cpu_idot
+    from inference.backends import cpu_idot, cpu_kdot
     from inference.backends import cpu_kernels as K
 
     monkeypatch.setattr(K, "_arch", lambda: "arm")
     monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
     assert K.target_isa() == isa
-    assert not cpu_idot.available() and not cpu_idot.wide()
-    assert CpuBackend("int16").activations == "float"
+    assert cpu_idot.form() == "lanes" and not cpu_idot.wide() and not cpu_kdot.available()
+    assert CpuBackend("int16").activations == "int16"
     reason = probe()[1]
-    assert f"{isa}, native float16 converts, float mat-vec (integer dots need AVX2)" in reason
+    assert (f"{isa}, native float16 converts, integer dot products over int16 activations "
+            "(lane by lane)") in reason
 
 
 GENERIC_CHECK = """
+import hashlib
 import numpy as np
+from tests.test_backend_cpu import LANE_TYPES, _lane_input as LANE_INPUT
 from numba import njit
 from inference.backends.cpu import CpuBackend, probe
 from inference.backends.cpu_kernels import _half, target_has_f16c
@@ -811,17 +815,39 @@ assert (np.isnan(got) == nan).all()
 assert (got[~nan].view(np.uint32) == want[~nan].view(np.uint32)).all()
 
 x = np.random.default_rng(0).standard_normal((1, 3, 256)).astype(np.float32)
-C, N = CpuBackend(), NumpyBackend()
-assert C.activations == "float"  # no AVX2 promised: the integer kernels are not used
-for qtype in ("Q4_1", "Q6_K", "Q5_K"):  # float16 scales: packed 4-bit, packed 8-bit, raw
-    t = random_tensor(qtype, 64, 256, seed=1)
-    want = N.linear(x, N.weight(t))
-    for rows in (x, x[:, :1]):  # prefill (dequant + BLAS) and decode (mat-vec)
-        got = C.linear(rows, C.weight(t))
-        ref = want[:, : rows.shape[1]]
-        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * float(np.abs(ref).max()))
+N = NumpyBackend()
+for C in (CpuBackend("float"), CpuBackend("int16")):
+    for qtype in ("Q4_1", "Q6_K", "Q5_K"):  # float16 scales: packed 4-bit, packed 8-bit, raw
+        t = random_tensor(qtype, 64, 256, seed=1)
+        want = N.linear(x, N.weight(t))
+        for rows in (x, x[:, :1]):  # prefill (dequant + BLAS) and decode (mat-vec)
+            got = C.linear(rows, C.weight(t))
+            ref = want[:, : rows.shape[1]]
+            # int16: activations rounded to 16 bits a group (exact checks: test_cpu_idot.py)
+            tol = 1e-5 if C.activations == "float" else 1e-3
+            np.testing.assert_allclose(got, ref, rtol=0, atol=tol * float(np.abs(ref).max()))
+
+# No AVX2: the lane kernels (cpu_idot.form()). Each row alone and in batches of 2-8; the
+# bits of the rows alone go to the host, to compare with its own kernels'.
+from inference.backends import cpu_idot
+assert cpu_idot.form() == "lanes" and "integer dot products over int16" in probe()[1]
+xs = LANE_INPUT()
+for mode in ("int16", "int8"):
+    C = CpuBackend(mode)
+    for qtype in LANE_TYPES:
+        w = C.weight(random_tensor(qtype, 70, 512, seed=7))
+        alone = np.concatenate([C.linear(xs[i:i + 1], w) for i in range(8)])
+        for rows in range(2, 9):
+            assert (C.linear(xs[:rows], w).view(np.uint32)
+                    == alone[:rows].view(np.uint32)).all(), (mode, qtype, rows)
+        print("bits", mode, qtype, hashlib.sha256(alone.tobytes()).hexdigest())
 print("generic ok")
 """
+LANE_TYPES = ("Q4_1", "Q5_K", "Q8_0", "Q6_K")  # 4- and 5-bit, 8-bit signed, Q6_K's sub-scales
+
+
+def _lane_input() -> np.ndarray:
+    return np.random.default_rng(8).standard_normal((8, 512)).astype(np.float32) * 3
 
 
 def _generic_steps(tmp: Path) -> list[early.Step] | str:
@@ -837,6 +863,20 @@ def test_kernels_compile_and_match_for_a_generic_x86_cpu(request):
     """NUMBA_CPU_NAME=generic (an old laptop's baseline x86-64, no F16C): the float16
     widening falls back to integer ops, exact for all 65,536 inputs, and the mat-vecs still
     match NumPy. Before, LLVM emitted a call to a helper the JIT could not link: a crash.
+    There the mat-vecs take the lane kernels (no AVX2): each row alone is the same bits as
+    in a batch, and as this host's own integer kernels give it (exact integer sums, the
+    same float tail without FMA: cpu_idot), for both activation widths.
     (A subprocess started with the session: tests/early.py.)"""
+    import hashlib
+
     (out,) = early.result(request.node)
     assert out.returncode == 0 and "generic ok" in out.stdout, out.stderr[-3000:]
+    theirs = {tuple(line.split()[1:3]): line.split()[3] for line in out.stdout.splitlines()
+              if line.startswith("bits ")}
+    assert len(theirs) == 2 * len(LANE_TYPES), out.stdout
+    x = _lane_input()
+    for (mode, qtype), digest in theirs.items():
+        b = CpuBackend(mode)
+        w = b.weight(random_tensor(qtype, 70, 512, seed=7))
+        ours = np.concatenate([b.linear(x[i:i + 1], w) for i in range(8)])
+        assert hashlib.sha256(ours.tobytes()).hexdigest() == digest, (mode, qtype)

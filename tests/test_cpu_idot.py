@@ -30,9 +30,6 @@ from tests import goldens_io as g
 from tests.bundled import random_tensor
 from tests.test_backend_cpu import PACKED, _mlx_tensor
 
-pytestmark = pytest.mark.skipif(not cpu_idot.available(),
-                                reason="integer-dot kernels need x86 AVX2 (float kernels run)")
-
 N = NumpyBackend()
 TYPES = PACKED + ("MLX4", "MLX5", "MLX8")
 WIDTHS = list(cpu_idot.LEVELS)
@@ -166,9 +163,8 @@ def test_mode_from_argument_and_environment(monkeypatch):
         CpuBackend()
 
 
-def test_without_avx2_the_float_kernels_run(monkeypatch):
-    monkeypatch.setattr(cpu_idot, "available", lambda: False)
-    b = CpuBackend("int8")
+def test_float_activations_take_the_float_kernels():
+    b = CpuBackend("float")
     assert b.activations == "float"
     t = _weight("Q4_1")
     x = np.random.default_rng(2).standard_normal((1, 512)).astype(np.float32)
@@ -205,7 +201,7 @@ from inference.backends.cpu import CpuBackend
 from inference.backends.numpy_backend import NumpyBackend
 from tests.bundled import random_tensor
 
-assert cpu_idot.available() and not cpu_idot.wide() and cpu_idot.ROW_GROUP == 2
+assert cpu_idot.form() == "avx2" and cpu_idot.ROW_GROUP == 2
 N = NumpyBackend()
 x = np.random.default_rng(8).standard_normal((8, 512)).astype(np.float32) * 3
 for mode in ("int16",):  # the default; int8 shares the pair loops (a compile is ~20 s)

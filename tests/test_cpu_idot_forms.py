@@ -1,18 +1,19 @@
-"""The two forms of the integer-dot block intrinsics (inference/backends/cpu_idot.py):
-256-bit (AVX2) and 512-bit (AVX-512BW). Each takes a block's exact integer sums and ends
-with their float tail (``_Tail``), plain IEEE multiplies and adds in a fixed order. So
-both forms must equal NumPy's float32 evaluation of the same expression from the exact
-integer sums bit for bit: for 4-bit, 5-bit (plane of high bits) and 8-bit (signed and
-unsigned) codes, int16 and int8 activations, every scale layout (kind), and the row
-groups the kernels take (1, 2, 4, 8 rows sharing one unpacking of the codes). The kernels
-take whichever form the CPU has; this checks the other one too where the CPU can run
-both, and the 512-bit form's multiply-adds of 4 and 8 rows both ways: one ``vpdpwssd``
-(VNNI, inline asm) and ``vpmaddwd`` + ``vpaddd``. The float tail's result is compared,
-not the sums: they are exact integers, and float32 takes them exactly below 2**24 (every
-4/5-bit sum here, asserted). 8-bit sums with int16 activations reach 2**26 here, where
-float32 rounds to a multiple of 4: the conversion rounds the same way in NumPy and in the
-kernels, so the comparison stays bitwise, but an integer error below 4 there could go
-unseen (test_cpu_idot.py checks the kernels' extreme sums against NumPy)."""
+"""The three forms of the integer-dot block intrinsics (inference/backends/cpu_idot.py):
+256-bit (AVX2), 512-bit (AVX-512BW) and lane by lane (plain vector IR: ARM NEON, x86 without
+AVX2). Each takes a block's exact integer sums and ends with their float tail (``_Tail``),
+plain IEEE multiplies and adds in a fixed order. So every form must equal NumPy's float32
+evaluation of the same expression from the exact integer sums bit for bit: for 4-bit, 5-bit
+(plane of high bits) and 8-bit (signed and unsigned) codes, int16 and int8 activations,
+every scale layout (kind), and the row groups the kernels take (1, 2, 4, 8 rows sharing one
+unpacking of the codes). The kernels take whichever form the CPU has; this checks the lane
+form on every CPU (it compiles for any target), both x86 forms where the CPU has AVX-512BW,
+and the 512-bit form's multiply-adds of 4 and 8 rows both ways: one ``vpdpwssd`` (VNNI,
+inline asm) and ``vpmaddwd`` + ``vpaddd``. The float tail's result is compared, not the
+sums: they are exact integers, and float32 takes them exactly below 2**24 (every 4/5-bit sum
+here, asserted). 8-bit sums with int16 activations reach 2**26 here, where float32 rounds to
+a multiple of 4: the conversion rounds the same way in NumPy and in the kernels, so the
+comparison stays bitwise, but an integer error below 4 there could go unseen
+(test_cpu_idot.py checks the kernels' extreme sums against NumPy)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ from inference.backends import cpu_idot as I
 from inference.backends import cpu_kernels as K
 from inference.backends.cpu_kernels import LANES
 
-pytestmark = pytest.mark.skipif(not I.wide(), reason="the 512-bit form needs AVX-512BW")
-
 GROUPS = 2  # one block per group of 32 activations
 ROWS = 8  # activation rows: every group size divides it
 # (vnni, rows): without VNNI only 4 and 8 rows, the only ones taking ``vpdpwssd`` with it
@@ -34,15 +33,19 @@ ZERO = 8.0  # SYMMETRIC's code offset
 f32 = np.float32
 
 
-def _forms(monkeypatch, vnni: bool, makers: tuple) -> tuple:
-    """The makers to check: both forms; without ``vnni`` only the 512-bit one (the AVX2
-    form never takes ``vpdpwssd``), compiled as if the target had no VNNI (the makers
-    read ``_vnni`` when their runner compiles)."""
-    if not vnni:
+def _forms(monkeypatch, vnni: bool, nrows: int, lanes, pairs, wide) -> list:
+    """The makers to check: the lane form for the groups its kernels take (1 and 2 rows);
+    where the target has AVX-512BW, both x86 forms, and without ``vnni`` only the 512-bit
+    one (the AVX2 form never takes ``vpdpwssd``), compiled as if the target had no VNNI
+    (the makers read ``_vnni`` when their runner compiles)."""
+    makers = [lanes] if vnni and nrows <= 2 else []
+    if I.wide() and not vnni:
         monkeypatch.setattr(I, "_vnni", lambda: False)
-        return makers[1:]
-    if not I._vnni():
-        pytest.skip("the target has no AVX-512 VNNI")
+        makers.append(wide)
+    elif I.wide() and I._vnni():
+        makers += [pairs, wide]
+    if not makers:
+        pytest.skip("the x86 forms need AVX-512BW (and here VNNI)")
     return makers
 
 
@@ -140,7 +143,8 @@ def _check(run, args, kinds, blocks, c, nrows, want, rng, subs=None):
 @pytest.mark.parametrize("width", list(I.LEVELS))
 @pytest.mark.parametrize("five", [False, True])
 def test_dot4_forms_equal_numpy(width, five, nrows, vnni, monkeypatch):
-    makers = _forms(monkeypatch, vnni, (I._make_dot4, I._make_wide_dot4))
+    makers = _forms(monkeypatch, vnni, nrows, I._make_lane_dot4, I._make_dot4,
+                    I._make_wide_dot4)
     rng = np.random.default_rng(nrows * 10 + five)
     codes, values = _codes4(rng, five)
     xp = _activations(width, ROWS, rng)
@@ -158,7 +162,8 @@ def test_dot4_forms_equal_numpy(width, five, nrows, vnni, monkeypatch):
 @pytest.mark.parametrize("width", list(I.LEVELS))
 @pytest.mark.parametrize("signed", [False, True])
 def test_dot8_forms_equal_numpy(width, signed, nrows, vnni, monkeypatch):
-    makers = _forms(monkeypatch, vnni, (I._make_dot8, I._make_wide_dot8))
+    makers = _forms(monkeypatch, vnni, nrows, I._make_lane_dot8, I._make_dot8,
+                    I._make_wide_dot8)
     rng = np.random.default_rng(nrows * 10 + signed)
     dtype = np.int8 if signed else np.uint8
     info = np.iinfo(dtype)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.backends import cpu_idot
 from tests import goldens_io as g
 
 MIN_TOP1, MAX_DLOGP = 0.99, 0.01  # issue 13's bars (int16 activations quantize x)
@@ -44,8 +43,7 @@ def test_llama_cpp_kquant_files_match_transformers_on_cpu(qtype):
         pytest.skip(g.KQUANT_MISSING)
     path, z, meta = found
     model = load_model(str(path), backend="cpu")
-    if cpu_idot.available():
-        assert model.backend.activations == "int16"
+    assert model.backend.activations == "int16"
     for text in meta["texts"]:
         golden = {k: z[f"{qtype}.{text}.{k}"] for k in ("top_ids", "top_logp")}
         ids = z[f"{qtype}.{text}.ids"].tolist()

@@ -98,15 +98,16 @@ ACTIVATIONS = ("int16", "int8", "float")
 def _activations(requested: str | None) -> str:
     """How decode mat-vecs take their activations (:mod:`cpu_idot`): quantized to "int16"
     (the default: float parity, 2x the float kernels on 4-bit weights) or "int8" (faster,
-    llama.cpp's numerics) for integer dot products where the CPU has them, else "float".
-    The argument wins, then the environment variable ``INFERDESK_CPU_ACTIVATIONS``."""
+    llama.cpp's numerics) for integer dot products (every target has a form of them:
+    :func:`cpu_idot.form`), or "float". The argument wins, then the environment variable
+    ``INFERDESK_CPU_ACTIVATIONS``."""
     import os
 
     mode = requested or os.environ.get(ACTIVATIONS_ENV) or "int16"
     if mode not in ACTIVATIONS:
         raise InvalidInputError(
             f"{ACTIVATIONS_ENV} must be one of {', '.join(ACTIVATIONS)}, not {mode!r}")
-    return mode if cpu_idot.available() else "float"
+    return mode
 
 
 class CpuBackend(NumpyBackend):
@@ -354,7 +355,8 @@ class CpuBackend(NumpyBackend):
         elif isinstance(w, RawWeight):
             if w.code is not None and x2.shape[0] <= MATVEC_ROWS:
                 y = np.empty((x2.shape[0], n_out), dtype=np.float32)
-                if w.code in cpu_kdot.CODES and self.activations != "float":
+                if (w.code in cpu_kdot.CODES and self.activations != "float"
+                        and cpu_kdot.available()):
                     self._taped(cpu_kdot.linear, w.bytes, w.code, x2,
                                 cpu_idot.level(self.activations), y)
                 else:
@@ -1053,9 +1055,10 @@ def probe() -> tuple[bool, str]:
     except InvalidInputError as e:
         return False, str(e)
     if mode != "float":
-        dot = f"integer dot products over {mode} activations"
-    else:  # chosen, or the only path: the integer kernels are x86 (AVX2) code
-        dot = "float mat-vec" + ("" if cpu_idot.available() else " (integer dots need AVX2)")
+        how = {"lanes": "lane by lane", "avx2": "code pairs", "avx512": "code pairs, 512-bit"}
+        dot = f"integer dot products over {mode} activations ({how[cpu_idot.form()]})"
+    else:  # chosen by the user
+        dot = "float mat-vec"
     return True, (f"numba {numba.__version__} kernels over quantized weights, "
                   f"up to {numba.get_num_threads()} threads (fewer while other processes "
                   f"keep cores busy), {K.target_isa()}, "

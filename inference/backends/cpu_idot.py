@@ -50,12 +50,14 @@ pairs, then a single row (:data:`ROW_GROUP`). With VNNI a group's multiply-adds 
 each one ``vpdpwssd`` (:func:`_wide_madd`), without which the groups gain nothing. A
 row's result is the same bits in any group.
 
-Other CPUs (no AVX2, ARM, NUMBA_CPU_NAME=generic) keep the float kernels.
+Other CPUs (ARM, x86 without AVX2, NUMBA_CPU_NAME=generic) take the same sums lane by lane
+in plain vector IR (:func:`_make_lane_dot4` / :func:`_make_lane_dot8`, :func:`form`): on
+AArch64 NEON's widening multiply-add by element; bitwise the same results.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache, partial
 
 import numpy as np
@@ -74,10 +76,14 @@ _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntTyp
 LEVELS = {"int8": 127, "int16": 32767}  # largest |q| per activation width
 
 
-def available() -> bool:
-    """Whether the integer kernels can be compiled for numba's target: their intrinsics
-    are x86 ones, which LLVM cannot select for another architecture."""
-    return K._x86() and K.target_has("avx2")
+def form() -> str:
+    """The integer kernels numba's target takes: "avx512" (x86 with AVX-512BW: pairs of
+    codes, 512-bit vectors), "avx2" (x86 with AVX2: pairs of codes, ``vpmaddwd``), or
+    "lanes" everywhere else (plain vector IR, lane by lane: NEON's ``smlal`` on ARM, SSE2
+    on an x86 without AVX2)."""
+    if K._x86() and K.target_has("avx2"):
+        return "avx512" if K.target_has("avx512bw") else "avx2"
+    return "lanes"
 
 
 # -- the activations --------------------------------------------------------------------
@@ -365,6 +371,93 @@ def _tail_args(context, builder, signature, args, first: int, blk, g, c):  # typ
     return _Tail(context, builder, tys, vals, blk, g, c, (signature.args[0], args[0]))
 
 
+# -- the frame of a block intrinsic ------------------------------------------------------
+# Every form below writes a block's integer sums its own way; the arguments, the typing and
+# the float tail are the same for all of them (:func:`_dot_intrinsic`).
+
+Sums = list[list[tuple[int, ir.Value, ir.Value | None]]]  # per row: _Tail.emit's runs
+
+
+class _Block:
+    """What a block intrinsic's sums read (:func:`_dot_intrinsic`): block ``blk`` of the
+    codes, the activation rows ``rows`` (``row`` and the next ``nrows - 1``) of group ``g``,
+    and whether the codes are 5-bit (``five``: a plane of high bits), int8 (``signed``) and
+    the activations int8 (``narrow``)."""
+
+    def __init__(self, context, builder, signature, args, nrows: int,  # type: ignore
+                 eight: bool) -> None:
+        self.context, self.builder = context, builder
+        self.cty, _, self.xty = signature.args[:3]
+        self.carr, cblk, self.xarr, crow, cg = args[:5]
+        self.blk, self.row, self.g = (_i64_of(builder, v) for v in (cblk, crow, cg))
+        self.rows = [builder.add(self.row, ir.Constant(_i64, r)) for r in range(nrows)]
+        self.five = not eight and not isinstance(signature.args[5], types.NoneType)
+        self.signed = self.cty.dtype == types.int8
+        self.narrow = self.xty.dtype == types.int8
+
+    def code_rows(self, js: Sequence[int], vt: ir.VectorType) -> list[ir.Value]:
+        """Code rows ``js`` of the block, each LANES bytes, as vectors ``vt``."""
+        return _block_rows(self.context, self.builder, self.cty, self.carr, self.blk, js, vt)
+
+    def pair(self, row: ir.Value, p: int) -> ir.Value:
+        """Activation codes ``2p`` and ``2p + 1`` of the group in ``row`` as one integer."""
+        p0 = self.builder.mul(self.g, ir.Constant(_i64, 16))
+        return _pair(self.context, self.builder, self.xty, self.xarr, row, p0, p)
+
+
+def _dot_intrinsic(nrows: int, eight: bool, sums: Callable[[_Block], Sums]):  # type: ignore
+    """A block intrinsic over ``nrows`` activation rows, with :func:`_make_dot4`'s arguments
+    or, for 8-bit codes (``eight``), :func:`_make_dot8`'s; ``sums`` writes the block's
+    integer sums, then their float tail (:meth:`_Tail.emit`) goes into ``accs``."""
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        b = _Block(context, builder, signature, args, nrows, eight)
+        first, c = (5, 8) if eight else (6, 5 if b.five else 4)
+        _tail_args(context, builder, signature, args, first, b.blk, b.g, c).emit(b.row, sums(b))
+        return context.get_dummy_value()
+
+    if eight:
+        @intrinsic
+        def dot8(typingctx, codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs
+                 ):  # type: ignore[no-untyped-def]
+            return types.void(codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs), codegen
+
+        return dot8
+
+    @intrinsic
+    def dot4(typingctx, codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs
+             ):  # type: ignore[no-untyped-def]
+        return (types.void(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs),
+                codegen)
+
+    return dot4
+
+
+def _nibbles(builder: ir.IRBuilder, u: ir.Value, tops: Sequence[ir.Value] | None = None,
+             bit: int = 0) -> tuple[ir.Value, ir.Value]:
+    """Code bytes ``u`` -> their low and high nibbles, the 4-bit codes; for 5-bit ones,
+    bit ``bit`` of ``tops[0]`` / ``tops[1]`` (vectors like ``u`` from the planes of high
+    bits) becomes bit 4 of the low / high code."""
+    n = u.type.count
+    m15, four, one = (ir.Constant(u.type, [c] * n) for c in (15, 4, 1))
+    lo, hi = builder.and_(u, m15), builder.and_(builder.lshr(u, four), m15)
+    if tops is None:
+        return lo, hi
+    at = ir.Constant(u.type, [bit] * n)
+    high = [builder.shl(builder.and_(builder.lshr(top, at), one), four) for top in tops]
+    return builder.or_(lo, high[0]), builder.or_(hi, high[1])
+
+
+def _two_halves(halves: list[list[list[tuple[int, ir.Value]]]]) -> Sums:
+    """Runs of codes 0-15 and of codes 16-31 (``halves[0]``, ``halves[1]``, per row) as
+    :meth:`_Tail.emit`'s (lane, sums, sums of codes 16-31) runs."""
+    return [[(lane, a, h) for (lane, a), (_, h) in zip(*pair, strict=True)]
+            for pair in zip(*halves, strict=True)]
+
+
+# -- the AVX2 form: pairs of codes -------------------------------------------------------
+
+
 def _maddwd(builder: ir.IRBuilder) -> ir.Function:
     v16i16, v8i32 = ir.VectorType(_i16, 16), ir.VectorType(_i32, 8)
     return cgutils.get_or_insert_function(
@@ -395,131 +488,84 @@ def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
     ``nrows`` rows. With ``high`` an array (not None) the codes are 5-bit: bit 4 comes from
     the plane of high bits, code bytes 16-19 (``cpu_kernels`` docstring; read through
     ``codes``)."""
+    return _dot_intrinsic(nrows, False, _pair_sums4)
 
-    @intrinsic
-    def dot4(typingctx, codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs
-             ):  # type: ignore[no-untyped-def]
-        sig = types.void(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs)
-        narrow = xp.dtype == types.int8
-        five = not isinstance(high, types.NoneType)
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            cty, _, xty = signature.args[:3]
-            carr, cblk, xarr, crow, cg = args[:5]
-            v32i8, v16i16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16)
-            v8i32 = ir.VectorType(_i32, 8)
-            maddubs = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]),
-                "llvm.x86.avx2.pmadd.ub.sw")
-            maddwd = _maddwd(builder)
-            m15 = ir.Constant(v32i8, [15] * 32)
-            four = ir.Constant(v32i8, [4] * 32)
-            blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
-            p0 = builder.mul(g, ir.Constant(_i64, 16))
-            rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
-            zero = (ir.Constant(v16i16, [0] * 16) if narrow  # (half, codes 0-15 / 16-31)
-                    else ir.Constant(v8i32, [0] * 8))  # 8 lanes each, in _EIGHTS order
-            acc = [[zero] * 4 for _ in rows]
-            v16i32 = ir.VectorType(_i32, 16)
-            wide = [[ir.Constant(v16i32, [0] * 16)] * 4 for _ in rows]  # narrow: 32-bit sums
-            if five:  # bit 4 of codes (2p, 2p+1) / (2p+16, 2p+17) as pairs, per lane half
-                el, ol, eh, oh = _block_rows(context, builder, cty, carr, blk, (16, 17, 18, 19),
-                                             v32i8)
-                tops = [(_interleave(builder, el, ol, lanes), _interleave(builder, eh, oh, lanes))
-                        for lanes in _HALVES]
-                one = ir.Constant(v32i8, [1] * 32)
-            for p in range(8):
-                r0, r1 = _block_rows(context, builder, cty, carr, blk, (2 * p, 2 * p + 1),
-                                     v32i8)
-                splat = _pair_bytes if narrow else _pair_words
-                xs = [[splat(builder, _pair(context, builder, xty, xarr, rw, p0, p + o))
-                       for o in (0, 8)] for rw in rows]
-                for h, lanes in enumerate(_HALVES):
-                    u = _interleave(builder, r0, r1, lanes)
-                    lo = builder.and_(u, m15)
-                    hi = builder.and_(builder.lshr(u, four), m15)
-                    if five:
-                        bit = ir.Constant(v32i8, [p] * 32)
-                        lo, hi = (builder.or_(c, builder.shl(builder.and_(
-                            builder.lshr(top, bit), one), four)) for c, top in zip(
-                                (lo, hi), tops[h], strict=True))
-                    if narrow:
-                        for a, (lo_x, hi_x) in zip(acc, xs, strict=True):
-                            a[2 * h] = builder.add(a[2 * h], builder.call(maddubs, [lo, lo_x]))
-                            a[2 * h + 1] = builder.add(a[2 * h + 1],
-                                                       builder.call(maddubs, [hi, hi_x]))
-                        continue
-                    for c, codes_ in enumerate((lo, hi)):
-                        for e, words in enumerate(_words(builder, codes_, signed=False)):
-                            for a, x in zip(acc, xs, strict=True):
-                                a[2 * h + e] = builder.add(a[2 * h + e],
-                                                           builder.call(maddwd, [words, x[c]]))
-                # 16-bit sums of 5-bit codes (pairs up to 2 * 31 * 127 = 7874) hold 4 pairs.
-                if narrow and (p == 7 or (five and p == 3)):
-                    for a, w in zip(acc, wide, strict=True):
-                        for i in range(4):
-                            w[i] = builder.add(w[i], builder.sext(a[i], v16i32))
-                            a[i] = zero
-            sums = []
-            for r, a in enumerate(acc):
-                if narrow:
-                    w = wide[r]
-                    runs = _runs(builder, [builder.add(w[2 * h], w[2 * h + 1])
-                                           for h in range(2)], _HALVES)
-                else:
-                    runs = _runs(builder, a, _EIGHTS)
-                sums.append([(lane, v, None) for lane, v in runs])
-            _tail_args(context, builder, signature, args, 6, blk, g, 5 if five else 4
-                       ).emit(row, sums)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dot4
+def _pair_sums4(b: _Block) -> Sums:
+    builder = b.builder
+    v32i8, v16i16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16)
+    v8i32, v16i32 = ir.VectorType(_i32, 8), ir.VectorType(_i32, 16)
+    maddubs = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]), "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = _maddwd(builder)
+    zero = (ir.Constant(v16i16, [0] * 16) if b.narrow  # (half, codes 0-15 / 16-31)
+            else ir.Constant(v8i32, [0] * 8))  # 8 lanes each, in _EIGHTS order
+    acc = [[zero] * 4 for _ in b.rows]
+    wide = [[ir.Constant(v16i32, [0] * 16)] * 4 for _ in b.rows]  # narrow: 32-bit sums
+    if b.five:  # bit 4 of codes (2p, 2p+1) / (2p+16, 2p+17) as pairs, per lane half
+        el, ol, eh, oh = b.code_rows((16, 17, 18, 19), v32i8)
+        tops = [(_interleave(builder, el, ol, lanes), _interleave(builder, eh, oh, lanes))
+                for lanes in _HALVES]
+    for p in range(8):
+        r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
+        splat = _pair_bytes if b.narrow else _pair_words
+        xs = [[splat(builder, b.pair(rw, p + o)) for o in (0, 8)] for rw in b.rows]
+        for h, lanes in enumerate(_HALVES):
+            lo, hi = _nibbles(builder, _interleave(builder, r0, r1, lanes),
+                              tops[h] if b.five else None, p)
+            if b.narrow:
+                for a, (lo_x, hi_x) in zip(acc, xs, strict=True):
+                    a[2 * h] = builder.add(a[2 * h], builder.call(maddubs, [lo, lo_x]))
+                    a[2 * h + 1] = builder.add(a[2 * h + 1], builder.call(maddubs, [hi, hi_x]))
+                continue
+            for c, codes_ in enumerate((lo, hi)):
+                for e, words in enumerate(_words(builder, codes_, signed=False)):
+                    for a, x in zip(acc, xs, strict=True):
+                        a[2 * h + e] = builder.add(a[2 * h + e],
+                                                   builder.call(maddwd, [words, x[c]]))
+        # 16-bit sums of 5-bit codes (pairs up to 2 * 31 * 127 = 7874) hold 4 pairs.
+        if b.narrow and (p == 7 or (b.five and p == 3)):
+            for a, w in zip(acc, wide, strict=True):
+                for i in range(4):
+                    w[i] = builder.add(w[i], builder.sext(a[i], v16i32))
+                    a[i] = zero
+    sums = []
+    for r, a in enumerate(acc):
+        if b.narrow:
+            w = wide[r]
+            runs = _runs(builder, [builder.add(w[2 * h], w[2 * h + 1]) for h in range(2)],
+                         _HALVES)
+        else:
+            runs = _runs(builder, a, _EIGHTS)
+        sums.append([(lane, v, None) for lane, v in runs])
+    return sums
 
 
 def _make_dot8(nrows: int):  # type: ignore[no-untyped-def]
     """As :func:`_make_dot4` for 8-bit codes (int8 or uint8 by the array's type), without
     ``high``: ``(codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs)``, the sums
     over codes 0-15 and 16-31 kept apart for the tail (Q6_K scales them apart)."""
+    return _dot_intrinsic(nrows, True, _pair_sums8)
 
-    @intrinsic
-    def dot8(typingctx, codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs
-             ):  # type: ignore[no-untyped-def]
-        sig = types.void(codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs)
-        signed = codes.dtype == types.int8
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            cty, _, xty = signature.args[:3]
-            carr, cblk, xarr, crow, cg = args[:5]
-            v32i8, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8)
-            maddwd = _maddwd(builder)
-            blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
-            p0 = builder.mul(g, ir.Constant(_i64, 16))
-            rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
-            halves = []
-            for half in range(2):  # codes 0-15, then 16-31
-                acc = [[ir.Constant(v8i32, [0] * 8)] * 4 for _ in rows]  # _EIGHTS order
-                for p in range(8 * half, 8 * half + 8):
-                    r0, r1 = _block_rows(context, builder, cty, carr, blk,
-                                         (2 * p, 2 * p + 1), v32i8)
-                    xs = [_pair_words(builder, _pair(context, builder, xty, xarr, rw, p0, p))
-                          for rw in rows]
-                    for h, lanes in enumerate(_HALVES):
-                        pairs = _interleave(builder, r0, r1, lanes)
-                        for e, words in enumerate(_words(builder, pairs, signed)):
-                            for a, x in zip(acc, xs, strict=True):
-                                a[2 * h + e] = builder.add(a[2 * h + e],
-                                                           builder.call(maddwd, [words, x]))
-                halves.append([_runs(builder, a, _EIGHTS) for a in acc])
-            sums = [[(lane, a, h) for (lane, a), (_, h) in zip(*pair, strict=True)]
-                    for pair in zip(*halves, strict=True)]
-            _tail_args(context, builder, signature, args, 5, blk, g, 8).emit(row, sums)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dot8
+def _pair_sums8(b: _Block) -> Sums:
+    builder = b.builder
+    v32i8, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8)
+    maddwd = _maddwd(builder)
+    halves = []
+    for half in range(2):  # codes 0-15, then 16-31
+        acc = [[ir.Constant(v8i32, [0] * 8)] * 4 for _ in b.rows]  # _EIGHTS order
+        for p in range(8 * half, 8 * half + 8):
+            r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
+            xs = [_pair_words(builder, b.pair(rw, p)) for rw in b.rows]
+            for h, lanes in enumerate(_HALVES):
+                pairs = _interleave(builder, r0, r1, lanes)
+                for e, words in enumerate(_words(builder, pairs, b.signed)):
+                    for a, x in zip(acc, xs, strict=True):
+                        a[2 * h + e] = builder.add(a[2 * h + e],
+                                                   builder.call(maddwd, [words, x]))
+        halves.append([_runs(builder, a, _EIGHTS) for a in acc])
+    return _two_halves(halves)
 
 
 # -- the same sums in 512-bit vectors (AVX-512BW) --------------------------------------
@@ -574,98 +620,130 @@ def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Valu
 
 def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
     """:func:`_make_dot4` in 512-bit vectors: same arguments, same sums and tail."""
+    return _dot_intrinsic(nrows, False, _wide_sums4)
 
-    @intrinsic
-    def dot4(typingctx, codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs
-             ):  # type: ignore[no-untyped-def]
-        sig = types.void(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs)
-        five = not isinstance(high, types.NoneType)
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            cty, _, xty = signature.args[:3]
-            carr, cblk, xarr, crow, cg = args[:5]
-            v32i8, v64i8, v16i32 = (ir.VectorType(_i8, 32), ir.VectorType(_i8, 64),
-                                    ir.VectorType(_i32, 16))
-            pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
-            m15, four, one = (ir.Constant(v64i8, [c] * 64) for c in (15, 4, 1))
-            blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
-            p0 = builder.mul(g, ir.Constant(_i64, 16))
-            rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
-            acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]  # lanes 0-15, 16-31
-            if five:  # bit 4 of codes (2p, 2p+1) and (2p+16, 2p+17), paired as the codes
-                el, ol, eh, oh = _block_rows(context, builder, cty, carr, blk, (16, 17, 18, 19),
-                                             v32i8)
-                tops = (builder.shuffle_vector(el, ol, pairs),
-                        builder.shuffle_vector(eh, oh, pairs))
-            for p in range(8):
-                r0, r1 = _block_rows(context, builder, cty, carr, blk, (2 * p, 2 * p + 1),
-                                     v32i8)
-                u = builder.shuffle_vector(r0, r1, pairs)
-                lo = builder.and_(u, m15)
-                hi = builder.and_(builder.lshr(u, four), m15)
-                if five:
-                    bit = ir.Constant(v64i8, [p] * 64)
-                    lo, hi = (builder.or_(c, builder.shl(builder.and_(
-                        builder.lshr(top, bit), one), four)) for c, top in zip(
-                            (lo, hi), tops, strict=True))
-                for c, codes_ in enumerate((lo, hi)):  # codes 2p.. and 2p+16..
-                    words = _wide_words(builder, codes_, signed=False)
-                    for a, rw in zip(acc, rows, strict=True):
-                        x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0,
-                                                       p + 8 * c), 16)
-                        a[0] = _wide_madd(builder, a[0], words[0], x, nrows)
-                        a[1] = _wide_madd(builder, a[1], words[1], x, nrows)
-            _tail_args(context, builder, signature, args, 6, blk, g, 5 if five else 4).emit(
-                row, [[(0, a[0], None), (16, a[1], None)] for a in acc])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dot4
+def _wide_sums4(b: _Block) -> Sums:
+    builder = b.builder
+    v32i8, v16i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 16)
+    pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
+    acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in b.rows]  # lanes 0-15, 16-31
+    if b.five:  # bit 4 of codes (2p, 2p+1) and (2p+16, 2p+17), paired as the codes
+        el, ol, eh, oh = b.code_rows((16, 17, 18, 19), v32i8)
+        tops = (builder.shuffle_vector(el, ol, pairs), builder.shuffle_vector(eh, oh, pairs))
+    for p in range(8):
+        r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
+        lo, hi = _nibbles(builder, builder.shuffle_vector(r0, r1, pairs),
+                          tops if b.five else None, p)
+        for c, codes_ in enumerate((lo, hi)):  # codes 2p.. and 2p+16..
+            words = _wide_words(builder, codes_, signed=False)
+            for a, rw in zip(acc, b.rows, strict=True):
+                x = _pair_words(builder, b.pair(rw, p + 8 * c), 16)
+                a[0] = _wide_madd(builder, a[0], words[0], x, len(b.rows))
+                a[1] = _wide_madd(builder, a[1], words[1], x, len(b.rows))
+    return [[(0, a[0], None), (16, a[1], None)] for a in acc]
 
 
 def _make_wide_dot8(nrows: int):  # type: ignore[no-untyped-def]
     """:func:`_make_dot8` in 512-bit vectors: same arguments, same sums and tail."""
+    return _dot_intrinsic(nrows, True, _wide_sums8)
 
-    @intrinsic
-    def dot8(typingctx, codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs
-             ):  # type: ignore[no-untyped-def]
-        sig = types.void(codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs)
-        signed = codes.dtype == types.int8
 
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            cty, _, xty = signature.args[:3]
-            carr, cblk, xarr, crow, cg = args[:5]
-            v32i8, v16i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 16)
-            pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
-            blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
-            p0 = builder.mul(g, ir.Constant(_i64, 16))
-            rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(nrows)]
-            halves = []
-            for half in range(2):  # codes 0-15, then 16-31
-                acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in rows]
-                for p in range(8 * half, 8 * half + 8):
-                    r0, r1 = _block_rows(context, builder, cty, carr, blk,
-                                         (2 * p, 2 * p + 1), v32i8)
-                    words = _wide_words(builder, builder.shuffle_vector(r0, r1, pairs), signed)
-                    for a, rw in zip(acc, rows, strict=True):
-                        x = _pair_words(builder, _pair(context, builder, xty, xarr, rw, p0, p),
-                                        16)
-                        a[0] = _wide_madd(builder, a[0], words[0], x, nrows)
-                        a[1] = _wide_madd(builder, a[1], words[1], x, nrows)
-                halves.append(acc)
-            _tail_args(context, builder, signature, args, 5, blk, g, 8).emit(
-                row, [[(0, a[0], h[0]), (16, a[1], h[1])] for a, h in zip(*halves, strict=True)])
-            return context.get_dummy_value()
+def _wide_sums8(b: _Block) -> Sums:
+    builder = b.builder
+    v32i8, v16i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 16)
+    pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
+    halves = []
+    for half in range(2):  # codes 0-15, then 16-31
+        acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in b.rows]
+        for p in range(8 * half, 8 * half + 8):
+            r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
+            words = _wide_words(builder, builder.shuffle_vector(r0, r1, pairs), b.signed)
+            for a, rw in zip(acc, b.rows, strict=True):
+                x = _pair_words(builder, b.pair(rw, p), 16)
+                a[0] = _wide_madd(builder, a[0], words[0], x, len(b.rows))
+                a[1] = _wide_madd(builder, a[1], words[1], x, len(b.rows))
+        halves.append([[(0, a[0]), (16, a[1])] for a in acc])
+    return _two_halves(halves)
 
-        return sig, codegen
 
-    return dot8
+# -- the same sums in plain vector IR, lane by lane (ARM NEON) ---------------------------
+# No pair multiply-add here: a block's code row j (one code per output lane, 32 lanes)
+# widened to 16 bits, times the activation code q_j broadcast, added into the lanes' 32-bit
+# sums. Generic IR that any LLVM target selects; on AArch64 each 4 lanes' step is one
+# ``smlal`` / ``smlal2`` by element (16 x 16 -> 32 bits, NEON's widening multiply-add; it
+# has no pair form like ``vpmaddwd``), and the lanes stay in order, so nothing is
+# interleaved. A row's 32 sums are 8 registers of 4 lanes: pairs of rows take 16 of NEON's
+# 32, with the codes and the two rows' activations beside them. The sums are exact, so the
+# results are bitwise those of the x86 intrinsics (the tail is the same IR).
+
+_LANE_RUNS = [list(range(K.LANES))]  # a lane dot's sums: one vector, lanes in order
+
+
+def _lane_acts(b: _Block, row: ir.Value) -> ir.Value:
+    """Activation row ``row``'s 32 codes of group ``g`` (int8 or int16) as a v32i16."""
+    builder = b.builder
+    ptr = _item_ptr(b.context, builder, b.xty, b.xarr,
+                    [row, builder.mul(b.g, ir.Constant(_i64, 32))])
+    v = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(b.xty.dtype.bitwidth), 32)
+                                     .as_pointer()), align=1)
+    return builder.sext(v, ir.VectorType(_i16, 32)) if b.narrow else v
+
+
+def _lane_madd(builder: ir.IRBuilder, acc: ir.Value, codes: ir.Value, acts: ir.Value,
+               j: int) -> ir.Value:
+    """``acc + codes * acts[j]`` lane by lane: ``codes`` v32i16, ``acc`` v32i32."""
+    v32i32 = ir.VectorType(_i32, 32)
+    qj = builder.shuffle_vector(acts, ir.Constant(acts.type, None),
+                                ir.Constant(v32i32, [j] * 32))
+    return builder.add(acc, builder.mul(builder.sext(codes, v32i32), builder.sext(qj, v32i32)))
+
+
+def _make_lane_dot4(nrows: int):  # type: ignore[no-untyped-def]
+    """:func:`_make_dot4` lane by lane: same arguments, same sums and tail."""
+    return _dot_intrinsic(nrows, False, _lane_sums4)
+
+
+def _lane_sums4(b: _Block) -> Sums:
+    builder = b.builder
+    v32i8, v32i16, v32i32 = (ir.VectorType(t, 32) for t in (_i8, _i16, _i32))
+    acts = [_lane_acts(b, rw) for rw in b.rows]
+    acc = [ir.Constant(v32i32, [0] * 32) for _ in b.rows]
+    if b.five:  # planes of bit 4: codes 2p / 2p+1 / 2p+16 / 2p+17 at bit p
+        planes = b.code_rows((16, 17, 18, 19), v32i8)
+    for j in range(16):  # byte j: code j low, code j + 16 high
+        (u,) = b.code_rows((j,), v32i8)
+        tops = (planes[j & 1], planes[2 + (j & 1)]) if b.five else None
+        lo, hi = _nibbles(builder, u, tops, j >> 1)
+        for c, code in ((j, lo), (j + 16, hi)):
+            wide16 = builder.zext(code, v32i16)
+            acc = [_lane_madd(builder, a, wide16, x, c) for a, x in zip(acc, acts, strict=True)]
+    return [[(lane, v, None) for lane, v in _runs(builder, [a], _LANE_RUNS)] for a in acc]
+
+
+def _make_lane_dot8(nrows: int):  # type: ignore[no-untyped-def]
+    """:func:`_make_dot8` lane by lane: same arguments, same sums and tail."""
+    return _dot_intrinsic(nrows, True, _lane_sums8)
+
+
+def _lane_sums8(b: _Block) -> Sums:
+    builder = b.builder
+    v32i8, v32i16, v32i32 = (ir.VectorType(t, 32) for t in (_i8, _i16, _i32))
+    acts = [_lane_acts(b, rw) for rw in b.rows]
+    halves = []
+    for half in range(2):  # codes 0-15, then 16-31
+        acc = [ir.Constant(v32i32, [0] * 32) for _ in b.rows]
+        for j in range(16 * half, 16 * half + 16):
+            (u,) = b.code_rows((j,), v32i8)
+            wide16 = (builder.sext if b.signed else builder.zext)(u, v32i16)
+            acc = [_lane_madd(builder, a, wide16, x, j) for a, x in zip(acc, acts, strict=True)]
+        halves.append([_runs(builder, [a], _LANE_RUNS) for a in acc])
+    return _two_halves(halves)
 
 
 def wide() -> bool:
     """Whether the pair kernels take the 512-bit intrinsics (the target has AVX-512BW)."""
-    return K._x86() and K.target_has("avx512bw")
+    return form() == "avx512"
 
 
 # Rows go in groups that share each unpacking of the codes (load, interleave, mask,
@@ -684,7 +762,9 @@ def vnni_groups() -> bool:
     return ROW_GROUP == 8 and _vnni()
 
 
-_make4, _make8 = (_make_wide_dot4, _make_wide_dot8) if wide() else (_make_dot4, _make_dot8)
+_make4, _make8 = {"avx512": (_make_wide_dot4, _make_wide_dot8),
+                  "lanes": (_make_lane_dot4, _make_lane_dot8)}.get(form(),
+                                                                   (_make_dot4, _make_dot8))
 _dot4, _dot4x2 = _make4(1), _make4(2)
 _dot8, _dot8x2 = _make8(1), _make8(2)
 # AVX2 never runs the groups' loop (ROW_GROUP < 4): their names hold the pairs'.

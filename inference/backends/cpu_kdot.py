@@ -47,10 +47,18 @@ from inference.backends.cpu_idot import (
     _maddwd,
     _quantized,
     _splat,
+    form,
 )
 from inference.backends.cpu_kernels import _f32, _item_ptr, _jit, target_has
 from inference.backends.cpu_raw import Q2_K, Q3_K, ROWS_PER_TASK, _f16_at
 from inference.formats.quants import BLOCK_TYPES
+
+
+def available() -> bool:
+    """Whether these kernels compile for numba's target: x86 intrinsics, AVX2 and up
+    (elsewhere Q2_K / Q3_K keep the float file-byte kernels of :mod:`cpu_raw`)."""
+    return form() in ("avx2", "avx512")
+
 
 QK = BLOCK_TYPES["Q2_K"].block_size  # elements of a block (Q3_K's too)
 SIZE = {c: BLOCK_TYPES[t].type_size for t, c in (("Q2_K", Q2_K), ("Q3_K", Q3_K))}  # bytes

@@ -243,7 +243,7 @@ def target_isa() -> str:
     """The vector instruction set numba compiles the kernels for, as ``backend_reason``
     names it: "AVX-512 with VNNI (512-bit vectors)", "AVX2 with AVX-VNNI", "AVX2", "no
     AVX2" (generic x86, e.g. NUMBA_CPU_NAME); on aarch64 "ARM NEON" (every aarch64 CPU
-    has it), "ARM NEON with dot product" where LLVM reports ``dotprod`` (the float kernels
+    has it), "ARM NEON with dot product" where LLVM reports ``dotprod`` (the same kernels
     run either way: no kernel uses ``sdot`` yet)."""
     arch = _arch()
     if arch == "arm":
