@@ -4,8 +4,8 @@ Weights stay quantized (lane layout, :mod:`cpu_pack`). ``linear`` picks by the n
 token rows ``M``:
 - ``M <= MATVEC_ROWS`` (decode): the numba mat-vec kernels read the 4/5/8-bit codes
   directly, parallel over tiles of 32 output rows (types kept as file bytes: the
-  :mod:`cpu_raw` kernels, block by block, or for Q2_K/Q3_K with integer activations the
-  :mod:`cpu_kdot` integer-dot kernels over the same bytes);
+  :mod:`cpu_raw` kernels, block by block, or for Q2_K/Q3_K with integer activations on
+  x86 with AVX2 the :mod:`cpu_kdot` integer-dot kernels over the same bytes);
 - larger ``M`` (prefill, teacher forcing): W's rows are shared out between the threads.
   4- and 5-bit packed weights, where the integer kernels group 8 rows with VNNI
   (AVX-512), go by those decode kernels over the rows quantized once (``_rows_plan``):

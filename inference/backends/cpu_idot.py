@@ -1,4 +1,5 @@
-"""Decode mat-vec over integer activations and integer dot products (x86 with AVX2).
+"""Decode mat-vec over integer activations and integer dot products (every target: x86
+in pairs of codes with AVX2 or AVX-512, lane by lane elsewhere).
 
 The same lane blocks as :mod:`cpu_kernels` (no second copy of the weights), multiplied by
 the activations quantized per group of 32, ``x ~ d * q`` with ``d = max|x| / L`` and
