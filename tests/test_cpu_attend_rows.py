@@ -18,14 +18,14 @@ KW = {"theta": 10000.0, "freq_factors": None, "scale": D ** -0.5, "window": None
 
 
 def _caches(lengths: list[int], seed: int, max_len: int | None = None,
-            backend: CpuBackend = B) -> list[KVCache]:
+            backend: CpuBackend = B, heads: int = HK, dim: int = D) -> list[KVCache]:
     """One cache per sequence, ``lengths[i]`` tokens already in it (random K/V rows)."""
     rng = np.random.default_rng(seed)
     out = []
     for n in lengths:
         c = KVCache(backend, LAYERS, max_len=max_len)
         for layer in range(LAYERS if n else 0):  # an empty cache has no buffers yet
-            k, v = (rng.standard_normal((1, HK, n, D)).astype(np.float32) for _ in "kv")
+            k, v = (rng.standard_normal((1, heads, n, dim)).astype(np.float32) for _ in "kv")
             c.update(layer, k, v)
         c.advance(n)
         out.append(c)
@@ -201,3 +201,31 @@ def test_other_head_sizes_and_thread_counts():
             numba.set_num_threads(before)
         np.testing.assert_allclose(one, want, rtol=0, atol=1e-5 * float(np.abs(want).max()))
         np.testing.assert_array_equal(one, many)
+
+
+def test_random_batches_are_bitwise_their_rows_and_views():
+    """The server's exactness over random shapes: batches of 1-8 rows with 0-400 cached
+    keys (spans of 64 and tails of 1-3 keys), head sizes on and off the vector width,
+    grouped heads. Each row alone is the bits of the row in the batch, and strided q/k/v
+    (column views of one q|k|v product) the bits of contiguous copies."""
+    rng = np.random.default_rng(17)
+    for _ in range(12):
+        d = int(rng.choice([16, 48, 64, 80]))
+        hk = int(rng.integers(1, 3))
+        hq = hk * int(rng.integers(1, 4))
+        rows = int(rng.integers(1, 9))
+        lengths = [int(n) for n in rng.integers(0, 400, rows)]
+        kw = {**KW, "scale": d ** -0.5}
+        qkv = rng.standard_normal((rows, (hq + 2 * hk) * d)).astype(np.float32)
+        cuts = np.cumsum([0, hq * d, hk * d, hk * d])
+        views = [qkv[:, a:b].reshape(rows, -1, 1, d) for a, b in zip(cuts, cuts[1:],
+                                                                   strict=False)]
+        q, k, v = (np.ascontiguousarray(a) for a in views)
+        seed = int(rng.integers(1 << 30))
+        batch = B.attend_rows(q, k, v, _caches(lengths, seed, heads=hk, dim=d), 0, **kw)
+        np.testing.assert_array_equal(
+            B.attend_rows(*views, _caches(lengths, seed, heads=hk, dim=d), 0, **kw), batch)
+        for i in range(rows):
+            alone = B.attend_rows(q[i:i + 1], k[i:i + 1], v[i:i + 1],
+                                  [_caches(lengths, seed, heads=hk, dim=d)[i]], 0, **kw)
+            np.testing.assert_array_equal(alone[0], batch[i], err_msg=f"{d} {lengths} {i}")
