@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_decode_attention import HK, HQ, LAYERS, D, step_inputs  # noqa: E402
 
 from inference.backends import cpu_attend as NEW  # noqa: E402
 from inference.bench import write_record  # noqa: E402
-
-HQ, HK, D, LAYERS = 9, 3, 64, 30
 
 
 def _load(path: str):  # type: ignore[no-untyped-def]
@@ -62,30 +63,15 @@ def main() -> None:
     rows = []
     for case in args.cases:
         b, n = map(int, case.split("x"))
-        cap = n + 64
-        rng = np.random.default_rng(0)
-
-        def cache(rng: np.random.Generator = rng, cap: int = cap) -> np.ndarray:
-            x = rng.standard_normal((HK, cap, D), dtype=np.float32)
-            return x.astype(np.float16).view(np.uint16) if half else x
-
-        layers = []
-        for _ in range(LAYERS):
-            kc, vc = [cache() for _ in range(b)], [cache() for _ in range(b)]
-            layers.append((kc, vc, np.array([a.ctypes.data for a in kc], np.int64),
-                           np.array([a.ctypes.data for a in vc], np.int64)))
-        q = rng.standard_normal((b, HQ, D), dtype=np.float32)
-        k = rng.standard_normal((b, HK, D), dtype=np.float32)
-        offsets, caps = np.full(b, n - 1, np.int64), np.full(b, cap, np.int64)
-        cos, sin = np.ones((cap, D // 2), np.float32), np.zeros((cap, D // 2), np.float32)
-        like = np.zeros(1, np.uint16 if half else np.float32)
-        src, shared = np.arange(b, dtype=np.int64), np.zeros(b, np.int64)
+        s = step_inputs(b, n, np.float16 if half else np.float32, np.random.default_rng(0),
+                        cap=n + 64)
         outs = {"old": np.empty((b, HQ, D), np.float32), "new": np.empty((b, HQ, D), np.float32)}
         runs = {}
         for name, mod in (("old", old), ("new", NEW)):
-            calls = [_call(mod, q, k, k, cos, sin, offsets, ka, va, caps, src, shared, 0.125,
-                           qr=np.empty((b * HQ, D), np.float32), out=outs[name], like=like)
-                     for _, _, ka, va in layers]
+            calls = [_call(mod, s["q"], s["k"], s["k"], s["cos"], s["sin"], s["offsets"], ka, va,
+                           s["caps"], s["src"], s["shared"], 0.125,
+                           qr=np.empty((b * HQ, D), np.float32), out=outs[name], like=s["like"])
+                     for _, _, ka, va in s["layers"]]
             runs[name] = calls
             for c in calls:
                 c()  # compile, first touch
@@ -97,7 +83,7 @@ def main() -> None:
                 for c in calls:
                     c()
                 times[name].append(time.perf_counter() - t0)
-        mb = b * LAYERS * 2 * HK * n * D * like.itemsize / 1e6
+        mb = b * LAYERS * 2 * HK * n * D * s["like"].itemsize / 1e6
         row = {"case": case, "kv_dtype": args.kv_dtype, "cache_mb_read": round(mb, 1),
                "max_rel_diff": diff}
         for name, t in times.items():

@@ -28,26 +28,36 @@ HQ, HK, D, LAYERS, CAP = 9, 3, 64, 30, 1100
 CASES = ((1, 230), (1, 1000), (4, 415), (8, 415))  # (sequences, cached keys)
 
 
-def _step(b: int, n: int, dtype: type, rng: np.random.Generator, shared: int):  # noqa: ANN202
-    q = rng.standard_normal((b, HQ, D), dtype=np.float32)
-    k = rng.standard_normal((b, HK, D), dtype=np.float32)
-    like = np.zeros(1, np.uint16 if dtype == np.float16 else np.float32)
+def step_inputs(b: int, n: int, dtype: type, rng: np.random.Generator, cap: int = CAP,
+                shared: int = 0) -> dict:
+    """``attend_rows``'s arguments for one decode step of ``b`` sequences with ``n`` cached
+    keys each (``cap`` rows of buffer) and 30 layers of separate K/V buffers (``layers``: per
+    layer the K and V arrays and their addresses); with ``shared`` the first keys of every
+    sequence are read from sequence 0's buffers."""
     layers = []
     for _ in range(LAYERS):
-        kc = [rng.standard_normal((HK, CAP, D), dtype=np.float32).astype(dtype) for _ in range(b)]
+        kc = [rng.standard_normal((HK, cap, D), dtype=np.float32).astype(dtype) for _ in range(b)]
         vc = [x.copy() for x in kc]
         layers.append((kc, vc, *(np.array([a.ctypes.data for a in c], dtype=np.int64)
                                  for c in (kc, vc))))
-    caps = np.full(b, CAP, dtype=np.int64)
-    offsets = np.full(b, n - 1, dtype=np.int64)
-    cos, sin = np.ones((CAP, D // 2), np.float32), np.zeros((CAP, D // 2), np.float32)
+    return {"q": rng.standard_normal((b, HQ, D), dtype=np.float32),
+            "k": rng.standard_normal((b, HK, D), dtype=np.float32),
+            "cos": np.ones((cap, D // 2), np.float32), "sin": np.zeros((cap, D // 2), np.float32),
+            "offsets": np.full(b, n - 1, dtype=np.int64), "caps": np.full(b, cap, dtype=np.int64),
+            "src": np.zeros(b, dtype=np.int64) if shared else np.arange(b, dtype=np.int64),
+            "shared": np.full(b, min(shared, n - 1) // 4 * 4, dtype=np.int64),
+            "like": np.zeros(1, np.uint16 if dtype == np.float16 else np.float32),
+            "layers": layers}
+
+
+def _step(b: int, n: int, dtype: type, rng: np.random.Generator, shared: int):  # noqa: ANN202
+    s = step_inputs(b, n, dtype, rng, shared=shared)
     out = np.empty((b, HQ, D), np.float32)
-    src = np.zeros(b, dtype=np.int64) if shared else np.arange(b, dtype=np.int64)
-    rows = np.full(b, min(shared, n - 1) // 4 * 4, dtype=np.int64)
 
     def run() -> None:
-        for _kc, _vc, ka, va in layers:
-            A.attend_rows(q, k, k, cos, sin, offsets, ka, va, caps, src, rows, 0.125, out, like)
+        for _kc, _vc, ka, va in s["layers"]:
+            A.attend_rows(s["q"], s["k"], s["k"], s["cos"], s["sin"], s["offsets"], ka, va,
+                          s["caps"], s["src"], s["shared"], 0.125, out, s["like"])
 
     return run
 

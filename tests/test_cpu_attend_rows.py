@@ -10,6 +10,7 @@ import pytest
 from inference.backends.base import Backend
 from inference.backends.cpu import CpuBackend
 from inference.kv_cache import KVCache
+from tests import early
 
 B = CpuBackend()
 HQ, HK, D, LAYERS = 6, 2, 16, 2  # grouped-query: 3 query heads per kv head
@@ -229,3 +230,33 @@ def test_random_batches_are_bitwise_their_rows_and_views():
             alone = B.attend_rows(q[i:i + 1], k[i:i + 1], v[i:i + 1],
                                   [_caches(lengths, seed, heads=hk, dim=d)[i]], 0, **kw)
             np.testing.assert_array_equal(alone[0], batch[i], err_msg=f"{d} {lengths} {i}")
+
+
+CACHED_AND_FRESH = """
+import sys
+import numpy as np
+from tests.test_cpu_attend_rows import B, KW, _caches
+lengths, hq, hk, d = [300, 415, 129, 64], 9, 3, 64
+kw = {**KW, "scale": d ** -0.5}
+qkv = np.random.default_rng(5).standard_normal((4, (hq + 2 * hk) * d)).astype(np.float32)
+cuts = np.cumsum([0, hq * d, hk * d, hk * d])
+views = [qkv[:, a:b].reshape(4, -1, 1, d) for a, b in zip(cuts, cuts[1:])]
+whole = B.attend_rows(*(np.ascontiguousarray(a) for a in views),
+                      _caches(lengths, 10, heads=hk, dim=d), 0, **kw)
+if sys.argv[1] == "views":
+    got = B.attend_rows(*views, _caches(lengths, 10, heads=hk, dim=d), 0, **kw)
+    assert (got.view(np.uint32) == whole.view(np.uint32)).all(), np.abs(got - whole).max()
+print("ok")
+"""
+CACHED_AND_FRESH_RUNS = ("contiguous", "views")
+
+
+@pytest.mark.early(steps=early.over_one_cache(CACHED_AND_FRESH, *CACHED_AND_FRESH_RUNS))
+def test_a_cached_specialisation_and_a_fresh_one_agree(request):
+    """Over one fresh numba cache: a first process compiles (and caches) the kernel for
+    contiguous q/k/v; a second loads that from the cache and compiles the strided
+    specialisation itself. The two must give the same bits, as the server's batched step
+    (views) and a lone row may each come from either. Compiled with reassociation they
+    did not (2e-8 apart on these shapes): the kernel is compiled without it.
+    (Started with the session: tests/early.py.)"""
+    early.assert_ok(early.result(request.node), CACHED_AND_FRESH_RUNS)

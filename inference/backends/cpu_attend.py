@@ -27,16 +27,19 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from inference.backends.cpu_kernels import (
+    _NO_REASSOC,
     _at,
     _bits_to_f32,
+    _dot8,
     _exp,
     _f32_to_bits,
-    _half,
     _i64_of,
     _item_ptr,
     _jit,
     _splat,
+    _sum8,
     _unit,
+    _widen,
     _x86,
     half_to_float,
     target_has,
@@ -47,16 +50,6 @@ _f32 = np.float32
 # core's cache while its query heads read them (64 x 64 float32s: 16 KB each).
 SPAN = 64
 
-
-def _widen(x):  # type: ignore[no-untyped-def]  # numba only: a cache element as float32
-    raise NotImplementedError
-
-
-@overload(_widen, inline="always")
-def _widen_ov(x):  # type: ignore[no-untyped-def]
-    if x == types.uint16:
-        return lambda x: _half(x)
-    return lambda x: x
 
 
 @_jit(fastmath=False)
@@ -98,13 +91,10 @@ def _max(m: np.float32, x: np.float32) -> np.float32:
 
 @_jit(inline="always")
 def _exp_sum(ph: np.ndarray, n: int, m: np.float32) -> np.float32:
-    """ph[:n] = exp(ph[:n] - m); returns their sum."""
-    tot = _f32(0.0)
+    """ph[:n] = exp(ph[:n] - m); returns their sum (:func:`_sum8`)."""
     for s in range(n):
-        e = _exp(ph[s] - m)
-        ph[s] = e
-        tot += e
-    return tot
+        ph[s] = _exp(ph[s] - m)
+    return _sum8(ph, n)
 
 
 @_jit(inline="always")
@@ -300,11 +290,7 @@ def _attend_span(qrow: np.ndarray, k0: np.ndarray, v0: np.ndarray, n0: int, k: n
     e4 = a + (e - a) // 4 * 4
     m = _score4(qrow, k0, k, n0, a, e4, scale, ph, a, _f32(-3.0e38))
     for s in range(e4, e):
-        krow = k[s]
-        acc = _f32(0.0)
-        for c in range(d):
-            acc += qrow[c] * _widen(krow[c])
-        ph[s - a] = acc * scale
+        ph[s - a] = _dot8(qrow, k[s]) * scale
         m = _max(m, ph[s - a])
     tot = _exp_sum(ph, e - a, m)
     inv = _f32(1.0) / tot if inv_out else _f32(1.0)
@@ -443,7 +429,12 @@ def _prefill_units(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int,
                 o3[c] += w3 * x
 
 
-@_jit(parallel=True)
+# Without reassociation: with it, the kernel numba compiled in this process and the same
+# compilation loaded from numba's cache gave different bits (4 rows x 415 keys: 682b.. and
+# 8b28.. by their hashes, each run after run), so a lone row and a batch could differ where
+# one specialisation was compiled here and the other cached (strided q/k/v against
+# contiguous). Its sums are written out in a fixed order instead (_sum8, _dot8).
+@_jit(parallel=True, fastmath=_NO_REASSOC)
 def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray,
                 offsets: np.ndarray, kaddr: np.ndarray, vaddr: np.ndarray, caps: np.ndarray,
                 src: np.ndarray, shared: np.ndarray, scale: float, out: np.ndarray,

@@ -54,7 +54,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 LANES = 32
 GROUP = 32
@@ -322,6 +322,60 @@ def _half(typingctx, h):  # type: ignore[no-untyped-def]
         return half_to_float(builder, args[0])
 
     return sig, codegen
+
+
+def _widen(x):  # type: ignore[no-untyped-def]  # numba only: float32, or float16 bits, as float32
+    raise NotImplementedError
+
+
+@overload(_widen, inline="always")
+def _widen_ov(x):  # type: ignore[no-untyped-def]
+    if x == types.uint16:
+        return lambda x: _half(x)
+    return lambda x: x
+
+
+@_jit(inline="always")
+def _sum8(x: np.ndarray, n: int) -> np.float32:
+    """x[:n]'s sum in a fixed order: eight running sums (x[i], x[i + 8], ...), added pairwise,
+    then the tail. Written out so that it needs no reassociation to run eight lanes wide
+    (the kernels that call it are compiled without it: :data:`_NO_REASSOC`)."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = _f32(0.0)
+    n8 = n // 8 * 8
+    for i in range(0, n8, 8):
+        s0 += x[i]
+        s1 += x[i + 1]
+        s2 += x[i + 2]
+        s3 += x[i + 3]
+        s4 += x[i + 4]
+        s5 += x[i + 5]
+        s6 += x[i + 6]
+        s7 += x[i + 7]
+    t = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    for i in range(n8, n):
+        t += x[i]
+    return t
+
+
+@_jit(inline="always")
+def _dot8(x: np.ndarray, y: np.ndarray) -> np.float32:
+    """x . y (y float32 or float16 bits) in :func:`_sum8`'s fixed order."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = _f32(0.0)
+    n = x.shape[0]
+    n8 = n // 8 * 8
+    for i in range(0, n8, 8):
+        s0 += x[i] * _widen(y[i])
+        s1 += x[i + 1] * _widen(y[i + 1])
+        s2 += x[i + 2] * _widen(y[i + 2])
+        s3 += x[i + 3] * _widen(y[i + 3])
+        s4 += x[i + 4] * _widen(y[i + 4])
+        s5 += x[i + 5] * _widen(y[i + 5])
+        s6 += x[i + 6] * _widen(y[i + 6])
+        s7 += x[i + 7] * _widen(y[i + 7])
+    t = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    for i in range(n8, n):
+        t += x[i] * _widen(y[i])
+    return t
 
 
 @_jit(inline="always")
@@ -747,26 +801,28 @@ def gather_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind:
 
 # --- small fused ops for the token loop (one call instead of 4-6 NumPy passes) ----------
 
-@_jit()
+# The decode step's row kernels are compiled without reassociation (as attend_rows):
+# with it, a kernel compiled in this process and the same compilation loaded from numba's
+# cache can give different bits, and a lone row and a batch (C-contiguous against strided
+# views) may each take either. Sums are written out in a fixed order (_dot8) instead.
+@_jit(fastmath=_NO_REASSOC)
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     n, d = x.shape
     for i in range(n):
-        ss = _f32(0.0)
-        for k in range(d):
-            ss += x[i, k] * x[i, k]
+        ss = _dot8(x[i], x[i])
         # Scalars kept float32: a float64 factor (math.sqrt, eps) widens the row loop.
         r = _f32(1.0 / math.sqrt(ss / d + eps))
         for k in range(d):
             out[i, k] = x[i, k] * r * w[k]
 
 
-@_jit()
+@_jit(fastmath=_NO_REASSOC)
 def silu_mul_flat(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     for k in range(g.shape[0]):
         out[k] = g[k] / (_f32(1.0) + _exp(-g[k])) * u[k]
 
 
-@_jit()
+@_jit(fastmath=_NO_REASSOC)
 def silu_mul_rows(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     """out (T, n) = silu(g) * u for rows of g and u (T, n) of unit stride, strided or not
     (the gate and up columns of one stacked product): no copy, the bits of
@@ -785,7 +841,7 @@ def silu_rows_per(n: int) -> int:
     return max(1, SILU_CHUNK // n)
 
 
-@_jit(parallel=True)
+@_jit(parallel=True, fastmath=_NO_REASSOC)
 def silu_mul_chunks(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     """:func:`silu_mul_rows` over parts of about SILU_CHUNK elements, split between numba's
     threads (a prefill's gate: ~200 k elements a SmolLM2 layer at 138 tokens)."""
@@ -797,7 +853,7 @@ def silu_mul_chunks(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
         silu_mul_rows(g[a:b], u[a:b], out[a:b])
 
 
-@_jit()
+@_jit(fastmath=_NO_REASSOC)
 def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, out: np.ndarray) -> None:
     """NeoX (half-split) RoPE. x (rows, t, d) with tables (t, d/2)."""
     rows, t, d = x.shape
