@@ -51,7 +51,6 @@ _f32 = np.float32
 SPAN = 64
 
 
-
 @_jit(fastmath=False)
 def half_bits(x: np.float32) -> np.uint16:
     """float32 -> float16 bits, rounded to nearest even (as NumPy rounds), in integer ops
@@ -429,11 +428,9 @@ def _prefill_units(q: np.ndarray, k: np.ndarray, v: np.ndarray, offset: int,
                 o3[c] += w3 * x
 
 
-# Without reassociation: with it, the kernel numba compiled in this process and the same
-# compilation loaded from numba's cache gave different bits (4 rows x 415 keys: 682b.. and
-# 8b28.. by their hashes, each run after run), so a lone row and a batch could differ where
-# one specialisation was compiled here and the other cached (strided q/k/v against
-# contiguous). Its sums are written out in a fixed order instead (_sum8, _dot8).
+# No reassociation: a specialisation compiled in this process and one loaded from numba's
+# cache must give the same bits (a lone row and a batch may each take either); with it
+# they did not (docs/cpu-backend.md). Sums go in a fixed order instead (_sum8, _dot8).
 @_jit(parallel=True, fastmath=_NO_REASSOC)
 def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, cos: np.ndarray, sin: np.ndarray,
                 offsets: np.ndarray, kaddr: np.ndarray, vaddr: np.ndarray, caps: np.ndarray,

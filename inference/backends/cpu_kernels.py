@@ -801,10 +801,9 @@ def gather_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind:
 
 # --- small fused ops for the token loop (one call instead of 4-6 NumPy passes) ----------
 
-# The decode step's row kernels are compiled without reassociation (as attend_rows):
-# with it, a kernel compiled in this process and the same compilation loaded from numba's
-# cache can give different bits, and a lone row and a batch (C-contiguous against strided
-# views) may each take either. Sums are written out in a fixed order (_dot8) instead.
+# The decode step's row kernels: no reassociation (as attend_rows), so a specialisation
+# compiled in this process and one loaded from numba's cache give the same bits (a lone
+# row and a batch, contiguous or strided, may each take either); sums in a fixed order.
 @_jit(fastmath=_NO_REASSOC)
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
     n, d = x.shape
