@@ -10,6 +10,7 @@ from __future__ import annotations
 import platform
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -791,7 +792,7 @@ def test_backend_reason_on_arm_names_neon_and_the_lane_kernels(monkeypatch, feat
 GENERIC_CHECK = """
 import hashlib
 import numpy as np
-from tests.test_backend_cpu import LANE_TYPES, _lane_input as LANE_INPUT
+from tests.test_backend_cpu import LANE_TYPES, lane_rows_alone
 from numba import njit
 from inference.backends.cpu import CpuBackend, probe
 from inference.backends.cpu_kernels import _half, target_has_f16c
@@ -831,12 +832,10 @@ for C in (CpuBackend("float"), CpuBackend("int16")):
 # bits of the rows alone go to the host, to compare with its own kernels'.
 from inference.backends import cpu_idot
 assert cpu_idot.form() == "lanes" and "integer dot products over int16" in probe()[1]
-xs = LANE_INPUT()
 for mode in ("int16", "int8"):
     C = CpuBackend(mode)
     for qtype in LANE_TYPES:
-        w = C.weight(random_tensor(qtype, 70, 512, seed=7))
-        alone = np.concatenate([C.linear(xs[i:i + 1], w) for i in range(8)])
+        xs, w, alone = lane_rows_alone(C, qtype)
         for rows in range(2, 9):
             assert (C.linear(xs[:rows], w).view(np.uint32)
                     == alone[:rows].view(np.uint32)).all(), (mode, qtype, rows)
@@ -846,8 +845,11 @@ print("generic ok")
 LANE_TYPES = ("Q4_1", "Q5_K", "Q8_0", "Q6_K")  # 4- and 5-bit, 8-bit signed, Q6_K's sub-scales
 
 
-def _lane_input() -> np.ndarray:
-    return np.random.default_rng(8).standard_normal((8, 512)).astype(np.float32) * 3
+def lane_rows_alone(b: CpuBackend, qtype: str) -> tuple[np.ndarray, Any, np.ndarray]:
+    """The generic-x86 check's input rows, weight and each row's linear computed alone."""
+    x = np.random.default_rng(8).standard_normal((8, 512)).astype(np.float32) * 3
+    w = b.weight(random_tensor(qtype, 70, 512, seed=7))
+    return x, w, np.concatenate([b.linear(x[i:i + 1], w) for i in range(8)])
 
 
 def _generic_steps(tmp: Path) -> list[early.Step] | str:
@@ -874,9 +876,6 @@ def test_kernels_compile_and_match_for_a_generic_x86_cpu(request):
     theirs = {tuple(line.split()[1:3]): line.split()[3] for line in out.stdout.splitlines()
               if line.startswith("bits ")}
     assert len(theirs) == 2 * len(LANE_TYPES), out.stdout
-    x = _lane_input()
     for (mode, qtype), digest in theirs.items():
-        b = CpuBackend(mode)
-        w = b.weight(random_tensor(qtype, 70, 512, seed=7))
-        ours = np.concatenate([b.linear(x[i:i + 1], w) for i in range(8)])
+        ours = lane_rows_alone(CpuBackend(mode), qtype)[2]
         assert hashlib.sha256(ours.tobytes()).hexdigest() == digest, (mode, qtype)

@@ -392,6 +392,7 @@ class _Block:
         self.carr, cblk, self.xarr, crow, cg = args[:5]
         self.blk, self.row, self.g = (_i64_of(builder, v) for v in (cblk, crow, cg))
         self.rows = [builder.add(self.row, ir.Constant(_i64, r)) for r in range(nrows)]
+        self.p0 = builder.mul(self.g, ir.Constant(_i64, 16))  # the group's first pair
         self.five = not eight and not isinstance(signature.args[5], types.NoneType)
         self.signed = self.cty.dtype == types.int8
         self.narrow = self.xty.dtype == types.int8
@@ -402,8 +403,7 @@ class _Block:
 
     def pair(self, row: ir.Value, p: int) -> ir.Value:
         """Activation codes ``2p`` and ``2p + 1`` of the group in ``row`` as one integer."""
-        p0 = self.builder.mul(self.g, ir.Constant(_i64, 16))
-        return _pair(self.context, self.builder, self.xty, self.xarr, row, p0, p)
+        return _pair(self.context, self.builder, self.xty, self.xarr, row, self.p0, p)
 
 
 def _dot_intrinsic(nrows: int, eight: bool, sums: Callable[[_Block], Sums]):  # type: ignore

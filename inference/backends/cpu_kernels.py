@@ -335,47 +335,50 @@ def _widen_ov(x):  # type: ignore[no-untyped-def]
     return lambda x: x
 
 
+def _term(x, y, i):  # type: ignore[no-untyped-def]  # numba only: a term of _fold8's sum
+    raise NotImplementedError
+
+
+@overload(_term, inline="always")
+def _term_ov(x, y, i):  # type: ignore[no-untyped-def]
+    if isinstance(y, types.NoneType):
+        return lambda x, y, i: x[i]
+    return lambda x, y, i: x[i] * _widen(y[i])
+
+
 @_jit(inline="always")
-def _sum8(x: np.ndarray, n: int) -> np.float32:
-    """x[:n]'s sum in a fixed order: eight running sums (x[i], x[i + 8], ...), added pairwise,
-    then the tail. Written out so that it needs no reassociation to run eight lanes wide
-    (the kernels that call it are compiled without it: :data:`_NO_REASSOC`)."""
+def _fold8(x: np.ndarray, y: np.ndarray | None, n: int) -> np.float32:
+    """The sum over i < n of x[i] (``y`` None) or of x[i] * y[i] (y float32 or float16
+    bits) in a fixed order: eight running sums (terms i, i + 8, ...), added pairwise, then
+    the tail. Written out so that it needs no reassociation to run eight lanes wide (the
+    kernels that call it are compiled without it: :data:`_NO_REASSOC`)."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = _f32(0.0)
     n8 = n // 8 * 8
     for i in range(0, n8, 8):
-        s0 += x[i]
-        s1 += x[i + 1]
-        s2 += x[i + 2]
-        s3 += x[i + 3]
-        s4 += x[i + 4]
-        s5 += x[i + 5]
-        s6 += x[i + 6]
-        s7 += x[i + 7]
+        s0 += _term(x, y, i)
+        s1 += _term(x, y, i + 1)
+        s2 += _term(x, y, i + 2)
+        s3 += _term(x, y, i + 3)
+        s4 += _term(x, y, i + 4)
+        s5 += _term(x, y, i + 5)
+        s6 += _term(x, y, i + 6)
+        s7 += _term(x, y, i + 7)
     t = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
     for i in range(n8, n):
-        t += x[i]
+        t += _term(x, y, i)
     return t
+
+
+@_jit(inline="always")
+def _sum8(x: np.ndarray, n: int) -> np.float32:
+    """x[:n]'s sum in :func:`_fold8`'s fixed order."""
+    return _fold8(x, None, n)
 
 
 @_jit(inline="always")
 def _dot8(x: np.ndarray, y: np.ndarray) -> np.float32:
-    """x . y (y float32 or float16 bits) in :func:`_sum8`'s fixed order."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = _f32(0.0)
-    n = x.shape[0]
-    n8 = n // 8 * 8
-    for i in range(0, n8, 8):
-        s0 += x[i] * _widen(y[i])
-        s1 += x[i + 1] * _widen(y[i + 1])
-        s2 += x[i + 2] * _widen(y[i + 2])
-        s3 += x[i + 3] * _widen(y[i + 3])
-        s4 += x[i + 4] * _widen(y[i + 4])
-        s5 += x[i + 5] * _widen(y[i + 5])
-        s6 += x[i + 6] * _widen(y[i + 6])
-        s7 += x[i + 7] * _widen(y[i + 7])
-    t = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-    for i in range(n8, n):
-        t += x[i] * _widen(y[i])
-    return t
+    """x . y (y float32 or float16 bits) in :func:`_fold8`'s fixed order."""
+    return _fold8(x, y, x.shape[0])
 
 
 @_jit(inline="always")
