@@ -23,7 +23,7 @@ import numpy as np
 from inference.backends.base import OPS, Backend, TokenSampler, host_rss
 from inference.errors import BackendUnavailableError, InvalidInputError
 from inference.events import MemorySample
-from inference.formats.quants import dequantize
+from inference.formats.quants import dequantize, unpack_mlx
 from inference.formats.tensor import TensorData
 from inference.kv_cache import KVCache
 from inference.sampling import SamplingParams, sample_on_device
@@ -61,6 +61,40 @@ KV_DTYPE = np.float16
 # Prefill GEMM input types (CudaBackend(prefill_dtype=...)): float32 (the default: NumPy's
 # parity), float16 and bfloat16 (cublasGemmEx, float32 sums; docs/cuda.md states parity).
 PREFILL_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), ops.BF16)
+
+
+def _q4_1_halves(t: TensorData) -> tuple[np.ndarray, np.ndarray] | None:
+    """An MLX weight's scales and biases as float16, one per 32 weights, where Q4_1 holds
+    it exactly: 4-bit codes, groups of a multiple of 32, and every scale and bias (MLX's
+    float16 or bfloat16) equal to its float16 rounding. Else None."""
+    x = t.extra
+    if t.qtype != "MLX" or int(x["bits"]) != 4 or int(x["group_size"]) % 32:
+        return None
+    per = int(x["group_size"]) // 32
+    out = []
+    for key in ("scales", "biases"):
+        v = np.asarray(x[key], np.float32)
+        h = v.astype(np.float16)
+        if not np.array_equal(h.astype(np.float32), v):
+            return None
+        out.append(np.repeat(h, per, axis=-1))
+    return out[0], out[1]
+
+
+def mlx_as_q4_1(t: TensorData) -> np.ndarray | None:
+    """An MLX 4-bit weight as Q4_1 blocks, (rows, cols/32 * 20) bytes, or None where Q4_1
+    cannot hold it exactly (:func:`_q4_1_halves`). Both are ``scale * code + bias`` over
+    4-bit codes; a group of 64 or 128 becomes 2 or 4 blocks sharing its scale and bias."""
+    halves = _q4_1_halves(t)
+    if halves is None or len(t.shape) != 2:
+        return None
+    rows, cols = t.shape
+    codes = unpack_mlx(t.data, 4).reshape(rows, cols // 32, 32)
+    blocks = np.empty((rows, cols // 32, 20), np.uint8)
+    for at, h in zip((0, 2), halves, strict=True):
+        blocks[..., at:at + 2] = h.reshape(rows, -1, 1).view(np.uint8)
+    blocks[..., 4:] = codes[..., :16] | (codes[..., 16:] << 4)  # Q4_1's nibble order
+    return blocks.reshape(rows, -1)
 
 
 class GraphUnsupported(Exception):
@@ -127,7 +161,16 @@ class CudaBackend(Backend):
 
     # --- what this backend offers -------------------------------------------------
     def quant_types(self) -> set[str]:
-        return {t for t in TYPES if t not in ("F32", "F16", "BF16")}
+        """The GGML block types the kernels read, and MLX's affine groups (4-bit ones with
+        float16-exact scales as Q4_1 blocks, the rest as float32: see :func:`mlx_as_q4_1`)."""
+        return {t for t in TYPES if t not in ("F32", "F16", "BF16")} | {"MLX"}
+
+    def close(self) -> None:
+        """Drop the scratch buffers and give the device pool's free blocks back to the
+        driver (arrays still referenced elsewhere, such as a live model's weights, stay)."""
+        self._scratch.clear()
+        self._last_id = self._hist = None
+        self.dev.release()
 
     def memory(self) -> MemorySample:
         used, total, peak = self.dev.memory()
@@ -158,15 +201,19 @@ class CudaBackend(Backend):
         if len(t.shape) != 2:
             raise ValueError(f"{t.name}: a linear/embedding weight must be 2-D, got {t.shape}")
         data, qtype = t.data, t.qtype
-        if qtype not in _KERNEL_TYPES:  # a float type the kernels lack: float32
+        if qtype == "MLX" and (q4_1 := mlx_as_q4_1(t)) is not None:
+            data, qtype = q4_1, "Q4_1"
+        elif qtype not in _KERNEL_TYPES:  # MLX, or a float type the kernels lack: float32
             data, qtype = dequantize(t).astype(np.float32), "F32"
         return ops.upload_matrix(self.dev, data, qtype, t.shape, t.name)
 
     def held_bytes(self, t: TensorData) -> int:
-        """File bytes for the types the kernels read (2 per weight for F16 and BF16),
-        float32 for the rest."""
+        """File bytes for the types the kernels read (2 per weight for F16 and BF16), 20
+        per 32 weights for MLX held as Q4_1, float32 for the rest."""
         if len(t.shape) == 2 and t.qtype in _KERNEL_TYPES:
             return t.nbytes
+        if len(t.shape) == 2 and _q4_1_halves(t) is not None:
+            return t.shape[0] * t.shape[1] // 32 * 20
         return super().held_bytes(t)
 
     def dense(self, t: TensorData) -> Any:

@@ -266,6 +266,9 @@ class Device:
         """(used, total, peak) bytes of device memory, None where unknown."""
         return None, None, None
 
+    def release(self) -> None:
+        """Give memory no live array holds back to the driver (the pool's cached blocks)."""
+
 
 class CupyDevice(Device):
     """A real GPU through CuPy. Construct only after :func:`cuda_unavailable_reason` is None."""
@@ -378,12 +381,17 @@ class CupyDevice(Device):
         self._cupy.cuda.get_current_stream().synchronize()
 
     def memory(self) -> tuple[int | None, int | None, int | None]:
-        # Used = bytes CuPy's pool holds for this process (what our arrays cost, cached
-        # blocks included); total = the device's memory as NVML reports it (nvidia-smi's
-        # figure), falling back to the runtime when NVML is missing.
-        used = int(self._cupy.get_default_memory_pool().total_bytes())
+        # Used = bytes of CuPy's pool that live arrays hold (its cached free blocks are
+        # reusable and :meth:`release` returns them); total = the device's memory as NVML
+        # reports it (nvidia-smi's figure), falling back to the runtime when NVML is missing.
+        used = int(self._cupy.get_default_memory_pool().used_bytes())
         self._peak = max(self._peak, used)
         return used, self._total_memory(), self._peak
+
+    def release(self) -> None:
+        self.synchronize()  # blocks freed by queued work are free only once it has run
+        self._cupy.get_default_memory_pool().free_all_blocks()
+        self._cupy.get_default_pinned_memory_pool().free_all_blocks()
 
     def _total_memory(self) -> int:
         if self._total is None:

@@ -22,6 +22,7 @@ from inference.backends import probe
 from inference.backends.base import OPS
 from inference.backends.cuda import CudaBackend
 from inference.backends.numpy_backend import NumpyBackend
+from inference.formats.affine import pack_codes
 from inference.formats.tensor import Checkpoint, TensorData
 from inference.generate import generate_step
 from inference.models import bert, llama
@@ -53,7 +54,72 @@ def test_backend_offers_every_op_and_ggml_type() -> None:
     b = CudaBackend(EmulatedDevice())
     assert b.ops() == set(OPS)
     assert b.quant_types() == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
-                               "Q5_K", "Q6_K"}
+                               "Q5_K", "Q6_K", "MLX"}
+
+
+def _mlx(bits: int, scale_dtype: type, rows: int = 40, n: int = 256, group: int = 64
+         ) -> TensorData:
+    r = np.random.default_rng(bits)
+    codes = r.integers(0, 1 << bits, size=(rows, n), dtype=np.uint8)
+    scales = (r.random((rows, n // group)) * 0.05).astype(scale_dtype)
+    biases = (r.standard_normal((rows, n // group)) * 0.05).astype(scale_dtype)
+    return TensorData("w", (rows, n), "MLX", pack_codes(codes, bits),
+                      {"scales": scales, "biases": biases, "group_size": group, "bits": bits})
+
+
+@pytest.mark.parametrize(("bits", "scale_dtype", "group", "held"), [
+    (4, np.float16, 64, "Q4_1"), (4, np.float16, 32, "Q4_1"), (4, np.float16, 128, "Q4_1"),
+    (4, np.float32, 64, "F32"),  # scales float16 cannot hold: float32, exact
+    (8, np.float16, 64, "F32"), (3, np.float16, 64, "F32")])
+def test_mlx_weights_match_numpy(bits: int, scale_dtype: type, group: int, held: str) -> None:
+    # Q4_1 holds MLX 4-bit groups exactly (the same scale * code + bias): the float
+    # mat-vec and the GEMM agree with NumPy's dequantized weight to float32 rounding.
+    t = _mlx(bits, scale_dtype, group=group)
+    C = CudaBackend(EmulatedDevice())
+    C.q8_1_activations = False
+    w = C.weight(t)
+    assert w.qtype == held
+    assert C.held_bytes(t) == w.data.nbytes
+    x = np.random.default_rng(1).standard_normal((11, 256)).astype(np.float32)
+    want = x @ N.weight(t).T
+    for rows in (1, 3, 11):  # mat-vec, mat-vec tile, GEMM
+        got = C.to_numpy(C.linear(C.array(x[:rows]), w))
+        np.testing.assert_allclose(got, want[:rows], atol=1e-4, rtol=1e-4)
+
+
+class _Pool:
+    def __init__(self, used: int, cached: int) -> None:
+        self.used, self.cached = used, cached
+
+    def used_bytes(self) -> int:
+        return self.used
+
+    def total_bytes(self) -> int:
+        return self.used + self.cached
+
+    def free_all_blocks(self) -> None:
+        self.cached = 0
+
+
+def test_memory_reports_live_bytes_and_close_returns_the_pool() -> None:
+    # CuPy's pool keeps freed blocks cached: memory() counts what arrays hold, and close()
+    # hands the cached blocks back, so switching models cannot run the GPU out.
+    from types import SimpleNamespace
+
+    from kernels.cuda.device import CupyDevice
+
+    pool, pinned = _Pool(100, 300), _Pool(0, 50)
+    dev = CupyDevice.__new__(CupyDevice)
+    Device.__init__(dev)
+    dev._cupy = SimpleNamespace(
+        get_default_memory_pool=lambda: pool, get_default_pinned_memory_pool=lambda: pinned,
+        cuda=SimpleNamespace(get_current_stream=lambda: SimpleNamespace(synchronize=lambda: None)))
+    dev._peak, dev._total = 0, 1 << 30
+    assert dev.memory() == (100, 1 << 30, 100)
+    C = CudaBackend.__new__(CudaBackend)
+    C.dev, C._scratch, C._last_id, C._hist = dev, {"w": object()}, None, None
+    C.close()
+    assert pool.cached == 0 and pinned.cached == 0 and not C._scratch
 
 
 def _tensor(name: str, qtype: str, shape: tuple[int, int], rng: np.random.Generator
