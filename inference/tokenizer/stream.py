@@ -11,10 +11,23 @@ last byte arrives. Other decoders (WordPiece) fall back to re-decoding a short w
 from __future__ import annotations
 
 import codecs
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from inference.tokenizer.core import Tokenizer
+from inference.tokenizer.gguf_vocab import byte_alphabet, byte_token_value
+
+
+class DecodingTokenizer(Protocol):
+    """What a :class:`StreamDecoder` reads of a tokenizer (``core.Tokenizer`` has it)."""
+
+    kind: str
+    strip_space: bool
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    def id_to_token(self, token_id: int) -> str | None: ...
+
+    def added_token(self, token_id: int) -> tuple[str, bool] | None: ...
 
 _WINDOW = 32  # generic path: ids re-decoded per step before the window slides
 _CONTEXT = 4  # ids kept as left context when it slides (WordPiece joins "##" pieces)
@@ -26,7 +39,7 @@ class StreamDecoder:
     The concatenated deltas equal ``tokenizer.decode(ids, skip_special_tokens=...)``.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: DecodingTokenizer, skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -36,8 +49,6 @@ class StreamDecoder:
         self._ctx = 0
         self._seen = ""
         if tokenizer.kind == "byte_level":
-            from inference.tokenizer.gguf_vocab import byte_alphabet
-
             self._inverse = {c: b for b, c in byte_alphabet().items()}
 
     def add(self, token_id: int) -> str:
@@ -73,8 +84,6 @@ class StreamDecoder:
         if self._tok.kind == "byte_level":
             inv = self._inverse
             return b"".join(bytes([inv[c]]) if c in inv else c.encode("utf-8") for c in piece)
-        from inference.tokenizer.gguf_vocab import byte_token_value
-
         byte = byte_token_value(piece)
         if byte is not None:
             return bytes([byte])
