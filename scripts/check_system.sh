@@ -1,9 +1,12 @@
 #!/bin/sh
 # What `make` needs before Python runs: a Python >= 3.10 with venv and ensurepip.
 # Each missing piece is one line naming the command that installs it on this distribution;
-# exit 2. Usage: scripts/check_system.sh [python] [--compiler]
-# --compiler: a package had no wheel for this machine and pip had to build it; name the
-# C compiler if there is none (called by make after a failed install).
+# exit 2. Usage: scripts/check_system.sh [python] [--compiler | --accelerator]
+# --compiler: a package had no wheel for the user's machine and pip had to build it; name
+# the C compiler if there is none (called by make after a failed install).
+# --accelerator: print the pyproject extra for the accelerator present (make's ACCEL):
+# cuda12 or cuda13 by the CUDA version the NVIDIA driver reports, mlx on Apple silicon,
+# nothing otherwise.
 PY="${1:-python3}"
 
 manager() {
@@ -19,7 +22,7 @@ manager() {
     [ "$(uname -s)" = Darwin ] && echo brew
 }
 
-# install_cmd APT DNF PACMAN ZYPPER BREW: the command for this machine's package manager
+# install_cmd APT DNF PACMAN ZYPPER BREW: the command for the system's package manager
 install_cmd() {
     case "$(manager)" in
         apt) echo "sudo apt-get install -y $1" ;;
@@ -33,9 +36,20 @@ install_cmd() {
 
 fail() { echo "inferdesk: error: $*" >&2; exit 2; }
 
+if [ "$2" = "--accelerator" ]; then
+    # nvidia-smi's header says "CUDA Version: 12.4": the newest CUDA the driver runs.
+    cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\)\..*/\1/p' | head -n 1)
+    if [ -n "$cuda" ]; then
+        if [ "$cuda" -ge 13 ]; then echo cuda13; else echo cuda12; fi
+    elif [ "$(uname -s)" = Darwin ] && [ "$(uname -m)" = arm64 ]; then
+        echo mlx
+    fi
+    exit 0
+fi
+
 if [ "$2" = "--compiler" ]; then
     if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
-        fail "a package had no prebuilt wheel for this machine and needs a C compiler; install one with: $(install_cmd build-essential gcc gcc gcc 'xcode-select --install')"
+        fail "a package had no prebuilt wheel for your machine and needs a C compiler; install one with: $(install_cmd build-essential gcc gcc gcc 'xcode-select --install')"
     fi
     fail "installing the Python packages failed (see pip's output above)"
 fi

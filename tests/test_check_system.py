@@ -73,3 +73,43 @@ def test_compiler_named_only_when_missing(tmp_path):
                          text=True, env={"PATH": str(tmp_path / "bin"),
                                          "INFERDESK_OS_RELEASE": str(tmp_path / "os-release")})
     assert out.returncode == 2 and "sudo apt-get install -y build-essential" in out.stderr
+
+
+def accelerator(tmp: Path, nvidia_smi: str | None, system: str, machine: str) -> str:
+    """What --accelerator prints on a machine faked by stand-ins for nvidia-smi and uname."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "sed", "head", "cat"):
+        for src in (Path("/bin") / tool, Path("/usr/bin") / tool):
+            if src.exists():
+                (bin_dir / tool).symlink_to(src)
+                break
+    stand_ins = {"uname": f'[ "$1" = -m ] && echo {machine} || echo {system}\n'}
+    if nvidia_smi is not None:
+        stand_ins["nvidia-smi"] = f"cat <<'END'\n{nvidia_smi}\nEND\n"
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    out = subprocess.run(["/bin/sh", str(SCRIPT), "python3", "--accelerator"],
+                         capture_output=True, text=True, env={"PATH": str(bin_dir)})
+    assert out.returncode == 0 and out.stderr == "", out
+    return out.stdout.strip()
+
+
+SMI = "| NVIDIA-SMI 580.95.05    Driver Version: 580.95.05    CUDA Version: {} |"
+
+
+@pytest.mark.parametrize(("smi", "system", "machine", "want"), [
+    (SMI.format("12.4"), "Linux", "x86_64", "cuda12"),
+    (SMI.format("13.0"), "Linux", "x86_64", "cuda13"),
+    (SMI.format("11.8"), "Linux", "aarch64", "cuda12"),
+    (None, "Darwin", "arm64", "mlx"),
+    (None, "Darwin", "x86_64", ""),
+    (None, "Linux", "x86_64", ""),
+    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+     "Linux", "x86_64", ""),
+])
+def test_accelerator_extra_follows_the_machine(tmp_path, smi, system, machine, want):
+    """make installs [cuda12]/[cuda13] by the driver's CUDA version, [mlx] on Apple silicon,
+    and neither on a machine without a GPU."""
+    assert accelerator(tmp_path, smi, system, machine) == want
