@@ -48,6 +48,8 @@ from kernels.errors import KernelLoadError
 # size) would cost about what the dequantize route does.
 MMV_MAX_ROWS = 8
 
+CompileProgress = Callable[[int, int, str], None]  # (modules ready, modules, module or "")
+
 _KERNEL_TYPES = set(TYPES)  # F32, F16, BF16 and the GGML block types: kept as they are
 
 # The KV cache's element type unless CudaBackend(kv_dtype=...) says otherwise. Half: it
@@ -126,7 +128,7 @@ class CudaBackend(Backend):
 
     def __init__(self, device: Device | None = None, prefill_dtype: Any = np.float32,
                  graphs: bool = True, kv_dtype: Any = KV_DTYPE,
-                 compile_progress: Callable[[int, int, str], None] | None = None):
+                 compile_progress: CompileProgress | None = None):
         """prefill_dtype: the type of the prefill GEMMs' inputs. float32 (default) matches the
         NumPy reference to float32 rounding; float16 or "bfloat16" round the weights (into a
         scratch reused by every weight, unless already of that type) and the activations to
@@ -136,8 +138,9 @@ class CudaBackend(Backend):
         cache's element type, float32, float16 or "bfloat16" (16-bit: half the cache's
         bytes; attention widens as it reads and accumulates in float32; parity in
         docs/cuda.md). compile_progress(done, total, module): see Device.load_all (the
-        first run on a machine compiles every module with NVRTC; later runs hit CuPy's
-        kernel cache); create() logs it."""
+        first run on a machine compiles every module with NVRTC, in parallel; later runs
+        hit CuPy's kernel cache); create() logs it and tells :func:`on_compile_progress`'s
+        listeners."""
         self.dev = device if device is not None else CupyDevice()
         try:  # every module now: a missing NVRTC fails here, not mid-generation
             self.dev.load_all(progress=compile_progress)
@@ -572,13 +575,27 @@ def probe() -> tuple[bool, str]:
 
 log = logging.getLogger(__name__)
 
+_compile_listeners: list[CompileProgress] = []
 
-def _log_compile(done: int, total: int, module: str) -> None:
+
+def on_compile_progress(fn: CompileProgress) -> Callable[[], None]:
+    """Call ``fn(done, total, module)`` as :func:`create` compiles the kernel modules (see
+    Device.load_all; the first run on a machine compiles with NVRTC, later runs read
+    CuPy's on-disk cache), on the thread that creates the backend: an app shows it as a
+    progress bar. Returns the function that removes ``fn``."""
+    _compile_listeners.append(fn)
+    return lambda: _compile_listeners.remove(fn) if fn in _compile_listeners else None
+
+
+def _compile_progress(done: int, total: int, module: str) -> None:
     if module:
-        log.info("CUDA kernels: compiling %s (%d of %d modules)", module, done + 1, total)
-    else:
-        log.info("CUDA kernels: %d modules ready", total)
+        log.info("CUDA kernels: %s ready (%d of %d modules)", module, done, total)
+    elif done < total:
+        log.info("CUDA kernels: compiling %d modules (first run; cached afterwards)",
+                 total - done)
+    for fn in list(_compile_listeners):
+        fn(done, total, module)
 
 
 def create() -> CudaBackend:
-    return CudaBackend(compile_progress=_log_compile)
+    return CudaBackend(compile_progress=_compile_progress)

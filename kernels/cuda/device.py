@@ -18,6 +18,7 @@ import os
 import re
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ from kernels.cuda.plan import DEFAULT_LIMITS, DeviceLimits, Launch
 from kernels.errors import KernelLoadError
 
 CUDA_DIR = Path(__file__).resolve().parent
-MODULES = ("mmv", "dequant", "norm", "softmax", "rope", "attention", "kv_f16", "kv_bf16", "unary",
+# Slowest to compile first (NVRTC to sm_89 cubins: mmv ~10 s, dequant ~5 s, attention ~1 s,
+# the rest < 0.3 s each), so load_all's parallel compile ends with the short ones.
+MODULES = ("mmv", "dequant", "attention", "norm", "softmax", "rope", "kv_f16", "kv_bf16", "unary",
            "argmax", "step", "selftest")
 
 
@@ -170,25 +173,48 @@ class Device:
 
     def _module(self, module: str) -> Any:
         if module not in self._module_cache:
-            try:
-                self._module_cache[module] = self._load(module)
-            except Exception as e:
-                raise KernelLoadError(f"the {module} kernels do not compile or load "
-                                      f"({_first_line(e)})") from e
+            self._module_cache[module] = self._compiled(module)
         return self._module_cache[module]
 
+    def _compiled(self, module: str) -> Any:
+        try:
+            return self._load(module)
+        except Exception as e:
+            raise KernelLoadError(f"the {module} kernels do not compile or load "
+                                  f"({_first_line(e)})") from e
+
     def load_all(self, modules: tuple[str, ...] = MODULES,
-                 progress: Callable[[int, int, str], None] | None = None) -> None:
+                 progress: Callable[[int, int, str], None] | None = None,
+                 workers: int | None = None) -> None:
         """Compile (or take from the compiler's cache) every module now, so a missing NVRTC
         or header fails here, before any weight moves, not at a kernel's first launch.
-        ``progress(done, total, module)`` is called before each module (done of total
-        compiled so far) and once at the end (module "")."""
-        for i, m in enumerate(modules):
-            if progress is not None:
-                progress(i, len(modules), m)
-            self._module(m)
+
+        Modules compile in parallel, ``workers`` at once (default: one per core; NVRTC and
+        g++ run without Python's lock), the slowest first (:data:`MODULES`' order).
+        ``progress(done, total, module)`` is called on the calling thread: once with
+        ``(already loaded, total, "")`` at the start, then as each module is ready, with
+        ``done`` counting the ready ones; the last call has ``done == total``. The first
+        module that fails raises :class:`KernelLoadError` and cancels those not started."""
+        todo = [m for m in modules if m not in self._module_cache]
+        done, total = len(modules) - len(todo), len(modules)
         if progress is not None:
-            progress(len(modules), len(modules), "")
+            progress(done, total, "")
+        if not todo:
+            return
+        n = max(1, min(len(todo), workers or os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="kernel-compile") as pool:
+            futures = {pool.submit(self._compiled, m): m for m in todo}
+            try:
+                for f in as_completed(futures):
+                    m = futures[f]
+                    self._module_cache[m] = f.result()
+                    done += 1
+                    if progress is not None:
+                        progress(done, total, m)
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
 
     def function(self, module: str, name: str) -> Any:
         key = (module, name)
@@ -304,9 +330,11 @@ class CupyDevice(Device):
     def _load(self, module: str) -> Any:
         # RawModule compiles lazily at the first get_function; compile() makes it happen at
         # load. CuPy keeps the cubin in its on-disk kernel cache (~/.cupy/kernel_cache), keyed
-        # by the source, so later runs skip NVRTC.
+        # by the source, so later runs skip NVRTC. load_all calls this from worker threads:
+        # the device is per thread in CuPy, and the cubin is built for its architecture.
         mod = self._cupy.RawModule(code=kernel_source(module), options=("-std=c++17",))
-        mod.compile()
+        with self._cupy.cuda.Device(self._device_id):
+            mod.compile()
         return mod
 
     def _run(self, module: str, name: str, launch: Launch, args: tuple[Any, ...]) -> None:
@@ -590,12 +618,7 @@ class EmulatedDevice(Device):
     @staticmethod
     def prebuild(modules: tuple[str, ...] = MODULES) -> None:
         """Compile (or find cached) every module, one g++ per core, before the first launch."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from kernels.emulator.build import build
-
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            list(pool.map(lambda m: build(source_path(m)), modules))
+        EmulatedDevice().load_all(modules)
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)

@@ -90,9 +90,61 @@ def test_every_module_compiles_at_load_not_at_first_launch() -> None:
     cuda_backend.CudaBackend(dev, compile_progress=lambda *a: seen.append(a))
     assert set(dev._module_cache) == set(MODULES)  # all loaded before any launch
     assert dev.launches == 0
-    # progress before each module, in order, and once when all are ready
+    # once at the start, then as each module is ready (in any order: they compile in
+    # parallel), counting up to all of them
     n = len(MODULES)
-    assert seen == [(i, n, m) for i, m in enumerate(MODULES)] + [(n, n, "")]
+    assert seen[0] == (0, n, "")
+    assert [d for d, _, _ in seen[1:]] == list(range(1, n + 1))
+    assert sorted(m for _, _, m in seen[1:]) == sorted(MODULES)
+    assert all(t == n for _, t, _ in seen)
+    seen.clear()
+    dev.load_all(progress=lambda *a: seen.append(a))  # all loaded: nothing to do
+    assert seen == [(n, n, "")]
+
+
+class SlowDevice(EmulatedDevice):
+    """Each module takes a while to load and records which thread loaded it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.lock, self.running, self.overlap, self.threads = threading.Lock(), 0, 0, set()
+
+    def _load(self, module: str):  # noqa: ANN202
+        import threading
+        import time
+
+        with self.lock:
+            self.running += 1
+            self.overlap = max(self.overlap, self.running)
+            self.threads.add(threading.get_ident())
+        time.sleep(0.05)  # NVRTC would be busy here, without Python's lock
+        with self.lock:
+            self.running -= 1
+        return super()._load(module)
+
+
+def test_modules_compile_in_parallel_and_progress_stays_on_the_caller() -> None:
+    import threading
+
+    dev = SlowDevice()
+    callers: set[int] = set()
+    dev.load_all(progress=lambda *a: callers.add(threading.get_ident()), workers=4)
+    assert dev.overlap > 1 and len(dev.threads) > 1
+    assert callers == {threading.get_ident()}  # an app can touch its progress bar from it
+
+
+def test_create_tells_the_app_about_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_gpu(monkeypatch, EmulatedDevice)
+    seen: list[tuple[int, int, str]] = []
+    remove = cuda_backend.on_compile_progress(lambda *a: seen.append(a))
+    try:
+        cuda_backend.create()
+    finally:
+        remove()
+    assert seen[0][2] == "" and seen[-1][0] == seen[-1][1] == len(MODULES)
+    remove()  # a second removal is harmless
 
 
 _HALF_USE = re.compile(r"\b(__half\w*|__float2half\w*|__ushort_as_half|load_f16)\b")
