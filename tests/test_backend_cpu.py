@@ -2,7 +2,7 @@
 
 Tolerances (float32): packing is exact (0 ulp) for Q4_0/Q4_1/Q4_K/Q8_0; matmuls rtol 1e-5
 of the output scale (summation order differs); fused ops atol 1e-5 (exp/erf are
-polynomial approximations with relative error < 4e-7). Real models: the issue's bars.
+polynomial approximations with relative error < 4e-7). Real models: the parity bars.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from inference.backends.cpu import MATVEC_ROWS, CpuBackend, probe  # noqa: E402
-from inference.backends.cpu_pack import PackedWeight, RawWeight, pack, packed_bits, unpack  # noqa: E402
+from inference.backends.cpu.pack import PackedWeight, RawWeight, pack, packed_bits, unpack  # noqa: E402
 from inference.backends.numpy_backend import NumpyBackend  # noqa: E402
 from inference.formats.quants import dequantize, dequantize_raw  # noqa: E402
 from inference.formats.tensor import TensorData  # noqa: E402
@@ -66,7 +66,7 @@ def test_pack_is_exact_and_within_memory_rule(qtype):
 def test_float16_scales_decode_every_finite_value():
     from numba import njit
 
-    from inference.backends.cpu_kernels import _half
+    from inference.backends.cpu.ir import _half
 
     @njit
     def widen(bits, out):
@@ -245,13 +245,13 @@ def test_attention_causal_gqa(t, s, offset):
 def test_prefill_attention_on_two_threads(t, offset, heads, kv_dtype):
     """A prefill's attention on two threads, after products on numba's threads, is the
     numba kernel (each row against its own keys, read from the cache buffer); after
-    products shared out to the helpers (a float32 weight) it keeps BLAS on the helpers, so
+    products shared out to the workers (a float32 weight) it keeps BLAS on the workers, so
     one prefill keeps to one pool. Within float32 rounding of NumPy's masked softmax;
     a row's bits do not depend on how its rows are split between threads (a row's sums
     run in an order fixed by its place in its block of four, whatever the split: parts 1,
     2 and 3 give the same bits). One thread keeps the grouped BLAS GEMMs."""
-    from inference.backends import cpu as cpu_mod
-    from inference.backends import cpu_attend
+    from inference.backends.cpu import attention as cpu_attend
+    from inference.backends.cpu import backend as cpu_mod
 
     hq, hk = heads
     s = offset + t
@@ -273,10 +273,10 @@ def test_prefill_attention_on_two_threads(t, offset, heads, kv_dtype):
 
     x = randn(1, 16, 256, seed=42)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_mod.A, "attend_prefill", spy)
+        mp.setattr(cpu_mod.attn, "attend_prefill", spy)
         b.linear(x, b.weight(random_tensor("Q4_0", 512, 256, seed=43)))  # numba's threads
         got = b.attention(q, k, v, 0.125, causal_offset=offset)
-        b.linear(x, randn(512, 256, seed=44))  # float32: the helpers' sgemm
+        b.linear(x, randn(512, 256, seed=44))  # float32: the workers' sgemm
         blas = b.attention(q, k, v, 0.125, causal_offset=offset)
         b.linear(x, b.weight(random_tensor("Q4_0", 512, 256, seed=43)))
         b.set_threads(1)
@@ -303,7 +303,7 @@ def test_prefill_attention_on_two_threads(t, offset, heads, kv_dtype):
 def test_silu_mul_reads_the_stacked_gate_up_in_place(rows):
     """gate and up as column views of one stacked product (rows strided): the bits of
     contiguous copies, the NumPy backend's values, and no copy on a captured step's tape."""
-    from inference.backends.cpu_step import Tape
+    from inference.backends.cpu.replay import Tape
 
     b = CpuBackend()
     y = randn(1, rows, 2 * 1536, seed=48)
@@ -322,9 +322,9 @@ def test_silu_mul_reads_the_stacked_gate_up_in_place(rows):
 
 def test_prefill_silu_follows_the_products_pool():
     """A prefill's SiLU x up runs on numba's threads after products that ran there, and is
-    shared out to the helpers after products that were (a float32 weight): one pool per
+    shared out to the workers after products that were (a float32 weight): one pool per
     prefill. Either way the values of the one-thread kernel."""
-    from inference.backends import cpu as cpu_mod
+    from inference.backends.cpu import backend as cpu_mod
 
     b = _two_threads()
     if not b._numba_prefill():
@@ -340,19 +340,19 @@ def test_prefill_silu_follows_the_products_pool():
         chunks(*args)
 
     def spy_share(*args, **kw):
-        seen.append("helpers")
+        seen.append("workers")
         share(*args, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_mod.K, "silu_mul_chunks", spy_chunks)
+        mp.setattr(cpu_mod.fused, "silu_mul_chunks", spy_chunks)
         b.linear(x, b.weight(random_tensor("Q4_0", 512, 256, seed=43)))
         mp.setattr(b, "_share", spy_share)
         on_numba = b.silu_mul(gate, up)
         assert seen == ["numba"]
-        b.linear(x, randn(512, 256, seed=44))  # its own share-out to the helpers
+        b.linear(x, randn(512, 256, seed=44))  # its own share-out to the workers
         seen.clear()
         on_helpers = b.silu_mul(gate, up)
-    assert seen == ["helpers"]
+    assert seen == ["workers"]
     np.testing.assert_allclose(on_numba, want, atol=1e-5)
     np.testing.assert_array_equal(on_numba, on_helpers)
 
@@ -377,7 +377,8 @@ def _packed_inputs(lens: list[int], heads: int, d: int, seed: int):
 @pytest.mark.parametrize("lens", [[7, 3, 1, 5], [1], [12, 12]])
 def test_attention_packed_matches_each_input_alone(lens, tiled, monkeypatch):
     if tiled:  # scores over the query-tile budget: the padded batch through attention()
-        monkeypatch.setattr("inference.backends.cpu.query_tiles", lambda *a: [(0, 1), (1, 2)])
+        monkeypatch.setattr("inference.backends.cpu.backend.query_tiles",
+                            lambda *a: [(0, 1), (1, 2)])
     q, k, v, starts = _packed_inputs(lens, 4, 32, seed=18)
     want = np.zeros(q.shape, dtype=np.float32)
     for a, b in zip(starts[:-1], starts[1:], strict=True):
@@ -407,7 +408,7 @@ def test_fused_linear_gelu_and_add_norm():
                                atol=1e-5)
 
 
-# --- real models: the issue's parity bars, against the goldens and the NumPy backend --------
+# --- real models: the parity bars, against the goldens and the NumPy backend --------
 
 def _load(name: str):
     return load_bundled(name, backend="cpu")
@@ -441,7 +442,7 @@ def test_smollm2_logits_match_numpy(prose_cpu_logits, smollm2_prose_logits):
     got, want = prose_cpu_logits, smollm2_prose_logits
     assert float((got.argmax(-1) == want.argmax(-1)).mean()) >= g.SMOLLM2_MIN_TOP1_AGREEMENT
     # The prefill's 4-bit products take int16 activations (each group of 32 rounded to
-    # 1/32767 of its largest |x|, cpu_idot), as decode does: measured 6.0e-3 on logits of
+    # 1/32767 of its largest |x|, quantize.py), as decode does: measured 6.0e-3 on logits of
     # up to ~20 (below 5e-3 with float32 activations, dequant+sgemm).
     assert np.abs(got - want).max() < 1e-2
 
@@ -534,7 +535,7 @@ def test_map_calls_share_the_cores_out_among_fewer_calls():
     the cores: 2 calls on 4 cores, 2 each; 5 calls, 1 each (BLAS itself stays on the
     calling thread: OPENBLAS_NUM_THREADS=1, inference/__init__)."""
     b = _two_threads()
-    b._threads = 4  # as on a 4-core machine (set_threads caps at this machine's cores)
+    b._threads = 4  # as on a 4-core machine (set_threads caps at the host's cores)
 
     def parts(_: object) -> int:
         return min(b._local.cores, 8)
@@ -562,14 +563,14 @@ def test_prefill_integer_products_run_the_decode_kernel_on_numbas_threads(qtype)
     """4/5/8-bit prefill products go by the integer decode kernel over all the token rows
     in one call from the caller's thread, numba at the backend's 2 threads (the weight's
     tiles split between them: 1000 output rows are 31.25 tiles; K=768; 24 token rows in
-    groups of 8), and not to the helper threads. Every row is the bits the decode mat-vec
+    groups of 8), and not to the worker threads. Every row is the bits the decode mat-vec
     gives it alone: the same kernel, integer sums exact in any order, a row the same bits
     in any group. Against NumPy over the quantized activations, with the tolerance of every
     product (summation order)."""
     import numba
 
-    from inference.backends import cpu as cpu_mod
-    from inference.backends import cpu_idot
+    from inference.backends.cpu import backend as cpu_mod
+    from inference.backends.cpu import matvec_int as cpu_int
     from tests.test_cpu_idot import _dequantized
 
     b = _two_threads()
@@ -577,21 +578,21 @@ def test_prefill_integer_products_run_the_decode_kernel_on_numbas_threads(qtype)
     x = randn(1, 24, 768, seed=8)
     w = b.weight(t)
     if not b._integer(w):
-        assert (not cpu_idot.vnni_groups() or b.activations == "float"
+        assert (not cpu_int.vnni_groups() or b.activations == "float"
                 or not cpu_mod._concurrent_kernels())
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only (and a "
                     "numba threading layer that runs kernels on two threads at once)")
     seen = []
-    name = "matvec_q8" if w.bits == 8 else "matvec_q4"
-    kernel = getattr(cpu_idot, name)
+    name = "matvec_q8_int" if w.bits == 8 else "matvec_q4_int"
+    kernel = getattr(cpu_int, name)
 
     def spy(*args):
         seen.append((threading.get_ident(), numba.get_num_threads(), args[-1].shape[0]))
         kernel(*args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_mod.cpu_idot, name, spy)
-        mp.setattr(b, "_share", lambda *a, **k: pytest.fail("a share-out to the helpers"))
+        mp.setattr(cpu_mod.matvec_int, name, spy)
+        mp.setattr(b, "_share", lambda *a, **k: pytest.fail("a share-out to the workers"))
         got = b.linear(x, w)
     assert seen == [(threading.get_ident(), 2, 24)]
     alone = np.concatenate([b.linear(x[:, i:i + 1], w) for i in range(24)], axis=1)
@@ -604,8 +605,8 @@ def test_integer_products_of_one_input_quantize_it_once_per_storage():
     """q/k/v of 4-, 5- and 8-bit types in one ``linears``: the input is quantized once per
     activation storage (the 4- and 5-bit kernels may share one), each kernel then reads
     those rows; each output is the bits of its linear alone."""
-    from inference.backends import cpu as cpu_mod
-    from inference.backends import cpu_idot
+    from inference.backends.cpu import backend as cpu_mod
+    from inference.backends.cpu import quantize as cpu_quantize
 
     b = _two_threads()
     ws = [b.weight(random_tensor(q, 1000, 768, seed=s))
@@ -614,16 +615,16 @@ def test_integer_products_of_one_input_quantize_it_once_per_storage():
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only")
     x = randn(24, 768, seed=8)
     seen = []
-    inner = cpu_idot.quantize_rows
+    inner = cpu_quantize.quantize_rows
 
     def spy(x_, width, narrow=True):
         seen.append((x_.shape, narrow))
         return inner(x_, width, narrow)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_mod.cpu_idot, "quantize_rows", spy)
+        mp.setattr(cpu_mod.quantize, "quantize_rows", spy)
         got = b.linears(x, [(w, None) for w in ws])
-    storages = {cpu_idot.narrow(b.activations, w.bits) for w in ws}
+    storages = {cpu_quantize.narrow(b.activations, w.bits) for w in ws}
     assert sorted(seen) == sorted(((24, 768), n) for n in storages)
     for y, w in zip(got, ws, strict=True):
         np.testing.assert_array_equal(y, b.linear(x, w))
@@ -635,7 +636,7 @@ def test_prefill_products_shared_between_threads(qtype):
     meanwhile): an uneven split (1000 rows: 31.25 tiles of 32; K=768) against the NumPy
     backend. Tolerance as every prefill product: sgemm's rounding depends on its blocking.
     Packed weights take this route with float activations (or without AVX-512 VNNI)."""
-    from inference.backends import cpu as cpu_mod
+    from inference.backends.cpu import backend as cpu_mod
 
     b = _two_threads("float" if qtype == "Q6_K" else None)
     t = random_tensor(qtype, 1000, 768, seed=7)
@@ -660,7 +661,7 @@ def test_prefill_products_shared_between_threads(qtype):
 
 
 def test_resident_memory_after_loading_smollm2_within_the_rule():
-    """The issue's rule, in a fresh process: RSS after load <= 1.5x the file (no KV cache is
+    """The memory rule, in a fresh process: RSS after load <= 1.5x the file (no KV cache is
     allocated at load). Backend libraries are imported first, as in `inferdesk bench`;
     measured 1.20x (1.55x before the heap was trimmed after load and Q4_1 kept its float16
     scales)."""
@@ -701,9 +702,9 @@ def test_wide_vectors_on_avx512_unless_the_user_chose(user_features):
     if user_features:
         env["NUMBA_CPU_FEATURES"] = user_features
     code = ("import numba, llvmlite.binding as ll\n"
-            "import inference.backends.cpu_kernels as K\n"
+            "import inference.backends.cpu.features as cpu_features\n"
             "print('+avx512f' in ll.get_host_cpu_features().flatten().split(','))\n"
-            "print(K.arm_cpu_has_dotprod())\n"
+            "print(cpu_features.arm_cpu_has_dotprod())\n"
             "print(numba.config.CPU_FEATURES)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120)
@@ -732,16 +733,16 @@ def test_arm_dot_product_detected_at_run_time(monkeypatch, host, dotprod, user, 
     architecture, the host string and the OS's answer are forced: this runs on x86 too."""
     import numba
 
-    from inference.backends import cpu_kernels as K
+    from inference.backends.cpu import features as cpu_features
 
-    monkeypatch.setattr(K, "_arch", lambda: "arm")
-    monkeypatch.setattr(K, "host_cpu_features", lambda: host)
-    monkeypatch.setattr(K, "arm_cpu_has_dotprod", lambda: dotprod)
+    monkeypatch.setattr(cpu_features, "_arch", lambda: "arm")
+    monkeypatch.setattr(cpu_features, "host_cpu_features", lambda: host)
+    monkeypatch.setattr(cpu_features, "arm_cpu_has_dotprod", lambda: dotprod)
     monkeypatch.setattr(numba.config, "CPU_FEATURES", user)
     monkeypatch.setattr(numba.config, "CPU_NAME", None)
-    K._tune_target()
+    cpu_features._tune_target()
     assert numba.config.CPU_FEATURES == want
-    assert K.target_isa() == ("ARM NEON with dot product" if "+dotprod" in (want or host)
+    assert cpu_features.target_isa() == ("ARM NEON with dot product" if "+dotprod" in (want or host)
                               else "ARM NEON")
 
 
@@ -755,13 +756,13 @@ def test_arm_dot_product_detected_at_run_time(monkeypatch, host, dotprod, user, 
 def test_backend_reason_names_the_target_isa(monkeypatch, features, isa):
     import numba
 
-    from inference.backends import cpu_kernels as K
+    from inference.backends.cpu import features as cpu_features
 
-    monkeypatch.setattr(K, "_arch", lambda: "x86")  # x86 feature strings, on any host
+    monkeypatch.setattr(cpu_features, "_arch", lambda: "x86")  # x86 feature strings, on any host
     monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
-    assert K.target_isa() == isa
+    assert cpu_features.target_isa() == isa
     monkeypatch.undo()
-    assert K.target_isa() in probe()[1]
+    assert cpu_features.target_isa() in probe()[1]
 
 
 @pytest.mark.parametrize(("features", "isa"), [
@@ -776,13 +777,14 @@ def test_backend_reason_on_arm_names_neon_and_the_lane_kernels(monkeypatch, feat
     Q2_K/Q3_K file-byte ones too)."""
     import numba
 
-    from inference.backends import cpu_idot, cpu_kdot
-    from inference.backends import cpu_kernels as K
+    from inference.backends.cpu import features as cpu_features
+    from inference.backends.cpu import kdot as cpu_kdot
+    from inference.backends.cpu import matvec_int as cpu_int
 
-    monkeypatch.setattr(K, "_arch", lambda: "arm")
+    monkeypatch.setattr(cpu_features, "_arch", lambda: "arm")
     monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
-    assert K.target_isa() == isa
-    assert cpu_idot.form() == "lanes" and not cpu_idot.wide() and not cpu_kdot.available()
+    assert cpu_features.target_isa() == isa
+    assert cpu_features.form() == "lanes" and not cpu_int.wide() and not cpu_kdot.available()
     assert CpuBackend("int16").activations == "int16"
     reason = probe()[1]
     assert (f"{isa}, native float16 converts, integer dot products over int16 activations "
@@ -795,7 +797,8 @@ import numpy as np
 from tests.test_backend_cpu import LANE_TYPES, lane_rows_alone
 from numba import njit
 from inference.backends.cpu import CpuBackend, probe
-from inference.backends.cpu_kernels import _half, target_has_f16c
+from inference.backends.cpu.features import target_has_f16c
+from inference.backends.cpu.ir import _half
 from inference.backends.numpy_backend import NumpyBackend
 from tests.bundled import random_tensor
 
@@ -828,10 +831,10 @@ for C in (CpuBackend("float"), CpuBackend("int16")):
             tol = 1e-5 if C.activations == "float" else 1e-3
             np.testing.assert_allclose(got, ref, rtol=0, atol=tol * float(np.abs(ref).max()))
 
-# No AVX2: the lane kernels (cpu_idot.form()). Each row alone and in batches of 2-8; the
+# No AVX2: the lane kernels (cpu_features.form()). Each row alone and in batches of 2-8; the
 # bits of the rows alone go to the host, to compare with its own kernels'.
-from inference.backends import cpu_idot
-assert cpu_idot.form() == "lanes" and "integer dot products over int16" in probe()[1]
+from inference.backends.cpu import features as cpu_features
+assert cpu_features.form() == "lanes" and "integer dot products over int16" in probe()[1]
 for mode in ("int16", "int8"):
     C = CpuBackend(mode)
     for qtype in LANE_TYPES:
@@ -864,11 +867,11 @@ def _generic_steps(tmp: Path) -> list[early.Step] | str:
 def test_kernels_compile_and_match_for_a_generic_x86_cpu(request):
     """NUMBA_CPU_NAME=generic (an old laptop's baseline x86-64, no F16C): the float16
     widening falls back to integer ops, exact for all 65,536 inputs, and the mat-vecs still
-    match NumPy. Before, LLVM emitted a call to a helper the JIT could not link: a crash.
+    match NumPy. Before, LLVM emitted a call to a runtime routine the JIT could not link: a crash.
     There the mat-vecs take the lane kernels (no AVX2): each row alone is the same bits as
     in a batch, and as this host's own integer kernels give it (exact integer sums, the
-    same float tail without FMA: cpu_idot), for both activation widths.
-    (A subprocess started with the session: tests/early.py.)"""
+    same float tail without FMA: matvec_int.py), for both activation widths.
+    (A subprocess started early in the run: tests/early.py.)"""
     import hashlib
 
     (out,) = early.result(request.node)

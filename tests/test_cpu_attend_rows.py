@@ -87,7 +87,7 @@ def test_windows_and_softcaps_take_the_composite(monkeypatch):
 def test_views_of_one_stacked_product_are_read_in_place():
     """q/k/v as the server's batched step makes them (column views of one q|k|v product,
     rows strided): the bits of contiguous copies, and no copy on the tape."""
-    from inference.backends.cpu_step import Tape
+    from inference.backends.cpu.replay import Tape
 
     lengths = [4, 130, 9]
     q, k, v = _step(3, 9)
@@ -132,7 +132,7 @@ def test_a_copied_prefix_is_read_once_and_changes_no_bit(monkeypatch):
     gets alone from its own copy. Rows 0-43 of the source are common to all; the second
     and third copied 64; the fourth copied 43 (read to 40, the key groups' multiple of 4);
     the last copied nothing."""
-    from inference.backends import cpu as cpu_backend
+    from inference.backends.cpu import backend as cpu_backend
 
     source = _caches([70], 11)[0]
     caches = [*_copies_of(source, [64, 64, 43], [9, 30, 5], 12), _caches([50], 13)[0]]
@@ -258,5 +258,5 @@ def test_a_cached_specialisation_and_a_fresh_one_agree(request):
     specialisation itself. The two must give the same bits, as the server's batched step
     (views) and a lone row may each come from either. Compiled with reassociation they
     did not (2e-8 apart on these shapes): the kernel is compiled without it.
-    (Started with the session: tests/early.py.)"""
+    (Started early in the run: tests/early.py.)"""
     early.assert_ok(early.result(request.node), CACHED_AND_FRESH_RUNS)

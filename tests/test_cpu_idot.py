@@ -1,4 +1,4 @@
-"""Decode mat-vec over int16 / int8 activations (inference/backends/cpu_idot.py) against
+"""Decode mat-vec over int16 / int8 activations (inference/backends/cpu/matvec_int.py) against
 NumPy.
 
 The kernels compute ``W @ (d * q)`` exactly up to float32 rounding, where ``d * q`` is the
@@ -9,7 +9,7 @@ activation row quantized per group of 32 (``quantize_rows``). So:
 - for any ``x`` it equals the NumPy reference for ``d * q``;
 both with the float kernels' tolerance, 1e-5 of the output scale (float32 scales and a
 different summation order). What quantizing costs a real model is asserted on SmolLM2 for
-the default, int16, with the issue's bars (top-1 >= 99%, mean |delta log p| <= 0.01
+the default, int16, with the parity bars (top-1 >= 99%, mean |delta log p| <= 0.01
 against transformers); int8 does not meet them there (docs/benchmarks.md has its figures).
 """
 
@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.backends import cpu_idot
 from inference.backends.cpu import ACTIVATIONS_ENV, CpuBackend
+from inference.backends.cpu import features as cpu_features
+from inference.backends.cpu import quantize as cpu_quantize
+from inference.backends.cpu.layout import LANES
 from inference.backends.numpy_backend import NumpyBackend
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
@@ -32,7 +34,7 @@ from tests.test_backend_cpu import PACKED, _mlx_tensor
 
 N = NumpyBackend()
 TYPES = PACKED + ("MLX4", "MLX5", "MLX8")
-WIDTHS = list(cpu_idot.LEVELS)
+WIDTHS = list(cpu_quantize.LEVELS)
 
 
 @pytest.fixture(scope="module", params=WIDTHS)
@@ -56,7 +58,7 @@ def _grid(rows: int, k: int, levels: int, seed: int) -> np.ndarray:
 
 
 def _dequantized(x: np.ndarray, width: str) -> np.ndarray:
-    xp, dx, _ = cpu_idot.quantize_rows(x, width)
+    xp, dx, _ = cpu_quantize.quantize_rows(x, width)
     q = xp.view(getattr(np, width)).reshape(x.shape[0], -1, 32).astype(np.float32)
     return (q * dx[:, :, None]).reshape(x.shape)
 
@@ -67,12 +69,12 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_quantize_rows_matches_numpy(width):
-    levels = cpu_idot.LEVELS[width]
+    levels = cpu_quantize.LEVELS[width]
     r = np.random.default_rng(0)
     x = (r.standard_normal((3, 128)) * 10.0 ** r.integers(-3, 4, size=(3, 1))).astype(np.float32)
     x[1, 32:64] = 0.0  # an all-zero group: d = 0, codes 0
     x[2, 3] = 1e30
-    xp, dx, xs = cpu_idot.quantize_rows(x, width)
+    xp, dx, xs = cpu_quantize.quantize_rows(x, width)
     g4 = x.reshape(3, 4, 32)
     amax = np.abs(g4).max(-1)
     inv = np.where(amax > 0, np.float32(levels) / np.where(amax > 0, amax, 1), 0)
@@ -88,7 +90,7 @@ def test_quantize_rows_matches_numpy(width):
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_integer_matvec_is_exact_on_grid_activations(ci, qtype, rows):
     t = _weight(qtype)
-    x = _grid(rows, 512, cpu_idot.LEVELS[ci.activations], seed=rows)
+    x = _grid(rows, 512, cpu_quantize.LEVELS[ci.activations], seed=rows)
     _close(ci.linear(x, ci.weight(t)), N.linear(x, N.weight(t)))
 
 
@@ -106,16 +108,16 @@ def test_one_call_linear_is_bitwise_the_two_calls(ci, qtype):
     ``linear_q8``); a captured step replays ``quantize_call``'s fill, then the kernel. Both
     must give the same bits, for every batch size a decode step takes (1-8 rows: each mix
     of row groups)."""
-    from inference.backends import cpu_kernels as K
+    from inference.backends.cpu import quantize as cpu_quantize
 
     w = ci.weight(_weight(qtype))
     x = np.random.default_rng(2).standard_normal((8, 512)).astype(np.float32) * 3
     for rows in range(1, 9):
-        one, two = (np.empty((rows, len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
+        one, two = (np.empty((rows, len(w.blocks) // w.groups * LANES), dtype=np.float32)
                     for _ in range(2))
         ci._matvec_into(x[:rows], w, one)
-        xq = cpu_idot.quantize_rows(x[:rows], ci.activations,
-                                    cpu_idot.narrow(ci.activations, w.bits))  # as the tape
+        xq = cpu_quantize.quantize_rows(x[:rows], ci.activations,
+                                        cpu_quantize.narrow(ci.activations, w.bits))  # as the tape
         fn, *args = ci._idot(w, xq, two)
         fn(*args)
         np.testing.assert_array_equal(one.view(np.uint32), two.view(np.uint32))
@@ -196,12 +198,13 @@ def test_smollm2_int16_decode_matches_transformers(smollm2_int16):
 
 AVX2_CHECK = """
 import numpy as np
-from inference.backends import cpu_idot
+from inference.backends.cpu import features as cpu_features
+from inference.backends.cpu import matvec_int as cpu_int
 from inference.backends.cpu import CpuBackend
 from inference.backends.numpy_backend import NumpyBackend
 from tests.bundled import random_tensor
 
-assert cpu_idot.form() == "avx2" and cpu_idot.ROW_GROUP == 2
+assert cpu_features.form() == "avx2" and cpu_int.ROW_GROUP == 2
 N = NumpyBackend()
 x = np.random.default_rng(8).standard_normal((8, 512)).astype(np.float32) * 3
 for mode in ("int16",):  # the default; int8 shares the pair loops (a compile is ~20 s)
@@ -223,9 +226,8 @@ AVX2_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr
 
 
 def _avx2_steps(tmp: Path) -> list[early.Step] | str:
-    from inference.backends import cpu_kernels as K
 
-    if not (K._x86() and "+avx2" in K.host_cpu_features().split(",")):
+    if not (cpu_features._x86() and "+avx2" in cpu_features.host_cpu_features().split(",")):
         return "needs an x86 host with AVX2"
     # a cache of its own: this target's entries beside the host's would race on their index
     return [early.python(AVX2_CHECK, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=AVX2_FEATURES,
@@ -238,7 +240,7 @@ def test_avx2_build_batches_bitwise_as_rows_alone(request):
     target in a subprocess, so an AVX-512 host checks it too: each row of batches of 2-8
     is the same bits as the row alone, and near NumPy (5% of the output scale: the
     activations are quantized; the exact checks above run on the host's own build).
-    (Started with the session: tests/early.py.)"""
+    (Started early in the run: tests/early.py.)"""
     (out,) = early.result(request.node)
     assert out.returncode == 0 and "avx2 ok" in out.stdout, out.stderr[-3000:]
 
@@ -246,18 +248,19 @@ def test_avx2_build_batches_bitwise_as_rows_alone(request):
 CACHED_CALLS = """
 import sys
 import numpy as np
-from inference.backends import cpu_idot
+from inference.backends.cpu import matvec_int as cpu_int
+from inference.backends.cpu import quantize as cpu_quantize
 from inference.backends.cpu import CpuBackend
 from tests.bundled import random_tensor
 w = CpuBackend("int16").weight(random_tensor("Q4_0", 64, 256, seed=1))
 x = np.ones((8, 256), dtype=np.float32)
 out = np.empty((8, 64), dtype=np.float32)
 if sys.argv[1] == "matvec":
-    cpu_idot.matvec_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero,
-                       *cpu_idot.quantize_rows(x, "int16"), out)
+    cpu_int.matvec_q4_int(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero,
+                          *cpu_quantize.quantize_rows(x, "int16"), out)
 else:
-    cpu_idot.linear_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x,
-                       cpu_idot.level("int16"), out)
+    cpu_int.linear_q4_int(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x,
+                          cpu_quantize.level("int16"), out)
 print("ok")
 """
 
@@ -271,5 +274,5 @@ def test_a_caller_of_a_cached_kernel_compiles(request):
     entry, which links the cached kernel without generating its IR. Where the kernel holds
     VNNI inline asm, LLVM needs its assembly parser set up in that process too: it
     aborted there when the parser was set up only while generating the asm.
-    (Started with the session: tests/early.py.)"""
+    (Started early in the run: tests/early.py.)"""
     early.assert_ok(early.result(request.node), CACHED_RUNS)

@@ -1,4 +1,4 @@
-"""The three forms of the integer-dot block intrinsics (inference/backends/cpu_idot.py):
+"""The three forms of the integer-dot block intrinsics (inference/backends/cpu/matvec_int.py):
 256-bit (AVX2), 512-bit (AVX-512BW) and lane by lane (plain vector IR: ARM NEON, x86 without
 AVX2). Each takes a block's exact integer sums and ends with their float tail (``_Tail``),
 plain IEEE multiplies and adds in a fixed order. So every form must equal NumPy's float32
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from numba import njit
 
-from inference.backends import cpu_idot as I
-from inference.backends import cpu_kernels as K
-from inference.backends.cpu_kernels import LANES
+from inference.backends.cpu import matvec_int as cpu_int
+from inference.backends.cpu import quantize as cpu_quantize
+from inference.backends.cpu.layout import AFFINE, AFFINE_F16, LANES, SUB16, SYMMETRIC
 
 GROUPS = 2  # one block per group of 32 activations
 ROWS = 8  # activation rows: every group size divides it
@@ -39,10 +39,10 @@ def _forms(monkeypatch, vnni: bool, nrows: int, lanes, pairs, wide) -> list:
     one (the AVX2 form never takes ``vpdpwssd``), compiled as if the target had no VNNI
     (the makers read ``_vnni`` when their runner compiles)."""
     makers = [lanes] if vnni and nrows <= 2 else []
-    if I.wide() and not vnni:
-        monkeypatch.setattr(I, "_vnni", lambda: False)
+    if cpu_int.wide() and not vnni:
+        monkeypatch.setattr(cpu_int, "_vnni", lambda: False)
         makers.append(wide)
-    elif I.wide() and I._vnni():
+    elif cpu_int.wide() and cpu_int._vnni():
         makers += [pairs, wide]
     if not makers:
         pytest.skip("the x86 forms need AVX-512BW (and here VNNI)")
@@ -71,7 +71,7 @@ def _runner4(dot, nrows):
 
 
 def _activations(width: str, rows: int, rng: np.random.Generator) -> np.ndarray:
-    level = I.LEVELS[width]
+    level = cpu_quantize.LEVELS[width]
     return rng.integers(-level, level + 1, (rows, GROUPS * 32)).astype(width)
 
 
@@ -105,16 +105,16 @@ def _expected(kind, blocks, c, dx, xs, isum, subs=None):
     for g in range(GROUPS):
         for r in range(ROWS):
             d, xsum = dx[r, g], xs[r, g]
-            if kind == K.SUB16:
+            if kind == SUB16:
                 s0, s1 = isum[g, r].astype(f32)
                 sc0, sc1 = subs[g].astype(f32)
                 term = (halves[g, LANES:] * d) * (sc0 * s0 + sc1 * s1)
             else:
                 s = isum[g, r] if isum.ndim == 3 else isum[g, r].sum(axis=0)
                 s = s.astype(f32)
-                if kind == K.AFFINE_F16:
+                if kind == AFFINE_F16:
                     term = halves[g, :LANES] * (d * s) + halves[g, LANES:] * xsum
-                elif kind == K.AFFINE:
+                elif kind == AFFINE:
                     term = blocks[g, c] * (d * s) + blocks[g, c + 1] * xsum
                 else:
                     term = blocks[g, c] * (d * s - f32(ZERO) * xsum)
@@ -127,7 +127,7 @@ def _check(run, args, kinds, blocks, c, nrows, want, rng, subs=None):
     f32_row = rng.standard_normal((GROUPS, LANES)).astype(f32)
     f16_row = rng.standard_normal((GROUPS, 2 * LANES)).astype(np.float16).view(f32)
     for kind in kinds:
-        blocks[:, c] = f16_row if kind in (K.AFFINE_F16, K.SUB16) else f32_row
+        blocks[:, c] = f16_row if kind in (AFFINE_F16, SUB16) else f32_row
         codes, xp, *rest, dx, xs = args
         accs = np.zeros((GROUPS, ROWS, nrows, LANES), dtype=f32)
         run(codes, xp, *rest, blocks, kind, dx, xs, accs)
@@ -140,11 +140,11 @@ def _check(run, args, kinds, blocks, c, nrows, want, rng, subs=None):
 
 
 @pytest.mark.parametrize("vnni,nrows", CASES)
-@pytest.mark.parametrize("width", list(I.LEVELS))
+@pytest.mark.parametrize("width", list(cpu_quantize.LEVELS))
 @pytest.mark.parametrize("five", [False, True])
 def test_dot4_forms_equal_numpy(width, five, nrows, vnni, monkeypatch):
-    makers = _forms(monkeypatch, vnni, nrows, I._make_lane_dot4, I._make_dot4,
-                    I._make_wide_dot4)
+    makers = _forms(monkeypatch, vnni, nrows, cpu_int._make_lane_dot4, cpu_int._make_dot4,
+                    cpu_int._make_wide_dot4)
     rng = np.random.default_rng(nrows * 10 + five)
     codes, values = _codes4(rng, five)
     xp = _activations(width, ROWS, rng)
@@ -155,15 +155,15 @@ def test_dot4_forms_equal_numpy(width, five, nrows, vnni, monkeypatch):
     high = codes[:, 16:20] if five else None
     for make in makers:
         _check(_runner4(make(nrows), nrows), (codes, xp, high, dx, xs),
-               (K.SYMMETRIC, K.AFFINE, K.AFFINE_F16), blocks, c, nrows, want, rng)
+               (SYMMETRIC, AFFINE, AFFINE_F16), blocks, c, nrows, want, rng)
 
 
 @pytest.mark.parametrize("vnni,nrows", CASES)
-@pytest.mark.parametrize("width", list(I.LEVELS))
+@pytest.mark.parametrize("width", list(cpu_quantize.LEVELS))
 @pytest.mark.parametrize("signed", [False, True])
 def test_dot8_forms_equal_numpy(width, signed, nrows, vnni, monkeypatch):
-    makers = _forms(monkeypatch, vnni, nrows, I._make_lane_dot8, I._make_dot8,
-                    I._make_wide_dot8)
+    makers = _forms(monkeypatch, vnni, nrows, cpu_int._make_lane_dot8, cpu_int._make_dot8,
+                    cpu_int._make_wide_dot8)
     rng = np.random.default_rng(nrows * 10 + signed)
     dtype = np.int8 if signed else np.uint8
     info = np.iinfo(dtype)
@@ -178,5 +178,5 @@ def test_dot8_forms_equal_numpy(width, signed, nrows, vnni, monkeypatch):
     blocks, dx, xs = _scales(rng, 8)
     for make in makers:
         _check(_runner(make(nrows), nrows), (codes, xp, dx, xs),
-               (K.SYMMETRIC, K.AFFINE, K.AFFINE_F16, K.SUB16), blocks, 8, nrows, want, rng,
+               (SYMMETRIC, AFFINE, AFFINE_F16, SUB16), blocks, 8, nrows, want, rng,
                subs=codes[:, 32:34])

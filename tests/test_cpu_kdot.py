@@ -1,8 +1,8 @@
 """Decode mat-vec of Q2_K / Q3_K file bytes over int16 / int8 activations
-(inference/backends/cpu_kdot.py) against NumPy and the float file-byte kernel.
+(inference/backends/cpu/kdot.py) against NumPy and the float file-byte kernel.
 
 The kernel computes ``W @ (d * q)`` up to float32 rounding, ``d * q`` the activations
-quantized per group of 32 (``cpu_idot.quantize_rows``). So:
+quantized per group of 32 (``cpu_quantize.quantize_rows``). So:
 - against ``dequantize_raw(W) @ (d * q)`` in float64 it is within 1e-5 of the output
   scale (float32 tails and a different summation order, as tests/test_cpu_idot.py);
 - against the float kernel on ``x`` itself it is within the quantization's own bound,
@@ -17,9 +17,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.backends import cpu_idot, cpu_kdot, cpu_raw
 from inference.backends.cpu import CpuBackend
-from inference.backends.cpu_pack import RawWeight
+from inference.backends.cpu import kdot as cpu_kdot
+from inference.backends.cpu import quantize as cpu_quantize
+from inference.backends.cpu import raw as cpu_raw
+from inference.backends.cpu.pack import RawWeight
 from inference.formats.quants import dequantize_raw
 from inference.formats.tensor import TensorData
 from tests import early
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.skipif(not cpu_kdot.available(),
                                 reason="x86 AVX2 kernels (elsewhere the float file-byte ones)")
 
 TYPES = ("Q2_K", "Q3_K")
-WIDTHS = list(cpu_idot.LEVELS)
+WIDTHS = list(cpu_quantize.LEVELS)
 # (weight rows, row length, activation rows): odd row counts (tasks of 8 rows cut short),
 # one to five blocks a row, every activation grouping (4, 2, 1 and their sums up to 8).
 SHAPES = [(37, 512, 1), (33, 256, 3), (70, 1280, 5), (9, 768, 7), (64, 256, 8), (1, 256, 2)]
@@ -42,7 +44,7 @@ def _raw(t: TensorData) -> np.ndarray:
 
 def _linear(t: TensorData, x: np.ndarray, width: str) -> np.ndarray:
     out = np.full((x.shape[0], t.shape[0]), np.nan, dtype=np.float32)
-    cpu_kdot.linear(_raw(t), cpu_raw.CODE[t.qtype], x, cpu_idot.level(width), out)
+    cpu_kdot.linear(_raw(t), cpu_raw.CODE[t.qtype], x, cpu_quantize.level(width), out)
     return out
 
 
@@ -52,7 +54,7 @@ def _dense(t: TensorData) -> np.ndarray:
 
 def _steps(x: np.ndarray, width: str) -> tuple[np.ndarray, np.ndarray]:
     """The dequantized activations ``d * q`` and each one's step ``d`` (float64)."""
-    xp, dx, _ = cpu_idot.quantize_rows(x, width)
+    xp, dx, _ = cpu_quantize.quantize_rows(x, width)
     d = np.repeat(dx.astype(np.float64), 32, axis=1)
     return xp.astype(np.float64) * d, d
 
@@ -158,17 +160,19 @@ def test_tiny_llama_cpp_files_decode_like_transformers(name, monkeypatch):
 CACHED_CALLS = """
 import sys
 import numpy as np
-from inference.backends import cpu_idot, cpu_kdot, cpu_raw
+from inference.backends.cpu import quantize as cpu_quantize
+from inference.backends.cpu import kdot as cpu_kdot
+from inference.backends.cpu import raw as cpu_raw
 from tests.bundled import random_tensor
 t = random_tensor("Q2_K", 16, 256, seed=1)
 raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(16, -1)
 x = np.ones((1, 256), dtype=np.float32)
-xp, dx, _ = cpu_idot.quantize_rows(x, "int16")
+xp, dx, _ = cpu_quantize.quantize_rows(x, "int16")
 out = np.empty((1, 16), dtype=np.float32)
 if sys.argv[1] == "matvec":
     cpu_kdot.matvec(raw, cpu_raw.Q2_K, xp, dx, cpu_kdot._sums16(xp, dx), out)
 else:
-    cpu_kdot.linear(raw, cpu_raw.Q2_K, x, cpu_idot.level("int16"), out)
+    cpu_kdot.linear(raw, cpu_raw.Q2_K, x, cpu_quantize.level("int16"), out)
 print("ok")
 """
 
@@ -181,5 +185,5 @@ def test_kernels_load_from_numba_cache_without_crashing(request):
     """Processes over one fresh numba cache: the kernel alone, then the one-call entry
     twice (the second run loads it from the cache). With the kernel cached on its own,
     that third process crashed (segfault); it is left out of the cache since.
-    (Started with the session: tests/early.py.)"""
+    (Started early in the run: tests/early.py.)"""
     early.assert_ok(early.result(request.node), CACHED_RUNS)

@@ -1,7 +1,7 @@
 """The `cpu` backend on the files people download: SmolLM2 requantized by llama.cpp's own
 quantizer into Q4_K_M, Q3_K_M, Q5_K_M and Q6_K (mixes of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 Q4_K, Q5_K, Q6_K), against transformers' float32 logits on the same file
-(tests/goldens/smollm2_kquants.npz), with issue 13's bars: top-1 agreement >= 99% and
+(tests/goldens/smollm2_kquants.npz), with the parity bars: top-1 agreement >= 99% and
 mean |delta log p(top-1)| <= 0.01 on every golden text.
 
 - decode, token by token, with the default int16 activations (the integer mat-vecs);
@@ -20,7 +20,7 @@ import pytest
 
 from tests import goldens_io as g
 
-MIN_TOP1, MAX_DLOGP = 0.99, 0.01  # issue 13's bars (int16 activations quantize x)
+MIN_TOP1, MAX_DLOGP = 0.99, 0.01  # the parity bars (int16 activations quantize x)
 
 
 def decode_logits(model, ids: list[int]) -> np.ndarray:

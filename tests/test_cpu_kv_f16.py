@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from inference.backends.cpu import CpuBackend
-from inference.backends.cpu_attend import half_bits
+from inference.backends.cpu.attention import half_bits
 from inference.errors import InvalidInputError
 from inference.kv_cache import KVCache
 from tests import goldens_io as g

@@ -1,4 +1,4 @@
-"""The spinning helper thread of prefill share-outs (inference/backends/cpu_share.py) and
+"""The spinning worker thread of prefill share-outs (inference/backends/cpu/threads.py) and
 the cpu backend's `linears` composite built on it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from inference.backends import cpu_share
 from inference.backends.cpu import CpuBackend
+from inference.backends.cpu import threads as cpu_share
 from inference.backends.numpy_backend import NumpyBackend
 from tests.bundled import random_tensor
 
@@ -91,8 +91,8 @@ def test_a_backend_let_go_of_stops_its_helper_threads():
     import numba
 
     if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("one core: no helper threads")
-    b = CpuBackend(activations="float")  # dequantize + sgemm: the helpers share it out
+        pytest.skip("one core: no worker threads")
+    b = CpuBackend(activations="float")  # dequantize + sgemm: the workers share it out
     b.set_threads(2)
     w = b.weight(random_tensor("Q4_0", 1024, 512, seed=1))
     b.linear(np.ones((20, 512), dtype=np.float32), w)  # a prefill product: shared out

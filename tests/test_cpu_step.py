@@ -1,4 +1,4 @@
-"""The cpu backend's captured decode step (inference/backends/cpu_step.py): replayed steps
+"""The cpu backend's captured decode step (inference/backends/cpu/replay.py): replayed steps
 give the eager steps' tokens and logits on every architecture, and anything a replay could
 get wrong falls back to eager steps instead of a wrong token."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from inference import load_model
 from inference.backends.cpu import CpuBackend
-from inference.backends.cpu_step import CpuSampler, StepReplayer
+from inference.backends.cpu.replay import CpuSampler, StepReplayer
 from inference.events import DoneEvent
 from inference.generate import generate_step
 from inference.sampling import SamplingParams
@@ -185,7 +185,7 @@ def test_the_servers_batched_steps_replay_and_change_no_token(monkeypatch):
 
 def test_a_capture_tapes_only_its_own_threads_ops():
     """The server embeds on other threads while the scheduler thread captures a step."""
-    from inference.backends.cpu_step import Tape
+    from inference.backends.cpu.replay import Tape
 
     B = CpuBackend()
     x, w = np.ones((2, 64), np.float32), np.ones(64, np.float32)
@@ -204,8 +204,8 @@ def test_a_capture_tapes_only_its_own_threads_ops():
 def test_linears_of_one_input_share_its_quantized_rows_in_a_replay():
     """q, k and v of different types (a Q4_K_M file) read one input: a replay quantizes it
     once, and each product still equals the eager one for the replayed input."""
-    from inference.backends import cpu_idot
-    from inference.backends.cpu_step import Tape
+    from inference.backends.cpu import quantize as cpu_quantize
+    from inference.backends.cpu.replay import Tape
     from tests.bundled import random_tensor
 
     B = CpuBackend()
@@ -219,7 +219,7 @@ def test_linears_of_one_input_share_its_quantized_rows_in_a_replay():
         ys = [B.linear(x, w) for w in ws]
     finally:
         B._tape = None
-    assert sum(getattr(c, "func", None) is cpu_idot._quantize for c in tape.calls) == 1
+    assert sum(getattr(c, "func", None) is cpu_quantize._quantize for c in tape.calls) == 1
     x[...] = np.random.default_rng(1).standard_normal(x.shape)
     for call in tape.calls:
         call()

@@ -183,7 +183,7 @@ def test_a_shared_prompt_prefix_is_copied_and_changes_no_token(engine, monkeypat
     """Requests that start with the same long system prompt copy its whole prefill chunks
     from the one already prefilled, and still get exactly the tokens they get alone; on
     `cpu` their batched decode steps read the copied rows from one sequence's buffers."""
-    from inference.backends import cpu as cpu_backend
+    from inference.backends.cpu import backend as cpu_backend
 
     llm = engine.llm
     reads = []
@@ -254,7 +254,7 @@ def test_a_batch_size_is_checked_once_per_scheduler(engine):  # noqa: F811
     their caches), but keeps the record of batch sizes whose replay agreed with an eager
     step: the next burst of the same size replays without running that check again (a
     step that costs an eager step plus a replay)."""
-    from inference.backends.cpu_step import StepReplayer
+    from inference.backends.cpu.replay import StepReplayer
 
     llm = engine.llm
     prompts = [llm.plan(messages=_messages(i), max_tokens=5)[0] for i in range(2)]

@@ -2,7 +2,7 @@
 in float32 or float16.
 
 A float16 cache is stored as its uint16 bits (numba has no float16 type on the CPU):
-reads widen through :func:`cpu_kernels._half` (one ``vcvtph2ps`` per 16 values with
+reads widen through :func:`.ir._half` (one ``vcvtph2ps`` per 16 values with
 F16C), writes round to nearest even through :func:`half_bits`, the rounding NumPy's
 ``astype(float16)`` does, so a row a prefill wrote (NumPy) and a row a decode step wrote
 (here) hold the same bits.
@@ -26,7 +26,8 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from inference.backends.cpu_kernels import (
+from inference.backends.cpu.features import _x86, target_has
+from inference.backends.cpu.ir import (
     _NO_REASSOC,
     _at,
     _bits_to_f32,
@@ -40,9 +41,7 @@ from inference.backends.cpu_kernels import (
     _sum8,
     _unit,
     _widen,
-    _x86,
     half_to_float,
-    target_has,
 )
 
 _f32 = np.float32

@@ -1,11 +1,11 @@
 """The fast CPU backend: NumPy op semantics, quantized weights, numba kernels.
 
-Weights stay quantized (lane layout, :mod:`cpu_pack`). ``linear`` picks by the number of
+Weights stay quantized (lane layout, :mod:`.pack`). ``linear`` picks by the number of
 token rows ``M``:
 - ``M <= MATVEC_ROWS`` (decode): the numba mat-vec kernels read the 4/5/8-bit codes
   directly, parallel over tiles of 32 output rows (types kept as file bytes: the
-  :mod:`cpu_raw` kernels, block by block, or for Q2_K/Q3_K with integer activations on
-  x86 with AVX2 the :mod:`cpu_kdot` integer-dot kernels over the same bytes);
+  :mod:`.raw` kernels, block by block, or for Q2_K/Q3_K with integer activations on
+  x86 with AVX2 the :mod:`.kdot` integer-dot kernels over the same bytes);
 - larger ``M`` (prefill, teacher forcing): W's rows are shared out between the threads.
   4- and 5-bit packed weights, where the integer kernels group 8 rows with VNNI
   (AVX-512), go by those decode kernels over the rows quantized once (``_rows_plan``):
@@ -31,9 +31,6 @@ from typing import Any
 import numba
 import numpy as np
 
-from inference.backends import cpu_attend as A
-from inference.backends import cpu_idot, cpu_kdot, cpu_raw
-from inference.backends import cpu_kernels as K
 from inference.backends.base import (
     R,
     T,
@@ -43,15 +40,28 @@ from inference.backends.base import (
     tiled_attention,
     trim_host_heap,
 )
-from inference.backends.cpu_pack import (
+from inference.backends.cpu import attention as attn
+from inference.backends.cpu import (
+    dequant,
+    features,
+    fused,
+    kdot,
+    matvec_int,
+    quantize,
+    raw,
+)
+from inference.backends.cpu.layout import LANES
+from inference.backends.cpu.matvec_float import matvec_q4_f32, matvec_q8_f32, matvec_q8_f32_pairs
+from inference.backends.cpu.pack import (
     PackedWeight,
     RawWeight,
     pack,
     packed_bits,
     packed_nbytes,
 )
-from inference.backends.cpu_share import SpinWorker
-from inference.backends.cpu_step import CpuSampler, NotCapturable, StepReplayer, Tape
+from inference.backends.cpu.replay import CpuSampler, NotCapturable, StepReplayer, Tape
+from inference.backends.cpu.routing import BLAS, KDOT, MATVEC_ROWS, PRODUCTS, RAW, route
+from inference.backends.cpu.threads import SpinWorker
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
@@ -67,11 +77,6 @@ ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # (Q8_0, Q6_K) 0.69-0.71x (1.03-1.25x before that tail). AVX2 (row pairs) keeps sgemm:
 # 0.80-0.93x its speed on the Q3_K_M prefill (docs/cpu-backend.md, "Prefill").
 INTEGER_BITS = frozenset({4, 5, 8})
-# Up to this many rows a linear is the decode mat-vec, numba's threads over its tiles
-# (dequant+sgemm cost more per row even at 16 rows); above, a prefill product shared out
-# by ``_products`` (for 4/5-bit weights the same kernels, so their rows' results do not
-# depend on the cut). docs/cpu-backend.md, "Prefill".
-MATVEC_ROWS = 8
 # A prefill product's float32 scratch per thread: written by the dequantize and read at
 # once by sgemm, so it should stay in the core's L2 (256 KB-2 MB on current x86). The
 # dequantize runs 2.5x faster into 288-768 KB than into the 16 MB of a whole weight
@@ -84,7 +89,7 @@ SHARE_MIN = 256 << 10
 
 def _tile_step(k: int) -> int:
     """Tiles of ``LANES`` rows of a packed (out, k) weight dequantized at once (scratch)."""
-    return max(1, CHUNK_BYTES // (4 * k * K.LANES))
+    return max(1, CHUNK_BYTES // (4 * k * LANES))
 
 
 def _row_step(k: int) -> int:
@@ -96,10 +101,10 @@ ACTIVATIONS = ("int16", "int8", "float")
 
 
 def _activations(requested: str | None) -> str:
-    """How decode mat-vecs take their activations (:mod:`cpu_idot`): quantized to "int16"
+    """How decode mat-vecs take their activations (:mod:`.matvec_int`): quantized to "int16"
     (the default: float parity, 2x the float kernels on 4-bit weights) or "int8" (faster,
     llama.cpp's numerics) for integer dot products (every target has a form of them:
-    :func:`cpu_idot.form`), or "float". The argument wins, then the environment variable
+    :func:`features.form`), or "float". The argument wins, then the environment variable
     ``INFERDESK_CPU_ACTIVATIONS``."""
     import os
 
@@ -121,7 +126,7 @@ class CpuBackend(NumpyBackend):
         import numba
 
         self.activations = _activations(activations)
-        self.step_replay = step_replay  # decode by replaying a captured step (cpu_step)
+        self.step_replay = step_replay  # decode by replaying a captured step (replay)
         self._local = threading.local()  # dequant scratch: one per thread (map_calls)
         self._rope: dict[tuple[float, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
         self._threads = numba.get_num_threads()
@@ -130,7 +135,7 @@ class CpuBackend(NumpyBackend):
         self._busy: BusyCores | None = None
         self._blas: Any = None
         self._pool: list[SpinWorker] | None = None
-        self._sharing = threading.Lock()  # one share-out at a time has the helper threads
+        self._sharing = threading.Lock()  # one share-out at a time has the worker threads
         self.kv_dtype = np.dtype(np.float32)
 
     def use_kv_dtype(self, name: str) -> None:
@@ -183,7 +188,7 @@ class CpuBackend(NumpyBackend):
     def decode_steps(self) -> StepReplayer:
         return StepReplayer(self)
 
-    # --- a decode step's replay calls (cpu_step) ----------------------------------------
+    # --- a decode step's replay calls (replay) ----------------------------------------
     @property
     def _tape(self) -> Tape | None:
         """The tape of the decode step this thread is capturing, if any (per thread: the
@@ -211,7 +216,7 @@ class CpuBackend(NumpyBackend):
     def _unit_rows(self, x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """``x`` reshaped (default: rows (T, n)) as float32 rows of unit stride, a view
         where it is one (the columns of a stacked product's output: the kernels read each
-        row through :func:`cpu_kernels._unit`), else a copy as :meth:`_input` makes."""
+        row through :func:`.ir._unit`), else a copy as :meth:`_input` makes."""
         shape = shape or (-1, x.shape[-1])
         if x.dtype == np.float32 and x.strides[-1] == 4 and x.size:
             y = np.reshape(x, shape)
@@ -332,7 +337,7 @@ class CpuBackend(NumpyBackend):
             return 0
         n_out, k = int(t.shape[0]), int(t.shape[1])
         if packed_nbytes(t) is not None:
-            chunk = 4 * k * min(-(-n_out // K.LANES), _tile_step(k)) * K.LANES
+            chunk = 4 * k * min(-(-n_out // LANES), _tile_step(k)) * LANES
         else:
             chunk = 4 * k * min(n_out, _row_step(k))
         return chunk * self._threads
@@ -347,28 +352,21 @@ class CpuBackend(NumpyBackend):
         lead = x.shape[:-1]
         # One GEMM over all rows: (b, t, k) @ w.T would be b small GEMMs.
         x2 = self._input(x, (-1, k))
-        if isinstance(w, np.ndarray) and (self._tape is not None or x2.shape[0] <= MATVEC_ROWS):
+        kind = route(w, x2.shape[0], self.activations, self._tape is not None)
+        if kind in (BLAS, KDOT, RAW):
             y = np.empty((x2.shape[0], n_out), dtype=np.float32)
-            self._taped(np.matmul, x2, w.T, y)
-        elif isinstance(w, np.ndarray):
-            y = self._products(x2, [w])[0]
-        elif isinstance(w, RawWeight):
-            if w.code is not None and x2.shape[0] <= MATVEC_ROWS:
-                y = np.empty((x2.shape[0], n_out), dtype=np.float32)
-                if (w.code in cpu_kdot.CODES and self.activations != "float"
-                        and cpu_kdot.available()):
-                    self._taped(cpu_kdot.linear, w.bytes, w.code, x2,
-                                cpu_idot.level(self.activations), y)
-                else:
-                    self._taped(cpu_raw.matvec, w.bytes, w.code, x2, y)
+            if kind == BLAS:
+                self._taped(np.matmul, x2, w.T, y)
+            elif kind == KDOT:
+                self._taped(kdot.linear, w.bytes, w.code, x2, quantize.level(self.activations),
+                            y)
             else:
-                self._untaped("a prefill product")
-                y = self._products(x2, [w])[0]
-        elif x2.shape[0] <= MATVEC_ROWS:
-            y = self._matvec(x2, w)
-        else:
+                self._taped(raw.matvec, w.bytes, w.code, x2, y)
+        elif kind == PRODUCTS:
             self._untaped("a prefill product")
             y = self._products(x2, [w])[0]
+        else:  # MATVEC_FLOAT, MATVEC_INT
+            y = self._matvec(x2, w)
         if bias is not None:
             self._taped(np.add, y, bias, y)
         return y.reshape(*lead, n_out)
@@ -393,11 +391,11 @@ class CpuBackend(NumpyBackend):
             # Captured: the quantize and the kernel as two calls over fixed buffers, the
             # quantized rows shared by consecutive linears of one input (q, k, v of
             # different types).
-            narrow = cpu_idot.narrow(self.activations, w.bits)
+            narrow = quantize.narrow(self.activations, w.bits)
             key = (x.ctypes.data, x.shape, x.strides, narrow)  # a new view of the same rows too
             if tape.quantized is None or tape.quantized[0] != key \
                     or tape.quantized[2] != len(tape.calls):
-                fill, xq = cpu_idot.quantize_call(x, self.activations, narrow)
+                fill, xq = quantize.quantize_call(x, self.activations, narrow)
                 self._taped(fill)
                 tape.quantized = (key, xq, len(tape.calls))
             self._taped(*self._idot(w, tape.quantized[1], out))
@@ -415,9 +413,9 @@ class CpuBackend(NumpyBackend):
               ) -> tuple[Any, ...]:
         """The integer-dot mat-vec of ``w`` over quantized rows ``xq``, as (kernel, *args)."""
         if w.bits == 8:
-            return (cpu_idot.matvec_q8, w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero,
+            return (matvec_int.matvec_q8_int, w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero,
                     *xq, out)
-        return (cpu_idot.matvec_q4, w.codes, w.blocks, w.halves, w.flat, w.high, w.kind,
+        return (matvec_int.matvec_q4_int, w.codes, w.blocks, w.halves, w.flat, w.high, w.kind,
                 w.zero, *xq, out)
 
     def _matvec_into(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
@@ -425,14 +423,14 @@ class CpuBackend(NumpyBackend):
         if self.activations == "float":
             self._matvec_float(x, w, out)
             return
-        # One numba call: the rows quantized inside it (cpu_idot.linear_q4), bitwise as
+        # One numba call: the rows quantized inside it (matvec_int.linear_q4_int), bitwise as
         # quantize_rows + the kernel (the tape's two calls).
-        level = cpu_idot.level(self.activations, cpu_idot.narrow(self.activations, w.bits))
+        level = quantize.level(self.activations, quantize.narrow(self.activations, w.bits))
         if w.bits == 8:
-            cpu_idot.linear_q8(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x, level,
+            matvec_int.linear_q8_int(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x, level,
                                out)
         else:
-            cpu_idot.linear_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x,
+            matvec_int.linear_q4_int(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x,
                                level, out)
 
     def _matvec_float(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
@@ -444,14 +442,16 @@ class CpuBackend(NumpyBackend):
         # fuse per compiled loop, so a row could differ from the row alone.
         even = x.shape[0] - x.shape[0] % 2 if w.scale_only_int8 else 0
         if even:
-            K.matvec_q8_rows(w.codes, w.blocks, w.halves, w.flat, w.kind, x[:even], out[:even])
+            matvec_q8_f32_pairs(w.codes, w.blocks, w.halves, w.flat, w.kind, x[:even],
+                                out[:even])
         if even == x.shape[0]:
             return
         if w.bits == 8:
-            K.matvec_q8(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x[even:], out[even:])
+            matvec_q8_f32(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x[even:],
+                          out[even:])
         else:
-            K.matvec_q4(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x[even:],
-                        out[even:])
+            matvec_q4_f32(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero,
+                          x[even:], out[even:])
 
     def _buffer(self, n: int) -> np.ndarray:
         buf = getattr(self._local, "scratch", None)
@@ -473,7 +473,7 @@ class CpuBackend(NumpyBackend):
         self._local.numba_products = all(integer)  # the pool SiLU and attention follow
         if all(integer):
             return self._integer_products(x, ws, big)
-        xqs: dict[bool, tuple[np.ndarray, ...]] = {}  # by cpu_idot.narrow: q/k/v share them
+        xqs: dict[bool, tuple[np.ndarray, ...]] = {}  # by quantize.narrow: q/k/v share them
         plans = [self._rows_plan(self._quantized(x, w.bits, xqs), w) if i else self._plan(x, w)
                  for w, i in zip(ws, integer, strict=True)]
         starts = [0]
@@ -496,15 +496,15 @@ class CpuBackend(NumpyBackend):
         numba's threads (its ``prange``), the quantized rows shared. A row's result is the
         bits the decode mat-vec gives it alone. ``big``: as in :meth:`_products`.
 
-        Why numba's threads and not :meth:`_share`: a part handed to a helper runs Python,
-        so the helper first waits for the GIL the caller holds, asleep, and waking it costs
+        Why numba's threads and not :meth:`_share`: a part handed to a worker runs Python,
+        so the worker first waits for the GIL the caller holds, asleep, and waking it costs
         what its spin saves (an empty share-out ~66 us on a 2-vCPU KVM guest, an OpenMP
         region ~2 us). Q3_K_M prefill at 2 threads, in turns in one process: 586 -> 733
         tok/s (medians of 8), the same bits; 1 thread unchanged; slower than before with
         another process busy on a core (docs/cpu-backend.md, "One pool for the
         prefill")."""
-        narrows = [cpu_idot.narrow(self.activations, w.bits) for w in ws]
-        xqs = {n: cpu_idot.quantize_rows(x, self.activations, n) for n in set(narrows)}
+        narrows = [quantize.narrow(self.activations, w.bits) for w in ws]
+        xqs = {n: quantize.quantize_rows(x, self.activations, n) for n in set(narrows)}
         ys = []
         with self._numba_threads(self._shares(x.shape[0]) if big else 1):
             for n, w in zip(narrows, ws, strict=True):
@@ -530,16 +530,16 @@ class CpuBackend(NumpyBackend):
                     wr = w.rows(r0, r1)
                 else:
                     wr = self._buffer((r1 - r0) * k).reshape(r1 - r0, k)
-                    cpu_raw.dequant_rows(w.bytes, w.code, r0, r1, wr)
+                    raw.dequant_rows(w.bytes, w.code, r0, r1, wr)
                 np.matmul(x, wr.T, out=y[:, r0:r1])
 
             return y, rows, n_out, _row_step(k)
 
         def tiles(t0: int, t1: int) -> None:
-            wt = self._buffer(k * (t1 - t0) * K.LANES).reshape(k, (t1 - t0) * K.LANES)
-            K.dequant_t(w.codes, w.blocks, w.halves, w.high, w.kind, w.bits, w.zero, w.groups,
+            wt = self._buffer(k * (t1 - t0) * LANES).reshape(k, (t1 - t0) * LANES)
+            dequant.dequant_t(w.codes, w.blocks, w.halves, w.high, w.kind, w.bits, w.zero, w.groups,
                         t0, t1, wt)
-            r0, r1 = t0 * K.LANES, min(n_out, t1 * K.LANES)
+            r0, r1 = t0 * LANES, min(n_out, t1 * LANES)
             np.matmul(x, wt[:, : r1 - r0], out=y[:, r0:r1])
 
         return y, tiles, len(w.blocks) // w.groups, _tile_step(k)
@@ -557,13 +557,13 @@ class CpuBackend(NumpyBackend):
         """Whether prefill's packed products take the integer kernels, on numba's threads:
         a CPU whose kernels group 8 rows with VNNI, integer activations, a threading layer
         that runs kernels from two threads at once."""
-        return (self.activations != "float" and cpu_idot.vnni_groups()
+        return (self.activations != "float" and matvec_int.vnni_groups()
                 and _concurrent_kernels())
 
     def _after_numba_products(self) -> bool:
         """Whether this thread's latest prefill products ran on numba's threads: then SiLU
-        and attention run there too, else on the helpers or serially, so that a prefill
-        keeps to one pool. Beside the helpers of :meth:`_share`, an OpenMP region's workers
+        and attention run there too, else on the workers or serially, so that a prefill
+        keeps to one pool. Beside the workers of :meth:`_share`, an OpenMP region's workers
         spin on the same cores: attention alone on numba's threads next to shared-out
         products took a 2-thread Q3_K_M prefill from 762 to 450 tok/s."""
         return getattr(self._local, "numba_products", False)
@@ -577,13 +577,13 @@ class CpuBackend(NumpyBackend):
 
     def _quantized(self, x: np.ndarray, bits: int, done: dict[bool, tuple[np.ndarray, ...]]
                    ) -> tuple[np.ndarray, ...]:
-        """:func:`cpu_idot.quantize_rows` of ``x`` for ``bits``-bit codes, its rows shared
+        """:func:`quantize.quantize_rows` of ``x`` for ``bits``-bit codes, its rows shared
         out between the threads (~1.3 ns an element on one: ~1 ms a SmolLM2 layer at 138
         tokens); once per storage type, kept in ``done``."""
-        narrow = cpu_idot.narrow(self.activations, bits)
+        narrow = quantize.narrow(self.activations, bits)
         if narrow not in done:
-            _, xq = cpu_idot.quantize_call(x, self.activations, narrow)
-            self._share(x.shape[0], lambda a, b: cpu_idot.quantize_part(
+            _, xq = quantize.quantize_call(x, self.activations, narrow)
+            self._share(x.shape[0], lambda a, b: quantize.quantize_part(
                 x, self.activations, xq, a, b))
             done[narrow] = xq
         return done[narrow]
@@ -591,28 +591,28 @@ class CpuBackend(NumpyBackend):
     def _rows_plan(self, xq: tuple[np.ndarray, ...], w: PackedWeight
                    ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:
         """As :meth:`_plan`, by the decode kernels over the rows quantized once (``xq``,
-        :func:`cpu_idot.quantize_rows`), on one thread a range of token rows: each row's
+        :func:`quantize.quantize_rows`), on one thread a range of token rows: each row's
         result is the bits it gets in a decode step's mat-vec."""
         rows = xq[0].shape[0]
         out = _lanes_out(rows, w)
 
         def rows_(r0: int, r1: int) -> None:
-            with self._numba_threads(1):  # per thread: the helpers' and the caller's
+            with self._numba_threads(1):  # per thread: the workers' and the caller's
                 if w.bits == 8:
-                    cpu_idot.matvec_q8_rows(w.codes, w.blocks, w.halves, w.flat, w.kind,
+                    matvec_int.matvec_q8_int_range(w.codes, w.blocks, w.halves, w.flat, w.kind,
                                             w.zero, *xq, out, r0, r1)
                 else:
-                    cpu_idot.matvec_q4_rows(w.codes, w.blocks, w.halves, w.flat, w.high,
+                    matvec_int.matvec_q4_int_range(w.codes, w.blocks, w.halves, w.flat, w.high,
                                             w.kind, w.zero, *xq, out, r0, r1)
 
         return _w_columns(out, w), rows_, rows, rows
 
     def _share(self, units: int, part: Callable[[int, int], None], whole: int = 0) -> None:
         """``part(u0, u1)`` over ``units`` split into one contiguous range per thread: the
-        caller's and the helpers' (:mod:`cpu_share`), each part calling a one-thread BLAS.
+        caller's and the workers' (:mod:`.threads`), each part calling a one-thread BLAS.
         On the caller alone with one unit (``whole``: the units ``part`` then covers), one
         thread, inside :meth:`map_calls` (whose calls have the cores shared out), while
-        another thread has the helpers, or where OpenBLAS runs a pool of its own (numpy
+        another thread has the workers, or where OpenBLAS runs a pool of its own (numpy
         loaded before ``inference``, or threads asked of it): two threads' multi-threaded
         calls on one pool measured 10-50x slower than either alone."""
         n = self._shares(units)
@@ -644,7 +644,7 @@ class CpuBackend(NumpyBackend):
 
     def _workers(self) -> list[SpinWorker]:
         """The threads prefill work is shared with (besides the caller's): they spin for
-        the next part between share-outs (:mod:`cpu_share`)."""
+        the next part between share-outs (:mod:`.threads`)."""
         if self._pool is None or len(self._pool) != self._threads - 1:
             _close_all(self._pool or [])
             self._pool = [SpinWorker(f"cpu-share-{i}") for i in range(self._threads - 1)]
@@ -660,7 +660,7 @@ class CpuBackend(NumpyBackend):
         elif isinstance(table, RawWeight):
             self._taped(_raw_rows, table, flat, rows)
         else:
-            self._taped(K.gather_rows, table.codes, table.blocks, table.halves, table.kind,
+            self._taped(dequant.gather_rows, table.codes, table.blocks, table.halves, table.kind,
                         table.bits, table.zero, table.groups, flat, rows)
         return rows.reshape(*ids.shape, table.shape[1])
 
@@ -708,19 +708,19 @@ class CpuBackend(NumpyBackend):
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         x2 = self._input(x, (-1, x.shape[-1]))
         out = np.empty_like(x2)
-        self._taped(K.rms_norm_rows, x2, w, eps, out)
+        self._taped(fused.rms_norm_rows, x2, w, eps, out)
         return out.reshape(x.shape)
 
     def layer_norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
         x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
         out = np.empty_like(x2)
-        K.layer_norm_rows(x2, w, b, eps, out)
+        fused.layer_norm_rows(x2, w, b, eps, out)
         return out.reshape(x.shape)
 
     def gelu(self, x: np.ndarray) -> np.ndarray:
         x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
         out = np.empty_like(x2)
-        K.gelu_rows(x2, out)
+        fused.gelu_rows(x2, out)
         return out.reshape(x.shape)
 
     def linear_gelu(self, x: np.ndarray, w: Any, bias: np.ndarray | None) -> np.ndarray:
@@ -728,7 +728,7 @@ class CpuBackend(NumpyBackend):
             return super().linear_gelu(x, w, bias)
         y = self.linear(x, w)
         out = np.empty_like(y)
-        K.bias_gelu_rows(y.reshape(-1, y.shape[-1]), bias, out.reshape(-1, y.shape[-1]))
+        fused.bias_gelu_rows(y.reshape(-1, y.shape[-1]), bias, out.reshape(-1, y.shape[-1]))
         return out
 
     def linear_add_norm(self, x: np.ndarray, w: Any, bias: np.ndarray | None,
@@ -742,7 +742,7 @@ class CpuBackend(NumpyBackend):
         res = np.ascontiguousarray(residual, dtype=np.float32).reshape(-1, n_out)
         b = bias if bias is not None else np.zeros(n_out, dtype=np.float32)
         out = np.empty_like(y)
-        K.add_norm_rows(y2, b, res, nw, nb, eps, out.reshape(-1, n_out))
+        fused.add_norm_rows(y2, b, res, nw, nb, eps, out.reshape(-1, n_out))
         return out
 
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -751,15 +751,15 @@ class CpuBackend(NumpyBackend):
         g, u = self._unit_rows(gate), self._unit_rows(up)
         out = np.empty(g.shape, dtype=np.float32)
         if self._tape is None and g.size >= SHARE_MIN:  # a prefill's: in the products' pool
-            t, per = g.shape[0], K.silu_rows_per(g.shape[1])
+            t, per = g.shape[0], fused.silu_rows_per(g.shape[1])
             if self._after_numba_products():
                 with self._numba_threads(self._shares(t // per + 1)):
-                    K.silu_mul_chunks(g, u, out)
+                    fused.silu_mul_chunks(g, u, out)
             else:
-                self._share(t // per + 1, lambda a, b: K.silu_mul_rows(
+                self._share(t // per + 1, lambda a, b: fused.silu_mul_rows(
                     g[a * per:b * per], u[a * per:b * per], out[a * per:b * per]))
         else:
-            self._taped(K.silu_mul_rows, g, u, out)
+            self._taped(fused.silu_mul_rows, g, u, out)
         return out.reshape(gate.shape)
 
     def gelu_tanh_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -787,7 +787,7 @@ class CpuBackend(NumpyBackend):
 
         def rotate(offset: int) -> None:
             cos, sin = self._rope_tables(offset + t, d, theta, freq_factors)
-            K.rope_rows(xr, cos[offset:offset + t], sin[offset:offset + t], out)
+            fused.rope_rows(xr, cos[offset:offset + t], sin[offset:offset + t], out)
 
         rotate(offset)
         if self._tape is not None:  # at each replay, the replayed position's angles
@@ -798,7 +798,7 @@ class CpuBackend(NumpyBackend):
     def attend_rows(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, caches: Sequence[Any],
                     layer: int, **kw: Any) -> np.ndarray:
         """The decode step's RoPE, cache writes and attention for every row in one kernel
-        call (:func:`cpu_kernels.attend_rows`): one replay call a layer instead of six a
+        call (:func:`.attention.attend_rows`): one replay call a layer instead of six a
         row. Sliding windows, soft-caps and a profiler (which times the ops one by one)
         take the composite."""
         b, hq, t, d = q.shape
@@ -844,7 +844,7 @@ class CpuBackend(NumpyBackend):
 
         def run() -> None:
             cos, sin = self._rope_tables(int(offsets.max()) + 1, d, theta, freq)
-            A.attend_rows(qs, ks, vs, cos, sin, offsets, kaddr, vaddr, caps, src, shared,
+            attn.attend_rows(qs, ks, vs, cos, sin, offsets, kaddr, vaddr, caps, src, shared,
                           scale, out, like)
 
         run()
@@ -874,13 +874,13 @@ class CpuBackend(NumpyBackend):
         if b == 1 and t == 1 and key_mask is None and causal_offset == s - 1:
             out = np.empty((hq, d), dtype=np.float32)
             qh, kb, vb = self._input(q, (hq, d)), _rows_of(k), _rows_of(v)
-            A.attend_decode(qh, _bits(kb[0]), _bits(vb[0]), s, scale, out)
+            attn.attend_decode(qh, _bits(kb[0]), _bits(vb[0]), s, scale, out)
             if self._tape is not None:  # the keys up to the replayed position
                 if kb is not k.base or vb is not v.base:
                     raise NotCapturable("attention over keys outside a KV cache buffer")
                 at = self._tape.at(s)
                 self._tape.calls.append(
-                    lambda: A.attend_decode(qh, _bits(kb[0]), _bits(vb[0]), at(), scale, out))
+                    lambda: attn.attend_decode(qh, _bits(kb[0]), _bits(vb[0]), at(), scale, out))
             return out.reshape(1, hq, 1, d)
         self._untaped("attention over more than one query")
         if (b == 1 and key_mask is None and causal_offset is not None
@@ -900,7 +900,7 @@ class CpuBackend(NumpyBackend):
             # head for q.k and one for p.v; the masked softmax between them one numba pass.
             qg = q.reshape(b, k.shape[1], group * t, d)
             sc = qg @ k.transpose(0, 1, 3, 2)
-            K.softmax_scores(sc.reshape(b, hq, t, s), scale, off, mask)
+            fused.softmax_scores(sc.reshape(b, hq, t, s), scale, off, mask)
             return (sc @ v).reshape(b, hq, t, d)
         # Shared out by (sequence, head): a GEMM for q.k, the softmax, a GEMM for p.v
         # (each head's result is its own, whatever the split).
@@ -911,7 +911,7 @@ class CpuBackend(NumpyBackend):
             for u in range(u0, u1):
                 bi, h = divmod(u, hq)
                 np.matmul(q[bi, h], k[bi, h // group].T, out=sc)
-                K.softmax_scores(sc.reshape(1, 1, t, s), scale, off, mask[bi:bi + 1])
+                fused.softmax_scores(sc.reshape(1, 1, t, s), scale, off, mask[bi:bi + 1])
                 np.matmul(sc, v[bi, h // group], out=out[bi, h])
 
         self._share(b * hq, heads)
@@ -920,7 +920,7 @@ class CpuBackend(NumpyBackend):
     def _attend_prefill(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
                         offset: int) -> np.ndarray:
         """Causal attention of one sequence's t new tokens on more than one thread
-        (:func:`cpu_attend.attend_prefill`): blocks of query rows split between numba's
+        (:func:`.attention.attend_prefill`): blocks of query rows split between numba's
         threads, each row against only the keys it sees, read from the cache buffer.
 
         Why not BLAS per head on :meth:`_share`: each part runs Python between its calls,
@@ -935,7 +935,7 @@ class CpuBackend(NumpyBackend):
         out = np.empty((t, hq, d), dtype=np.float32)
         n = self._shares(hq)
         with self._numba_threads(n):
-            A.attend_prefill(qh, kb, vb, offset, scale, out, n)
+            attn.attend_prefill(qh, kb, vb, offset, scale, out, n)
         return out.transpose(1, 0, 2)[None]  # (1, hq, t, d): the caller's transpose is free
 
     def attention_packed(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int,
@@ -943,7 +943,7 @@ class CpuBackend(NumpyBackend):
         """Each run of consecutive inputs of one length (embed's batches are sorted by
         length, so most inputs share a run) is a (count, length) batch of views into the
         packed rows: no gather, no padding, no mask. Scores by BLAS into a keys-outer
-        (input, key, head, query) array for :func:`cpu_kernels.softmax_keys`, then p.v by
+        (input, key, head, query) array for :func:`.fused.softmax_keys`, then p.v by
         BLAS straight into the output rows.
 
         Measured against the alternatives (MiniLM, bench sentences, 1 thread): gathering
@@ -969,7 +969,7 @@ class CpuBackend(NumpyBackend):
                 continue
             sc = np.empty((b, t, heads, t), dtype=np.float32)  # [input, key, head, query]
             np.matmul(k2, q2.transpose(0, 1, 3, 2), out=sc.transpose(0, 2, 1, 3))
-            K.softmax_keys(sc.reshape(b, t, heads * t), scale, np.ones((b, t), np.float32))
+            fused.softmax_keys(sc.reshape(b, t, heads * t), scale, np.ones((b, t), np.float32))
             np.matmul(sc.transpose(0, 2, 3, 1), v2, out=o2)
         return out.reshape(1, n, hd)
 
@@ -992,7 +992,7 @@ def _close_all(workers: list[SpinWorker]) -> None:
 def _lanes_out(rows: int, w: PackedWeight) -> np.ndarray:
     """What a mat-vec kernel of ``w`` writes for ``rows`` rows: W's whole tiles of lanes
     (columns past W's rows where its last tile is partial)."""
-    return np.empty((rows, len(w.blocks) // w.groups * K.LANES), dtype=np.float32)
+    return np.empty((rows, len(w.blocks) // w.groups * LANES), dtype=np.float32)
 
 
 def _w_columns(out: np.ndarray, w: PackedWeight) -> np.ndarray:
@@ -1056,13 +1056,13 @@ def probe() -> tuple[bool, str]:
         return False, str(e)
     if mode != "float":
         how = {"lanes": "lane by lane", "avx2": "code pairs", "avx512": "code pairs, 512-bit"}
-        dot = f"integer dot products over {mode} activations ({how[cpu_idot.form()]})"
+        dot = f"integer dot products over {mode} activations ({how[features.form()]})"
     else:  # chosen by the user
         dot = "float mat-vec"
     return True, (f"numba {numba.__version__} kernels over quantized weights, "
                   f"up to {numba.get_num_threads()} threads (fewer while other processes "
-                  f"keep cores busy), {K.target_isa()}, "
-                  f"{K.float16_converts()}, {dot}")
+                  f"keep cores busy), {features.target_isa()}, "
+                  f"{features.float16_converts()}, {dot}")
 
 
 def create() -> CpuBackend:

@@ -1,7 +1,7 @@
 """Decode mat-vec of Q2_K / Q3_K file bytes over integer activations (x86 with AVX2).
 
-The weights stay as the file stores them (:mod:`cpu_raw`, 1.0x the file); the activations
-come quantized per group of 32 by :func:`cpu_idot.quantize_rows`, ``x ~ d_x * q``. Element
+The weights stay as the file stores them (:mod:`.raw`, 1.0x the file); the activations
+come quantized per group of 32 by :func:`.quantize.quantize_rows`, ``x ~ d_x * q``. Element
 ``e = half*128 + s*32 + l`` of a 256-block takes its 2 low bits from qs byte
 ``half*32 + l`` shifted by ``2s`` (Q3_K: its third bit from hmask byte ``l``, bit
 ``half*4 + s``), so the 32 elements of a chunk ``(half, s)`` are exactly one activation
@@ -37,32 +37,23 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from inference.backends.cpu_idot import (
-    _NO_FUSE,
-    _i8,
-    _i16,
-    _i32,
-    _i64,
-    _i64_of,
-    _maddwd,
-    _quantized,
-    _splat,
-    form,
-)
-from inference.backends.cpu_kernels import _f32, _item_ptr, _jit, target_has
-from inference.backends.cpu_raw import Q2_K, Q3_K, ROWS_PER_TASK, _f16_at
+from inference.backends.cpu.features import form, target_has
+from inference.backends.cpu.ir import _f32, _i64_of, _item_ptr, _jit, _splat
+from inference.backends.cpu.matvec_int import _NO_FUSE, _i8, _i16, _i32, _i64, _maddwd
+from inference.backends.cpu.quantize import _quantized
+from inference.backends.cpu.raw import Q2_K, Q3_K, ROWS_PER_TASK, _f16_at
 from inference.formats.quants import BLOCK_TYPES
 
 
 def available() -> bool:
     """Whether these kernels compile for numba's target: x86 intrinsics, AVX2 and up
-    (elsewhere Q2_K / Q3_K keep the float file-byte kernels of :mod:`cpu_raw`)."""
+    (elsewhere Q2_K / Q3_K keep the float file-byte kernels of :mod:`.raw`)."""
     return form() in ("avx2", "avx512")
 
 
 QK = BLOCK_TYPES["Q2_K"].block_size  # elements of a block (Q3_K's too)
 SIZE = {c: BLOCK_TYPES[t].type_size for t, c in (("Q2_K", Q2_K), ("Q3_K", Q3_K))}  # bytes
-CODES = tuple(SIZE)  # the cpu_raw type codes these kernels take
+CODES = tuple(SIZE)  # the raw type codes these kernels take
 ROWS_PER_READ = 4  # activation rows per pass over a weight row (groups of 4, 2, 1)
 _v32i8, _v16i8 = ir.VectorType(_i8, 32), ir.VectorType(_i8, 16)
 _v16i16 = ir.VectorType(_i16, 16)
@@ -103,7 +94,7 @@ def _pick(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, idx: list[int]) -> ir
 
 
 def _q3_scales(builder: ir.IRBuilder, b: ir.Value) -> ir.Value:
-    """Q3_K's 16 signed 6-bit scales as int8 (cpu_raw._q3_k_scale): scale i takes its low
+    """Q3_K's 16 signed 6-bit scales as int8 (raw._q3_k_scale): scale i takes its low
     4 bits from byte 96 + i%8 (low nibble for i < 8), its high 2 from byte 104 + i%4 (bits
     2*(i//4)). Read as the 16 bytes 94-109, so no byte past the block is touched."""
     v = _load(builder, b, 94, _v16i8)
@@ -334,7 +325,7 @@ def _row(raw: np.ndarray, r: int, ts: int, d_at: int, dmin_at: int | None, xp: n
 def matvec(raw: np.ndarray, code: int, xp: np.ndarray, dx: np.ndarray, x16: np.ndarray,
            out: np.ndarray) -> None:
     """out (T, rows) = x @ W.T for W as Q2_K/Q3_K file bytes (``raw`` (rows, row_bytes)
-    uint8, ``code`` of :mod:`cpu_raw`) and ``x`` given by :func:`cpu_idot.quantize_rows`
+    uint8, ``code`` of :mod:`.raw`) and ``x`` given by :func:`.quantize.quantize_rows`
     as (xp, dx) and :func:`_sums16` (``x16``). Parallel over tasks of ROWS_PER_TASK rows."""
     rows = raw.shape[0]
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -350,7 +341,7 @@ def matvec(raw: np.ndarray, code: int, xp: np.ndarray, dx: np.ndarray, x16: np.n
 @_jit()
 def linear(raw: np.ndarray, code: int, x: np.ndarray, level: np.integer,
            out: np.ndarray) -> None:
-    """The float rows ``x`` quantized (to ``level``'s type, :func:`cpu_idot.level`) and
+    """The float rows ``x`` quantized (to ``level``'s type, :func:`.quantize.level`) and
     :func:`matvec`, as one call from Python writing ``out`` (a captured step replays it)."""
     xp, dx, _ = _quantized(x, level)
     x16 = _sums16(xp, dx)

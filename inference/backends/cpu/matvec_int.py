@@ -1,7 +1,7 @@
 """Decode mat-vec over integer activations and integer dot products (every target: x86
 in pairs of codes with AVX2 or AVX-512, lane by lane elsewhere).
 
-The same lane blocks as :mod:`cpu_kernels` (no second copy of the weights), multiplied by
+The same lane blocks as :mod:`.layout` (no second copy of the weights), multiplied by
 the activations quantized per group of 32, ``x ~ d * q`` with ``d = max|x| / L`` and
 ``q`` rounded to nearest: 16-bit (``L = 32767``, the default) or 8-bit (``L = 127``, as
 llama.cpp does). Per block and lane the integer sum ``sum_j code_j * q_j`` is exact; the
@@ -21,7 +21,7 @@ mean |delta log p| 0.025-0.042), 16-bit keeps them; so 16-bit is the default and
 choice for speed. A row's result does not depend on the other rows, the thread count or
 the batch: integer sums are exact in any order, and the tail is one fixed expression.
 
-Why not plain numba: the lane loop of :mod:`cpu_kernels` puts one output row in each vector
+Why not plain numba: the lane loop of :mod:`.layout` puts one output row in each vector
 lane, and LLVM widens, converts and FMAs 8 codes per instruction. x86's ``vpmaddwd``
 multiplies 16-bit pairs and adds each pair into 32 bits, and ``vpmaddubsw`` does the same
 for unsigned x signed bytes into 16 bits; with two code rows ``j, j+1`` interleaved lane by
@@ -55,7 +55,6 @@ Other CPUs (ARM, x86 without AVX2, NUMBA_CPU_NAME=generic) take the same sums la
 in plain vector IR (:func:`_make_lane_dot4` / :func:`_make_lane_dot8`, :func:`form`): on
 AArch64 NEON's widening multiply-add by element; bitwise the same results.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -68,115 +67,23 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from inference.backends import cpu_kernels as K
-from inference.backends.cpu_kernels import _i64_of, _item_ptr, _splat
+from inference.backends.cpu.features import _x86, form, target_has
+from inference.backends.cpu.ir import (
+    PREFETCH,
+    _i64_of,
+    _item_ptr,
+    _jit,
+    _prefetch_block,
+    _splat,
+    half_to_float,
+)
+from inference.backends.cpu.layout import AFFINE, AFFINE_F16, LANES, SUB16
+from inference.backends.cpu.quantize import _quantized
 
 _f32 = np.float32
-_jit = K._jit
 _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-LEVELS = {"int8": 127, "int16": 32767}  # largest |q| per activation width
 
 
-def form() -> str:
-    """The integer kernels numba's target takes: "avx512" (x86 with AVX-512BW: pairs of
-    codes, 512-bit vectors), "avx2" (x86 with AVX2: pairs of codes, ``vpmaddwd``), or
-    "lanes" everywhere else (plain vector IR, lane by lane: NEON's ``smlal`` on ARM, SSE2
-    on an x86 without AVX2)."""
-    if K._x86() and K.target_has("avx2"):
-        return "avx512" if K.target_has("avx512bw") else "avx2"
-    return "lanes"
-
-
-# -- the activations --------------------------------------------------------------------
-
-
-@_jit(fastmath=False)
-def _quantize(x: np.ndarray, levels: float, q: np.ndarray, d: np.ndarray,
-              xsum: np.ndarray) -> None:
-    top = np.empty(d.shape[1], dtype=np.int32)
-    for i in range(x.shape[0]):
-        xi, qi = x[i], q[i]
-        # Each group's max |x| as bits (sign cleared): non-negative floats order as their
-        # bits, and an integer max vectorises where a float one is a serial chain without
-        # fast-math. A pass of its own, apart from the rounding, and loops of a constant trip
-        # count: 4x faster than one loop over range(g * GROUP, ...).
-        for g in range(d.shape[1]):
-            b, m = g * K.GROUP, np.int32(0)
-            for j in range(K.GROUP):
-                v = K._f32_to_bits(xi[b + j]) & np.int32(0x7FFFFFFF)
-                m = v if v > m else m
-            top[g] = m
-        for g in range(d.shape[1]):
-            b, amax = g * K.GROUP, K._bits_to_f32(top[g])
-            inv = _f32(levels) / amax if amax > 0 else _f32(0.0)
-            total = np.int32(0)
-            for j in range(K.GROUP):
-                c = np.int32(np.rint(xi[b + j] * inv))  # |c| <= levels
-                qi[b + j] = c
-                total += c
-            d[i, g] = amax / _f32(levels)
-            xsum[i, g] = d[i, g] * _f32(total)
-
-
-def narrow(width: str, bits: int) -> bool:
-    """Whether activations of ``width`` reach the kernels for ``bits``-bit codes as int8
-    bytes: only 4-bit codes multiply bytes (``vpmaddubsw``); 5- and 8-bit ones widen every
-    activation to 16 bits, so there int8's values (at most 127) are stored as int16 and
-    run the 16-bit kernels: the same integer sums, one compiled kernel fewer per type."""
-    return width == "int8" and bits == 4
-
-
-def quantize_rows(x: np.ndarray, width: str, narrow: bool = True
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(T, K) float32 -> the codes ``q`` (T, K; int8 for ``width`` int8 and ``narrow``,
-    else int16, with values of ``width``), the scales ``d`` and ``xsum = d * sum(q)``
-    (T, K/32) of each group of 32."""
-    fill, xq = quantize_call(x, width, narrow)
-    fill()
-    return xq
-
-
-def quantize_call(x: np.ndarray, width: str, narrow: bool = True
-                  ) -> tuple[partial[None], tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """The buffers :func:`quantize_rows` returns, unfilled, and the call that fills them
-    from ``x`` (a captured decode step replays it)."""
-    t, k = x.shape
-    q = np.empty((t, k), dtype=np.int8 if width == "int8" and narrow else np.int16)
-    d = np.empty((t, k // K.GROUP), dtype=np.float32)
-    xsum = np.empty_like(d)
-    fill = partial(_quantize, x, float(LEVELS[width]), q, d, xsum)
-    return fill, (q, d, xsum)
-
-
-def quantize_part(x: np.ndarray, width: str, xq: tuple[np.ndarray, ...], r0: int, r1: int
-                  ) -> None:
-    """Rows ``r0:r1`` of :func:`quantize_rows` ``(x, width)`` into its buffers ``xq`` (from
-    :func:`quantize_call`): one thread's part where a prefill shares the rows out."""
-    q, d, xsum = xq
-    _quantize(x[r0:r1], float(LEVELS[width]), q[r0:r1], d[r0:r1], xsum[r0:r1])
-
-
-# The largest |q| as the code type's scalar: the one-call entries allocate the codes by it.
-_LEVEL = {w: np.dtype(w).type(v) for w, v in LEVELS.items()}
-
-
-def level(width: str, narrow: bool = True) -> np.integer:
-    """The ``level`` argument of :func:`linear_q4` / :func:`linear_q8` for activations of
-    ``width`` ("int8", "int16"); int8's stored as int16 unless ``narrow`` (:func:`narrow`)."""
-    return _LEVEL[width] if narrow else np.int16(LEVELS[width])
-
-
-@_jit(inline="always")
-def _quantized(x: np.ndarray, level: np.integer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`quantize_rows` inside compiled code: per-call arrays, the same ``_quantize``."""
-    q = np.full(x.shape, level)  # of level's type, int8 or int16; every code is written
-    d = np.empty((x.shape[0], x.shape[1] // K.GROUP), dtype=np.float32)
-    xsum = np.empty_like(d)
-    _quantize(x, np.float64(level), q, d, xsum)
-    return q, d, xsum
-
-
-# -- one block's integer sums, as LLVM IR -----------------------------------------------
 
 
 def _pair_bytes(builder: ir.IRBuilder, pair: ir.Value) -> ir.Value:
@@ -246,7 +153,7 @@ def _runs(builder: ir.IRBuilder, parts: list[ir.Value], lanes_of: Sequence[Seque
 
 class _Tail:
     """The tail's arguments ``(blocks, kind, zero, dx, xs, accs)`` of an intrinsic and its
-    block ``blk`` and group ``g``; ``c`` the block's row of scales (``cpu_kernels``
+    block ``blk`` and group ``g``; ``c`` the block's row of scales (``layout``
     docstring), ``codes`` the intrinsic's code bytes (Q6_K's sub-scales, rows 32-33)."""
 
     def __init__(self, context, builder, tys, vals, blk, g, c, codes):  # type: ignore
@@ -273,7 +180,7 @@ class _Tail:
     def _halves(self, lane: int, n: int) -> ir.Value:
         """float16 values ``lane:lane+n`` of the block's row ``c`` read as 2 * LANES halves."""
         ptr = self._ptr(self.tys[0], self.blocks, [self.blk, self.c, 0])
-        return K.half_to_float(self.builder, self._vec(ptr, n, _i16, lane))
+        return half_to_float(self.builder, self._vec(ptr, n, _i16, lane))
 
     def _subscales(self, row: int, lane: int, n: int) -> ir.Value:
         """Code bytes ``lane:lane+n`` of row ``row`` of the block (Q6_K's int8 scales)."""
@@ -321,7 +228,7 @@ class _Tail:
                             ptr, align=4)
 
         def affine(half: bool) -> None:
-            sz = [((self._halves(lane, n), self._halves(K.LANES + lane, n)) if half else
+            sz = [((self._halves(lane, n), self._halves(LANES + lane, n)) if half else
                    (self._scales(self.c, lane, n), self._scales(self.c + 1, lane, n)))
                   for lane, n in runs]
             accumulate(lambda d, xsum, k, n, a, h: b.fadd(
@@ -335,7 +242,7 @@ class _Tail:
                               splat(b.fmul(self.zero, xsum), n))))
 
         def sub16() -> None:
-            dq = [self._halves(K.LANES + lane, n) for lane, n in runs]
+            dq = [self._halves(LANES + lane, n) for lane, n in runs]
             sc = [(self._subscales(32, lane, n), self._subscales(33, lane, n))
                   for lane, n in runs]
             accumulate(lambda d, xsum, k, n, a, h: b.fmul(
@@ -343,9 +250,9 @@ class _Tail:
                 b.fadd(b.fmul(sc[k][0], b.sitofp(a, ir.VectorType(f32, n))),
                        b.fmul(sc[k][1], b.sitofp(h, ir.VectorType(f32, n))))))
 
-        cases = [(K.AFFINE_F16, partial(affine, True)), (K.AFFINE, partial(affine, False))]
+        cases = [(AFFINE_F16, partial(affine, True)), (AFFINE, partial(affine, False))]
         if two:
-            cases.append((K.SUB16, sub16))
+            cases.append((SUB16, sub16))
         fn = b.function
         done = fn.append_basic_block("tail.done")
         other = fn.append_basic_block("tail.symmetric")
@@ -487,7 +394,7 @@ def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
     32*g:32*g+32]`` (int8 or int16), read in pairs; then their float tail
     (:meth:`_Tail.emit`) added into ``accs[r]``. The codes are unpacked once for all
     ``nrows`` rows. With ``high`` an array (not None) the codes are 5-bit: bit 4 comes from
-    the plane of high bits, code bytes 16-19 (``cpu_kernels`` docstring; read through
+    the plane of high bits, code bytes 16-19 (``layout`` docstring; read through
     ``codes``)."""
     return _dot_intrinsic(nrows, False, _pair_sums4)
 
@@ -576,7 +483,7 @@ def _pair_sums8(b: _Block) -> Sums:
 # stay inside 128-bit lanes or are single ``vpermt2b`` (AVX-512 VBMI) / ``vpermt2w``.
 # The integer sums are exact, so the results are bitwise those of the AVX2 intrinsics.
 
-_PAIRS64 = [i for lane in range(K.LANES) for i in (lane, K.LANES + lane)]
+_PAIRS64 = [i for lane in range(LANES) for i in (lane, LANES + lane)]
 
 
 def _wide_words(builder: ir.IRBuilder, codes: ir.Value, signed: bool) -> list[ir.Value]:
@@ -589,16 +496,16 @@ def _wide_words(builder: ir.IRBuilder, codes: ir.Value, signed: bool) -> list[ir
 
 # The inline asm of the VNNI kernels (_wide_madd) needs LLVM's assembly parser, which numba
 # does not set up. Set up at import, not when a kernel's IR is generated: a process that
-# loads a kernel from numba's cache and then compiles a caller linking it (linear_q4 over a
-# cached matvec_q4) finalizes that asm without generating any, and LLVM aborted there.
-if K._x86():
+# loads a kernel from numba's cache and then compiles a caller linking it (linear_q4_int over a
+# cached matvec_q4_int) finalizes that asm without generating any, and LLVM aborted there.
+if _x86():
     llvm.initialize_native_asmparser()
 
 
 @cache
 def _vnni() -> bool:
     """Whether the target has AVX-512 VNNI (``vpdpwssd``, written as inline asm)."""
-    return K._x86() and K.target_has("avx512vnni")
+    return _x86() and target_has("avx512vnni")
 
 
 def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value,
@@ -678,7 +585,7 @@ def _wide_sums8(b: _Block) -> Sums:
 # 32, with the codes and the two rows' activations beside them. The sums are exact, so the
 # results are bitwise those of the x86 intrinsics (the tail is the same IR).
 
-_LANE_RUNS = [list(range(K.LANES))]  # a lane dot's sums: one vector, lanes in order
+_LANE_RUNS = [list(range(LANES))]  # a lane dot's sums: one vector, lanes in order
 
 
 def _lane_acts(b: _Block, row: ir.Value) -> ir.Value:
@@ -778,26 +685,26 @@ _dot8x4, _dot8x8 = (_make8(4), _make8(8)) if ROW_GROUP == 8 else (_dot8x2, _dot8
 # expression in IEEE ops without fast-math flags for every group size, so a row computes
 # the same bits alone, in a pair or in a group (the server's batching relies on it;
 # tests/test_backend_cpu.py checks batches of 1-8). The kernels keep compiling without
-# FMA contraction or reassociation (``_NO_FUSE``, which cpu_kdot's tails rely on too).
+# FMA contraction or reassociation (``_NO_FUSE``, which kdot's tails rely on too).
 _NO_FUSE = {"nnan", "ninf", "nsz", "arcp", "afn"}
 
 
 @_jit(parallel=True, fastmath=_NO_FUSE)
-def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+def matvec_q4_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
               high: np.ndarray | None, kind: int, zero: float, xp: np.ndarray, dx: np.ndarray,
               xs: np.ndarray, out: np.ndarray) -> None:
     """out (T, tiles*LANES) = x @ W.T for a 4-bit W (uint8 ``codes`` view), or a 5-bit one
     with its plane of high bits ``high``, and ``x`` given by :func:`quantize_rows` as
-    (xp, dx, xs), 8- or 16-bit codes; the other arguments as in :func:`cpu_kernels.matvec_q4`
+    (xp, dx, xs), 8- or 16-bit codes; the other arguments as in :func:`.matvec_float.matvec_q4_f32`
     (``halves`` unused: the tails read float16 scales through ``blocks``). Rows go in
     groups of 8 and 4 (AVX-512), pairs, then a single row, each group sharing the unpacked
     codes; a row's result is the same bits in any of them."""
     rows, groups = dx.shape
     tiles = blocks.shape[0] // groups
-    row_bytes = blocks.shape[1] * K.LANES * 4
+    row_bytes = blocks.shape[1] * LANES * 4
     for t in prange(tiles):
-        accs = np.empty((ROW_GROUP, K.LANES), dtype=np.float32)
-        cols = slice(t * K.LANES, (t + 1) * K.LANES)
+        accs = np.empty((ROW_GROUP, LANES), dtype=np.float32)
+        cols = slice(t * LANES, (t + 1) * LANES)
         i = 0
         while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
             n = 8 if rows - i >= 8 else 4
@@ -805,7 +712,7 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
-                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
                 if n == 8:
                     _dot4x8(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
                 else:
@@ -817,7 +724,7 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
-                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
                 _dot4x2(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
             out[i:i + 2, cols] = accs[:2]
             i += 2
@@ -826,24 +733,24 @@ def matvec_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
-                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
                 _dot4(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
             out[i, cols] = accs[0]
 
 
 @_jit(parallel=True, fastmath=_NO_FUSE)
-def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+def matvec_q8_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
               kind: int, zero: float, xp: np.ndarray, dx: np.ndarray, xs: np.ndarray,
               out: np.ndarray) -> None:
-    """As :func:`matvec_q4` for an 8-bit W (``codes`` int8 for Q8_0/Q6_K, else uint8).
+    """As :func:`matvec_q4_int` for an 8-bit W (``codes`` int8 for Q8_0/Q6_K, else uint8).
     Q6_K's two scales multiply the 16-code sums in float: 16-bit sums times a scale can
     pass 2**31."""
     rows, groups = dx.shape
     tiles = blocks.shape[0] // groups
-    row_bytes = blocks.shape[1] * K.LANES * 4
+    row_bytes = blocks.shape[1] * LANES * 4
     for t in prange(tiles):
-        accs = np.empty((ROW_GROUP, K.LANES), dtype=np.float32)
-        cols = slice(t * K.LANES, (t + 1) * K.LANES)
+        accs = np.empty((ROW_GROUP, LANES), dtype=np.float32)
+        cols = slice(t * LANES, (t + 1) * LANES)
         i = 0
         while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
             n = 8 if rows - i >= 8 else 4
@@ -851,7 +758,7 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
-                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
                 if n == 8:
                     _dot8x8(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
                 else:
@@ -863,7 +770,7 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
-                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
                 _dot8x2(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
             out[i:i + 2, cols] = accs[:2]
             i += 2
@@ -872,27 +779,27 @@ def matvec_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
             for g in range(groups):
                 blk = t * groups + g
                 if i == 0:
-                    K._prefetch_block(flat, blk + K.PREFETCH, row_bytes)
+                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
                 _dot8(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
             out[i, cols] = accs[0]
 
 
 @_jit()
-def linear_q4(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+def linear_q4_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
               high: np.ndarray | None, kind: int, zero: float, x: np.ndarray,
               level: np.integer, out: np.ndarray) -> None:
     """:func:`quantize_rows` of the float rows ``x`` (to ``level``'s type, :func:`level`)
-    and :func:`matvec_q4`, as one call from Python: bitwise the two calls' result."""
+    and :func:`matvec_q4_int`, as one call from Python: bitwise the two calls' result."""
     xp, dx, xs = _quantized(x, level)
-    matvec_q4(codes, blocks, halves, flat, high, kind, zero, xp, dx, xs, out)
+    matvec_q4_int(codes, blocks, halves, flat, high, kind, zero, xp, dx, xs, out)
 
 
 @_jit()
-def linear_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
+def linear_q8_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
               kind: int, zero: float, x: np.ndarray, level: np.integer, out: np.ndarray) -> None:
-    """As :func:`linear_q4` for :func:`matvec_q8`."""
+    """As :func:`linear_q4_int` for :func:`matvec_q8_int`."""
     xp, dx, xs = _quantized(x, level)
-    matvec_q8(codes, blocks, halves, flat, kind, zero, xp, dx, xs, out)
+    matvec_q8_int(codes, blocks, halves, flat, kind, zero, xp, dx, xs, out)
 
 
 # -- prefill: a range of rows on one thread ----------------------------------------------
@@ -909,20 +816,20 @@ def linear_q8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: n
 
 
 @_jit()
-def matvec_q4_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+def matvec_q4_int_range(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
                    flat: np.ndarray, high: np.ndarray | None, kind: int, zero: float,
                    xp: np.ndarray, dx: np.ndarray, xs: np.ndarray, out: np.ndarray,
                    r0: int, r1: int) -> None:
-    """:func:`matvec_q4` for rows ``r0:r1`` of ``x`` and ``out``; the caller sets numba to
+    """:func:`matvec_q4_int` for rows ``r0:r1`` of ``x`` and ``out``; the caller sets numba to
     one thread."""
-    matvec_q4(codes, blocks, halves, flat, high, kind, zero, xp[r0:r1], dx[r0:r1], xs[r0:r1],
+    matvec_q4_int(codes, blocks, halves, flat, high, kind, zero, xp[r0:r1], dx[r0:r1], xs[r0:r1],
               out[r0:r1])
 
 
 @_jit()
-def matvec_q8_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+def matvec_q8_int_range(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
                    flat: np.ndarray, kind: int, zero: float, xp: np.ndarray, dx: np.ndarray,
                    xs: np.ndarray, out: np.ndarray, r0: int, r1: int) -> None:
-    """As :func:`matvec_q4_rows` for :func:`matvec_q8`."""
-    matvec_q8(codes, blocks, halves, flat, kind, zero, xp[r0:r1], dx[r0:r1], xs[r0:r1],
+    """As :func:`matvec_q4_int_range` for :func:`matvec_q8_int`."""
+    matvec_q8_int(codes, blocks, halves, flat, kind, zero, xp[r0:r1], dx[r0:r1], xs[r0:r1],
               out[r0:r1])

@@ -4,7 +4,7 @@ Codes, scales and biases per group of 32 come from :func:`formats.affine.block_g
 one decoder of GGML blocks into affine groups, exact for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0/Q3_K);
 Q6_K, whose scales cover 16 weights, from ``quants.q6_k_fields`` (``SUB16``).
 4-bit types keep 4 bits a weight, 5-bit types (Q5_0, Q5_1, Q5_K, MLX 5-bit) a 4-bit code
-plus a bit in a plane of high bits (``cpu_kernels`` docstring); other types take 8. Scales
+plus a bit in a plane of high bits (``layout`` docstring); other types take 8. Scales
 and biases stay float16 where
 the file has them so and both are needed (Q4_1, MLX with float16 scales: ``AFFINE_F16``),
 else float32 (a Q4_K scale is a float16 times a 6-bit integer, not a float16).
@@ -18,7 +18,7 @@ Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`
 its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q5_0 1.09x, Q5_1 1.0x, Q5_K
 1.27x, Q6_K 1.37x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
 Other types (Q3_K, Q2_K, F16, BF16, 3/6-bit MLX) stay as raw file bytes (1.0x):
-:mod:`cpu_raw` reads the GGML ones and the floats block by block; MLX's are dequantized
+:mod:`.raw` reads the GGML ones and the floats block by block; MLX's are dequantized
 by NumPy a chunk of rows at a time (slow).
 """
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inference.backends.cpu_kernels import AFFINE, AFFINE_F16, GROUP, LANES, SUB16, SYMMETRIC
-from inference.backends.cpu_raw import CODE, dequant_rows, run_size
+from inference.backends.cpu.layout import AFFINE, AFFINE_F16, GROUP, LANES, SUB16, SYMMETRIC
+from inference.backends.cpu.raw import CODE, dequant_rows, run_size
 from inference.formats.affine import block_groups
 from inference.formats.quants import BLOCK_TYPES, dequantize_raw, q6_k_fields, unpack_mlx
 from inference.formats.tensor import TensorData
@@ -45,14 +45,14 @@ _ROWS_PER_STEP = 1024  # repack this many rows at once: bounds the uint8-per-cod
 
 @dataclass
 class PackedWeight:
-    """An (out, in) matrix in lane blocks (see :mod:`cpu_kernels`); rows padded to whole
+    """An (out, in) matrix in lane blocks (see :mod:`.layout`); rows padded to whole
     tiles of ``LANES`` with zero scales."""
 
     blocks: np.ndarray  # (tiles * K/32, R, LANES) float32: code bytes, scale[, bias]
     bits: int  # 4, 5 or 8
     zero: float  # SYMMETRIC: w = scale * (code - zero)
     shape: tuple[int, int]  # logical (out, in)
-    kind: int = SYMMETRIC  # how a block holds its scales (cpu_kernels docstring)
+    kind: int = SYMMETRIC  # how a block holds its scales (layout docstring)
 
     def __post_init__(self) -> None:
         n = self.blocks.shape[0]
@@ -81,7 +81,7 @@ class PackedWeight:
 @dataclass
 class RawWeight:
     """A matrix kept as its file bytes (types without a packed form within the memory rule),
-    read by the :mod:`cpu_raw` kernels (``code``); other types (MLX 3/5/6-bit) and row
+    read by the :mod:`.raw` kernels (``code``); other types (MLX 3/5/6-bit) and row
     lengths that are no whole number of the kernels' blocks are dequantized by NumPy."""
 
     raw: np.ndarray  # (out, bytes_per_row) uint8, or float16/float32 (out, in)

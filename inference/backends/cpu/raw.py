@@ -1,8 +1,8 @@
 """numba kernels over GGML blocks exactly as the file stores them (CPU backend).
 
-Types with no lane-block form within the memory rule (:mod:`cpu_pack`: Q2_K, Q3_K, F16,
+Types with no lane-block form within the memory rule (:mod:`.pack`: Q2_K, Q3_K, F16,
 BF16) stay as file bytes, 1.0x the file. Decode with float activations reads them here
-(with int16/int8 activations on AVX2, Q2_K and Q3_K go to :mod:`cpu_kdot`, 3-4x faster):
+(with int16/int8 activations on AVX2, Q2_K and Q3_K go to :mod:`.kdot`, 3-4x faster):
 a row is walked block by block, each block decoded into a small float32 buffer and dotted
 with the activations (4-7 Gweights/s at 2 threads). Before these kernels the backend
 dequantized the whole matrix with NumPy on every call: 0.3 Gweights/s.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from inference.backends.cpu_kernels import _bits_to_f32, _f32, _half, _jit
+from inference.backends.cpu.ir import _bits_to_f32, _f32, _half, _jit
 from inference.formats.quants import BLOCK_TYPES
 
 # Type codes the kernels branch on (the branch is the same for every block of a call).

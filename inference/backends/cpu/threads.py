@@ -1,4 +1,4 @@
-"""A helper thread that takes work without being woken: it spins, GIL released, for the
+"""A worker thread that takes work without being woken: it spins, GIL released, for the
 next part, and sleeps only after a quiet spell.
 
 Why: handing a part to a sleeping thread costs a futex wake and, in a virtual machine,
@@ -21,13 +21,13 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from inference.backends.cpu_kernels import _item_ptr
+from inference.backends.cpu.ir import _item_ptr
 
 # Loads a quiet worker spins before it sleeps: ~0.3 ms at ~1 ns a load, longer than the
 # serial ops between two share-outs of a prefill layer (norms, RoPE, adds), and short
 # enough that a decode step after the prefill keeps its second core.
 SPIN = 1 << 18
-# Loads a caller spins for its helper's part to end before it sleeps: ~2 ms, longer than
+# Loads a caller spins for its worker's part to end before it sleeps: ~2 ms, longer than
 # most parts (a part runs beside the caller's own, so the wait is their difference).
 JOIN_SPIN = 1 << 23
 
@@ -55,13 +55,13 @@ def spin_while(state: np.ndarray, i: int, value: int, spins: int) -> int:
 
 
 class SpinWorker:
-    """One helper thread running ``part(a, b)`` calls handed over by :meth:`start`; the
+    """One worker thread running ``part(a, b)`` calls handed over by :meth:`start`; the
     caller collects it with :meth:`join` (which re-raises the part's exception)."""
 
     def __init__(self, name: str = "cpu-share") -> None:
         self._state = np.zeros(2, dtype=np.int64)  # [parts handed over, parts done]
         self._cv = threading.Condition()
-        self._sleeping = False  # the helper waits on _cv for a part
+        self._sleeping = False  # the worker waits on _cv for a part
         self._joining = False  # the caller waits on _cv for the part's end
         self._job: tuple[Callable[[int, int], None], int, int] | None = None
         self._error: BaseException | None = None
@@ -76,8 +76,8 @@ class SpinWorker:
                 self._cv.notify()
 
     def join(self) -> None:
-        """Wait for the part: spinning as the helper does, then asleep (a spinning waiter
-        beside a busy helper and another pool's spinning threads would take its core)."""
+        """Wait for the part: spinning as the worker does, then asleep (a spinning waiter
+        beside a busy worker and another pool's spinning threads would take its core)."""
         n = int(self._state[0])
         if spin_while(self._state, 1, n - 1, JOIN_SPIN) != n:
             with self._cv:

@@ -1,0 +1,69 @@
+"""The lane-block layout of packed weights (made by :mod:`.pack`).
+
+Output rows are grouped in tiles of ``LANES`` rows and the input dimension in groups of
+``GROUP``; one block holds one (tile, group) pair as a float32 array ``(R, LANES)``:
+
+- rows ``0 .. C-1`` are the codes as bytes, viewed as ``codes[blk, j, lane]``: 4-bit
+  (C=4): byte ``j`` holds code ``j`` in its low and code ``j + 16`` in its high nibble,
+  as in GGML's Q4_0/Q4_1; 5-bit (C=5): the same 16 nibble bytes for bits 0-3, then the
+  plane of bit 4 in bytes 16-19: bit ``p`` of byte 16 / 17 / 18 / 19 belongs to code
+  ``2p`` / ``2p+1`` / ``2p+16`` / ``2p+17`` (Q5_0, Q5_1, Q5_K: as small as the file's
+  ``qh``); 8-bit (C=8): one code per byte (int8 for Q8_0);
+- then the scale and bias of each lane, ``w = scale * code + bias``, in one of three
+  layouts (``kind``): ``SYMMETRIC`` row ``C`` holds float32 scales and
+  ``bias = -zero * scale``; ``AFFINE`` rows ``C`` and ``C + 1`` hold float32 scales and
+  biases; ``AFFINE_F16`` row ``C`` holds float16 scales then float16 biases, for types
+  whose file stores them so (Q4_1, MLX with float16 scales): one row fewer, so a Q4_1
+  block is as large as in the file; ``SUB16`` (Q6_K, 8-bit signed codes ``q - 32``) row
+  ``C`` holds as bytes an int8 scale for codes 0-15 and one for codes 16-31 of each lane,
+  then the lane's float16 ``d``: ``w = (d * scale) * q``, as in the file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from inference.backends.cpu.ir import _f32, _half, _jit
+
+LANES = 32
+GROUP = 32
+SYMMETRIC, AFFINE, AFFINE_F16, SUB16 = 0, 1, 2, 3  # scale layouts (above)
+
+
+@_jit(inline="always")
+def _high(hb: np.ndarray, j: int, lane: int) -> np.int32:
+    """Bit 4 of 5-bit code ``j`` of a lane, from a block's plane of high bits ``hb``
+    (4, LANES): byte ``(j & 1) + 2 * (j >= 16)``, bit ``(j % 16) // 2``."""
+    plane = (j & 1) + 2 * (j >> 4)
+    return ((np.int32(hb[plane, lane]) >> np.int32((j & 15) >> 1)) & np.int32(1)) << np.int32(4)
+
+
+@_jit(inline="always")
+def _block_scales(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, blk: int,
+                  c: int, kind: int, zero: float, sg: np.ndarray, sg2: np.ndarray,
+                  zg: np.ndarray) -> None:
+    """Scales of every lane of block ``blk`` for its codes 0-15 (``sg``) and 16-31
+    (``sg2``), and its bias (``zg``), as float32."""
+    n = sg.shape[0]
+    if kind == SUB16:
+        d = halves[blk, c]
+        for lane in range(n):
+            dl = _half(d[n + lane])
+            sg[lane] = dl * _f32(np.int32(codes[blk, 4 * c, lane]))
+            sg2[lane] = dl * _f32(np.int32(codes[blk, 4 * c + 1, lane]))
+            zg[lane] = _f32(0.0)
+        return
+    if kind == AFFINE_F16:
+        row = halves[blk, c]
+        for lane in range(n):
+            sg[lane] = _half(row[lane])
+            zg[lane] = _half(row[n + lane])
+    elif kind == AFFINE:
+        for lane in range(n):
+            sg[lane] = blocks[blk, c, lane]
+            zg[lane] = blocks[blk, c + 1, lane]
+    else:
+        for lane in range(n):
+            sg[lane] = blocks[blk, c, lane]
+            zg[lane] = -_f32(zero) * blocks[blk, c, lane]
+    sg2[:] = sg
