@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # What a new user meets: clone the repository into an empty folder and run the README's two
-# commands there. `make test` runs first (it creates .venv and installs everything); then
+# commands there. First what `make run` installs (.venv with the app's dependencies, timed,
+# with the venv's size), then `make test` (it adds the test extras and runs the suite), then
 # `make run` opens the app on a virtual X screen (Xvfb) for 20 s and a screenshot is taken.
-# Each step's exit code and time is printed; logs and the screenshot go to OUTDIR.
+# Each step's exit code and time is printed (paths as <repo>, <tmp> and <outdir>); logs and
+# the screenshot go to OUTDIR.
 #
 #   scripts/fresh_machine_check.sh [REPO] [OUTDIR]
 #
 # Needs git, make and Python from the README, plus Xvfb, xwininfo and ImageMagick for the
 # app step (Debian/Ubuntu: sudo apt-get install -y xvfb x11-utils imagemagick); without
 # them that step is reported as not run. Nothing is installed system-wide by this script.
-# SKIP_TEST=1 runs the app step alone (then `make run` creates .venv, so allow it minutes).
+# SKIP_TEST=1 skips the suite.
 set -u
 REPO=${1:-$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)}
 OUT=${2:-$(mktemp -d -t inferdesk-fresh-out.XXXXXX)}
@@ -20,13 +22,16 @@ APP_SECONDS=20
 
 say() { echo "$*" | tee -a "$OUT/report.txt"; }
 
+# The report names no folder of the machine it ran on.
+anonymous() { sed -e "s|$REPO|<repo>|g" -e "s|$WORK|<tmp>|g" -e "s|$OUT|<outdir>|g"; }
+
 # step NAME CMD...: run, log to OUTDIR/NAME.log, report exit code and wall time.
 step() {
     local name=$1; shift
     local t0=$SECONDS
     "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
-    say "$(printf '%-10s exit %-3s %5d s   %s' "$name" "$rc" $((SECONDS - t0)) "$*")"
+    say "$(printf '%-10s exit %-3s %5d s   %s' "$name" "$rc" $((SECONDS - t0)) "$*" | anonymous)"
     return $rc
 }
 
@@ -36,16 +41,19 @@ say "cpu:    $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | 
 say "os:     $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME") $(uname -m)"
 say "python: $(python3 --version 2>&1)"
 say "load:   $(cut -d' ' -f1-3 /proc/loadavg)"
-say "repo:   $REPO @ $(git -C "$REPO" rev-parse --short HEAD)"
+say "repo:   $(basename "$REPO") @ $(git -C "$REPO" rev-parse --short HEAD)"
 say ""
 
 step clone git clone -q "$REPO" "$WORK/inferdesk" || exit 1
 cd "$WORK/inferdesk" || exit 1
-if [ "${SKIP_TEST:-0}" = 1 ]; then  # the app step only (make run installs .venv itself)
+step install make .venv/.installed
+say "$(printf '%-10s %s MB' venv "$(du -sm .venv | cut -f1)")   .venv after make run's install"
+if [ "${SKIP_TEST:-0}" = 1 ]; then
     say "make-test  skipped (SKIP_TEST=1)"
 else
     step make-test make test
-    tail -n 3 "$OUT/make-test.log" | sed 's/^/           /' | tee -a "$OUT/report.txt"
+    say "$(printf '%-10s %s MB' venv "$(du -sm .venv | cut -f1)")   .venv with the test extras"
+    tail -n 3 "$OUT/make-test.log" | sed 's/^/           /' | anonymous | tee -a "$OUT/report.txt"
 fi
 
 if ! command -v Xvfb >/dev/null || ! command -v xwininfo >/dev/null \
@@ -61,7 +69,7 @@ t0=$SECONDS
 ( unset WAYLAND_DISPLAY QT_QPA_PLATFORM; DISPLAY=$DISP exec make run ) >"$OUT/make-run.log" 2>&1 &
 APP=$!
 shown=no
-# make run installs first when make test was skipped: wait for the window, then 20 s more.
+# Wait for the window, then 20 s more.
 for _ in $(seq 1 1200); do
     kill -0 "$APP" 2>/dev/null || break
     DISPLAY=$DISP xwininfo -root -tree 2>/dev/null | grep -q '"Inferdesk' && break
@@ -77,13 +85,14 @@ if kill -0 "$APP" 2>/dev/null; then
     pkill -TERM -P "$APP" 2>/dev/null; kill -TERM "$APP" 2>/dev/null
     wait "$APP" 2>/dev/null
     say "$(printf '%-10s %-8s %5d s   %s' make-run "running" $((SECONDS - t0)) \
-        "make run (window shown: $shown; screenshot: $OUT/app.png)")"
+        "make run (window shown: $shown; screenshot: <outdir>/app.png)")"
 else
     wait "$APP"; rc=$?
     say "$(printf '%-10s exit %-3s %5d s   %s' make-run "$rc" $((SECONDS - t0)) "make run")"
-    grep -m1 'inferdesk: error' "$OUT/make-run.log" | sed 's/^/           /' \
+    grep -m1 'inferdesk: error' "$OUT/make-run.log" | sed 's/^/           /' | anonymous \
         | tee -a "$OUT/report.txt"
 fi
 kill "$XVFB" 2>/dev/null
 say ""
-say "logs: $OUT"
+say "logs: <outdir>"
+echo "(<outdir> is $OUT)"
