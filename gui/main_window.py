@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 
 from gui import gc_guard, theme
 from gui.chat_pane import ChatPane
+from gui.compare_pane import ComparePane
 from gui.conversations import ConversationStore, default_db_path
 from gui.embed_pane import EmbedPane
 from gui.error_banner import ErrorBanner
@@ -60,12 +61,14 @@ class MainWindow(QMainWindow):
         self.embed = EmbedPane(self.handle)
         self.perf = PerfPane(self.handle)
         self.server = ServerPane(self.settings)
+        self.compare = ComparePane(self.handle)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for pane, name, ico in ((self.picker, "Models", "models"), (self.chat, "Chat", "chat"),
                                 (self.embed, "Embeddings", "embeddings"),
                                 (self.perf, "Performance", "performance"),
-                                (self.server, "Server", "models")):
+                                (self.server, "Server", "models"),
+                                (self.compare, "Compare", "performance")):
             self.tabs.addTab(pane, icon(ico), name)
         self.banner = ErrorBanner()
         central = QWidget()
@@ -286,5 +289,6 @@ class MainWindow(QMainWindow):
         self.handle.shutdown(CLOSE_WAIT_MS)
         self.downloads.shutdown(CLOSE_WAIT_MS)
         self.server.shutdown()
+        self.compare.shutdown(CLOSE_WAIT_MS)
         self.store.close()
         super().closeEvent(event)
