@@ -17,7 +17,6 @@ from inference.embed import BatchLimits, Pipeline, declares_pooling, embed_ids
 from inference.errors import (
     ContextOverflowError,
     InvalidInputError,
-    UnsupportedModelError,
 )
 from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.formats import read_checkpoint
@@ -94,13 +93,9 @@ class CausalLM(LoadedModel):
             self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata)
         else:
             self.tokenizer = Tokenizer.from_dir(ckpt.path)
-        # A model template that does not compile is reported when a chat needs it, rather
-        # than replaced by ChatML: the model would get markup it was never trained on.
-        self.template_error: UnsupportedModelError | None = None
-        try:
-            self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer, strict=True)
-        except UnsupportedModelError as e:
-            self.template, self.template_error = None, e
+        # The file's own template, else its family's, else ChatML: template.template_source
+        # says which and why, template.fallback_reason why the file's own was passed over.
+        self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer)
         self.prompt_cache = PromptCache()  # the last turn's KV cache, reused by the next
         self.context_length = context_length(ckpt.config, self.args)
 
@@ -111,14 +106,8 @@ class CausalLM(LoadedModel):
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(_token_ids(ids, self.tokenizer.vocab_size).tolist())
 
-    def _template(self) -> ChatTemplate:
-        if self.template is None:
-            assert self.template_error is not None
-            raise self.template_error
-        return self.template
-
     def chat_prompt(self, messages: Sequence[dict[str, str]]) -> str:
-        return self._template().render(messages_arg(messages), add_generation_prompt=True)
+        return self.template.render(messages_arg(messages), add_generation_prompt=True)
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits, numpy (n_tokens, vocab) float32."""
@@ -164,7 +153,7 @@ class CausalLM(LoadedModel):
         """Ids of the rendered chat. The template's own markup (rendered text already holds
         every BOS/special token it wants) is parsed for special tokens; message contents are
         not, so "<|im_end|>" typed by a user stays text and cannot forge a turn."""
-        return encode_segments(self.tokenizer, self._template().render_segments(
+        return encode_segments(self.tokenizer, self.template.render_segments(
             chat, cancel=cancel), limit)
 
     def _continue_ids(self, chat: list[dict[str, str]], limit: int,

@@ -8,13 +8,24 @@ so a template renders here exactly as ``apply_chat_template`` renders it.
 Where the template comes from, first found wins:
 1. the GGUF key ``tokenizer.chat_template``;
 2. ``chat_template`` in tokenizer_config.json (or a chat_template.jinja beside it);
-3. ChatML, resources/chat_templates/chatml.jinja.
+3. the model family's known template, by architecture (and, for the "llama" architecture
+   many families share, by the turn tokens in its vocabulary): Gemma, Llama 3, Llama 2,
+   Mistral, Phi-3, Qwen (ChatML), resources/chat_templates/<family>.jinja;
+4. ChatML, resources/chat_templates/chatml.jinja.
 
-Fallback: a model template that does not compile makes :meth:`ChatTemplate.for_checkpoint`
-use ChatML instead and say why in ``fallback_reason`` (the GUI shows it); ``strict=True``
-raises UnsupportedModelError instead. A template that fails while rendering raises
+A file's own template that is not valid UTF-8 or does not compile is passed over for the
+next source, and :attr:`ChatTemplate.fallback_reason` says why in one sentence;
+:attr:`ChatTemplate.template_source` always says which template is used and why ("the file's
+own", "Gemma's, by architecture: the file has none"); ``strict=True`` raises
+UnsupportedModelError instead. A template that fails while rendering raises
 InvalidInputError when the template itself rejects the conversation (``raise_exception``,
 e.g. roles that do not alternate) and UnsupportedModelError for any other failure.
+
+Bounds: every width a template can ask for (``center``, ``indent``, ``format``, ``%``,
+``str.format`` specs, ``ljust``...) is at most :data:`MAX_WIDTH`, and every string or list it
+builds by repeating, joining, concatenating or replacing is at most :data:`MAX_OUTPUT_CHARS`
+long. The checks sit in the filters and operators themselves, so they hold when Jinja folds
+constant expressions while compiling, too.
 
 A template that rejects a conversation only because it opens with a system message (Gemma 2
 has no system role) renders it with the system text folded into the first user message,
@@ -27,25 +38,33 @@ template writes it), so encode it with ``add_special_tokens=False``.
 from __future__ import annotations
 
 import json
+import re
+import string
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import filters as jinja_filters
+from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import generate_lorem_ipsum
 
 from inference.errors import CancelledError, InvalidInputError, UnsupportedModelError
 
-CHATML_PATH = Path(__file__).resolve().parents[1] / "resources" / "chat_templates" / "chatml.jinja"
-
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "resources" / "chat_templates"
+CHATML_PATH = TEMPLATES_DIR / "chatml.jinja"
 
 # Bounds on one rendering: a template is untrusted code, and a prompt is small.
 RENDER_SECONDS = 5.0
-MAX_OUTPUT_CHARS = 16 * 2**20
+MAX_OUTPUT_CHARS = 16 * 2**20  # the rendering, and any one string or list a template builds
+MAX_WIDTH = 10_000  # any width or precision a template asks for
+MAX_INT_BITS = 4096  # any integer a template multiplies into being
 
 
 class TemplateRejected(jinja2.TemplateError):
@@ -63,6 +82,7 @@ def _raise_exception(message: str) -> None:
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: Any = None, sort_keys: bool = False) -> str:
     # Jinja's own tojson HTML-escapes, which would change the prompt text.
+    _check_width(indent, "tojson indent")
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 
@@ -73,28 +93,208 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.intercepted_binops = frozenset({"*", "**"})
-    env.call_binop = _bounded_binop
-    return env.from_string(source)
+    return _BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                           extensions=["jinja2.ext.loopcontrols"]).from_string(source)
 
 
-def _bounded_binop(context: Any, operator: str, left: Any, right: Any) -> Any:
-    """``*`` and ``**`` with results of bounded size ('a' * 10**10 would take memory first)."""
-    if operator == "**":
-        if isinstance(left, int | float) and isinstance(right, int | float) \
-                and abs(right) > 64 and abs(left) > 1:
-            raise jinja2.TemplateError("a power too large for a chat template")
-        return left ** right
-    for seq, n in ((left, right), (right, left)):
-        if isinstance(seq, str | list | tuple) and isinstance(n, int) \
-                and len(seq) * n > MAX_OUTPUT_CHARS:
-            raise jinja2.TemplateError("a repetition too large for a chat template")
-    return left * right
+class TemplateTooLarge(jinja2.TemplateError):
+    """A template asked for a width, a string or a number past the bounds above."""
+
+
+def _check_width(width: Any, what: str) -> None:
+    if isinstance(width, int) and abs(width) > MAX_WIDTH:
+        raise TemplateTooLarge(f"{what} asks for a width of {width:,}; a chat template may "
+                               f"use at most {MAX_WIDTH:,}")
+
+
+def _check_size(n: int, what: str) -> None:
+    if n > MAX_OUTPUT_CHARS:
+        raise TemplateTooLarge(f"{what} of {n:,} characters is more than a chat template may "
+                               f"build ({MAX_OUTPUT_CHARS:,})")
+
+
+def _text_len(x: Any) -> int:
+    return len(x) if isinstance(x, str) else len(str(x))
+
+
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?[a-zA-Z%]")
+
+
+def _check_percent(fmt: str, args: Any) -> None:
+    """``fmt % args`` within bounds: widths and precisions, and the size of what it writes."""
+    values = list(args.values()) if isinstance(args, Mapping) else \
+        list(args) if isinstance(args, tuple) else [args]
+    specs = _PERCENT_SPEC.findall(fmt)
+    for width, precision in specs:
+        for n in (width, precision):
+            _check_width(int(n) if n.isdigit() else None, "%-format")
+    if any("*" in (w, p) for w, p in specs):
+        for v in values:
+            _check_width(v, "%-format")
+    longest = max((_text_len(v) for v in values), default=0)
+    _check_size(len(fmt) + len(specs) * longest, "a %-format")
+
+
+def _check_format(fmt: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """``fmt.format(*args, **kwargs)`` within bounds (a spec computed from a field refused)."""
+    fields = 0
+    for _, name, spec, _ in string.Formatter().parse(fmt):
+        if name is None:
+            continue
+        fields += 1
+        if spec and "{" in spec:
+            raise TemplateTooLarge("a format width computed from a field is not allowed in "
+                                   "a chat template")
+        for n in re.findall(r"\d+", spec or ""):
+            _check_width(int(n), "format")
+    longest = max((_text_len(v) for v in (*args, *kwargs.values())), default=0)
+    _check_size(len(fmt) + fields * (longest + MAX_WIDTH), "a formatted string")
+
+
+def _check_replace(s: str, old: str, new: str, count: int | None) -> None:
+    if len(new) > len(old):
+        n = s.count(old) if old else len(s) + 1
+        if count is not None and count >= 0:
+            n = min(n, count)
+        _check_size(len(s) + n * (len(new) - len(old)), "a replaced string")
+
+
+def _check_join(sep: Any, items: list[Any]) -> None:
+    _check_size(_text_len(sep) * max(0, len(items) - 1) + sum(_text_len(x) for x in items),
+                "a joined string")
+
+
+def _bounded_str_method(obj: str, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``obj.<name>`` with its arguments checked first (a str method that can grow)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if name in ("center", "ljust", "rjust", "zfill") and args:
+            _check_width(args[0], name)
+        elif name == "expandtabs":
+            size = args[0] if args else kwargs.get("tabsize", 8)
+            if isinstance(size, int):
+                _check_size(len(obj) + obj.count("\t") * size, "an expanded string")
+        elif name == "join" and args:
+            items = list(args[0])
+            _check_join(obj, items)
+            args = (items,)
+        elif name == "replace" and len(args) >= 2:
+            _check_replace(obj, str(args[0]), str(args[1]),
+                           args[2] if len(args) > 2 else kwargs.get("count"))
+        elif name in ("format", "format_map"):
+            mapping = args[0] if name == "format_map" and args else kwargs
+            _check_format(obj, args if name == "format" else (), mapping)
+        return method(*args, **kwargs)
+
+    return call
+
+
+_GROWING_STR_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "join",
+                                  "replace", "format", "format_map"})
+
+
+def _center(value: Any, width: int = 80) -> str:
+    _check_width(width, "center")
+    return jinja_filters.do_center(value, width)
+
+
+def _indent(s: str, width: int | str = 4, first: bool = False, blank: bool = False) -> str:
+    _check_width(len(width) if isinstance(width, str) else width, "indent")
+    text = str(s)
+    unit = len(width) if isinstance(width, str) else int(width)
+    _check_size(len(text) + (text.count("\n") + 1) * unit, "an indented string")
+    return jinja_filters.do_indent(s, width, first, blank)
+
+
+def _format(value: str, *args: Any, **kwargs: Any) -> str:
+    _check_percent(str(value), kwargs or args)
+    return jinja_filters.do_format(value, *args, **kwargs)
+
+
+@jinja2.pass_eval_context
+def _join(eval_ctx: Any, value: Any, d: str = "", attribute: Any = None) -> str:
+    items = list(value)
+    if attribute is None:
+        _check_join(d, items)
+    return jinja_filters.do_join(eval_ctx, items, d, attribute)
+
+
+@jinja2.pass_eval_context
+def _replace(eval_ctx: Any, s: str, old: str, new: str, count: int | None = None) -> str:
+    _check_replace(str(s), str(old), str(new), count)
+    return jinja_filters.do_replace(eval_ctx, s, old, new, count)
+
+
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
+    _check_width(n * max, "lipsum")
+    return generate_lorem_ipsum(n, html, min, max)
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    """Jinja's code generator with ``~`` joined through :meth:`_BoundedSandbox.concat_bounded`
+    (a loop that doubles a string with ``~`` stops at the bound, not at memory's end)."""
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("environment.concat_bounded((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox with every widening filter, operator and str method bounded."""
+
+    code_generator_class = _BoundedCodeGenerator
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.filters.update(tojson=_tojson, center=_center, indent=_indent, format=_format,
+                            join=_join, replace=_replace)
+        self.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
+                            lipsum=_lipsum)
+
+    def concat_bounded(self, parts: tuple[Any, ...]) -> str:
+        texts = [str(p) for p in parts]
+        _check_size(sum(len(t) for t in texts), "a joined string")
+        return "".join(texts)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        """``*``, ``**``, ``%`` and ``+`` with results of bounded size."""
+        if operator == "**":
+            if isinstance(left, int | float) and isinstance(right, int | float) \
+                    and abs(right) > 64 and abs(left) > 1:
+                raise TemplateTooLarge("a power too large for a chat template")
+            return left ** right
+        if operator == "%":
+            if isinstance(left, str):
+                _check_percent(left, right)
+            return left % right
+        if operator == "+":
+            if isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple):
+                _check_size(len(left) + len(right), "a concatenation")
+            return left + right
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, str | list | tuple) and isinstance(n, int) \
+                    and len(seq) * n > MAX_OUTPUT_CHARS:
+                raise TemplateTooLarge("a repetition too large for a chat template")
+        if isinstance(left, int) and isinstance(right, int) \
+                and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            raise TemplateTooLarge("a product too large for a chat template")
+        return left * right
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        return self._bounded(obj, attribute, super().getattr(obj, attribute))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        value = super().getitem(obj, argument)
+        return self._bounded(obj, argument, value) if isinstance(argument, str) else value
+
+    @staticmethod
+    def _bounded(obj: Any, name: str, value: Any) -> Any:
+        if isinstance(obj, str) and name in _GROWING_STR_METHODS and callable(value):
+            return _bounded_str_method(obj, name, value)
+        return value
 
 
 class _Limits:
@@ -119,44 +319,71 @@ class _Limits:
 
 
 class ChatTemplate:
-    """A compiled chat template and the special-token strings it may refer to."""
+    """A compiled chat template and the special-token strings it may refer to.
+
+    ``template_source``: which template this is and why, for the model card ("the file's
+    own", "Gemma's, by architecture: the file has none", "ChatML: ..."). ``fallback_reason``:
+    one sentence saying why the file's own template is not used, or None."""
 
     def __init__(self, source: str, *, origin: str = "custom", bos_token: str | None = None,
                  eos_token: str | None = None, special_tokens: Mapping[str, str] | None = None,
-                 fallback_reason: str | None = None) -> None:
+                 fallback_reason: str | None = None, template_source: str | None = None
+                 ) -> None:
         try:
             self._template = _compile(source)
         except jinja2.TemplateError as e:
             raise UnsupportedModelError(
                 f"The chat template from {origin} does not compile: {_one_line(e)}.") from e
         self.source = source
-        self.origin = origin  # "gguf" | "tokenizer_config.json" | "chatml" | "custom"
+        self.origin = origin  # "gguf" | "tokenizer_config.json" | a family | "chatml" | ...
         self.fallback_reason = fallback_reason
+        self.template_source = template_source or (
+            "the file's own" if origin in _FILE_ORIGINS else f"given ({origin})")
         self.variables = {k: v for k, v in (special_tokens or {}).items() if v is not None}
         self.variables["bos_token"] = bos_token or ""
         self.variables["eos_token"] = eos_token or ""
 
     @classmethod
-    def chatml(cls, tokenizer: Any = None, fallback_reason: str | None = None) -> ChatTemplate:
+    def chatml(cls, tokenizer: Any = None, fallback_reason: str | None = None,
+               template_source: str = "ChatML") -> ChatTemplate:
         """The ChatML fallback template."""
         return cls(CHATML_PATH.read_text(encoding="utf-8"), origin="chatml",
-                   fallback_reason=fallback_reason, **_token_strings(tokenizer))
+                   fallback_reason=fallback_reason, template_source=template_source,
+                   **_token_strings(tokenizer))
 
     @classmethod
     def resolve(cls, *, gguf_metadata: Mapping[str, Any] | None = None,
                 model_dir: str | Path | None = None, tokenizer: Any = None,
-                strict: bool = False) -> ChatTemplate:
-        """The model's template by the source order above, else ChatML."""
+                strict: bool = False, model_type: str | None = None) -> ChatTemplate:
+        """The model's template by the source order above: the file's own, else its
+        family's (by ``model_type`` and the tokenizer's vocabulary), else ChatML."""
+        tokens = _token_strings(tokenizer)
         found = _find_source(gguf_metadata, model_dir, tokenizer)
-        if found is None:
-            return cls.chatml(tokenizer)
-        source, origin = found
-        try:
-            return cls(source, origin=origin, **_token_strings(tokenizer))
-        except UnsupportedModelError as e:
-            if strict:
-                raise
-            return cls.chatml(tokenizer, fallback_reason=f"{e} Using ChatML instead.")
+        why, reason = "the file has none", None
+        if found is not None:
+            source, origin = found
+            try:
+                if not _is_utf8(source):
+                    raise UnsupportedModelError(
+                        f"The chat template from {origin} is not valid UTF-8.")
+                return cls(source, origin=origin, **tokens)
+            except UnsupportedModelError as e:
+                if strict:
+                    raise
+                reason = str(e)
+                why = f"the file's own {_why_not(reason)}"
+        family, basis = template_family(model_type, tokenizer)
+        if family is None:
+            arch = f"architecture {model_type!r}" if model_type else "its architecture"
+            return cls.chatml(tokenizer, fallback_reason=None if reason is None
+                              else f"{reason} Using ChatML instead.",
+                              template_source=f"ChatML: {why}, and {arch} has no known "
+                                              f"template")
+        name, file = FAMILIES[family]
+        used = "Qwen's template (ChatML)" if family == "qwen" else f"{name}'s template"
+        return cls((TEMPLATES_DIR / file).read_text(encoding="utf-8"), origin=family,
+                   fallback_reason=None if reason is None else f"{reason} Using {used}.",
+                   template_source=f"{name}'s, by {basis}: {why}", **tokens)
 
     @classmethod
     def for_checkpoint(cls, ckpt: Any, tokenizer: Any = None, strict: bool = False
@@ -166,8 +393,10 @@ class ChatTemplate:
         if getattr(ckpt, "chat_template", None) and "tokenizer.chat_template" not in meta:
             meta["tokenizer.chat_template"] = ckpt.chat_template
         path = Path(ckpt.path)
+        config = getattr(ckpt, "config", None) or {}
         return cls.resolve(gguf_metadata=meta, tokenizer=tokenizer, strict=strict,
-                           model_dir=path if path.is_dir() else None)
+                           model_dir=path if path.is_dir() else None,
+                           model_type=config.get("model_type"))
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                **kwargs: Any) -> str:
@@ -336,6 +565,57 @@ def _fold_system(chat: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         return None
     joined = f"{system}\n\n{user}" if system.strip() else user
     return [{**chat[1], "content": joined}, *chat[2:]]
+
+
+_FILE_ORIGINS = frozenset({"gguf", "tokenizer_config.json", "chat_template.jinja", "tokenizer"})
+
+# Family -> (name, template file under resources/chat_templates).
+FAMILIES: dict[str, tuple[str, str]] = {
+    "gemma": ("Gemma", "gemma.jinja"),
+    "llama3": ("Llama 3", "llama3.jinja"),
+    "llama2": ("Llama 2", "llama2.jinja"),
+    "mistral": ("Mistral", "mistral.jinja"),
+    "phi3": ("Phi-3", "phi3.jinja"),
+    "qwen": ("Qwen", "chatml.jinja"),
+    "chatml": ("ChatML", "chatml.jinja"),
+}
+_BY_MODEL_TYPE = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma",
+                  "qwen2": "qwen", "qwen3": "qwen", "phi3": "phi3", "mistral": "mistral"}
+# The "llama" architecture is shared by many families; their turn tokens tell them apart.
+_BY_TOKEN = (("<|start_header_id|>", "llama3"), ("<start_of_turn>", "gemma"),
+             ("<|im_start|>", "chatml"), ("<|assistant|>", "phi3"), ("[INST]", "mistral"))
+
+
+def template_family(model_type: str | None, tokenizer: Any = None
+                    ) -> tuple[str | None, str]:
+    """``(family, basis)``: the key in :data:`FAMILIES` of a model's known template (None:
+    none known) and what told it ("architecture", or "vocabulary" for the families that
+    share the "llama" architecture: their turn tokens; plain Llama 2 without any)."""
+    if model_type in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[model_type], "architecture"
+    if model_type != "llama":
+        return None, "architecture"
+    to_id = getattr(tokenizer, "token_to_id", None)
+    for token, family in _BY_TOKEN if to_id is not None else ():
+        if to_id(token) is not None:
+            return family, "vocabulary"
+    return "llama2", "architecture"
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that were not UTF-8, kept as surrogate escapes
+        return False
+    return True
+
+
+def _why_not(sentence: str) -> str:
+    """"The chat template from gguf does not compile: x." -> "does not compile: x"."""
+    for verb in (" does not compile", " is not valid UTF-8"):
+        if verb in sentence:
+            return sentence[sentence.index(verb) + 1:].rstrip(".")
+    return "was refused"
 
 
 def _find_source(meta: Mapping[str, Any] | None, model_dir: str | Path | None,

@@ -54,10 +54,13 @@ def tiny_weights(seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def write_gguf(path: Path, meta: dict[str, Any] | None = None,
-               tensors: dict[str, np.ndarray] | None = None, q8_embeddings: bool = False
-               ) -> Path:
-    """The tiny llama GGUF; ``meta`` overrides ``llama.*`` keys (by suffix; the value's
-    Python type picks the GGUF type), ``tensors`` overrides weights by GGUF name."""
+               tensors: dict[str, np.ndarray] | None = None, q8_embeddings: bool = False,
+               arch: str = "llama", chat_template: str | None = None,
+               tokens: list[str] | None = None) -> Path:
+    """The tiny llama GGUF; ``meta`` overrides ``{arch}.*`` keys (by suffix; the value's
+    Python type picks the GGUF type), ``tensors`` overrides weights by GGUF name, ``tokens``
+    the vocabulary (64 entries by default). ``arch`` "gemma" writes the same weights as a
+    Gemma file."""
     md: dict[str, Any] = {
         "block_count": LAYERS, "context_length": 256, "embedding_length": H,
         "feed_forward_length": FF, "attention.head_count": HEADS,
@@ -65,15 +68,18 @@ def write_gguf(path: Path, meta: dict[str, Any] | None = None,
         "attention.layer_norm_rms_epsilon": 1e-5,
     }
     md.update(meta or {})
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     for key, value in md.items():
         vtype = (gguf.GGUFValueType.STRING if isinstance(value, str) else
                  gguf.GGUFValueType.FLOAT32 if isinstance(value, float) else
                  gguf.GGUFValueType.UINT32)
-        w.add_key_value(f"llama.{key}", value, vtype)
+        w.add_key_value(f"{arch}.{key}", value, vtype)
     w.add_tokenizer_model("gpt2")
-    w.add_token_list(["t", "0"] + [f"t{i}" for i in range(VOCAB - 2)])
-    w.add_token_types([1] * VOCAB)
+    tokens = tokens or ["t", "0"] + [f"t{i}" for i in range(VOCAB - 2)]
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(tokens))
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     w.add_token_merges(["t 0"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

@@ -93,3 +93,95 @@ def test_tojson_keeps_unicode_and_html():
     out = ChatTemplate("{{ messages[0] | tojson }}").render([{"role": "u", "content": "é<b>"}])
     assert out == '{"role": "u", "content": "é<b>"}'
     assert len(ChatTemplate("{{ strftime_now('%Y') }}").render(HI)) == 4
+
+
+# --- hostile templates: bounded at compile time and at render time ---------------------------
+
+WIDE = 30_000_000  # past every bound; small enough that the unbounded old code stays cheap
+
+
+@pytest.mark.parametrize("source", [
+    f'{{{{ "x"|center({WIDE}) }}}}',
+    f'{{{{ "x"|indent({WIDE}, true) }}}}',
+    f'{{{{ "%{WIDE}s"|format("x") }}}}',
+    f'{{{{ "%{WIDE}s" % "x" }}}}',
+    f'{{{{ "{{:>{WIDE}}}".format("x") }}}}',
+    f'{{{{ "x".ljust({WIDE}) }}}}',
+    '{% set ns = namespace(s="x") %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}'
+    '{% endfor %}{{ ns.s|length }}',
+    '{% set ns = namespace(s="x") %}{% for i in range(30) %}{% set ns.s = ns.s + ns.s %}'
+    '{% endfor %}{{ ns.s|length }}',
+    '{{ ("x" * 1000000)|replace("x", "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyy") }}',
+])
+def test_widths_and_sizes_are_bounded_when_compiling_and_rendering(source):
+    """Jinja folds constant expressions while compiling: a width check that held only at
+    render time let ``"x"|center(10**9)`` take gigabytes before any chat."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        tpl = ChatTemplate(source, origin="gguf")
+        compiled_peak = tracemalloc.get_traced_memory()[1]
+        with pytest.raises(UnsupportedModelError) as e:
+            tpl.render(HI)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # A doubling loop stops at the 16 M-character bound: a few copies of that at most.
+    assert compiled_peak < 8 * 2**20 and peak < 64 * 2**20, (compiled_peak, peak)
+    text = str(e.value)
+    assert text.count(". ") == 0 and "chat template" in text
+
+
+def _gguf_without_template(tmp_path, arch: str, tokens=None, template=None):
+    from tests.hostile_models import write_gguf
+
+    return write_gguf(tmp_path / f"{arch}.gguf", arch=arch, tokens=tokens,
+                      chat_template=template)
+
+
+def test_gemma_gguf_without_a_template_gets_gemma_turns(tmp_path):
+    from inference.api import load_model
+
+    m = load_model(str(_gguf_without_template(tmp_path, "gemma")), backend="numpy")
+    text = m.chat_prompt([{"role": "system", "content": "Be brief."}, *HI])
+    assert "<|im_start|>" not in text
+    assert text.endswith("<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                         "<start_of_turn>model\n")
+    assert m.template.template_source == "Gemma's, by architecture: the file has none"
+    assert m.template.fallback_reason is None
+
+
+@pytest.mark.parametrize(("model_type", "vocab", "turn", "source"), [
+    ("gemma3_text", [], "<start_of_turn>user\nHi<end_of_turn>\n", "Gemma's, by architecture"),
+    ("qwen2", [], "<|im_start|>user\nHi<|im_end|>\n", "Qwen's, by architecture"),
+    ("phi3", [], "<|user|>\nHi<|end|>\n<|assistant|>\n", "Phi-3's, by architecture"),
+    ("mistral", [], "[INST] Hi[/INST]", "Mistral's, by architecture"),
+    ("llama", ["<|start_header_id|>"], "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+     "Llama 3's, by vocabulary"),
+    ("llama", ["<|im_start|>"], "<|im_start|>user\nHi<|im_end|>", "ChatML's, by vocabulary"),
+    ("llama", [], "[INST] Hi [/INST]", "Llama 2's, by architecture"),
+    ("starcoder2", [], "<|im_start|>user\nHi<|im_end|>", "ChatML: the file has none, and "
+     "architecture 'starcoder2' has no known template"),
+])
+def test_family_templates_by_architecture(model_type, vocab, turn, source):
+    tok = SimpleNamespace(token_to_id=lambda t: 7 if t in vocab else None, bos_token="<s>",
+                          eos_token="</s>", unk_token=None, pad_token=None)
+    tpl = ChatTemplate.resolve(gguf_metadata={}, tokenizer=tok, model_type=model_type)
+    assert turn in tpl.render(HI)
+    assert tpl.template_source.startswith(source)
+
+
+def test_template_that_is_not_utf8_is_replaced_saying_so(tmp_path):
+    """A GGUF template with bytes that are not UTF-8 raised a TypeError on every chat."""
+    from inference.api import load_model
+
+    path = _gguf_without_template(tmp_path, "gemma", template="XX{{ messages[0].content }}")
+    path.write_bytes(path.read_bytes().replace(b"XX{{", b"\xff\xfe{{"))
+    m = load_model(str(path), backend="numpy")
+    assert "<start_of_turn>user\nHi<end_of_turn>" in m.chat_prompt(HI)
+    assert m.template.template_source == \
+        "Gemma's, by architecture: the file's own is not valid UTF-8"
+    assert m.template.fallback_reason == ("The chat template from gguf is not valid UTF-8. "
+                                          "Using Gemma's template.")
+    assert list(m.generate(messages=HI, max_tokens=1))[-1].n_prompt > 0
