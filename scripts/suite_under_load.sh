@@ -15,7 +15,7 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; }
 trap cleanup EXIT INT TERM
 
 echo "suite under load, $(date -u '+%Y-%m-%d %H:%M UTC'); cpu: $(grep -m1 'model name' \
-/proc/cpuinfo | cut -d: -f2- | sed 's/^ //') ($(nproc) cores); repo: $REPO @ \
+/proc/cpuinfo | cut -d: -f2- | sed 's/^ //') ($(nproc) cores); repo: $(basename "$REPO") @ \
 $(git -C "$REPO" rev-parse --short HEAD); $SPINNERS spinners"
 git clone -q "$REPO" "$WORK/inferdesk" || exit 1
 cd "$WORK/inferdesk" || exit 1
