@@ -16,6 +16,7 @@ import logging
 import statistics
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyqtgraph as pg
@@ -104,7 +105,7 @@ def side_line(label: str, s: Any) -> str:
         if s.memory.device_peak is not None:
             mem += f" (peak {human_bytes(s.memory.device_peak)})"
     return (f"{label} {s.backend}: {rate}{median} · prefill {_ms(s.prefill_s)} ms · "
-            f"load {s.load_s:.1f} s · {mem}")
+            f"load {s.load_s:.1f} s, warm-up {s.warmup_s:.1f} s · {mem}")
 
 
 def diff_line(summary: Any) -> str:
@@ -180,7 +181,7 @@ class ComparePane(QWidget):
 
         self.prompt = QPlainTextEdit(DEFAULT_PROMPT)
         self.prompt.setPlaceholderText("A prompt, sent as one chat message")
-        self.prompt.setFixedHeight(self.prompt.fontMetrics().lineSpacing() * 3 + 16)
+        self.prompt.setFixedHeight(self.prompt.fontMetrics().lineSpacing() * 2 + 16)
         layout.addWidget(self.prompt)
         self.message = QLabel("")
         self.message.setWordWrap(True)
@@ -198,17 +199,19 @@ class ComparePane(QWidget):
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         split.addWidget(self.table)
         self.plot = pg.PlotWidget()
-        self.plot.setMinimumHeight(120)
+        self.plot.setMinimumHeight(100)
         self.plot.setMouseEnabled(x=False, y=False)
         self.plot.hideButtons()
         self.plot.showGrid(x=True, y=True, alpha=0.2)
         self.plot.setLabel("bottom", "step")
         self.plot.setLabel("left", "max |Δ logit|")
+        self.plot.getAxis("left").enableAutoSIPrefix(False)  # plain 0.002, no "(x0.001)"
         self.curve = self.plot.plot([], [], pen=pg.mkPen(DIFF_COLOR, width=2), symbol="o",
                                     symbolSize=5, symbolBrush=DIFF_COLOR, symbolPen=None)
         split.addWidget(self.plot)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
+        split.setSizes([220, 180])  # six table rows and a readable plot at 800x600
         layout.addWidget(split, 1)
         self.summary_labels = [QLabel(""), QLabel(""), QLabel("")]
         for lab in self.summary_labels:
@@ -344,7 +347,8 @@ class ComparePane(QWidget):
             self.message.setText(f"Loading on {ev.backend}…")
         elif isinstance(ev, SideLoaded):
             verb = "generating" if ev.side == "a" else "following A's tokens"
-            self.message.setText(f"{ev.backend}: loaded in {ev.load_s:.1f} s, {verb}…")
+            self.message.setText(f"{ev.backend}: loaded in {ev.load_s:.1f} s; warming up, "
+                                 f"then {verb}…")
         elif isinstance(ev, Generated):
             self.generated = ev.index + 1
             row = self.table.rowCount()
@@ -406,3 +410,56 @@ class ComparePane(QWidget):
             _detach(self.thread, self.runner)
             return False
         return True
+
+
+def screenshot(out: Path, backends: tuple[str, str] = ("numpy", "cpu"), tokens: int = 24,
+               size: tuple[int, int] = (800, 600)) -> Path:
+    """The Compare tab of the real window after a run on the bundled chat model, saved as
+    PNG at ``out`` (temporary settings and store, as gui.screenshots)."""
+    import sys
+    import tempfile
+
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from gui import theme
+    from gui.conversations import ConversationStore
+    from gui.main_window import MainWindow
+    from gui.screenshots import _settle, _wait
+    from gui.settings import Settings
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    theme.apply(app)
+    tmp = Path(tempfile.mkdtemp(prefix="inferdesk-shots-"))
+    w = MainWindow(Settings(QSettings(str(tmp / "settings.ini"), QSettings.Format.IniFormat)),
+                   ConversationStore(tmp / "conversations.sqlite3"), autoload=True)
+    try:
+        w.resize(*size)
+        w.show()
+        pane = w.compare
+        _wait(lambda: (pane.model_path is not None and bool(pane.backend_infos)
+                       and w.handle.job == "") or w.banner.isVisible())
+        if w.banner.isVisible():
+            raise RuntimeError(w.banner.text())
+        w.tabs.setCurrentWidget(pane)
+        for combo, name in zip((pane.combo_a, pane.combo_b), backends, strict=True):
+            combo.setCurrentIndex(combo.findData(name))
+        pane.tokens.setValue(tokens)
+        pane.run()
+        _wait(lambda: not pane.running)
+        if pane.summary is None:
+            raise RuntimeError(pane.message.text())
+        _settle()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        w.grab().save(str(out), "PNG", 0)
+        return out
+    finally:
+        w.close()
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    print(screenshot(Path(sys.argv[1] if len(sys.argv) > 1 else "compare.png")))

@@ -11,7 +11,8 @@ cpu replays a captured step), except that each step's logits row is read back to
 where generation reads only the sampled id. Timings include that read on both sides.
 
 Step 0's logits come from the prefill; its seconds are the prefill's. Decode tok/s counts
-the steps after the first over their time, as :class:`inference.generate.Generation` does.
+the steps after the first over their time, as :class:`inference.generate.Generation` does,
+after an untimed warm-up run (see :func:`compare`).
 The sides run one after the other, so each one's memory is measured alone: host RSS growth
 from just before its load (after the other side's weights were released), and the
 device's figures where the backend has a device.
@@ -40,6 +41,7 @@ from inference.validate import check_finite, int_arg
 
 Loader = Callable[..., Any]  # load_model's signature: (source, backend=..., cancel=...)
 _DROPPED = np.zeros(0, dtype=np.float32)
+WARMUP_STEPS = 2  # untimed decode steps before a side's timed run
 
 
 @dataclass
@@ -97,6 +99,7 @@ class SideStats:
     peak_bytes: int  # the most host RSS grew from before the load, load and steps included
     prefill_s: float
     step_s: list[float]  # per step; step 0 is the prefill
+    warmup_s: float  # the untimed warm-up run before the steps (see compare())
     memory: MemorySample  # the backend's own sample after the last step (device figures)
     threads: tuple[int, int] | None
 
@@ -208,7 +211,8 @@ def compare(source: str | Path | ModelSpec, backend_a: str, backend_b: str,
             prompt: str | None = None, max_tokens: int = 32, *,
             prompt_ids: Sequence[int] | None = None,
             cancel: threading.Event | None = None,
-            loader: Loader = load_model) -> Iterator[CompareEvent]:
+            loader: Loader = load_model, warmup: int = WARMUP_STEPS,
+            ) -> Iterator[CompareEvent]:
     """Compare ``backend_a`` and ``backend_b`` on the model file ``source``.
 
     Yields SideStarted/SideLoaded for each side, a Generated per A step, a StepRecord per
@@ -217,6 +221,11 @@ def compare(source: str | Path | ModelSpec, backend_a: str, backend_b: str,
     gives the ids instead. Bad input, an unavailable backend or a file the backend cannot
     run raise the engine's one-sentence errors; ``cancel`` raises CancelledError between
     steps (and between tensors while loading). ``loader`` stands for :func:`load_model`.
+
+    Before its timed steps each side runs the prompt and ``warmup`` decode steps untimed,
+    so what a backend does once per process or per generation (compiling kernels,
+    capturing a decode step) is not counted as its speed: the figures are those a second
+    chat reply would see.
     """
     max_tokens = int_arg(max_tokens, "max_tokens", 1)
     if (prompt is None) == (prompt_ids is None):
@@ -237,11 +246,20 @@ def compare(source: str | Path | ModelSpec, backend_a: str, backend_b: str,
                           time.perf_counter() - t0, max(0, host_rss() - rss0))
         return model, info, rss0
 
-    def stats(model: Any, info: SideLoaded, rss0: int, peak: int, step_s: list[float]
-              ) -> SideStats:
+    def warm(model: Any, ids: list[int], n: int) -> float:
+        """The prompt and ``warmup`` decode steps (at most ``n`` steps in all), untimed."""
+        if warmup <= 0:
+            return 0.0
+        t0 = time.perf_counter()
+        for _ in side_steps(model, ids, min(warmup + 1, n), cancel=cancel):
+            pass
+        return time.perf_counter() - t0
+
+    def stats(model: Any, info: SideLoaded, rss0: int, peak: int, step_s: list[float],
+              warm_s: float) -> SideStats:
         return SideStats(info.backend, info.reason, info.load_s, info.load_bytes,
                          max(0, peak - rss0), step_s[0] if step_s else 0.0, step_s,
-                         model.memory(), model.backend.threads())
+                         warm_s, model.memory(), model.backend.threads())
 
     # A: greedy.
     yield SideStarted("a", backend_a)
@@ -258,6 +276,7 @@ def compare(source: str | Path | ModelSpec, backend_a: str, backend_b: str,
                                         f"tokens; it holds {len(ids)}.")
             kind = "token ids"
         name = model.name
+        warm_a = warm(model, ids, n)
         rows: list[np.ndarray] = []
         tokens: list[int] = []
         texts: list[str] = []
@@ -272,7 +291,7 @@ def compare(source: str | Path | ModelSpec, backend_a: str, backend_b: str,
             texts.append("" if tok in eos else decoder.add(tok))
             peak = max(peak, host_rss())
             yield Generated(i, tok, texts[-1], s)
-        stats_a = stats(model, info_a, rss0, peak, a_s)
+        stats_a = stats(model, info_a, rss0, peak, a_s, warm_a)
     finally:
         _release(model)
     del model
@@ -284,6 +303,7 @@ def compare(source: str | Path | ModelSpec, backend_a: str, backend_b: str,
     records: list[StepRecord] = []
     try:
         yield info_b
+        warm_b = warm(model, ids, n)
         peak = host_rss()
         b_s: list[float] = []
         for i, (row, _tok, s) in enumerate(side_steps(model, ids, len(tokens), tokens,
@@ -298,7 +318,7 @@ def compare(source: str | Path | ModelSpec, backend_a: str, backend_b: str,
                              float(np.max(np.abs(a))), int(np.argmax(row)), a_s[i], s)
             records.append(rec)
             yield rec
-        stats_b = stats(model, info_b, rss0, peak, b_s)
+        stats_b = stats(model, info_b, rss0, peak, b_s, warm_b)
     finally:
         _release(model)
     yield CompareSummary(name, len(ids), kind, finish, "".join(texts) + decoder.flush(),

@@ -94,6 +94,7 @@ def test_numpy_against_itself_is_exact():
     assert s.a.backend == s.b.backend == "numpy"
     assert len(s.a.step_s) == len(s.b.step_s) == s.steps
     assert s.a.load_bytes >= 0 and s.a.peak_bytes >= s.a.load_bytes
+    assert s.a.warmup_s > 0 and s.b.warmup_s > 0
     gen = [e for e in events if isinstance(e, Generated)]
     assert [g.token_id for g in gen] == [r.token_id for r in s.records]
     assert s.prompt_kind == "chat template"
@@ -175,6 +176,13 @@ def test_bad_input_is_one_sentence_before_any_load():
     enc = next(p for p in sorted(encoder.iterdir()) if p.is_dir())
     with pytest.raises(InvalidInputError, match="chat model"):
         list(compare(enc, "numpy", "numpy", "hi", 2))
+
+
+def test_warm_up_leaves_the_steps_unchanged():
+    cold = summary_of(list(compare(MODEL, "numpy", "numpy", "Hello there", 4, warmup=0)))
+    warm = summary_of(list(compare(MODEL, "numpy", "numpy", "Hello there", 4)))
+    assert cold.a.warmup_s == 0.0
+    assert [r.token_id for r in cold.records] == [r.token_id for r in warm.records]
 
 
 def test_cancel_stops_between_steps():
