@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from inference.api import load_model  # noqa: E402
 from inference.backends.cpu import ACTIVATIONS, ACTIVATIONS_ENV  # noqa: E402
 from inference.bench import write_record  # noqa: E402
-from tests import goldens_io as g  # noqa: E402
-from tests.test_cpu_kquants import decode_logits  # noqa: E402
+from scripts import goldens_io as g  # noqa: E402
 
 
 def main() -> None:
@@ -48,7 +47,7 @@ def main() -> None:
                     golden = {k: z[f"{qtype}.{text}.{k}"] for k in ("top_ids", "top_logp")}
                     ids = z[f"{qtype}.{text}.ids"].tolist()
                     # Prefill takes the mode's activations too (4/5-bit products).
-                    paths = [("prefill", lambda m, i: m.logits(i)), ("decode", decode_logits)]
+                    paths = [("prefill", lambda m, i: m.logits(i)), ("decode", g.decode_logits)]
                     for name, run in paths:
                         agree, dlogp = g.smollm2_agreement(golden, run(model, ids))
                         rows.append({"mode": mode, "kv_dtype": kv, "file": qtype, "text": text,

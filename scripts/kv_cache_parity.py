@@ -17,8 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference import load_model  # noqa: E402
 from inference.bench import write_record  # noqa: E402
-from tests import goldens_io as g  # noqa: E402
-from tests.test_cpu_kquants import decode_logits  # noqa: E402
+from scripts import goldens_io as g  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +29,7 @@ def main() -> None:
         m = load_model("SmolLM2-135M-Instruct.Q4_1", backend="cpu", kv_dtype=kv)
         for name, text in g.load_smollm2()["texts"].items():
             ids = [int(i) for i in text["ids"]]
-            for path, logits in (("prefill", m.logits(ids)), ("decode", decode_logits(m, ids))):
+            for path, logits in (("prefill", m.logits(ids)), ("decode", g.decode_logits(m, ids))):
                 agree, dlogp = g.smollm2_agreement(text, logits)
                 rows.append({"kv_dtype": kv, "text": name, "path": path, "tokens": len(ids),
                              "top1": round(agree, 4), "mean_abs_dlogp": float(f"{dlogp:.3g}")})

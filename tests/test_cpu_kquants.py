@@ -15,7 +15,6 @@ INFERDESK_KQUANT_DIR points at them. Measured figures: docs/cpu-backend.md.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from tests import goldens_io as g
@@ -23,14 +22,7 @@ from tests import goldens_io as g
 MIN_TOP1, MAX_DLOGP = 0.99, 0.01  # the parity bars (int16 activations quantize x)
 
 
-def decode_logits(model, ids: list[int]) -> np.ndarray:
-    """Logits of every position, one token per call (the decode mat-vec path, through the
-    backend's decode steps: on cpu, replays of a captured step)."""
-    B = model.backend
-    cache = model.model.make_cache(len(ids))
-    step = B.decode_steps()
-    return np.stack([np.array(B.to_numpy(step(model.model, B.array(np.asarray([[t]])), cache))
-                              [0, 0]) for t in ids])
+decode_logits = g.decode_logits  # test_cpu_kdot and test_cpu_kv_f16 import it from here
 
 
 @pytest.mark.slow
