@@ -41,6 +41,7 @@ from inference.validate import (
     sentences_arg,
     spec_for,
     text_arg,
+    tokenizer_fits,
 )
 from inference.validate import token_ids as _token_ids
 
@@ -93,6 +94,7 @@ class CausalLM(LoadedModel):
             self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata)
         else:
             self.tokenizer = Tokenizer.from_dir(ckpt.path)
+        tokenizer_fits(self.tokenizer, int(self.args.vocab_size), ckpt.path.name)
         # The file's own template, else its family's, else ChatML: template.template_source
         # says which and why, template.fallback_reason why the file's own was passed over.
         self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer)
@@ -229,6 +231,7 @@ class Encoder(LoadedModel):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
         self.tokenizer = (Tokenizer.from_gguf_metadata(ckpt.metadata) if ckpt.format == "gguf"
                           else Tokenizer.from_dir(ckpt.path))
+        tokenizer_fits(self.tokenizer, int(self.args.vocab_size), ckpt.path.name)
         if ckpt.config["model_type"] in CAUSAL:  # a decoder embedder (Qwen3-Embedding)
             self.model = DecoderEncoder(self.model)
         self.pipeline = Pipeline.from_dir(ckpt.path, getattr(self.args, "pooling_type", -1))

@@ -256,10 +256,28 @@ def token_ids(ids: Any, vocab_size: int, what: str = "token ids") -> np.ndarray:
                 raise InvalidInputError(_range_msg(what, bad[0], vocab_size))
             return np.asarray([int(i) for i in ids], dtype=np.int64)
         raise InvalidInputError(f"The {what} must be a flat list of integers.")
-    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
-        first = int(arr[(arr < 0) | (arr >= vocab_size)][0])
-        raise InvalidInputError(_range_msg(what, first, vocab_size))
+    ids_in_range(arr, vocab_size, what)
     return arr.astype(np.int64, copy=False)
+
+
+def ids_in_range(arr: np.ndarray, rows: int, what: str = "token ids") -> None:
+    """Every id of the int array ``arr`` in ``[0, rows)``, else InvalidInputError naming
+    the first one outside."""
+    if arr.size and (arr.min() < 0 or arr.max() >= rows):
+        first = int(arr[(arr < 0) | (arr >= rows)][0])
+        raise InvalidInputError(_range_msg(what, first, rows))
+
+
+def tokenizer_fits(tokenizer: Any, rows: int, where: str) -> None:
+    """A tokenizer whose ids reach past the embedding table's ``rows`` refused at load: an
+    added token or a tokenizer.json from another model would make ids the table lacks."""
+    top = tokenizer.max_id
+    if top >= rows:
+        raise CorruptModelError(
+            f"{where}: the tokenizer has ids up to {top} ({tokenizer.id_to_token(top)!r}) but "
+            f"the embedding table "
+            f"has {rows} rows; the tokenizer belongs to another model or has tokens added "
+            f"without resizing the table.")
 
 
 def _range_msg(what: str, value: int, vocab_size: int) -> str:

@@ -74,6 +74,66 @@ def test_out_of_range_ids_do_not_crash_the_native_backends(tmp_path: Path) -> No
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-800:])
 
 
+def test_a_tokenizer_larger_than_the_embedding_table_is_refused_at_load(tmp_path: Path) -> None:
+    """Its ids past the table segfaulted mlx, raised IndexError on numpy and read out of
+    bounds, silently, on cpu with a Q8_0 table."""
+    tokens = ["t", "0"] + [f"t{i}" for i in range(VOCAB + 14)]
+    path = write_gguf(tmp_path / "big-vocab.gguf", meta={"vocab_size": VOCAB}, tokens=tokens,
+                      q8_embeddings=True)
+    with pytest.raises(CorruptModelError) as e:
+        load_model(str(path), backend="numpy")
+    assert f"ids up to {VOCAB + 15}" in one_sentence(e.value)
+
+
+def test_a_tokenizer_json_with_an_added_token_past_the_table_is_refused(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    d = tiny_copy(tmp_path, "llama")
+    tk = HFTokenizer.from_file(str(d / "tokenizer.json"))
+    tk.add_tokens(["<an added token>"])
+    tk.save(str(d / "tokenizer.json"))
+    with pytest.raises(CorruptModelError) as e:
+        load_model(str(d), backend="numpy")
+    assert "'<an added token>'" in one_sentence(e.value)
+
+
+def test_ids_are_checked_in_the_model_on_every_backend(tmp_path: Path) -> None:
+    """Whatever calls the model (generate's prefill, the server's layer-by-layer steps,
+    logits), an id past the table is one sentence before any backend gathers it."""
+    path = write_gguf(tmp_path / "q8.gguf", q8_embeddings=True)
+    script = (
+        "import sys\nimport numpy as np\nfrom inference import load_model\n"
+        "from inference.errors import InvalidInputError\n"
+        "from inference.generate import prefill\n"
+        "for b in ('numpy', 'cpu'):\n"
+        f"    m = load_model({str(path)!r}, backend=b)\n"
+        "    M, B = m.model, m.backend\n"
+        f"    for ids in ([{VOCAB}], [3, 10**7], [-1, 2]):\n"
+        "        for entry in ('prefill', 'steps'):\n"
+        "            try:\n"
+        "                if entry == 'prefill':\n"
+        "                    prefill(M, ids, M.make_cache(8))\n"
+        "                else:\n"
+        "                    next(M.layer_by_layer(B.array(np.asarray([ids])), M.make_cache(8)))\n"
+        "            except InvalidInputError:\n"
+        "                continue\n"
+        "            sys.exit(f'{b} {entry}: {ids} accepted')\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-800:])
+
+
+def test_encoder_ids_are_checked_in_the_model(minilm) -> None:
+    B = minilm.backend
+    n = 2
+    with pytest.raises(InvalidInputError) as e:
+        minilm.model(B.array(np.asarray([[101, 10**6]])), B.array(np.asarray([list(range(n))])),
+                     B.array(np.zeros((1, 1), dtype=np.int64)),
+                     B.array(np.ones((1, n), dtype=np.float32)))
+    assert "1000000" in one_sentence(e.value)
+
+
 @pytest.mark.parametrize("name,shape", [("token_embd.weight", (VOCAB, H + 32)),
                                         ("output_norm.weight", (H - 1,)),
                                         ("blk.1.ffn_down.weight", (H, FF // 2))])

@@ -25,7 +25,7 @@ from typing import Any
 from inference.backends.base import Backend
 from inference.errors import UnsupportedModelError
 from inference.formats.tensor import MAX_LAYERS
-from inference.models.common import Weights, config_from_dict
+from inference.models.common import Weights, check_token_ids, config_from_dict
 from inference.validate import SPECS, ArchSpec, register
 
 # RoBERTa's family counts positions from pad_token_id + 1.
@@ -343,6 +343,7 @@ class Model:
 
     def _embed(self, ids: Any, positions: Any, type_ids: Any) -> Any:
         B = self.B
+        check_token_ids(B, ids, self.args.vocab_size)
         h = B.embedding(self.word, ids)
         if self.position is not None:
             h = B.add(h, B.embedding(self.position, positions))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,23 @@ from inference.backends.base import Backend
 from inference.errors import CancelledError, UnsupportedModelError
 from inference.formats.quants import dequantize
 from inference.formats.tensor import Checkpoint, TensorData
-from inference.validate import config_values
+from inference.validate import config_values, ids_in_range
+
+
+def check_token_ids(B: Backend, ids: Any, rows: int) -> None:
+    """Every id of ``ids`` (batch, seq; a host or backend array) in ``[0, rows)``, else
+    InvalidInputError: the one check between token ids and a backend's embedding gather,
+    whatever called the model (an id past the table reads out of bounds in a quantized
+    gather). A lone id already on the device is the sampler's, drawn from the output
+    head's rows, which ``check_tensors`` pins to the table's; it is not read back, so a
+    lazy decode step stays queued behind the one before it."""
+    if isinstance(ids, np.ndarray):
+        host = ids
+    elif math.prod(ids.shape) <= 1:
+        return
+    else:
+        host = B.to_numpy(ids)
+    ids_in_range(host, rows)
 
 
 def config_from_dict(cls: type, d: dict[str, Any]) -> Any:

@@ -36,7 +36,7 @@ from inference.backends.base import Backend
 from inference.errors import UnsupportedModelError
 from inference.kv_cache import BatchedCaches, KVCache
 from inference.models import rope
-from inference.models.common import Weights, config_from_dict
+from inference.models.common import Weights, check_token_ids, config_from_dict
 
 REQUIRED_OPS = frozenset({
     "embedding", "linear", "rms_norm", "rope", "attention", "silu_mul", "gelu_tanh_mul", "add",
@@ -305,6 +305,7 @@ class Model:
     def _stack(self, ids: Any, cache: KVCache | BatchedCaches, last_only: bool
                ) -> Generator[Any, None, Any]:
         B = self.B
+        check_token_ids(B, ids, self.args.vocab_size)
         h = B.embedding(self.embed_tokens, ids)
         if self.embed_scale is not None:
             h = B.mul(h, self.embed_scale)

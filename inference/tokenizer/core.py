@@ -141,6 +141,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def max_id(self) -> int:
+        """The largest id this tokenizer can produce (-1 for an empty vocabulary)."""
+        return max(self.backend.get_vocab(with_added_tokens=True).values(), default=-1)
+
     def encode(self, text: str, add_special_tokens: bool = True,
                parse_special: bool = True, after: int | None = None) -> list[int]:
         """Ids of ``text``. Special tokens written in the text ("<|im_start|>") become their
