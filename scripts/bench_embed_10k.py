@@ -1,6 +1,6 @@
 """Embed 10,000 sentences of mixed length on every available backend; report peak RSS.
 
-Issue bar: peak process RSS <= 1.5 GB (model included) on every backend. Each backend runs
+The bar: peak process RSS <= 1.5 GB (model included) on every backend. Each backend runs
 in its own child process so peaks do not mix. Usage:
 
     .venv/bin/python scripts/bench_embed_10k.py [--backends numpy,mlx] [--n 10000]
