@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyqtgraph as pg
 import pytest
 from PySide6.QtCore import Qt
 
-from gui.compare_pane import COLUMNS, ComparePane
+from gui.compare_pane import COLUMNS, MAX_TOKENS, ComparePane
 from gui.worker import BackendInfo
 from tests.gui.conftest import wait_until
 
@@ -104,3 +105,25 @@ def test_stop_ends_the_run_and_the_pane_stays_usable(app, qtbot):
         assert pane.summary is not None and pane.summary.max_abs_diff == 0.0
     finally:
         assert pane.shutdown(5000)
+
+
+def test_shutdown_during_a_run_and_the_plot_follows_the_theme(app, qtbot):
+    from gui import theme
+
+    pane = ComparePane()
+    qtbot.addWidget(pane)
+    pane.set_backends([BackendInfo("numpy", True, "reference", None)])
+    pane.set_model(str(TINY), "qwen3_q4_0")
+    pane.tokens.setValue(MAX_TOKENS)
+    pane.run()
+    wait_until(lambda: pane.generated > 0, 30_000, "A's first step")
+    assert pane.shutdown(5000) and not pane.thread.isRunning()  # the close path
+
+    before = theme.choice()
+    try:
+        for name in ("dark", "light"):
+            theme.set_choice(app, name)
+            assert pane.plot.backgroundBrush().color().name() == \
+                pg.mkColor(theme.PLOT[name]["background"]).name()
+    finally:
+        theme.set_choice(app, before)
