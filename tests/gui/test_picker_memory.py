@@ -40,7 +40,7 @@ from tests.gui.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "tests/goldens/tiny/"
-TOLERANCE = 0.25  # the bound: the figure a user plans with, not a byte count
+TOLERANCE = 0.25  # the bound: the figure a user plans with, not a byte count
 
 
 def _measure(name: str, backend: str, context: int) -> dict:
