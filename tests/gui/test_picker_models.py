@@ -1,5 +1,5 @@
 """The picker shows each model's architecture and context length, and for a model the engine
-cannot run, why, with Load disabled, before the user tries it (issue 12). The figures come
+cannot run, why, with Load disabled, before the user tries it. The figures come
 from the store's headers-only description (:func:`inference.store.spec_for_path`), the same
 function `inferdesk models` prints."""
 
