@@ -178,7 +178,7 @@ def test_sampled_generation_with_penalty_matches_numpy() -> None:
 
 
 def test_replayed_step_launches_do_not_grow_with_layers() -> None:
-    # The bound: with graphs, a decode step's Python-level launches through the
+    # The bound: with graphs, a decode step's Python-level launches through the
     # device are the same for 2 and 6 layers (3: inputs, graph, argmax); eager grows 10 a layer.
     two = _decode(graphs=True)[2][:2]
     six = _decode(graphs=True, layers=6, steps=2, prompt=(1,))[2]
