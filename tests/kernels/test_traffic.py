@@ -1,5 +1,5 @@
 """The emulator's memory-transaction model (kernels/emulator/traffic.py): planted access
-patterns first, then the decode mat-vec kernels against the issue's bars (weights >= 90%
+patterns first, then the decode mat-vec kernels against their bars (weights >= 90%
 sector efficiency, x >= 80%)."""
 
 from __future__ import annotations
