@@ -1,5 +1,5 @@
 """Hostile and careless input through the Python API: each case ends in one InferdeskError
-sentence, never a crash, a traceback, garbage or unbounded memory (issue items by number)."""
+sentence, never a crash, a traceback, garbage or unbounded memory (sections numbered by the kind of input)."""
 
 from __future__ import annotations
 
