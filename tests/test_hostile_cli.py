@@ -1,5 +1,5 @@
 """Hostile and careless input through the `inferdesk` CLI: exit 2 with one `inferdesk: error:`
-line, never a traceback; output files written whole or not at all (issue items 6 and 9)."""
+line, never a traceback; output files written whole or not at all."""
 
 from __future__ import annotations
 
