@@ -1,6 +1,6 @@
 """The engine against independent references (goldens from scripts/make_goldens.py).
 
-SmolLM2 Q4_1: transformers loading the same GGUF in float32. Bars from the issue:
+SmolLM2 Q4_1: transformers loading the same GGUF in float32. Bars (tests/goldens/README.md):
 top-1 agreement >= 99% and mean |delta log p(top-1)| <= 0.01, on every text.
 MiniLM: sentence-transformers, cosine >= 0.9999 on every sentence.
 """
