@@ -37,7 +37,7 @@ def test_package_manager_from_os_release(release, manager):
     (TUMBLEWEED, "sudo zypper install -y libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1"),
 ])
 def test_missing_xcb_libraries_name_the_install_command(monkeypatch, release, command):
-    """The issue's case: a fresh desktop without three xcb helper libraries."""
+    """A fresh desktop without three of the xcb libraries Qt's plugin needs."""
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(preflight, "missing_libraries", lambda lib: list(XCB_MISSING))
     problem = preflight.check({"DISPLAY": ":0"}, os_release=release)
