@@ -31,7 +31,7 @@ def needs_bundled() -> None:
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty Hub cache and offline mode, whatever the developer's machine has."""
+    """An empty Hub cache and offline mode, whatever the machine running the tests has."""
     cache = tmp_path / "hf-cache"
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
