@@ -264,6 +264,6 @@ def _stdin(stream):
 
 
 def test_fuzz_profile_sizes() -> None:
-    """The long pass covers at least 10^5 cases (the bar in docs/fuzz.md)."""
+    """The long pass covers at least 10^5 cases (make fuzz's bar)."""
     long_total = 40_000 + 3_000 + 30_000 + 20_000 + 10_000 + 2_500
     assert long_total >= 10**5 and not math.isnan(long_total)
