@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -44,16 +44,18 @@ from gui.conversations import (
     write_atomic,
 )
 from gui.error_banner import ErrorBanner
+from gui.flow_layout import FlowLayout
 from gui.message_view import MessageView
 from gui.sampling_panel import SamplingPanel
 from gui.settings import DEFAULT_SYSTEM_PROMPT, Settings
 from gui.theme import icon
-from gui.worker import GenerateRequest, WorkerHandle
+from gui.worker import GenerateRequest, WorkerHandle, prefill_of
 
 RENDER_MS = 50
 MEASURE_MS = 400  # the idle context indicator re-counts this long after the last keystroke
 TITLE_CHARS = 48
 NEW_TITLE = "New chat"
+NEAR_COLOR, OVER_COLOR = "#d97706", "#dc2626"  # readable on the light and the dark theme
 
 
 @dataclass
@@ -111,9 +113,11 @@ class ChatPane(QWidget):
         convs = self._safe(store.conversations) or []
         if convs:
             self.open_conversation(convs[0].id)
+        else:  # no chat yet: the box shows the prompt the first chat will start with
+            self._show_system_prompt(self.default_system_prompt())
         if store.notice:
-            self.banner.show_error(store.notice, [("Save as…", self._save_as_dialog)]
-                                   if store.read_only else [])
+            self.store_banner.show_error(store.notice, [("Save as…", self._save_as_dialog)]
+                                         if store.read_only else [], persistent=store.read_only)
         self._update_buttons()
 
     # --- layout ----------------------------------------------------------------------
@@ -153,6 +157,9 @@ class ChatPane(QWidget):
         mv = QVBoxLayout(middle)
         mv.setContentsMargins(0, 0, 0, 0)
         self.banner = ErrorBanner()
+        # The store's own state (read-only, recovered): apart from the chat's passing
+        # messages, so nothing else hides it while the condition holds.
+        self.store_banner = ErrorBanner()
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
         self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -171,7 +178,8 @@ class ChatPane(QWidget):
         self.input.setMaximumHeight(110)
         self.input.installEventFilter(self)
         self.input.textChanged.connect(self._measure_timer.start)
-        buttons = QHBoxLayout()
+        button_row = QWidget()
+        buttons = FlowLayout(button_row)  # wraps in a narrow window instead of cutting labels
         self.send_button = QPushButton(icon("send"), "Send")
         self.send_button.setObjectName("Primary")
         self.send_button.clicked.connect(lambda: self.send())
@@ -202,17 +210,21 @@ class ChatPane(QWidget):
         self.model_label = QLabel("No chat model loaded")
         self.model_label.setObjectName("Hint")
         self.model_label.setMinimumWidth(40)
+        self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         for b in (self.send_button, self.stop_button, self.continue_button, self.regen_button,
                   self.edit_button):
             buttons.addWidget(b)
-        buttons.addStretch(1)
-        buttons.addWidget(self.context_label)
-        buttons.addWidget(self.model_label)
+        buttons.add_stretch()
         buttons.addWidget(self.export_button)
+        info = QHBoxLayout()  # the model and the indicator: a row of their own, never squeezed
+        info.addWidget(self.model_label, 1)
+        info.addWidget(self.context_label)
+        mv.addWidget(self.store_banner)
         mv.addWidget(self.banner)
         mv.addWidget(self.scroll, 1)
+        mv.addLayout(info)
         mv.addWidget(self.input)
-        mv.addLayout(buttons)
+        mv.addWidget(button_row)
 
         right = QWidget()
         rv = QVBoxLayout(right)
@@ -265,6 +277,8 @@ class ChatPane(QWidget):
         split.splitterMoved.connect(
             lambda *_: self.settings.set("chat/splitter", split.saveState()))
         self._apply_enter_setting()
+        for box in (self.system_prompt, self.search):  # the input has the filter already
+            box.installEventFilter(self)
 
     def toggle_panel(self, index: int) -> None:
         """Collapse or reopen side panel ``index`` (0 chats, 2 settings); remembered."""
@@ -294,7 +308,19 @@ class ChatPane(QWidget):
         self.input.setPlaceholderText(f"Message the model… ({hint}; Esc stops)")
         self.send_button.setToolTip(tip)
 
+    def text_boxes(self) -> tuple[QWidget, ...]:
+        """The pane's text boxes: where they have nothing to undo, Ctrl+Z undoes a
+        deletion instead (:meth:`eventFilter`)."""
+        return (self.input, self.system_prompt, self.search)
+
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt override
+        if event.type() == QEvent.Type.ShortcutOverride and obj in self.text_boxes() \
+                and event.matches(QKeySequence.StandardKey.Undo):
+            own = obj.isUndoAvailable() if isinstance(obj, QLineEdit) \
+                else obj.document().isUndoAvailable()
+            if not own:  # not claimed by the box: the window's Undo delete runs
+                event.ignore()
+                return True
         if obj is self.input and event.type() == QEvent.Type.KeyPress:
             key: QKeyEvent = event  # type: ignore[assignment]
             mods = key.modifiers()
@@ -428,14 +454,26 @@ class ChatPane(QWidget):
         self._ok(self.store.rename, conv_id, title, what=f'the new name "{title}"')
         QTimer.singleShot(0, self.refresh_list)  # not inside the list's own signal
 
-    def new_conversation(self) -> int | None:
-        """Open an empty chat: the existing empty one if there is one, else a new one."""
+    def default_system_prompt(self) -> str:
+        return self.settings.get("chat/system_prompt", DEFAULT_SYSTEM_PROMPT, str)
+
+    def _show_system_prompt(self, text: str) -> None:
+        self.system_prompt.blockSignals(True)
+        self.system_prompt.setPlainText(text)
+        self.system_prompt.blockSignals(False)
+
+    def new_conversation(self, system_prompt: str | None = None) -> int | None:
+        """Open an empty chat: the existing empty one if there is one, else a new one; it
+        starts with ``system_prompt`` (default: the default prompt, or the reused chat's)."""
         if self.generating:
             self.stop()
-        conv_id = self._safe(self.store.find_empty)
+        conv_id = self._safe(self.store.find_empty, NEW_TITLE)
         if conv_id is None:
-            prompt = self.settings.get("chat/system_prompt", DEFAULT_SYSTEM_PROMPT, str)
+            prompt = self.default_system_prompt() if system_prompt is None else system_prompt
             conv_id = self._safe(self.store.create, NEW_TITLE, prompt, what="the new chat")
+        elif system_prompt is not None:
+            self._ok(self.store.set_system_prompt, conv_id, system_prompt,
+                     what="the system prompt")
         if conv_id is None:
             return None
         self.search.clear()
@@ -452,9 +490,7 @@ class ChatPane(QWidget):
         if conv_id != self.conv_id:
             self.cancel_edit()
         self.conv_id = conv_id
-        self.system_prompt.blockSignals(True)
-        self.system_prompt.setPlainText(conv.system_prompt)
-        self.system_prompt.blockSignals(False)
+        self._show_system_prompt(conv.system_prompt)
         policy = self._safe(self.store.context_policy, conv_id) or self.default_policy()
         self.policy_combo.blockSignals(True)
         self.policy_combo.setCurrentIndex(max(0, self.policy_combo.findData(policy)))
@@ -558,8 +594,8 @@ class ChatPane(QWidget):
         """Send ``text`` (default: the input box). False if nothing was sent; without a
         chat model the text stays where it is and the banner offers to load one."""
         from_box = text is None
-        text = (self.input.toPlainText() if from_box else text).strip()
-        if not text or self.generating:
+        text = self.input.toPlainText() if from_box else text  # kept exactly, indent and all
+        if not text.strip() or self.generating:
             return False
         if not self.model_name:
             if not from_box and not self.input.toPlainText().strip():
@@ -574,7 +610,9 @@ class ChatPane(QWidget):
                 self._editing = (msg_id, _draft)
                 return False
             self._show_messages(self._safe(self.store.messages, self.conv_id) or [])
-        if self.conv_id is None and self.new_conversation() is None:
+        # A prompt typed before the first chat exists is the one that chat starts with.
+        if self.conv_id is None \
+                and self.new_conversation(self.system_prompt.toPlainText()) is None:
             return False
         conv = self._safe(self.store.get, self.conv_id)
         if conv is not None and conv.title == NEW_TITLE:
@@ -717,9 +755,7 @@ class ChatPane(QWidget):
         if not self.generating:
             return
         self._n_prompt = fitted.n_prompt or 0
-        note = fitted.note()
-        self.fit_note.setText(note)
-        self.fit_note.setVisible(bool(note))
+        self._show_note(fitted.note())
         self._show_used(self._n_prompt, fitted.limit)
 
     def _on_token(self, ev: object) -> None:
@@ -751,7 +787,7 @@ class ChatPane(QWidget):
             stats = {
                 "n_prompt": done.n_prompt,
                 "n_generated": done.n_generated + base.get("n_generated", 0),
-                "ttft_s": done.ttft_s, "prefill_tok_s": done.prefill_tok_s,
+                "ttft_s": done.ttft_s, "prefill_tok_s": prefill_of(done).tok_s,
                 "decode_tok_s": done.decode_tok_s,
                 "total_s": done.total_s + base.get("total_s", 0.0),
                 "finish_reason": done.finish_reason, "model": self.model_name,
@@ -836,24 +872,32 @@ class ChatPane(QWidget):
         if self.conv_id is not None:
             self._ok(self.store.set_context_policy, self.conv_id, self.policy(),
                      what="the context policy")
+        self._show_note("")  # said of the policy before; the new count replaces it
         self._measure_timer.start()
+
+    def _show_note(self, note: str) -> None:
+        self.fit_note.setText(note)
+        self.fit_note.setVisible(bool(note))
 
     def _measure(self) -> None:
         """Ask the worker how many tokens the chat plus the draft would send now."""
         if self.generating or not self.model_name or not self.context_length:
             return
         messages = self._history()
-        draft = self.input.toPlainText().strip()
-        if draft:
+        draft = self.input.toPlainText()
+        if draft.strip():
             messages.append({"role": "user", "content": draft})
         if any(m["role"] != "system" for m in messages):
             self.handle.measure(messages, self.context_limit(), self.policy())
         else:
             self._show_used(0)
 
-    def _on_measured(self, used: int, _limit: int) -> None:
+    def _on_measured(self, used: int, limit: int, note: str) -> None:
+        """The worker's count of the chat plus the draft, under the chat's policy: what it
+        would leave out, or (Stop at limit) the refusal a send would get."""
         if not self.generating:
-            self._show_used(used)
+            self._show_used(used, limit or None)
+            self._show_note(note)
 
     def _update_context(self) -> None:
         """Until the worker has counted: the last reply's prompt plus reply, if any."""
@@ -876,8 +920,16 @@ class ChatPane(QWidget):
             return
         self.context_label.setText(
             f"{human_count(used) if used else '0'} / {human_count(limit)} tokens")
-        full = used >= limit * 0.9
-        self.context_label.setStyleSheet("color: #b45309;" if full else "")
+        if used >= limit:  # this chat cannot be sent whole
+            self.context_label.setStyleSheet(f"color: {OVER_COLOR}; font-weight: bold;")
+            self.context_label.setToolTip("More tokens than this chat's context holds: "
+                                          "the panel under the context policy says what "
+                                          "happens")
+        else:
+            near = used >= limit * 0.9
+            self.context_label.setStyleSheet(f"color: {NEAR_COLOR};" if near else "")
+            self.context_label.setToolTip("Tokens this chat sends the model, against the "
+                                          "context it may use")
 
     def set_model(self, name: str, remote: bool = False) -> None:
         """The loaded chat model ('' none); ``remote``: an engine on a server, which takes

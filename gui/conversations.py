@@ -51,6 +51,70 @@ CONV_COLS = "id, title, system_prompt, created, updated"
 MSG_COLS = "id, conversation_id, role, content, stats, created, active"
 
 
+@dataclass
+class Salvaged:
+    """Rows still readable in a damaged file, and how many each table said it held
+    (None where even the count could not be read)."""
+    conversations: list[tuple]
+    messages: list[tuple]
+    total_conversations: int | None = None
+    total_messages: int | None = None
+
+
+@dataclass
+class Recovery:
+    """What a recovery copied into the fresh database and what it could not (None:
+    unknown, the damaged file no longer says how many rows it had)."""
+    conversations: int
+    messages: int
+    lost_conversations: int | None
+    lost_messages: int | None
+
+    def describe(self) -> str:
+        """One sentence with the counts, for the banner."""
+        lost = [f"{n:,} {what}{'s' if n != 1 else ''}"
+                for n, what in ((self.lost_conversations, "conversation"),
+                                (self.lost_messages, "message")) if n]
+        unknown = self.lost_conversations is None or self.lost_messages is None
+        tail = (f" {' and '.join(lost)} could not be recovered." if lost
+                else " Some rows may be missing: the damaged file no longer says how many "
+                     "it had." if unknown else " Nothing was lost.")
+        return (f"{self.conversations:,} conversations and {self.messages:,} messages were "
+                f"recovered from it.{tail}")
+
+
+def _conv_defaults(row: tuple, now: float) -> tuple:
+    cid, title, system, created, updated = row
+    return (cid, title if title is not None else "Recovered chat",
+            system if system is not None else "", created if created is not None else now,
+            updated if updated is not None else created if created is not None else now)
+
+
+def _msg_defaults(row: tuple, now: float) -> tuple:
+    mid, cid, role, content, stats, created, active = row
+    return (mid, cid, role if role is not None else "user",
+            content if content is not None else "", stats if stats is not None else "{}",
+            created if created is not None else now, active if active is not None else 1)
+
+
+def _fold_wal(path: Path) -> None:
+    """Fold a moved-aside file's -wal into it and drop its -shm, so what is kept of it is one
+    file; where the damage forbids that, the side files stay (the -wal may hold rows)."""
+    try:
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.execute("PRAGMA journal_mode=DELETE")
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return
+    for suffix in ("-wal", "-shm"):
+        side = Path(str(path) + suffix)
+        if side.exists() and (suffix == "-shm" or side.stat().st_size == 0):
+            side.unlink(missing_ok=True)
+
+
 class StorageError(Exception):
     """A read or write of the conversations database failed; ``str()`` is one sentence."""
 
@@ -123,6 +187,7 @@ class ConversationStore:
         self.read_only = False
         self.notice = ""  # one paragraph for the window when the store opened degraded
         self.moved_to: Path | None = None
+        self.recovery: Recovery | None = None  # set when a damaged file was recovered
         if not _writable(self.path):
             self._open_memory_copy(
                 f"The data folder {self.path.parent} is read-only: your conversations are "
@@ -176,7 +241,9 @@ class ConversationStore:
         _create(self._db)
 
     def _recover(self, exc: BaseException) -> None:
-        """Move the damaged file aside, start a fresh one, copy in what can still be read."""
+        """Move the damaged file aside, start a fresh one, copy in what can still be read:
+        row by row in one transaction (a row the schema refuses is counted, not fatal), so
+        the fresh file holds either every recovered row or none."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         dest = self.path.with_name(f"{self.path.stem}.corrupt-{stamp}{self.path.suffix}")
         os.replace(self.path, dest)
@@ -185,17 +252,47 @@ class ConversationStore:
             if side.exists():
                 os.replace(side, Path(str(dest) + suffix))
         self.moved_to = dest
-        convs, msgs = salvage(dest)
+        found = salvage(dest)
+        _fold_wal(dest)
         self._db = self._open(self.path)
-        with self._db:
-            self._db.executemany(
-                f"INSERT INTO conversations ({CONV_COLS}) VALUES (?, ?, ?, ?, ?)", convs)
-            self._db.executemany(
-                f"INSERT INTO messages ({MSG_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)", msgs)
+        self.recovery = self._copy_in(found)
         self.notice = (
             f"The conversations database was damaged ({_reason(exc)}) and has been moved to "
-            f"{dest.name}; {len(convs)} conversations and {len(msgs)} messages were "
-            "recovered from it.")
+            f"{dest.name}; {self.recovery.describe()}")
+
+    def _copy_in(self, found: Salvaged) -> Recovery:
+        """Insert the salvaged rows, NULLs in NOT NULL columns replaced by defaults; a row
+        still refused (a message whose chat is gone) is counted as lost."""
+        now = time.time()
+        convs = msgs = 0
+        try:
+            with self._db:
+                for row in found.conversations:
+                    try:
+                        self._db.execute(
+                            f"INSERT INTO conversations ({CONV_COLS}) VALUES (?, ?, ?, ?, ?)",
+                            _conv_defaults(row, now))
+                        convs += 1
+                    except sqlite3.IntegrityError:
+                        pass
+                for row in found.messages:
+                    try:
+                        self._db.execute(
+                            f"INSERT INTO messages ({MSG_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            _msg_defaults(row, now))
+                        msgs += 1
+                    except sqlite3.IntegrityError:
+                        pass
+        except sqlite3.Error:  # rolled back whole: nothing half-copied stays
+            convs = msgs = 0
+        lost_c = None if found.total_conversations is None \
+            else max(0, found.total_conversations - convs)
+        lost_m = None if found.total_messages is None else max(0, found.total_messages - msgs)
+        if found.total_conversations is None:
+            lost_c = len(found.conversations) - convs or None
+        if found.total_messages is None:
+            lost_m = len(found.messages) - msgs or None
+        return Recovery(convs, msgs, lost_c, lost_m)
 
     def close(self) -> None:
         self._db.close()
@@ -241,11 +338,13 @@ class ConversationStore:
             (conv_id,))
         return Conversation(*rows[0]) if rows else None
 
-    def find_empty(self) -> int | None:
-        """The newest conversation with no messages (reused instead of another 'New chat')."""
+    def find_empty(self, title: str = "New chat") -> int | None:
+        """The newest conversation named ``title`` with no messages (reused instead of
+        another 'New chat'; an emptied chat with a name of its own is not reused)."""
         rows = self._read(
-            "SELECT id FROM conversations c WHERE NOT EXISTS (SELECT 1 FROM messages m"
-            " WHERE m.conversation_id = c.id) ORDER BY updated DESC, id DESC LIMIT 1")
+            "SELECT id FROM conversations c WHERE title = ? AND NOT EXISTS (SELECT 1 FROM"
+            " messages m WHERE m.conversation_id = c.id) ORDER BY updated DESC, id DESC"
+            " LIMIT 1", (title,))
         return int(rows[0][0]) if rows else None
 
     def rename(self, conv_id: int, title: str) -> None:
@@ -390,45 +489,59 @@ def write_atomic(path: Path | str, text: str) -> Path:
     return path
 
 
-def _rows(db: sqlite3.Connection, table: str, cols: str) -> list[tuple]:
-    """Every readable row of ``table``: all at once, else id by id around bad pages."""
+def _rows(db: sqlite3.Connection, table: str, cols: str) -> tuple[list[tuple], int]:
+    """Every readable row of ``table`` (all at once, else id by id around bad pages), and
+    how many ids below the last one read could not be read (rows on damaged pages)."""
     try:
-        return db.execute(f"SELECT {cols} FROM {table} ORDER BY id").fetchall()
+        return db.execute(f"SELECT {cols} FROM {table} ORDER BY id").fetchall(), 0
     except sqlite3.Error:
         pass
-    out, misses, i = [], 0, 0
+    out, misses, i, failed = [], 0, 0, []
     while misses < SALVAGE_MISSES:
         i += 1
         try:
             row = db.execute(f"SELECT {cols} FROM {table} WHERE id = ?", (i,)).fetchone()
         except sqlite3.Error:
             row = None
+            failed.append(i)
         if row is None:
             misses += 1
         else:
             out.append(row)
             misses = 0
-    return out
+    last = out[-1][0] if out else 0
+    return out, sum(1 for j in failed if j < last)
 
 
-def salvage(path: Path) -> tuple[list[tuple], list[tuple]]:
-    """(conversation rows, message rows) still readable in a damaged database file."""
+def _count(db: sqlite3.Connection, table: str) -> int | None:
+    try:
+        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    except sqlite3.Error:
+        return None
+
+
+def salvage(path: Path) -> Salvaged:
+    """The rows still readable in a damaged database file, and each table's row count."""
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         db.execute("SELECT 1 FROM sqlite_master").fetchall()
     except sqlite3.Error:
-        return [], []  # the header itself is gone
+        return Salvaged([], [])  # the header itself is gone
     try:
-        convs = _rows(db, "conversations", CONV_COLS)
+        total_c, total_m = _count(db, "conversations"), _count(db, "messages")
+        convs, bad_c = _rows(db, "conversations", CONV_COLS)
         try:
             db.execute("SELECT active FROM messages LIMIT 0")
-            msgs = _rows(db, "messages", MSG_COLS)
+            msgs, bad_m = _rows(db, "messages", MSG_COLS)
         except sqlite3.Error:
-            msgs = _rows(db, "messages", MSG_COLS.replace("active", "1"))
+            msgs, bad_m = _rows(db, "messages", MSG_COLS.replace("active", "1"))
     finally:
         db.close()
+    # Where the count itself is unreadable: the rows read plus the ids that failed.
+    total_c = total_c if total_c is not None else len(convs) + bad_c if bad_c else None
+    total_m = total_m if total_m is not None else len(msgs) + bad_m if bad_m else None
     known = {c[0] for c in convs}
     now = time.time()
-    for conv_id in sorted({m[1] for m in msgs} - known):  # its conversation row was lost
-        convs.append((conv_id, "Recovered chat", "", now, now))
-    return convs, msgs
+    for conv_id in sorted({m[1] for m in msgs if m[1] is not None} - known):
+        convs.append((conv_id, "Recovered chat", "", now, now))  # its row was lost
+    return Salvaged(convs, msgs, total_c, total_m)

@@ -25,15 +25,42 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.theme import icon, plot_colors
+from gui import theme
+from gui.theme import icon, plot_colors, style_plot
 from gui.worker import EmbedResult, WorkerHandle
 
 SNIPPET = 60
 
 
+NEIGHBOURS_K = 10  # neighbours shown by default (fewer when fewer were embedded)
+
+
 def split_sentences(text: str) -> list[str]:
-    """One sentence per line; blank lines skipped."""
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    """One sentence per line, each kept exactly, blank ones included, so row i of every
+    result and export is line i (the rule of ``inferdesk embed``: a newline ending the
+    text starts no new line; a CR before it is dropped)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def blank_rows(sentences: list[str]) -> list[int]:
+    """Indices of the blank lines (embedded as the empty text they are)."""
+    return [i for i, s in enumerate(sentences) if not s.strip()]
+
+
+def _lines(rows: list[int]) -> str:
+    """'line 5', 'lines 5 and 12', 'lines 5, 9 and 12 (and 3 more)': 1-based."""
+    shown = [str(i + 1) for i in rows[:6]]
+    more = f" (and {len(rows) - 6} more)" if len(rows) > 6 else ""
+    if len(shown) == 1:
+        return f"line {shown[0]}"
+    return f"lines {', '.join(shown[:-1])} and {shown[-1]}{more}"
+
+
+def _label(s: str, i: int) -> str:
+    return s if s.strip() else f"(blank line {i + 1})"
 
 
 def _snip(s: str, n: int = SNIPPET) -> str:
@@ -54,6 +81,18 @@ class EmbedPane(QWidget):
         handle.failed.connect(self._on_failed)
         handle.cancelled.connect(self._on_cancelled)
         handle.exported.connect(lambda p: self.status.setText(f"Saved {p}"))
+        theme.on_change(self.restyle)
+
+    def restyle(self) -> None:
+        """The current scheme's colours on both plots and their hover labels."""
+        colors = plot_colors()
+        for plot in (self.heat_plot, self.scatter_plot):
+            plot.setBackground(colors["background"])
+            style_plot(plot.getPlotItem())
+        for label in (self.heat_label, self.scatter_label):
+            label.setColor(colors["label"])
+            label.fill = pg.mkBrush(colors["label_fill"])
+            label.update()
 
     # --- layout ----------------------------------------------------------------------
     def _build(self) -> None:
@@ -158,12 +197,14 @@ class EmbedPane(QWidget):
         qrow.addWidget(self.k_box)
         qrow.addWidget(self.query_button)
         self.results = QListWidget()
+        # Room for several neighbours at once, whatever the window's height.
+        self.results.setMinimumHeight(self.results.fontMetrics().height() * 6 + 8)
         sv.addLayout(qrow)
         sv.addWidget(self.results)
         right.addWidget(plots)
         right.addWidget(search)
         right.setStretchFactor(0, 3)
-        right.setStretchFactor(1, 1)
+        right.setStretchFactor(1, 2)
 
         split.addWidget(left)
         split.addWidget(right)
@@ -181,12 +222,14 @@ class EmbedPane(QWidget):
 
     def embed(self, batch_size: int = 32) -> bool:
         sentences = self.sentences()
-        if not sentences or self.embedding:
+        if not any(s.strip() for s in sentences) or self.embedding:
+            if not self.embedding and sentences:
+                self.status.setText("Every line is blank: nothing to embed.")
             return False
         self._set_embedding(True)
         self.progress.setRange(0, len(sentences))
         self.progress.setValue(0)
-        self.status.setText(f"Embedding {len(sentences)} sentences…")
+        self.status.setText(f"Embedding {len(sentences)} lines…")
         self.handle.embed(sentences, batch_size)
         return True
 
@@ -223,8 +266,10 @@ class EmbedPane(QWidget):
             w.setEnabled(have)
 
     def _count(self) -> None:
-        n = len(self.sentences())
-        self.count_label.setText(f"{n} sentence" + ("" if n == 1 else "s"))
+        sentences = self.sentences()
+        n, blank = len(sentences), len(blank_rows(sentences))
+        self.count_label.setText(f"{n} sentence" + ("" if n == 1 else "s")
+                                 + (f" ({blank} blank)" if blank else ""))
 
     # --- results ---------------------------------------------------------------------
     def _on_progress(self, done: int, total: int) -> None:
@@ -235,7 +280,7 @@ class EmbedPane(QWidget):
         self.result = result
         n = len(result.sentences)
         self.k_box.setRange(1, max(1, n - 1))
-        self.k_box.setValue(min(5, max(1, n - 1)))
+        self.k_box.setValue(min(NEIGHBOURS_K, max(1, n - 1)))
         lo = float(np.min(result.heatmap))
         if lo > 0.999:  # one sentence (or identical ones): not the darkest colour
             lo = 0.0
@@ -255,17 +300,26 @@ class EmbedPane(QWidget):
                  f"{result.block}×{result.block} sentences") if result.block > 1 else ""
         self.heat_plot.setTitle("Cosine similarity" + (
             f" (blocks of {result.block})" if result.block > 1 else ""))
+        notes = []
+        if blank := blank_rows(result.sentences):
+            notes.append(f"{_lines(blank).capitalize()} {'is' if len(blank) == 1 else 'are'} "
+                         "blank: embedded as empty text, so each row matches its line.")
+        if result.cut:
+            notes.append(f"{_lines(result.cut).capitalize()} "
+                         f"{'was' if len(result.cut) == 1 else 'were'} longer than the "
+                         f"model's window of {result.window:,} tokens: only the start "
+                         "was embedded.")
         self.status.setText(f"{n} sentences × {result.vectors.shape[1]} dims in "
-                            f"{result.elapsed_s:.2f} s ({rate:.0f}/s){block}")
+                            f"{result.elapsed_s:.2f} s ({rate:.0f}/s){block}"
+                            + "".join(f"\n{note}" for note in notes))
         self._set_embedding(False)
 
     def _on_neighbours(self, hits: list) -> None:
         self.results.clear()
-        for sentence, score in hits:
-            self.results.addItem(f"{score:.3f}   {sentence}")
+        for sentence, score, i in hits:
+            self.results.addItem(f"{score:.3f}   {_label(sentence, i)}")
         if self.result is not None:
-            index = {s: i for i, s in enumerate(self.result.sentences)}
-            pts = [self.result.projection[index[s]] for s, _ in hits if s in index]
+            pts = [self.result.projection[i] for _s, _score, i in hits]
             self.hits.setData(pos=np.array(pts).reshape(-1, 2))
 
     def _on_failed(self, kind: str, message: str) -> None:

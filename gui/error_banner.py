@@ -25,8 +25,11 @@ class ErrorBanner(QFrame):
         self.hide()
 
     def show_error(self, message: str,
-                   actions: Sequence[tuple[str, Callable[[], object]]] = ()) -> None:
-        """Show ``message`` with one button per (text, callback); replaces earlier ones."""
+                   actions: Sequence[tuple[str, Callable[[], object]]] = (),
+                   persistent: bool = False) -> None:
+        """Show ``message`` with one button per (text, callback); replaces earlier ones.
+        ``persistent``: a condition that still holds, so no Dismiss button."""
+        self.close_button.setVisible(not persistent)
         for b in self.actions.values():
             self._layout.removeWidget(b)
             b.deleteLater()

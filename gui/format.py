@@ -32,6 +32,9 @@ def message_stats(stats: dict) -> str:
         return ""
     n = stats.get("n_generated", 0)
     parts = [f"{n} tokens"]
+    if stats.get("n_prompt"):
+        cached = stats.get("n_cached") or 0
+        parts.append(f"prompt {stats['n_prompt']}" + (f" ({cached} cached)" if cached else ""))
     if stats.get("ttft_s") is not None:
         parts.append(f"TTFT {stats['ttft_s'] * 1000:.0f} ms")
     if stats.get("decode_tok_s"):

@@ -87,7 +87,8 @@ class MainWindow(QMainWindow):
         self.undo_button.setToolTip("Bring back the chat just deleted (Ctrl+Z)")
         self.undo_button.clicked.connect(self.undo_delete)
         self.undo_button.hide()
-        self.statusBar().addWidget(self.undo_button)
+        # Permanent (right-hand) side: the status message on the left is never covered.
+        self.statusBar().addPermanentWidget(self.undo_button)
         for w in (self.status_backend, self.status_model, self.status_memory):
             w.setMinimumWidth(20)
             self.statusBar().addPermanentWidget(w)

@@ -40,6 +40,31 @@ MODEL_FILTER = "Model files (*.gguf *.safetensors);;All files (*)"
 GOOD, BAD = QColor("#047857"), QColor("#b91c1c")
 
 
+def file_problem(path: str | Path) -> str | None:
+    """Why an added file cannot be a model, in one sentence, from its headers only (None:
+    it reads as one). Checked before anything asks to load it."""
+    from inference.errors import InferdeskError
+    from inference.store import spec_for_path
+
+    p = Path(path)
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        try:
+            with p.open("rb") as f:
+                magic = f.read(4)
+        except OSError as exc:
+            return f"{p.name} cannot be read ({exc.strerror or exc})."
+        if magic != b"GGUF":  # even a few bytes say this, before any size check
+            return (f"{p.name} is not a GGUF file: it does not start with the GGUF "
+                    f"signature ({p.stat().st_size:,} bytes).")
+    try:
+        spec = spec_for_path(p)
+    except InferdeskError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{p.name} cannot be read ({exc.strerror or exc})."
+    return spec.problem or None
+
+
 def kv_choice_box(current: str) -> QComboBox:
     """A combo box of :data:`KV_CHOICES` (item data: load_model's kv_dtype), at ``current``."""
     box = QComboBox()
@@ -50,6 +75,12 @@ def kv_choice_box(current: str) -> QComboBox:
                    "without it say so at load")
     box.setCurrentIndex(max(0, box.findData(current)))
     return box
+
+
+def template_line(info: LoadedInfo) -> str:
+    """The chat template a chat model uses and why (where the engine says), as a line."""
+    text = getattr(info, "template", "") or ""
+    return f"<br>Chat template: {text}" if text else ""
 
 
 class ModelPicker(QWidget):
@@ -252,6 +283,12 @@ class ModelPicker(QWidget):
     def add_files(self, paths: list[str]) -> None:
         """Remember files (or folders) the user added, list them, and load the first."""
         paths = [str(Path(p).resolve()) for p in paths if p]
+        problems = [msg for p in paths if (msg := file_problem(p))]
+        paths = [p for p in paths if not file_problem(p)]
+        if problems:  # said before anything is asked or replaced
+            self.load_status.setText(" ".join(problems))
+            self.problem_label.setText(" ".join(problems))
+            self.problem_label.setVisible(True)
         if not paths:
             return
         for p in paths:
@@ -448,10 +485,13 @@ class ModelPicker(QWidget):
                 continue
             e = self.estimates.get(info.path)
             est = e.total if e is not None and e.backend == info.backend else info.est_memory
+            full = f" at full context ({e.context:,} tokens)" if e is not None and e.context \
+                else ""
+            where = "process memory" if info.backend in ("numpy", "cpu") else "device memory"
             label.setText(
                 f"<b>{what}:</b> {info.name} on <b>{info.backend}</b> — {info.reason}<br>"
-                f"Memory: estimated {human_bytes(est)} in use, "
-                f"measured {human_bytes(info.used_memory)} at load")
+                f"Memory: estimated {human_bytes(est)}{full}; measured: {where} grew "
+                f"{human_bytes(info.used_memory)} during the load{template_line(info)}")
 
     def _mark_loaded(self) -> None:
         paths = {i.path for i in self.loaded.values()}

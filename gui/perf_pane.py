@@ -7,7 +7,12 @@ per-op times) is not drawn as an empty series: one line says what is missing.
 
 Ten minutes of samples are kept; the graphs show a span of them (1–10 min) that can be
 scrolled back and paused (sampling goes on while paused). Prefill is one point per
-message (it happens once, before the first token), decode a line while tokens stream.
+message, drawn when it ends (at the first token), at the rate of the tokens actually
+prefilled: tokens reused from the prompt cache are counted apart, not as speed. Decode is
+a line while tokens stream.
+
+In a small window the plots keep a readable size and the area scrolls; the per-op table
+goes under the plots when the window is narrow.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
+    QScrollArea,
     QScrollBar,
     QSplitter,
     QTableWidget,
@@ -37,8 +43,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.theme import plot_colors
-from gui.worker import LoadedInfo, WorkerHandle
+from gui import theme
+from gui.theme import plot_colors, style_plot
+from gui.worker import LoadedInfo, Prefill, WorkerHandle, prefill_of
 
 SAMPLE_MS = 200  # 5 Hz: live graphs need at least 4 samples a second
 HISTORY_S = 600  # seconds of samples kept (ten minutes)
@@ -48,6 +55,8 @@ MB = 1024 * 1024
 COLORS = {"decode": "#2563eb", "prefill": "#7c3aed", "ttft": "#f59e0b",
           "device_used": "#059669", "device_peak": "#b91c1c", "host_rss": "#6b7280",
           "cpu": "#0891b2"}
+PLOT_MIN = (260, 150)  # px a plot keeps (width, height); below that the area scrolls
+NARROW = 900  # px: narrower than this, the per-op table goes under the plots
 OPS_HINT = ("Tick “Profile ops” and send a message: this table then shows where that "
             "message's time went, op by op.")
 
@@ -106,12 +115,21 @@ class PerfPane(QWidget):
         handle.busy.connect(self._on_busy)
         handle.token.connect(self._on_token)
         handle.generated.connect(self._on_done)
+        handle.prefilled.connect(self._on_prefilled)
         handle.memory.connect(self._on_memory)
         handle.loaded.connect(self._on_loaded)
         handle.unloaded.connect(self._on_unloaded)
         self.timer = QTimer(self, interval=SAMPLE_MS)
         self.timer.timeout.connect(self.sample)
         self.timer.start()
+        theme.on_change(self.restyle)
+
+    def restyle(self) -> None:
+        """The current scheme's colours on every plot (called when the theme changes)."""
+        self.graphs.setBackground(plot_colors()["background"])
+        for item in (self.decode_plot, self.prefill_plot, self.ttft_plot, self.mem_plot,
+                     self.cpu_plot):
+            style_plot(item)
 
     def _build(self) -> None:
         layout = QVBoxLayout(self)
@@ -146,7 +164,7 @@ class PerfPane(QWidget):
         controls.addWidget(self.scroll, 1)
         layout.addLayout(controls)
 
-        split = QSplitter(Qt.Orientation.Horizontal)
+        self.split = split = QSplitter(Qt.Orientation.Horizontal)
         self.graphs = pg.GraphicsLayoutWidget()
         self.graphs.setBackground(plot_colors()["background"])
         self.curves: dict[str, pg.PlotDataItem] = {}
@@ -178,7 +196,7 @@ class PerfPane(QWidget):
             self.curves[key] = p.plot([], [], pen=pg.mkPen(COLORS[key], width=2), name=name,
                                       connect="finite")
 
-        decode = time_plot(0, 0, "Decode", "tok/s", ("decode",))
+        self.decode_plot = decode = time_plot(0, 0, "Decode", "tok/s", ("decode",))
         curve(decode, "decode", "decode tok/s")
         prefill = time_plot(0, 1, "Prefill (one point per message)", "tok/s", ())
         self.prefill_points = pg.ScatterPlotItem(size=8, pen=None,
@@ -202,7 +220,12 @@ class PerfPane(QWidget):
         self.cpu_plot = cpu
         self.has_device = True
         self._show_device(False)  # until a backend reports device memory
-        split.addWidget(self.graphs)
+        self.graphs.setMinimumSize(2 * PLOT_MIN[0], 3 * PLOT_MIN[1])
+        self.graph_area = QScrollArea()
+        self.graph_area.setWidgetResizable(True)
+        self.graph_area.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.graph_area.setWidget(self.graphs)
+        split.addWidget(self.graph_area)
 
         # Where each plot sits, so a remote engine can take out what it cannot fill.
         self.cells = {"prefill": (self.prefill_plot, 0, 1), "memory": (mem, 1, 1),
@@ -227,9 +250,17 @@ class PerfPane(QWidget):
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 1)
         split.setSizes([900, 300])
-        row = QHBoxLayout()
-        row.addWidget(split)
-        layout.addLayout(row, 1)
+        split.setChildrenCollapsible(False)
+        layout.addWidget(split, 1)
+        self.restyle()
+
+    def resizeEvent(self, event: object) -> None:  # noqa: N802 - Qt override
+        """Side by side when wide; the per-op table under the plots when narrow."""
+        want = Qt.Orientation.Vertical if self.width() < NARROW else Qt.Orientation.Horizontal
+        if self.split.orientation() != want:
+            self.split.setOrientation(want)
+            self.split.setSizes([700, 250] if want == Qt.Orientation.Vertical else [900, 300])
+        super().resizeEvent(event)
 
     # --- sampling --------------------------------------------------------------------
     def sample(self) -> None:
@@ -344,11 +375,17 @@ class PerfPane(QWidget):
         if ev.index > 0 and ev.decode_tok_s > 0:
             self.decode = ev.decode_tok_s
 
+    def _on_prefilled(self, p: Prefill) -> None:
+        """The prompt is in: its point now, at the rate of the tokens prefilled."""
+        if p.n_prefilled and p.tok_s > 0:
+            self.prefills.append((time.monotonic() - self.t0, p.tok_s))
+            if self.isVisible() and self.paused_at is None:
+                self.redraw()
+
     def _on_done(self, done: object) -> None:
         self.n_messages += 1
-        if done.n_generated and done.prefill_tok_s > 0:
-            self.prefills.append((time.monotonic() - self.t0 - done.total_s + done.ttft_s,
-                                  done.prefill_tok_s))
+        p = prefill_of(done)
+        cached = f", {p.n_cached} of them cached" if p.n_cached else ""
         if done.n_generated:
             self.ttfts.append((self.n_messages, done.ttft_s))
             x, h = zip(*self.ttfts, strict=True)
@@ -356,7 +393,8 @@ class PerfPane(QWidget):
             self.ttft_plot.setXRange(x[0] - 0.5, x[-1] + 0.5, padding=0)
             self.ttft_plot.setYRange(0, nice_ceiling(max(h) * 1.1), padding=0)
         self.last_label.setText(
-            f"Last message: {done.n_prompt} prompt tokens at {done.prefill_tok_s:.0f} tok/s, "
+            f"Last message: {p.n_prompt} prompt tokens{cached}, {p.n_prefilled} prefilled at "
+            f"{p.tok_s:.0f} tok/s, "
             f"{done.n_generated} generated at {done.decode_tok_s:.1f} tok/s, "
             f"TTFT {done.ttft_s * 1000:.0f} ms, total {done.total_s:.2f} s "
             f"({done.finish_reason}){_threads_note(done.threads)}")

@@ -58,13 +58,19 @@ class ServerPane(QWidget):
         self.embed_model = QLineEdit(saved("embed_model", "minilm", str),
                                      placeholderText="embedding model (optional)")
         self.host = QLineEdit(saved("host", "127.0.0.1", str))
-        self.port = QSpinBox(minimum=0, maximum=65535, value=saved("port", 8080, int))
+        def number(key: str, default: int, lo: int, hi: int) -> int:
+            """A saved count within its box's range (a hand-edited file cannot overflow it)."""
+            return default if settings is None else int(settings.number(f"server/{key}",
+                                                                        default, lo, hi))
+
+        self.port = QSpinBox(minimum=0, maximum=65535, value=number("port", 8080, 0, 65535))
         self.api_key = QLineEdit(placeholderText="required off loopback",
                                  echoMode=QLineEdit.EchoMode.Password)
-        self.parallel = QSpinBox(minimum=1, maximum=8, value=saved("parallel", 4, int))
+        self.parallel = QSpinBox(minimum=1, maximum=8, value=number("parallel", 4, 1, 8))
         self.kv_dtype = kv_choice_box(saved("kv_dtype", "", str))
         self.prompt_cache = QSpinBox(minimum=0, maximum=PROMPT_CACHE_MAX_MB, suffix=" MB",
-                                     value=saved("prompt_cache_mb", PROMPT_CACHE_MB, int))
+                                     value=number("prompt_cache_mb", PROMPT_CACHE_MB, 0,
+                                                        PROMPT_CACHE_MAX_MB))
         self.prompt_cache.setToolTip("Memory for finished requests' prompt starts (a system "
                                      "prompt or document sent again is not prefilled again); "
                                      "0 keeps none")

@@ -26,6 +26,7 @@ SAMPLING_RANGES: dict[str, tuple[float, float]] = {
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 DEFAULT_CONTEXT = 4096  # tokens a chat may use until the user sets it in Models
 CONTEXT_RANGE = (256, 1 << 20)
+INT_RANGE = (-(1 << 31), (1 << 31) - 1)  # what a Qt int (a spin box, an index) can hold
 
 
 class Settings:
@@ -42,6 +43,8 @@ class Settings:
             return default
         if type_ is bool and isinstance(value, str):  # IniFormat stores "true"/"false"
             return value.lower() == "true"
+        if type_ is int:  # clamped to what Qt's int takes: no widget ever overflows
+            return int(self.number(key, default if default is not None else 0, *INT_RANGE))
         try:
             return type_(value)
         except (TypeError, ValueError):
@@ -62,7 +65,7 @@ class Settings:
         hand-edited settings file must never stop the app from starting)."""
         try:
             value = float(self.q.value(key, default))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return default
         if value != value:  # NaN
             return default

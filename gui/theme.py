@@ -5,17 +5,22 @@ View > Theme (:func:`set_choice`: "light" or "dark"); else, for "system", the de
 (Qt's ``QStyleHints.colorScheme()``, followed live through ``colorSchemeChanged``, which
 Qt emits when the platform reports a change). A choice is also passed to Qt
 (``QStyleHints.setColorScheme``, Qt >= 6.8) so native parts follow it where the platform
-honours the request. Plots made after a change use its colours.
+honours the request. Everything follows a change live: the palette and style sheet, the
+icons (drawn in the scheme's colour each time they are painted) and the plots (panes
+register a restyle with :func:`on_change`).
 """
 
 from __future__ import annotations
 
 import os
+import weakref
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QIcon, QPalette
+from PySide6.QtCore import QByteArray, QPoint, QRect, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QIcon, QIconEngine, QPainter, QPalette, QPixmap
+from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QApplication
 
 import resources
@@ -23,11 +28,60 @@ import resources
 RESOURCES = Path(resources.__file__).resolve().parent
 
 
+ICON_INK = "#374151"  # the icons' line colour as drawn; the dark scheme draws it light
+ICON_INK_DARK = "#d1d5db"
+_ENGINES: list[QIconEngine] = []  # Qt owns each engine; Python keeps its wrapper alive
+
+
+class _SchemeSvg(QIconEngine):
+    """An SVG icon drawn in the current scheme's ink whenever it is painted, so icons stay
+    readable when the theme changes, without any widget setting its icon again."""
+
+    def __init__(self, svg: str):
+        super().__init__()
+        self.svg = svg
+        self._renderers: dict[str, QSvgRenderer] = {}
+
+    def _renderer(self) -> QSvgRenderer:
+        name = _current["scheme"]
+        if name not in self._renderers:
+            text = self.svg.replace(ICON_INK, ICON_INK_DARK) if name == "dark" else self.svg
+            self._renderers[name] = QSvgRenderer(QByteArray(text.encode()))
+        return self._renderers[name]
+
+    def paint(self, painter: QPainter, rect: QRect, mode: QIcon.Mode,
+              state: QIcon.State) -> None:
+        if mode == QIcon.Mode.Disabled:
+            painter.setOpacity(0.4)
+        self._renderer().render(painter, QRectF(rect))
+
+    def pixmap(self, size: QSize, mode: QIcon.Mode, state: QIcon.State) -> QPixmap:
+        pm = QPixmap(size)
+        pm.fill(Qt.GlobalColor.transparent)
+        p = QPainter(pm)
+        self.paint(p, QRect(QPoint(0, 0), size), mode, state)
+        p.end()
+        return pm
+
+    def actualSize(self, size: QSize, mode: QIcon.Mode, state: QIcon.State) -> QSize:  # noqa: N802
+        return size
+
+    def clone(self) -> QIconEngine:
+        twin = _SchemeSvg(self.svg)
+        _ENGINES.append(twin)
+        return twin
+
+
 @cache
 def icon(name: str) -> QIcon:
-    """``icon("send")`` -> resources/icons/send.svg (an empty icon if missing)."""
+    """``icon("send")`` -> resources/icons/send.svg in the scheme's ink (an empty icon if
+    missing)."""
     path = RESOURCES / "icons" / f"{name}.svg"
-    return QIcon(str(path)) if path.exists() else QIcon()
+    if not path.exists():
+        return QIcon()
+    engine = _SchemeSvg(path.read_text(encoding="utf-8"))
+    _ENGINES.append(engine)
+    return QIcon(engine)
 
 
 PLOT = {"light": {"background": "w", "foreground": "#374151", "label": "#111827",
@@ -42,6 +96,11 @@ _DARK_PALETTE = {
     QPalette.ColorRole.ToolTipText: "#e5e7eb", QPalette.ColorRole.Highlight: "#1e40af",
     QPalette.ColorRole.HighlightedText: "#ffffff", QPalette.ColorRole.Link: "#93c5fd",
     QPalette.ColorRole.PlaceholderText: "#9ca3af",
+    # The bevel roles: left unset they stay white, and the style draws a white line
+    # under the menu bar and around frames.
+    QPalette.ColorRole.Light: "#3a3d44", QPalette.ColorRole.Midlight: "#33363c",
+    QPalette.ColorRole.Mid: "#2a2d33", QPalette.ColorRole.Dark: "#18191c",
+    QPalette.ColorRole.Shadow: "#111214",
 }
 CHOICES = ("system", "light", "dark")  # View > Theme; settings key "appearance/theme"
 _current = {"scheme": "light", "choice": "system"}
@@ -92,6 +151,48 @@ def plot_colors() -> dict[str, str]:
     return PLOT[_current["scheme"]]
 
 
+_listeners: list[weakref.WeakMethod | Callable[[], None]] = []
+
+
+def on_change(method: Callable[[], None]) -> None:
+    """Call ``method`` (a bound method: held weakly, so a closed pane is not kept alive)
+    after every change of scheme, once the new colours are in place."""
+    _listeners.append(weakref.WeakMethod(method) if hasattr(method, "__self__") else method)
+
+
+def _notify() -> None:
+    alive = []
+    for ref in _listeners:
+        fn = ref() if isinstance(ref, weakref.WeakMethod) else ref
+        if fn is None:
+            continue
+        try:
+            fn()
+        except RuntimeError:  # its widgets were deleted by Qt: forget it
+            continue
+        alive.append(ref)
+    _listeners[:] = alive
+
+
+def style_plot(plot: object, title: str | None = None) -> None:
+    """Axes, grid labels, title and legend of a pyqtgraph PlotItem in the scheme's colours."""
+    import pyqtgraph as pg
+
+    fg = plot_colors()["foreground"]
+    for side in ("left", "bottom", "right", "top"):
+        axis = plot.getAxis(side)
+        axis.setPen(pg.mkPen(fg))
+        axis.setTextPen(pg.mkPen(fg))
+        if axis.label is not None and axis.labelText:
+            axis.setLabel(axis.labelText, units=axis.labelUnits or None, color=fg)
+    text = plot.titleLabel.text if title is None else title
+    if text:
+        plot.setTitle(text, color=fg)
+    legend = getattr(plot, "legend", None)
+    if legend is not None:
+        legend.setLabelTextColor(fg)
+
+
 def apply(app: QApplication) -> None:
     """Style sheet, palette, window icon and names (which QStandardPaths and QSettings use);
     the style follows the system's scheme from then on."""
@@ -121,3 +222,4 @@ def _apply_scheme(app: QApplication) -> None:
     qss = RESOURCES / "styles" / ("inferdesk-dark.qss" if name == "dark" else "inferdesk.qss")
     if qss.exists():
         app.setStyleSheet(qss.read_text(encoding="utf-8"))
+    _notify()

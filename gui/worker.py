@@ -68,6 +68,45 @@ class LoadedInfo:
 
 
 @dataclass
+class Prefill:
+    """A prompt's prefill, reported when it ends (the first token): ``n_prompt`` tokens of
+    which ``n_cached`` came from the prompt cache, in ``seconds``."""
+    n_prompt: int
+    n_cached: int
+    seconds: float
+
+    @property
+    def n_prefilled(self) -> int:
+        return max(0, self.n_prompt - self.n_cached)
+
+    @property
+    def tok_s(self) -> float:
+        """Tokens prefilled per second (cached ones are not prefilled, so not counted)."""
+        return self.n_prefilled / self.seconds if self.seconds > 0 else 0.0
+
+
+def prefill_of(done: Any) -> Prefill:
+    """The prefill of a finished generation (a DoneEvent)."""
+    return Prefill(int(done.n_prompt), int(getattr(done, "n_cached", 0) or 0),
+                   float(done.ttft_s))
+
+
+def release_memory() -> None:
+    """Give freed model memory back: collect cycles, then return free heap pages to the
+    OS (glibc's ``malloc_trim``; elsewhere the collection alone)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim with
+        pass
+
+
+@dataclass
 class EmbedResult:
     sentences: list[str]
     vectors: np.ndarray  # (n, dim) float32, L2-normalised
@@ -75,6 +114,8 @@ class EmbedResult:
     block: int  # sentences per heatmap pixel
     projection: np.ndarray  # (n, 2)
     elapsed_s: float
+    cut: list[int] = field(default_factory=list)  # rows longer than the model's window
+    window: int | None = None  # the model's window in tokens (None: not known here)
 
 
 @dataclass
@@ -126,7 +167,9 @@ class Worker(QObject):
     estimated = Signal(str, int, str, dict)
     remote_listed = Signal(str, list)  # server URL, list[inference.remote.RemoteModel]
     planned = Signal(object)  # gui.context_fit.Fitted: what the model is sent
-    measured = Signal(int, int)  # prompt tokens of a conversation, the context it may use
+    # prompt tokens of a conversation, the context it may use, what the policy would do
+    measured = Signal(int, int, str)
+    prefilled = Signal(object)  # Prefill: the prompt is in, the first token is coming
     token = Signal(object)  # inference.events.TokenEvent
     generated = Signal(object)  # inference.events.DoneEvent
     embed_progress = Signal(int, int)
@@ -240,6 +283,8 @@ class Worker(QObject):
             old = self.models.pop(model.kind, None)
             if old is not None:
                 old.close()
+                del old
+                release_memory()
                 self.unloaded.emit(model.kind)
             self.models[model.kind] = model
             sample = model.backend.memory()
@@ -298,6 +343,8 @@ class Worker(QObject):
                 model.close()
                 if kind == "encoder":
                     self._vectors, self._sentences = None, []
+                del model
+                release_memory()
                 self.unloaded.emit(kind)
 
         self._run("unload", job)
@@ -326,6 +373,11 @@ class Worker(QObject):
                 if isinstance(ev, DoneEvent):
                     done = ev
                 else:
+                    if ev.index == 0 and ev.token_id != -1:  # the prompt is in
+                        cache = getattr(model, "prompt_cache", None)
+                        self.prefilled.emit(Prefill(
+                            fitted.n_prompt or 0, int(getattr(cache, "reused", 0) or 0),
+                            ev.ttft_s))
                     self.token.emit(ev)
                     self._sample_memory(model=model)
             if done is not None:
@@ -339,19 +391,24 @@ class Worker(QObject):
     def measure(self, messages: list, limit: int, policy: str) -> None:
         """Prompt tokens the conversation would send now (the idle context indicator).
         Quiet: no busy signal and no banner; a failure just leaves the indicator as is."""
-        from gui.context_fit import counts_tokens, fit
+        from gui.context_fit import ContextFullError, counts_tokens, fit
+        from inference.errors import ContextOverflowError
 
         model = self.models.get("causal")
         if model is None or not messages or not counts_tokens(model):
             return
+        limit = min(limit or model.context_length, model.context_length)
         try:
-            # A "stop" chat that no longer fits is measured as it is not sent: by "rolling".
-            fitted = fit(model, messages, policy if policy != "stop" else "rolling",
-                         limit or model.context_length, 1)
+            fitted = fit(model, messages, policy, limit, 1)
+            self.measured.emit(fitted.n_prompt, fitted.limit, fitted.note())
+        except ContextFullError as exc:  # "stop": counted whole, with the refusal to come
+            try:
+                used = len(model.plan(messages=messages, max_tokens=1)[0])
+            except ContextOverflowError:
+                used = model.context_length
+            self.measured.emit(max(used, limit), limit, str(exc))
         except Exception:  # noqa: BLE001 - an estimate for a label, never an error
             log.debug("measure failed", exc_info=True)
-            return
-        self.measured.emit(fitted.n_prompt, fitted.limit)
 
     @Slot(list, int, object)
     def embed(self, sentences: list, batch_size: int, cancel: threading.Event) -> None:
@@ -377,8 +434,10 @@ class Worker(QObject):
             vectors = np.asarray(vectors, dtype=np.float32)
             heat, block = analysis.heatmap(vectors)
             self._sentences, self._vectors = list(sentences), vectors
+            window = getattr(model, "max_seq_length", None)
             self.embedded.emit(EmbedResult(list(sentences), vectors, heat, block,
-                                           analysis.project_2d(vectors), elapsed))
+                                           analysis.project_2d(vectors), elapsed,
+                                           _cut_rows(model, sentences), window))
 
         self._run("embed", job)
 
@@ -392,7 +451,7 @@ class Worker(QObject):
                 raise InvalidInputError("Embed some sentences before searching them.")
             q = np.asarray(model.embed([text]), dtype=np.float32)[0]
             hits = analysis.nearest(self._vectors, q, k)
-            self.neighbours.emit([(self._sentences[i], score) for i, score in hits])
+            self.neighbours.emit([(self._sentences[i], score, i) for i, score in hits])
 
         self._run("query", job)
 
@@ -457,6 +516,24 @@ class Worker(QObject):
         QThread.currentThread().quit()
 
 
+def _cut_rows(model: Any, sentences: list[str]) -> list[int]:
+    """Rows whose text holds more tokens than the model's window (embedded from their
+    start only); none known for a model that does not tokenize here (a remote one)."""
+    window, tokenizer = getattr(model, "max_seq_length", None), getattr(model, "tokenizer", None)
+    if not window or tokenizer is None:
+        return []
+    from inference.tokenizer.bounded import encode_bounded
+
+    # A token covers at least one byte: a line of fewer bytes than the window (with room
+    # for the special tokens) fits without being tokenized again.
+    def longer(s: str) -> bool:
+        ids, complete = encode_bounded(tokenizer, s, window)
+        return not complete or len(ids) > window
+
+    return [i for i, s in enumerate(sentences) if len(s.encode("utf-8")) + 8 > window
+            and longer(s)]
+
+
 def _is_engine_error(exc: BaseException) -> bool:
     from inference.errors import InferdeskError
 
@@ -504,7 +581,8 @@ class WorkerHandle(QObject):
     estimated = Signal(str, int, str, dict)
     remote_listed = Signal(str, list)
     planned = Signal(object)
-    measured = Signal(int, int)
+    measured = Signal(int, int, str)
+    prefilled = Signal(object)
     token = Signal(object)
     generated = Signal(object)
     embed_progress = Signal(int, int)
@@ -531,7 +609,8 @@ class WorkerHandle(QObject):
                     "shutdown"):
             getattr(self, "_" + req).connect(getattr(self.worker, req))
         for sig in ("discovered", "backends", "load_started", "load_progress", "loaded",
-                    "unloaded", "estimated", "remote_listed", "planned", "measured", "token",
+                    "unloaded", "estimated", "remote_listed", "planned", "measured",
+                    "prefilled", "token",
                     "generated", "embed_progress", "embedded", "neighbours", "exported",
                     "download_progress", "downloaded", "found", "repo_listed", "memory",
                     "cancelled", "failed",

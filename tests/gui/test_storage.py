@@ -67,8 +67,8 @@ def test_corrupt_header_is_moved_aside_and_the_app_starts(make_window, tmp_path)
     w = make_window(tmp_path)
     aside = list(tmp_path.glob("conversations.corrupt-*.sqlite3"))
     assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not")
-    assert w.chat.banner.isVisible() and aside[0].name in w.chat.banner.text()
-    assert "0 conversations and 0 messages were recovered" in w.chat.banner.text()
+    assert w.chat.store_banner.isVisible() and aside[0].name in w.chat.store_banner.text()
+    assert "0 conversations and 0 messages were recovered" in w.chat.store_banner.text()
     assert w.chat.new_conversation() is not None  # the fresh database works
 
 
@@ -81,7 +81,7 @@ def test_corrupt_page_is_salvaged(make_window, tmp_path) -> None:
         f.seek(page * (n_pages // 2))
         f.write(b"\xff" * page)
     w = make_window(tmp_path)
-    text = w.chat.banner.text()
+    text = w.chat.store_banner.text()
     assert "was damaged" in text and list(tmp_path.glob("conversations.corrupt-*"))
     s = w.store
     n = sum(len(s.messages(c.id)) for c in s.conversations())
@@ -109,8 +109,8 @@ def test_read_only_data_folder_means_read_only_mode(make_window, tmp_path) -> No
         w = MainWindow(settings, ConversationStore(folder / "conversations.sqlite3"),
                        autoload=False)
         w.show()
-        assert w.chat.banner.isVisible() and "read-only" in w.chat.banner.text()
-        assert "Save as…" in w.chat.banner.actions
+        assert w.chat.store_banner.isVisible() and "read-only" in w.chat.store_banner.text()
+        assert "Save as…" in w.chat.store_banner.actions
         assert w.chat.conv_list.count() == 2 and len(w.chat.views()) == 4
         out = tmp_path / "elsewhere.md"
         w.chat.save_as(out)

@@ -74,8 +74,9 @@ def test_format_helpers() -> None:
     assert "cancelled" in line
 
 
-def test_split_sentences_skips_blank_lines() -> None:
-    assert split_sentences("a\n\n  b  \n\t\nc") == ["a", "b", "c"]
+def test_split_sentences_keeps_every_line_exactly() -> None:
+    # Blank lines stay as rows (row i is line i); a final newline starts no new line.
+    assert split_sentences("a\n\n  b  \n\t\nc\r\n") == ["a", "", "  b  ", "\t", "c"]
 
 
 def test_settings_types_roundtrip(tmp_path) -> None:
