@@ -183,12 +183,14 @@ class CausalLM(LoadedModel):
         cancel: threading.Event | None = None,
         profile: bool = False,
         continue_final: bool = False,
+        ignore_eos: bool = False,
     ) -> Iterator[GenerationEvent]:
         """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front.
-        ``continue_final``: the last message is a reply to extend, not to answer."""
+        ``continue_final``: the last message is a reply to extend, not to answer.
+        ``ignore_eos``: end-of-sequence tokens do not end it (benchmarks: a fixed count)."""
         a = generate_args(prompt, messages, max_tokens, sampling, stop, cancel)
         ids, n = self.plan(a.prompt, a.messages, a.max_tokens, cancel, continue_final)
-        return self._stream(ids, n, a.sampling, a.stop, cancel, profile)
+        return self._stream(ids, n, a.sampling, a.stop, cancel, profile, ignore_eos)
 
     def plan(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
              max_tokens: int = 256, cancel: threading.Event | None = None,
@@ -204,15 +206,15 @@ class CausalLM(LoadedModel):
         return ids, min(max_tokens, self.context_length - len(ids))
 
     def _stream(self, ids: list[int], max_tokens: int, sampling: SamplingParams,
-                stop: Sequence[str], cancel: threading.Event | None, profile: bool
-                ) -> Iterator[GenerationEvent]:
+                stop: Sequence[str], cancel: threading.Event | None, profile: bool,
+                ignore_eos: bool = False) -> Iterator[GenerationEvent]:
         prof = OpProfiler(self.backend) if profile else None
         if prof is not None:
             prof.start()
         try:
             for ev in stream_generate(
                 self.model, self.tokenizer, ids, max_tokens=max_tokens, sampling=sampling,
-                eos_ids=self.tokenizer.eos_ids, stop=stop, cancel=cancel,
+                eos_ids=set() if ignore_eos else self.tokenizer.eos_ids, stop=stop, cancel=cancel,
                 max_len=len(ids) + max_tokens, prompt_cache=self.prompt_cache,
             ):
                 if prof is not None and isinstance(ev, DoneEvent):
@@ -311,6 +313,8 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     """
     if is_url(name_or_path):
         return connect(str(name_or_path), api_key=api_key)
+    if n_layers is not None:
+        n_layers = int_arg(n_layers, "n_layers", 1)
     spec = name_or_path if isinstance(name_or_path, ModelSpec) else resolve(str(name_or_path))
     ckpt = read_checkpoint(spec.path)
     model_type = ckpt.config.get("model_type", "?")

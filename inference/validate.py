@@ -33,7 +33,9 @@ class ArchSpec:
     ``positive``: integer fields that must be >= 1; ``at_most``: upper bounds of fields the
     engine builds per-item structures from before any tensor is read (a layer count of
     2^32 would otherwise allocate lists of that length); ``finite_positive``: float fields
-    that must be finite and > 0; ``divides``: pairs (a, b) with b % a == 0; ``even``: fields that
+    that must be finite and > 0; ``within``: fields that must lie in ``(low, high]`` (a RoPE
+    base of 1e-30 or an epsilon of 5 is finite and positive, and garbage);
+    ``divides``: pairs (a, b) with b % a == 0; ``even``: fields that
     must be even (RoPE rotates pairs). ``tensors`` maps a tensor name (``{i}`` stands for
     each layer index) to its shape, each dimension a config field, a product of fields
     written "a*b", or an int. Tensors absent from the file are not checked here (the model
@@ -43,6 +45,7 @@ class ArchSpec:
     positive: tuple[str, ...] = ()
     at_most: Mapping[str, int] = field(default_factory=dict)
     finite_positive: tuple[str, ...] = ()
+    within: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     divides: tuple[tuple[str, str], ...] = ()
     even: tuple[str, ...] = ()
     tensors: Mapping[str, tuple[int | str, ...]] = field(default_factory=dict)
@@ -50,9 +53,14 @@ class ArchSpec:
 
 _DECODER = ArchSpec(
     positive=("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings"),
+              "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings",
+              "sliding_window"),
     at_most={"num_hidden_layers": MAX_LAYERS},
     finite_positive=("rms_norm_eps", "rope_theta"),
+    # A RoPE base at most 1 makes every frequency 1 or more: positions alias at once.
+    within={"rope_theta": (1.0, 1e12), "rope_local_base_freq": (1.0, 1e12),
+            "rms_norm_eps": (0.0, 1.0), "query_pre_attn_scalar": (0.0, 1e9),
+            "attn_logit_softcapping": (0.0, 1e6), "final_logit_softcapping": (0.0, 1e6)},
     divides=(("num_key_value_heads", "num_attention_heads"),),
     even=("head_dim",),
     tensors={
@@ -83,6 +91,7 @@ _BERT = ArchSpec(
               "vocab_size", "max_position_embeddings", "type_vocab_size"),
     at_most={"num_hidden_layers": MAX_LAYERS},
     finite_positive=("layer_norm_eps",),
+    within={"layer_norm_eps": (0.0, 1.0)},
     divides=(("num_attention_heads", "hidden_size"),),
     tensors={
         "embeddings.word_embeddings.weight": ("vocab_size", "hidden_size"),
@@ -196,6 +205,12 @@ def check_config(values: Mapping[str, Any] | Any, spec: ArchSpec) -> None:
         if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
             raise CorruptModelError(f"Config key {key} is {v!r}; expected a finite number "
                                     f"above 0.")
+    for key, (low, high) in spec.within.items():
+        v = get(key)
+        if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v)
+                                  and low < v <= high):
+            raise CorruptModelError(f"Config key {key} is {v!r}; expected a number above "
+                                    f"{low:g} and at most {high:g}.")
     for a, b in spec.divides:
         va, vb = get(a), get(b)
         if isinstance(va, int) and isinstance(vb, int) and va > 0 and vb % va:

@@ -155,6 +155,8 @@ def test_tensor_shapes_are_checked_against_the_config(tmp_path: Path, name: str,
     ({"context_length": "lots"}, "context_length"),
     ({"attention.head_count_kv": 3}, "head_count_kv"),
     ({"rope.freq_base": float("nan")}, "rope.freq_base"),
+    ({"rope.freq_base": 1e-30}, "rope_theta"),
+    ({"attention.layer_norm_rms_epsilon": 5.0}, "rms_norm_eps"),
     # Found by `make fuzz`: per-layer lists were sized from the count before any check.
     ({"block_count": 4783436800.0}, "block_count"),
     ({"block_count": 2**31}, "block_count"),
@@ -172,6 +174,8 @@ def test_gguf_config_values_are_checked(tmp_path: Path, meta: dict, key: str) ->
     ({"hidden_size": -64}, "hidden_size"),
     ({"rms_norm_eps": "abc"}, "rms_norm_eps"),
     ({"rope_theta": float("nan"), "rope_parameters": None}, "rope_theta"),
+    ({"rope_theta": 1e-30, "rope_parameters": None}, "rope_theta"),
+    ({"sliding_window": 0}, "sliding_window"),
     ({"num_hidden_layers": 1.5}, "num_hidden_layers"),
     ({"num_hidden_layers": 2**32}, "num_hidden_layers"),
     ({"model_type": ["llama"]}, "model_type"),
@@ -180,6 +184,13 @@ def test_safetensors_config_values_are_checked(tmp_path: Path, config: dict, key
     with pytest.raises(InferdeskError) as e:
         load_model(str(tiny_copy(tmp_path, config=config)), backend="numpy")
     assert key in one_sentence(e.value)
+
+
+@pytest.mark.parametrize("n_layers", [0, -3, 1.5, "2"])
+def test_a_layer_count_that_is_not_a_positive_integer_is_refused(n_layers) -> None:
+    with pytest.raises(InvalidInputError) as e:
+        load_model(str(TINY / "llama"), backend="numpy", n_layers=n_layers)
+    assert "n_layers" in one_sentence(e.value)
 
 
 def test_bert_config_values_are_checked(tmp_path: Path) -> None:
