@@ -197,7 +197,7 @@ class Tokenizer:
         """(content, is_special) of an added token (control or user-defined), else None."""
         return self._added.get(int(token_id))
 
-    # -- helpers --------------------------------------------------------------------------
+    # -- internals ------------------------------------------------------------------------
 
     def _prefixed(self, text: str, parse_special: bool) -> str:
         """SentencePiece's dummy prefix: one space before any non-empty text, even text that
