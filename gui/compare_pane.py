@@ -89,7 +89,9 @@ def _ms(s: float) -> str:
     return f"{s * 1000:.1f}"
 
 
-def _token_text(text: str, token_id: int) -> str:
+def _token_text(text: str, token_id: int, eos: bool = False) -> str:
+    if eos:
+        return "(end of text)"
     shown = text.replace("\n", "\\n").replace("\t", "\\t")
     return f"“{shown}”" if shown else f"(id {token_id})"
 
@@ -113,10 +115,11 @@ def diff_line(summary: Any) -> str:
     agree = round(summary.agreement * n)
     first = summary.first_disagreement
     where = "" if first is None else f", first differs at step {first}"
+    end = "A's end-of-text token" if summary.finish == "eos" else "the token limit"
     return (f"Largest |Δ logit| {summary.max_abs_diff:.3g} at step {summary.worst_step} "
             f"({summary.max_rel_diff:.2g} of the logits' scale) · top-1 agrees at {agree} "
             f"of {n} step{'s' if n != 1 else ''}{where} · {summary.n_prompt} prompt tokens "
-            f"({summary.prompt_kind}), finished by {summary.finish}.")
+            f"({summary.prompt_kind}); ended at {end}.")
 
 
 class ComparePane(QWidget):
@@ -354,7 +357,8 @@ class ComparePane(QWidget):
             row = self.table.rowCount()
             self.table.insertRow(row)
             self._set(row, 0, str(ev.index))
-            self._set(row, 1, _token_text(ev.text, ev.token_id), f"token id {ev.token_id}")
+            self._set(row, 1, _token_text(ev.text, ev.token_id, ev.eos),
+                      f"token id {ev.token_id}")
             self._set(row, 4, _ms(ev.seconds))
             self.table.scrollToBottom()
         elif isinstance(ev, StepRecord):
@@ -363,7 +367,8 @@ class ComparePane(QWidget):
             self._set(i, 2, f"{ev.max_abs_diff:.3g}",
                       f"{ev.max_abs_diff / ev.scale:.2g} of this step's largest |logit|"
                       if ev.scale > 0 else "")
-            self._set(i, 3, "same" if ev.agree else f"differs (B: {ev.b_token_id})")
+            self._set(i, 3, "same" if ev.agree else f"B: {_token_text(ev.b_text, ev.b_token_id)}",
+                      "" if ev.agree else f"B's most likely token, id {ev.b_token_id}")
             if not ev.agree:
                 self.table.item(i, 3).setForeground(pg.mkColor(DIFF_COLOR))
             self._set(i, 5, _ms(ev.b_seconds))

@@ -69,6 +69,7 @@ class Generated:
     token_id: int
     text: str  # the token's text as generation would stream it ("" while a UTF-8 char is split)
     seconds: float
+    eos: bool = False  # an end-of-text token: A's last step
 
 
 @dataclass
@@ -84,6 +85,8 @@ class StepRecord:
     b_token_id: int  # B's own top-1 token
     a_seconds: float
     b_seconds: float
+    b_text: str = ""  # B's top-1 token as text, where it is not A's
+    eos: bool = False
 
     @property
     def agree(self) -> bool:
@@ -290,7 +293,7 @@ def compare(source: str | Path | ModelSpec, backend_a: str, backend_b: str,
             a_s.append(s)
             texts.append("" if tok in eos else decoder.add(tok))
             peak = max(peak, host_rss())
-            yield Generated(i, tok, texts[-1], s)
+            yield Generated(i, tok, texts[-1], s, tok in eos)
         stats_a = stats(model, info_a, rss0, peak, a_s, warm_a)
     finally:
         _release(model)
@@ -314,8 +317,11 @@ def compare(source: str | Path | ModelSpec, backend_a: str, backend_b: str,
                                         f"({a.shape[0]} and {row.shape[0]}).")
             b_s.append(s)
             peak = max(peak, host_rss())
+            b_tok = int(np.argmax(row))
             rec = StepRecord(i, tokens[i], texts[i], float(np.max(np.abs(a - row))),
-                             float(np.max(np.abs(a))), int(np.argmax(row)), a_s[i], s)
+                             float(np.max(np.abs(a))), b_tok, a_s[i], s,
+                             "" if b_tok == tokens[i] else model.tokenizer.decode([b_tok]),
+                             tokens[i] in eos)
             records.append(rec)
             yield rec
         stats_b = stats(model, info_b, rss0, peak, b_s, warm_b)

@@ -185,6 +185,16 @@ def test_a_perturbed_backend_fails_the_bars():
     with pytest.raises(AssertionError):
         assert_parity(s)
 
+    delta[7] = 100.0  # now B's top-1 is always token 7
+    s = summary_of(list(compare(MODEL, "numpy", "shifted", "Hello there", 3,
+                                loader=perturbed)))
+    flipped = [r for r in s.records if r.token_id != 7]
+    assert flipped and all(r.b_token_id == 7 and not r.agree for r in flipped)
+    assert s.agreement == 1 - len(flipped) / s.steps
+    assert s.first_disagreement == flipped[0].index
+    text = load_model(str(MODEL), backend="numpy").tokenizer.decode([7])
+    assert all(r.b_text == text for r in flipped)
+
 
 def test_bad_input_is_one_sentence_before_any_load():
     calls: list[str] = []

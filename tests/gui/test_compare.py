@@ -51,8 +51,8 @@ def test_compare_tab_runs_end_to_end(window, qtbot):
     for row in range(s.steps):
         for col in range(len(COLUMNS)):
             assert pane.table.item(row, col) is not None, (row, col)
-        assert pane.table.item(row, 3).text() == ("same" if s.records[row].agree else
-                                                  pane.table.item(row, 3).text())
+        top1 = pane.table.item(row, 3).text()
+        assert top1 == "same" if s.records[row].agree else top1.startswith("B: ")
     xs, ys = pane.curve.getData()
     assert list(ys) == [r.max_abs_diff for r in s.records]
     lines = [lab.text() for lab in pane.summary_labels]
