@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inference import files
+
 BUSY_MS = 200  # a locked database costs the GUI thread at most this per write
 OPEN_TIMEOUT_S = 2.0  # opening (once, at start) may wait a little longer for a lock
 SALVAGE_MISSES = 2000  # consecutive unreadable ids after which salvage stops probing
@@ -473,20 +475,9 @@ def conversation_markdown(title: str, system_prompt: str,
 
 
 def write_atomic(path: Path | str, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path`` and rename it into place, so a
-    full disk leaves the old file whole rather than a truncated one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``text`` (UTF-8) whole or not at all: a full disk leaves the old file whole
+    rather than a truncated one (:func:`inference.files.write_atomic`)."""
+    return files.write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _rows(db: sqlite3.Connection, table: str, cols: str) -> tuple[list[tuple], int]:

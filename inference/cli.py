@@ -6,27 +6,20 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from inference import files
 from inference.errors import InferdeskError, InvalidInputError
 from inference.events import DoneEvent, TokenEvent
 from inference.sampling import SamplingParams
+from inference.units import human_bytes
 
 BACKEND_CHOICES = ["auto", "cuda", "mlx", "cpu", "numpy"]
 KV_DTYPES = ["float32", "float16", "bfloat16"]  # what a backend offers: Backend.use_kv_dtype
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -39,7 +32,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         ctx = f"{s.context_length:>7}" if s.context_length else f"{'?':>7}"
         print(f"{s.name[:40]:40} {s.kind:8} {s.architecture[:11]:11} {ctx} {s.format:11} "
               f"{','.join(s.quant_types)[:14]:14} {s.n_params / 1e6:7.0f}M "
-              f"{_human_bytes(s.file_size):>9} {_human_bytes(s.est_memory):>9}  {s.source}")
+              f"{human_bytes(s.file_size):>9} {human_bytes(s.est_memory):>9}  {s.source}")
         if s.problem:
             print(f"    cannot run: {s.problem}")
     return 0
@@ -128,28 +121,15 @@ def _read_lines(path: str) -> list[str]:
 
 
 def write_atomic(path: str, write: Callable[[Any], None]) -> None:
-    """Write ``path`` exactly as named, through a temporary file in the same folder renamed
-    into place: a failed write (full disk) leaves any existing file as it was."""
-    target = Path(path)
-    if target.is_dir():
+    """Write ``path`` exactly as named, whole or not at all (:func:`inference.files.write_atomic`):
+    a failed write (full disk) leaves any existing file as it was, in one sentence."""
+    if Path(path).is_dir():
         raise InvalidInputError(f"{path} is a directory; give a file name for the output.")
-    folder = target.parent
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise InvalidInputError(f"{path}: cannot write ({e.strerror or e}).") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        files.write_atomic(path, write)
     except OSError as e:
         raise InvalidInputError(f"{path}: cannot write ({e.strerror or e}); any existing file "
                                 f"there is unchanged.") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def cmd_embed(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ ops, and the one-row mat-vec speed per weight type of the file. Figures are not 
 
 from __future__ import annotations
 
-from inference.bench_kernels import decode_breakdown, weight_types
+from inference.bench.kernels import decode_breakdown, weight_types
 from inference.formats import read_checkpoint
 
 

@@ -124,7 +124,7 @@ def test_a_replay_that_disagrees_is_caught_and_the_step_redone(monkeypatch):
 
 
 def test_the_bench_times_replayed_and_eager_steps():
-    from inference.bench_kernels import step_replay
+    from inference.bench.kernels import step_replay
 
     m = _model("qwen2")
     r = step_replay(m, m.tokenize("The quick brown fox"), 4, rounds=1)

@@ -198,7 +198,7 @@ def _llama_cpp_argv(path: str, threads: int, port: int) -> list[str] | None:
 def bench_serve(args: Any, out: dict[str, Any]) -> None:
     """Each side is a server process of its own, at the same thread count, and the streams
     are clients in this process: neither server shares its interpreter with the clients."""
-    from inference.bench import workloads
+    from inference.bench.workloads import workloads
     from inference.store import resolve
 
     prompt = workloads()[0] + CONTINUATION

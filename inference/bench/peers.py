@@ -94,3 +94,50 @@ def st_runner(model_dir: Path, threads: int) -> SentenceTransformersEmbed | str:
         return SentenceTransformersEmbed(model_dir, threads)
     except Exception as e:
         return _why(e)
+
+
+def _rss() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def llama_cpp_generate(gguf: str, prompt: str, n_tokens: int, threads: int) -> dict[str, Any]:
+    """What a user of llama-cpp-python waits for in a fresh process: import, load (the file
+    memory-mapped), then the prompt tokenized and prefilled, and ``n_tokens`` greedy tokens
+    in all (the first from the prefill; end-of-sequence does not stop it), each timed."""
+    t0 = time.perf_counter()
+    import llama_cpp
+
+    t1 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=2048, n_batch=512, n_ubatch=512,
+                          n_threads=threads, n_threads_batch=threads, verbose=False)
+    t2 = time.perf_counter()
+    rss = _rss()
+    n_vocab = llm.n_vocab()
+    ids = llm.tokenize(prompt.encode(), add_bos=True, special=False)
+    times = []
+    tok_in = ids
+    for _ in range(n_tokens):
+        llm.eval(tok_in)
+        row = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
+        tok_in = [int(np.argmax(row))]
+        times.append(time.perf_counter())
+    return {"version": llama_cpp.__version__, "import_s": t1 - t0, "load_s": t2 - t1,
+            "rss_after_load_bytes": rss, "n_prompt": len(ids), "n_generated": len(times),
+            "ttft_s": times[0] - t2, "prefill_tok_s": len(ids) / (times[0] - t2),
+            "token_times_s": [t - t2 for t in times], "threads": [threads, threads]}
+
+
+if __name__ == "__main__":  # one llama.cpp generation, run by the bench as a script file
+    import json
+    import sys
+
+    model, prompt_file, n, t = sys.argv[1:5]
+    print(json.dumps(llama_cpp_generate(model, Path(prompt_file).read_text(encoding="utf-8"),
+                                        int(n), int(t))))
