@@ -12,6 +12,10 @@ performance pane says so instead of drawing it). Time to first token and tokens/
 measured here from the stream, so they include the network. A connection lost
 mid-stream ends the answer with what arrived and ``finish_reason="interrupted"``; a
 stream that is not valid OpenAI chunks raises :class:`RemoteError`.
+
+The server is not trusted to keep its word: a stream is cut after ``max_tokens`` text
+chunks (a server that keeps sending would otherwise never end), and embeddings must be
+finite numbers.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from inference.sampling import SamplingParams
 from inference.store import ModelSpec
 from inference.validate import generate_args
 
+SPARE_CHUNKS = 16  # chunks without text (role, finish, usage) read past max_tokens at most
 TIMEOUT_S = 600.0  # one request, stream included; a token may take long on a busy server
 CONNECT_S = 10.0  # opening the connection: a host that does not answer is an error soon
 
@@ -160,8 +165,10 @@ class RemoteLM(_Remote):
         import openai
 
         c, url = self.conn.client, self.conn.url
-        # The server applies max_tokens and stop strings; chunks are counted, not capped.
+        # The server applies max_tokens and stop strings; chunks are counted as tokens
+        # (servers send one per chunk), and more text than max_tokens ends the stream.
         gen = Generation(None, 0, sys.maxsize, set())
+        chunks = 0
         try:
             if messages is not None:
                 stream = c.chat.completions.create(messages=list(messages), **args)
@@ -175,11 +182,18 @@ class RemoteLM(_Remote):
                 if cancel is not None and cancel.is_set():
                     reason = "cancelled"
                     break
+                chunks += 1
+                if chunks > max_tokens + SPARE_CHUNKS:
+                    reason = "length"  # a server that never ends its stream
+                    break
                 try:
                     text, finish, chunk_usage = _read_chunk(chunk, messages is not None)
                 except (AttributeError, IndexError, KeyError, TypeError) as e:
                     raise RemoteError(f"{url} sent a malformed stream chunk ({e}).") from None
                 usage = chunk_usage or usage
+                if text and gen.steps >= max_tokens:
+                    reason = "length"  # text past max_tokens: the server ignored it
+                    break
                 if text:  # servers stream one token per chunk: count chunks as tokens
                     yield from gen.push(-1, text)
                 reason = _FINISH.get(finish, reason) if finish else reason
@@ -252,6 +266,9 @@ class RemoteEncoder(_Remote):
         if out.ndim != 2 or out.shape[0] != len(batch):
             raise RemoteError(f"{self.conn.url} sent {out.shape[0]} embeddings for "
                               f"{len(batch)} inputs.")
+        if not np.isfinite(out).all():
+            raise RemoteError(f"{self.conn.url} sent embeddings that are not finite numbers "
+                              "(NaN or infinity).")
         return out
 
     def embed(self, sentences: Sequence[str], batch_size: int = 32,

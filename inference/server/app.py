@@ -10,9 +10,10 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -26,11 +27,21 @@ from inference.server.errors import APIError
 from inference.server.prefix_pool import PROMPT_CACHE_IDLE, PROMPT_CACHE_MB
 from inference.server.scheduler import Outbox, Scheduler, TokenLogprobs, emit_each
 from inference.server.scheduler import Request as SeqRequest
-from inference.server.schemas import ChatRequest, CompletionRequest, EmbeddingRequest
+from inference.server.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    rng_seed,
+)
 
 MAX_BODY_BYTES = 4 << 20  # a request body past this is refused with 413
 MAX_EMBED_INPUTS = 2048  # as OpenAI
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+# Threads that tokenize prompts, render chat templates and build embedding replies, so a
+# long prompt keeps neither /health nor other clients waiting on the event loop.
+PREP_THREADS = 2
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+T = TypeVar("T")
 
 
 class Engine:
@@ -51,6 +62,22 @@ class Engine:
                           if llm is not None else None)
         self.embedder = EmbedBatcher(encoder) if encoder is not None else None
         self.aliases = dict(aliases or {})
+        self.prep = ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="inferdesk-prep")
+        ready = threading.Barrier(PREP_THREADS)  # all threads now: a fixed count under load
+        for _ in range(PREP_THREADS):
+            self.prep.submit(ready.wait, 30)
+
+    def fault(self) -> str | None:
+        """Why a worker cannot take requests (a stopped thread), or None: all can."""
+        for part in (self.scheduler, self.embedder):
+            why = part.fault() if part is not None else None
+            if why is not None:
+                return why
+        return None
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a preparation thread (CPU-bound work: tokenizing, rendering)."""
+        return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
 
     def models(self) -> list[Any]:
         return [m for m in (self.llm, self.encoder) if m is not None]
@@ -72,6 +99,7 @@ class Engine:
         for part in (self.scheduler, self.embedder):
             if part is not None:
                 part.close()
+        self.prep.shutdown(wait=False, cancel_futures=True)
 
 
 def _deliver(outbox: Outbox) -> None:
@@ -123,21 +151,37 @@ class _Stream:
             self.req.cancel.set()
 
 
-async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
+async def _watch_disconnect(request: Request, cancel: threading.Event | Any,
+                            on_leave: Callable[[], None] | None = None) -> None:
     while not cancel.is_set():
         if await request.is_disconnected():
-            cancel.set()
+            (on_leave or cancel.set)()
             return
         await asyncio.sleep(0.1)
 
 
+class _Watch:
+    """``async with _Watch(request, cancel)``: ``cancel`` is set if the client hangs up
+    or the handler is cancelled (a server shutting down) before the block ends."""
+
+    def __init__(self, request: Request, cancel: threading.Event,
+                 on_leave: Callable[[], None] | None = None):
+        self.cancel, self.on_leave = cancel, on_leave or cancel.set
+        self.task = asyncio.create_task(_watch_disconnect(request, cancel, self.on_leave))
+
+    async def __aenter__(self) -> _Watch:
+        return self
+
+    async def __aexit__(self, kind: Any, *_: Any) -> None:
+        self.task.cancel()
+        if kind is not None:  # the request failed or was cancelled: its work is not wanted
+            self.on_leave()
+
+
 async def _collect(request: Request, stream: _Stream) -> list[tuple[Any, Any]]:
     """A whole generation; a client that hangs up cancels it."""
-    watcher = asyncio.create_task(_watch_disconnect(request, stream.req.cancel))
-    try:
+    async with _Watch(request, stream.req.cancel):
         return [x async for x in stream.events()]
-    finally:
-        watcher.cancel()
 
 
 def _sse(obj: Any) -> str:
@@ -297,17 +341,55 @@ class _BodyLimit:
                           "status": status[0], "seconds": time.perf_counter() - t0})
 
 
+def host_names(hosts: Collection[str], port: int) -> frozenset[str]:
+    """The ``Host`` header values a server on ``port`` accepts for the host names
+    ``hosts`` (each with and without the port; an IPv6 address in brackets)."""
+    out: set[str] = set()
+    for h in hosts:
+        h = h.strip().lower()
+        if ":" in h and not h.startswith("["):
+            h = f"[{h}]"
+        out |= {h, f"{h}:{port}"}
+    return frozenset(out)
+
+
+class _HostCheck:
+    """ASGI middleware: a request whose ``Host`` header is not in ``allowed`` is refused
+    (a web page that rebinds its own name to 127.0.0.1 still sends its own name, so it
+    cannot read a keyless loopback server). A request without the header (HTTP/1.0,
+    sent by no browser) passes."""
+
+    def __init__(self, app: Any, allowed: frozenset[str]):
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host")
+            if host is not None and host.decode("latin-1").lower() not in self.allowed:
+                shown = host.decode("latin-1")[:100]
+                await APIError(
+                    400, f"The Host header '{shown}' is not one this server answers to; "
+                         "use its loopback address (or start it with --allowed-hosts).",
+                    code="invalid_host").response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(engine: Engine, api_key: str | None = None,
                log: Callable[[dict[str, Any]], None] | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES,
+               allowed_hosts: frozenset[str] | None = None) -> FastAPI:
     """The server's ASGI app. With ``api_key`` every /v1 request needs
-    ``Authorization: Bearer <api_key>``; ``log`` receives one dict per request."""
+    ``Authorization: Bearer <api_key>``; ``log`` receives one dict per request;
+    ``allowed_hosts`` (None: any) the ``Host`` header values answered (:func:`host_names`)."""
+
+    def key_ok(request: Request) -> bool:
+        given = request.headers.get("authorization", "")
+        return api_key is None or hmac.compare_digest(
+            given.encode("utf-8", "surrogateescape"), f"Bearer {api_key}".encode())
 
     async def authorize(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        if not key_ok(request):
             raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer "
                                 "<key>'.", code="invalid_api_key")
 
@@ -315,13 +397,24 @@ def create_app(engine: Engine, api_key: str | None = None,
     app.state.engine = engine
     errors.install(app)
     app.add_middleware(_BodyLimit, limit=max_body_bytes, log=log)
+    if allowed_hosts is not None:
+        app.add_middleware(_HostCheck, allowed=allowed_hosts)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health(request: Request) -> Any:
+        """200 and "ok" while every worker takes requests; 503 and the reason when one has
+        stopped. The models are listed to those who may use them (the key, if set)."""
         running, waiting = engine.scheduler.load() if engine.scheduler else (0, 0)
-        return {"status": "ok", "models": [m.name for m in engine.models()],
-                "running": running, "waiting": waiting}
+        fault = engine.fault()
+        body: dict[str, Any] = {"status": "ok" if fault is None else "unhealthy",
+                                "running": running, "waiting": waiting}
+        if key_ok(request):
+            body["models"] = [m.name for m in engine.models()]
+        if fault is not None:
+            body["error"] = fault
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+        return body
 
     @v1.get("/models")
     async def models() -> dict[str, Any]:
@@ -329,33 +422,44 @@ def create_app(engine: Engine, api_key: str | None = None,
             {"id": m.name, "object": "model", "created": engine.created, "owned_by": "inferdesk",
              "kind": m.kind} for m in engine.models()]}
 
-    def start(kind: str, model: Any, body: Any, **plan: Any) -> _Job:
+    async def start(request: Request, kind: str, model: Any, body: Any, **plan: Any) -> _Job:
         body.check()
+        stops = body.stops()
+        fault = engine.scheduler.fault()
+        if fault is not None:
+            raise APIError(503, fault, "server_error", "worker_stopped")
         limit = body.limit() if kind == "chat" else body.max_tokens
-        ids, max_tokens = model.plan(max_tokens=limit or model.context_length, **plan)
+        cancel = threading.Event()
+        async with _Watch(request, cancel):  # tokenizing a long prompt stops if it leaves
+            ids, max_tokens = await engine.off_loop(
+                lambda: model.plan(max_tokens=limit or model.context_length, cancel=cancel,
+                                   **plan))
         if kind == "chat":
             top = (body.top_logprobs or 0) if body.logprobs else None
         else:
             top = body.logprobs
         sampling = SamplingParams(temperature=body.temperature, top_p=body.top_p,
-                                  seed=body.seed)
-        stream = _Stream(engine.scheduler, ids, max_tokens, sampling, body.stops(), top)
+                                  seed=rng_seed(body.seed))
+        stream = _Stream(engine.scheduler, ids, max_tokens, sampling, stops, top)
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         return _Job(kind, model, body, stream, prefix + uuid.uuid4().hex, int(time.time()))
 
     @v1.post("/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Any:
         model = engine.find(body.model, "causal")
-        return await _respond(request, start("chat", model, body, messages=body.turns()))
+        job = await start(request, "chat", model, body, messages=body.turns())
+        return await _respond(request, job)
 
     @v1.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         model = engine.find(body.model, "causal")
-        return await _respond(request, start("text", model, body, prompt=body.text()))
+        job = await start(request, "text", model, body, prompt=body.text())
+        return await _respond(request, job)
 
     @v1.post("/embeddings")
-    async def embeddings(body: EmbeddingRequest) -> Any:
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Any:
         model = engine.find(body.model, "encoder")
+        body.check()
         texts = body.texts()
         if len(texts) > MAX_EMBED_INPUTS:
             raise APIError(400, f"At most {MAX_EMBED_INPUTS} inputs per request.",
@@ -363,14 +467,26 @@ def create_app(engine: Engine, api_key: str | None = None,
         if body.dimensions is not None and body.dimensions != model.dim:
             raise APIError(400, f"{model.name} makes {model.dim}-dimensional embeddings and "
                                 "cannot shorten them; omit 'dimensions'.", param="dimensions")
-        n_tokens = sum(len(model.tokenize(t)) for t in texts)
-        vecs = await asyncio.wrap_future(engine.embedder.submit(texts))
-        data = [{"object": "embedding", "index": i,
-                 "embedding": (base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()
-                               if body.encoding_format == "base64" else v.tolist())}
+        n_tokens = await engine.off_loop(lambda: sum(len(model.tokenize(t)) for t in texts))
+        job = engine.embedder.submit(texts)
+        async with _Watch(request, job.cancel, job.abandon):
+            try:
+                vecs = await asyncio.wrap_future(job.future)
+            except asyncio.CancelledError:
+                if job.future.cancelled():  # abandoned before it ran: nobody to answer
+                    raise APIError(499, "The client went away.") from None
+                raise
+
+        def reply() -> JSONResponse:
+            data = [{"object": "embedding", "index": i, "embedding": (
+                base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()
+                if body.encoding_format == "base64" else v.tolist())}
                 for i, v in enumerate(vecs)]
-        return JSONResponse({"object": "list", "data": data, "model": model.name,
-                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+            return JSONResponse({"object": "list", "data": data, "model": model.name,
+                                 "usage": {"prompt_tokens": n_tokens,
+                                           "total_tokens": n_tokens}})
+
+        return await engine.off_loop(reply)
 
     app.include_router(v1)
     return app

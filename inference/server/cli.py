@@ -9,7 +9,7 @@ from typing import Any
 
 from inference.cli_args import add_kv_dtype
 from inference.server.prefix_pool import PROMPT_CACHE_ENTRIES, PROMPT_CACHE_IDLE, PROMPT_CACHE_MB
-from inference.server.scheduler import MAX_PARALLEL
+from inference.server.scheduler import MAX_PARALLEL, SHUTDOWN_S
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -24,7 +24,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         for m in engine.models():
             set_threads(args.threads, m.backend)
-    serve(engine, args.host, args.port, key)
+    hosts = [h for h in args.allowed_hosts.split(",") if h.strip()] if args.allowed_hosts \
+        else None
+    serve(engine, args.host, args.port, key, hosts, args.shutdown_timeout)
     return 0
 
 
@@ -63,6 +65,13 @@ def add_parser(sub: Any, backends: list[str]) -> None:
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' "
                                      "(or set INFERDESK_API_KEY)")
+    s.add_argument("--allowed-hosts", metavar="NAMES",
+                   help="comma-separated host names the server answers to in the Host "
+                        "header ('*': any; default without --api-key on loopback: "
+                        "localhost, 127.0.0.1, [::1] and --host)")
+    s.add_argument("--shutdown-timeout", type=_seconds, default=SHUTDOWN_S, metavar="SECONDS",
+                   help="on SIGTERM or Ctrl-C, how long open requests may take to finish "
+                        f"(default {SHUTDOWN_S:g})")
     s.add_argument("--parallel", type=_parallel, default=4,
                    help=f"chat requests decoded together (1-{MAX_PARALLEL})")
     s.add_argument("--backend", choices=backends, default="auto")

@@ -11,12 +11,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from inference.errors import InferdeskError, InvalidInputError, OutOfMemoryError
-from inference.server.scheduler import QueueFullError
+from inference.server.scheduler import QueueFullError, WorkerStoppedError
 
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
                  code: str | None = None, param: str | None = None):
+        # A message may quote what the client sent; it must encode, whatever that was.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = (
             status, message, type_, code, param)
@@ -36,6 +38,8 @@ def from_engine(e: BaseException) -> APIError:
         return e
     if isinstance(e, QueueFullError):
         return APIError(429, str(e), "rate_limit_error", "queue_full")
+    if isinstance(e, WorkerStoppedError):
+        return APIError(503, str(e), "server_error", "worker_stopped")
     if isinstance(e, (OutOfMemoryError, MemoryError)):
         return APIError(503, str(e) or "Out of memory.", "server_error", "out_of_memory")
     if isinstance(e, InvalidInputError):
@@ -71,6 +75,10 @@ def install(app: FastAPI) -> None:
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         msg, param = _validation_message(e)
         return APIError(400, msg, param=param).response()
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, e: Exception) -> JSONResponse:
+        return from_engine(e).response()  # OpenAI's error JSON, even for a 500
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, e: HTTPException) -> JSONResponse:

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from inference.errors import InvalidInputError
-from inference.server.app import Engine, create_app
+from inference.server.app import LOOPBACK_NAMES, Engine, create_app, host_names
 from inference.server.prefix_pool import PROMPT_CACHE_IDLE, PROMPT_CACHE_MB
+from inference.server.scheduler import SHUTDOWN_S
 
 
 def is_loopback(host: str) -> bool:
@@ -21,6 +22,19 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def allowed_hosts(host: str, port: int, api_key: str | None,
+                  names: list[str] | None = None) -> frozenset[str] | None:
+    """The ``Host`` header values to answer (None: any). ``names`` as given (``*``: any);
+    by default a keyless loopback server answers only to its loopback names, so a web page
+    cannot reach it by rebinding its own domain to 127.0.0.1; a server with a key, which
+    such a page does not have, answers to any."""
+    if names is not None:
+        return None if "*" in names else host_names(names, port)
+    if api_key or not is_loopback(host):
+        return None
+    return host_names({*LOOPBACK_NAMES, host}, port)
 
 
 def check_exposure(host: str, api_key: str | None) -> None:
@@ -86,14 +100,16 @@ class ServerThread:
 
     def __init__(self, engine: Engine | None, host: str = "127.0.0.1", port: int = 0,
                  api_key: str | None = None,
-                 log: Callable[[dict[str, Any]], None] | None = None, app: Any = None):
+                 log: Callable[[dict[str, Any]], None] | None = None, app: Any = None,
+                 hosts: list[str] | None = None):
         import uvicorn
 
         check_exposure(host, api_key)
         self.engine = engine
         self.sock = _bind(host, port)
         self.host, self.port = host, self.sock.getsockname()[1]
-        app = app if app is not None else create_app(engine, api_key, log)
+        app = app if app is not None else create_app(
+            engine, api_key, log, allowed_hosts=allowed_hosts(host, self.port, api_key, hosts))
         config = uvicorn.Config(app, log_level="warning",
                                 lifespan="off", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
@@ -125,18 +141,24 @@ class ServerThread:
 
 
 def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8080,
-          api_key: str | None = None) -> None:
-    """Serve in the foreground until interrupted."""
+          api_key: str | None = None, hosts: list[str] | None = None,
+          shutdown_timeout: float = SHUTDOWN_S) -> None:
+    """Serve in the foreground until interrupted (SIGINT/SIGTERM): then new connections
+    are refused and open ones get ``shutdown_timeout`` seconds to finish before they are
+    closed. ``hosts``: the ``Host`` names answered (:func:`allowed_hosts`)."""
     import uvicorn
 
     check_exposure(host, api_key)
     sock = _bind(host, port)
+    bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     print(f"inferdesk: serving {', '.join(m.name for m in engine.models())} at "
-          f"http://{shown}:{sock.getsockname()[1]}/v1", flush=True)
+          f"http://{shown}:{bound}/v1", flush=True)
+    app = create_app(engine, api_key, allowed_hosts=allowed_hosts(host, bound, api_key, hosts))
     try:
-        uvicorn.Server(uvicorn.Config(create_app(engine, api_key), log_level="info",
-                                      lifespan="off")).run(sockets=[sock])
+        uvicorn.Server(uvicorn.Config(app, log_level="info", lifespan="off",
+                                      timeout_graceful_shutdown=shutdown_timeout)
+                       ).run(sockets=[sock])
     finally:
         sock.close()
         engine.close()

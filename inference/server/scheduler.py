@@ -31,7 +31,13 @@ Prompt cache: a finished (or cancelled) sequence's whole prefilled chunks are ke
 bounded pool (:class:`~inference.server.prefix_pool.PrefixPool`), copied like a running
 sequence's (:meth:`Scheduler._share_prefix`). After ``prompt_cache_idle`` seconds with no
 request the pool is emptied and the freed heap given back to the system, so a server left
-running holds its weights only.
+running holds its weights only; the freed heap alone goes back ``IDLE_TRIM_S`` after the
+last step, so a burst's temporaries do not stay resident.
+
+Faults: an exception while starting one request fails that request; one in a step fails
+the sequences of that step; the thread goes on. What stops it anyway is kept
+(:attr:`Scheduler.stopped`): waiting requests fail at once, and :meth:`Scheduler.fault`
+(``/health``, ``submit``) says so instead of queueing work nobody will do.
 
 Exactness: a sequence's tokens do not depend on what runs beside it. Prefill chunks are
 cut at fixed positions (0, C, 2C, ...) and each is one forward pass of one sequence,
@@ -91,6 +97,23 @@ BURST_HOLD = 4 * PREFILL_CHUNK
 
 class QueueFullError(InferdeskError):
     """The scheduler holds as many requests as it may; the client should retry later."""
+
+
+class WorkerStoppedError(InferdeskError):
+    """A worker thread has stopped: the server cannot serve this kind of request."""
+
+
+SHUTDOWN_S = 5.0  # on SIGTERM/Ctrl-C, open requests get this long before they are cut
+IDLE_TRIM_S = 1.0  # idle seconds after work before freed heap is given back to the system
+
+
+def worker_stopped(thread: threading.Thread, closed: bool, what: str,
+                   cause: BaseException | None) -> str | None:
+    """Why a worker thread cannot take requests (None: it can)."""
+    if thread.is_alive() or closed:
+        return None
+    why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+    return f"The {what} worker stopped{why}; restart the server."
 
 
 @dataclass
@@ -217,6 +240,8 @@ class Scheduler:
         self._decode = model.backend.decode_steps()  # replays captured steps where it can
         self._cv = threading.Condition()
         self._closed = False
+        self._dirty = False  # work done since the heap was last trimmed
+        self.stopped: BaseException | None = None  # what stopped the thread, if anything
         self._thread = threading.Thread(target=self._run, name="inferdesk-scheduler",
                                         daemon=True)
         self._thread.start()
@@ -226,12 +251,19 @@ class Scheduler:
         with self._cv:
             if self._closed:
                 raise QueueFullError("The server is shutting down.")
+            dead = self.fault()
+            if dead is not None:
+                raise WorkerStoppedError(dead)
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFullError(
                     f"{self.parallel} requests are running and {len(self._waiting)} waiting; "
                     "retry shortly.")
             self._waiting.append(req)
             self._cv.notify()
+
+    def fault(self) -> str | None:
+        """Why this scheduler cannot take requests (its thread stopped), or None."""
+        return worker_stopped(self._thread, self._closed, "chat", self.stopped)
 
     def load(self) -> tuple[int, int]:
         """(running, waiting) requests."""
@@ -247,6 +279,24 @@ class Scheduler:
 
     # --- the scheduler thread ----------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # what _serve does not survive: refuse, never hang
+            self.stopped = e
+            with self._cv:
+                waiting, self._waiting = list(self._waiting), collections.deque()
+            fail = WorkerStoppedError(f"The chat worker stopped ({type(e).__name__}: {e}); "
+                                      "restart the server.")
+            self._out = [(s.req, fail, None) for s in self._active]
+            self._out += [(r, fail, None) for r in waiting]
+            self._active = []
+            try:
+                self._flush()
+            except Exception:  # noqa: BLE001 - nobody left to tell
+                pass
+            raise
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 while not self._closed and not self._waiting and not self._active:
@@ -264,6 +314,8 @@ class Scheduler:
                         self._out.append((req, OutOfMemoryError(
                             "Out of memory for this request's context; ask for fewer "
                             "tokens."), None))
+                    except Exception as e:  # noqa: BLE001 - this request fails, not the thread
+                        self._out.append((req, e, None))
             try:
                 self._step()
             except MemoryError:
@@ -272,7 +324,11 @@ class Scheduler:
                                                 "fewer parallel requests may fit."))
             except Exception as e:  # noqa: BLE001 - the requests in the step fail, not the server
                 self._fail_all(e)
-            self._flush()
+            self._dirty = True
+            try:
+                self._flush()
+            except Exception:  # noqa: BLE001 - a consumer's fault must not stop the others
+                pass
         for s in list(self._active):
             self._finish(s, "cancelled")
         while self._waiting:
@@ -287,12 +343,18 @@ class Scheduler:
             self.deliver(out)
 
     def _idle(self) -> None:
-        """Wait (holding ``_cv``) for work; with prefixes kept, at most until the pool has
-        been idle ``prompt_cache_idle`` seconds, then empty it and trim the heap."""
-        if not len(self.pool) or self.prompt_cache_idle <= 0:
+        """Wait (holding ``_cv``) for work. After work, once idle ``IDLE_TRIM_S``, give the
+        freed heap back to the system; with prefixes kept, once the pool has been idle
+        ``prompt_cache_idle`` seconds, empty it (and trim)."""
+        pool_wait = self.prompt_cache_idle if len(self.pool) and self.prompt_cache_idle > 0 \
+            else None
+        waits = [w for w in (pool_wait, IDLE_TRIM_S if self._dirty else None) if w is not None]
+        if not waits:
             self._cv.wait()
-        elif not self._cv.wait(self.prompt_cache_idle):
-            self.pool.clear()
+        elif not self._cv.wait(min(waits)):
+            if pool_wait is not None and pool_wait <= min(waits):
+                self.pool.clear()
+            self._dirty = False
             trim_host_heap()
 
     def _start(self, req: Request) -> _Seq:
