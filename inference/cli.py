@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,11 @@ from typing import Any
 import numpy as np
 
 from inference import files
+from inference.cli_args import BACKEND_CHOICES, add_kv_dtype
 from inference.errors import InferdeskError, InvalidInputError
 from inference.events import DoneEvent, TokenEvent
 from inference.sampling import SamplingParams
 from inference.units import human_bytes
-
-BACKEND_CHOICES = ["auto", "cuda", "mlx", "cpu", "numpy"]
-KV_DTYPES = ["float32", "float16", "bfloat16"]  # what a backend offers: Backend.use_kv_dtype
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -46,46 +45,109 @@ def cmd_backends(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_kv_dtype(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kv-dtype", choices=KV_DTYPES,
-                   help="KV cache element type (default: the backend's; float16 halves the "
-                        "cache's memory and the bytes decode reads)")
+class CompileClock:
+    """Seconds numba spends compiling kernels while it is open: outermost compiles only (a
+    kernel compiled inside another's compile counts once); kernels found in the cache count
+    nothing. Without numba it stays at 0."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.kernels = 0
+        self._depth = 0
+        self._t0 = 0.0
+        self._listener: Any = None
+
+    def __enter__(self) -> CompileClock:
+        try:
+            from numba.core import event
+        except ImportError:
+            return self
+        clock = self
+
+        class Listener(event.Listener):
+            def on_start(self, ev: Any) -> None:
+                if clock._depth == 0:
+                    clock._t0 = time.perf_counter()
+                clock._depth += 1
+
+            def on_end(self, ev: Any) -> None:
+                clock._depth -= 1
+                if clock._depth == 0:
+                    clock.seconds += time.perf_counter() - clock._t0
+                    clock.kernels += 1
+
+        self._listener = Listener()
+        event.register("numba:compile", self._listener)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._listener is not None:
+            from numba.core import event
+
+            event.unregister("numba:compile", self._listener)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from inference.api import CausalLM, load_model
+    from inference.backends.base import host_rss
 
-    model = load_model(args.model, backend=args.backend, kv_dtype=args.kv_dtype)
-    if not isinstance(model, CausalLM):
-        raise InvalidInputError(f"{model.name} is an embedding model; use `inferdesk embed`.")
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                              seed=args.seed)
-    kwargs = {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {
-        "prompt": args.prompt}
-    done: DoneEvent | None = None
-    for ev in model.generate(**kwargs, max_tokens=args.max_tokens, sampling=sampling,
-                             stop=args.stop or ()):
-        if isinstance(ev, TokenEvent) and not args.json:
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
-        elif isinstance(ev, DoneEvent):
-            done = ev
-    assert done is not None
+    if args.threads is not None and args.threads < 1:
+        raise InvalidInputError("--threads must be at least 1.")
+    with CompileClock() as compiled:
+        t0 = time.perf_counter()
+        model = load_model(args.model, backend=args.backend, kv_dtype=args.kv_dtype)
+        load_s = time.perf_counter() - t0
+        load_compile_s = compiled.seconds
+        if not isinstance(model, CausalLM):
+            raise InvalidInputError(f"{model.name} is an embedding model; use `inferdesk embed`.")
+        if args.threads is not None:
+            from inference.threads import set_threads
+
+            set_threads(args.threads, model.backend)
+        rss = host_rss()
+        done, times = _generate(model, args)
     if args.json:
         print(json.dumps({
             "model": model.name, "backend": model.backend.name, "text": done.text,
             "token_ids": done.token_ids, "n_prompt": done.n_prompt,
             "n_generated": done.n_generated, "finish_reason": done.finish_reason,
             "prefill_tok_s": done.prefill_tok_s, "decode_tok_s": done.decode_tok_s,
-            "ttft_s": done.ttft_s,
+            "ttft_s": done.ttft_s, "token_times_s": times,
+            "threads": list(done.threads) if done.threads else None,
+            "load_s": load_s, "rss_after_load_bytes": rss, "compile_s": compiled.seconds,
+            "compile_during_load_s": load_compile_s, "kernels_compiled": compiled.kernels,
         }))
     else:
         print()
-        print(f"[{done.n_generated} tokens, {done.finish_reason}; ttft {done.ttft_s:.3f} s, "
-              f"prefill {done.prefill_tok_s:.1f} tok/s, decode {done.decode_tok_s:.1f} tok/s; "
-              f"{model.backend_reason}]", file=sys.stderr)
+        print(f"[{done.n_generated} tokens, {done.finish_reason}; load {load_s:.2f} s, "
+              f"ttft {done.ttft_s:.3f} s, prefill {done.prefill_tok_s:.1f} tok/s, "
+              f"decode {done.decode_tok_s:.1f} tok/s; {model.backend_reason}]", file=sys.stderr)
     return 0
+
+
+def _generate(model: Any, args: argparse.Namespace) -> tuple[DoneEvent, list[float]]:
+    """Stream the reply (to stdout unless --json); the DoneEvent and each token's arrival
+    in seconds since the call."""
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                              seed=args.seed)
+    kwargs = {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {
+        "prompt": args.prompt}
+    done: DoneEvent | None = None
+    times: list[float] = []
+    t0 = time.perf_counter()
+    for ev in model.generate(**kwargs, max_tokens=args.max_tokens, sampling=sampling,
+                             stop=args.stop or (), ignore_eos=args.ignore_eos):
+        if isinstance(ev, TokenEvent):
+            if ev.token_id >= 0:  # -1: held-back text released at the end, not a token
+                times.append(time.perf_counter() - t0)
+            if not args.json:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+        elif isinstance(ev, DoneEvent):
+            done = ev
+    assert done is not None
+    return done, times
 
 
 # Input read for embedding: a bound, so /dev/zero or an endless pipe ends with a sentence.
@@ -179,9 +241,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None, help="-1: a random seed")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="generate --max-tokens tokens even past an end-of-sequence token")
     g.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     add_kv_dtype(g)
-    g.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    g.add_argument("--threads", type=int,
+                   help="compute threads (default: one per core other processes leave free)")
+    g.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end (with threads used and seconds "
+                        "spent loading and compiling)")
     g.set_defaults(func=cmd_generate)
 
     e = sub.add_parser("embed", help="embed sentences (one per line) into a .npy file")
@@ -199,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve(sub, BACKEND_CHOICES)
 
-    from inference.bench import add_parser as add_bench
+    from inference.bench.command import add_parser as add_bench
 
     add_bench(sub)
     return p
