@@ -20,7 +20,6 @@ device's figures where the backend has a device.
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -205,8 +204,10 @@ def _prompt_ids(model: CausalLM, prompt: str, max_tokens: int,
 
 
 def _release(model: Any) -> None:
+    """Close a side's model and give its freed heap back. No gc.collect(): this may run on
+    a GUI's worker thread, where collecting could destroy Qt objects off their thread;
+    reference counting frees the weights once the model is closed."""
     model.close()
-    gc.collect()
     trim_host_heap()
 
 
