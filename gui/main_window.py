@@ -54,7 +54,8 @@ class MainWindow(QMainWindow):
         self._closed = False
         self.handle = WorkerHandle("inferdesk-models", self)
         self.downloads = WorkerHandle("inferdesk-downloads", self)
-        gc_guard.install(busy=lambda: self.handle.job in ("generate", "embed"))
+        gc_guard.install(busy=lambda: self.handle.job in ("generate", "embed")
+                         or self.compare.running)  # no full collection inside a timed step
 
         self.picker = ModelPicker(self.handle, self.downloads, self.settings)
         self.chat = ChatPane(self.handle, self.store, self.settings)
