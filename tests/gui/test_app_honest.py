@@ -364,7 +364,7 @@ def test_12_a_damaged_file_is_kept_as_one_file(make_window, tmp_path) -> None:
                for m in w.store.messages(c.id))
 
 
-# issue 33 items 3 and 4 ------------------------------------------------------------------
+# huge settings clamped; recovered rows counted ----------------------------------------------------
 def test_huge_settings_values_are_clamped_before_any_widget(make_window, tmp_path) -> None:
     (tmp_path / "settings.ini").write_text(
         "[server]\nport=4294967296\nparallel=99999999999\nprompt_cache_mb=2199023255552\n"
