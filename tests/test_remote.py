@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
 
 from inference import load_model
 from inference.errors import BackendUnavailableError, InvalidInputError, ModelNotFoundError
@@ -162,6 +162,63 @@ def test_malformed_chunks_are_a_clear_error(bad):
                 seen.append(ev)
         assert "not the OpenAI API" in str(info.value) or "malformed" in str(info.value)
         assert [e.text for e in seen] == ["Hel"]
+        remote.close()
+    finally:
+        srv.stop()
+
+
+def test_an_endless_stream_is_cut_at_max_tokens():
+    """A server that ignores max_tokens and never ends its stream: the remote engine stops
+    reading after max_tokens text chunks."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "endless", "object": "model"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        async def forever():
+            while not await request.is_disconnected():  # endless, for a client still there
+                yield GOOD
+
+        return StreamingResponse(forever(), media_type="text/event-stream")
+
+    srv = ServerThread(None, app=app).start()
+    try:
+        remote = load_model(srv.url)
+        tokens, done = _run(remote.generate(messages=HI, max_tokens=5,
+                                            sampling=SamplingParams(temperature=0.0)))
+        assert len(tokens) <= 5 and done.text == "Hel" * 5
+        assert done.finish_reason == "length" and done.n_generated == 5
+        remote.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_remote_embeddings_are_refused(bad):
+    app = FastAPI()
+    calls = []
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "e", "object": "model", "kind": "encoder"}]}
+
+    @app.post("/v1/embeddings")
+    async def embeddings():
+        calls.append(1)
+        value = "0.5" if len(calls) == 1 else bad  # the dimension probe is fine
+        body = ('{"object": "list", "model": "e", "data": [{"object": "embedding", '
+                f'"index": 0, "embedding": [0.1, {value}]}}]}}')
+        return Response(body, media_type="application/json")
+
+    srv = ServerThread(None, app=app).start()
+    try:
+        remote = load_model(srv.url)
+        assert remote.dim == 2
+        with pytest.raises(RemoteError, match="not finite"):
+            remote.embed(["x"])
         remote.close()
     finally:
         srv.stop()
