@@ -29,7 +29,7 @@ import pytest
 
 from tests.server_support import engine, server  # noqa: F401
 
-MAX_TOKENS = 8
+MAX_TOKENS = 4
 TIMEOUT_S = 120.0  # one request; a hung server fails the run, not the test runner
 
 
@@ -57,10 +57,12 @@ def _adjust(case: Any, models: dict[str, str], pick: int) -> None:
 
 
 def fuzz(base: str, doc: dict[str, Any], models: dict[str, str], per_operation: int,
-         seed: int = 0, rss: Any = None, health_every: int = 100) -> dict[str, Any]:
+         seed: int = 0, rss: Any = None, health_every: int = 100,
+         progress: Any = None) -> dict[str, Any]:
     """Send ``per_operation`` drawn requests per endpoint and mode (positive, negative) to
     the server at ``base`` (its origin, no /v1); a summary of what came back. ``rss()``,
-    if given, reads the server's resident memory (sampled with each /health)."""
+    if given, reads the server's resident memory (sampled with each /health);
+    ``progress(summary)`` is called with the summary so far at each /health."""
     import httpx2 as httpx
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
@@ -100,8 +102,16 @@ def fuzz(base: str, doc: dict[str, Any], models: dict[str, str], per_operation: 
                            "status": status, "body": r.text[:1000] if r is not None else ""})
         if sent[0] % health_every == 0:
             check_health()
+            if progress is not None:
+                progress(summary())
 
     t0 = time.monotonic()
+
+    def summary() -> dict[str, Any]:
+        return {"requests": sent[0], "seconds": round(time.monotonic() - t0, 1),
+                "statuses": dict(sorted(statuses.items())), "server_errors": errors,
+                "unhealthy": unhealthy, "rss_peak": peak[0]}
+
     check_health()
     for op in schema.get_all_operations():
         op = op.ok()
@@ -120,9 +130,7 @@ def fuzz(base: str, doc: dict[str, Any], models: dict[str, str], per_operation: 
                          f"{type(e).__name__}"] += 1
     check_health()
     client.close()
-    return {"requests": sent[0], "seconds": round(time.monotonic() - t0, 1),
-            "statuses": dict(sorted(statuses.items())), "server_errors": errors,
-            "unhealthy": unhealthy, "rss_peak": peak[0]}
+    return summary()
 
 
 def _content(kw: dict[str, Any]) -> bytes | None:
@@ -149,9 +157,11 @@ def _rss_reader(pid: int) -> Any:
     return lambda: proc.memory_info().rss
 
 
-def long_run(per_operation: int, seed: int = 0, idle_s: float = 5.0) -> dict[str, Any]:
+def long_run(per_operation: int, seed: int = 0, idle_s: float = 5.0,
+             progress: Any = None) -> dict[str, Any]:
     """A fresh `inferdesk serve` (smollm2 and minilm on cpu, 127.0.0.1) in its own process:
-    warm-up, then the fuzz run, then its RSS after ``idle_s`` idle seconds."""
+    warm-up, then the fuzz run, then its RSS after ``idle_s`` idle seconds.
+    ``progress(summary)``: as :func:`fuzz`, with the warm figures."""
     import httpx2 as httpx
 
     proc = subprocess.Popen([sys.executable, "-m", "inference.cli", "serve", "--model",
@@ -178,7 +188,10 @@ def long_run(per_operation: int, seed: int = 0, idle_s: float = 5.0) -> dict[str
         warm_up = fuzz(base, doc, models, per_operation=20, seed=seed + 1)
         time.sleep(idle_s)
         warm = rss()
-        out = fuzz(base, doc, models, per_operation=per_operation, seed=seed, rss=rss)
+        head = {"rss_warm": warm, "warm_up_requests": warm_up["requests"],
+                "warm_up_server_errors": warm_up["server_errors"]}
+        out = fuzz(base, doc, models, per_operation=per_operation, seed=seed, rss=rss,
+                   progress=progress and (lambda s: progress({**s, **head})))
         time.sleep(idle_s)
         after = rss()
         out.update(warm_up_requests=warm_up["requests"],
@@ -214,11 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    out = long_run(a.per_operation, a.seed)
-    out.update(commit=commit, python=platform.python_version(),
-               command="python -m tests.test_fuzz_server " + " ".join(argv or sys.argv[1:]))
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=1)
+    info = {"commit": commit, "python": platform.python_version(),
+            "command": "python -m tests.test_fuzz_server " + " ".join(argv or sys.argv[1:])}
+
+    def write(out: dict[str, Any]) -> None:
+        with open(a.out, "w") as f:
+            json.dump({**out, **info}, f, indent=1)
+
+    out = long_run(a.per_operation, a.seed, progress=lambda s: write({**s, "finished": False}))
+    out["finished"] = True
+    write(out)
     print(json.dumps({k: v for k, v in out.items() if k != "statuses"}, indent=1)[:3000])
     ok = (not out["server_errors"] and not out["unhealthy"] and out["alive"]
           and out["rss_after"] <= 1.2 * out["rss_warm"])
