@@ -107,6 +107,7 @@ class MainWindow(QMainWindow):
         self.handle.unloaded.connect(lambda _k: self._update_models())
         self.handle.discovered.connect(self._maybe_autoload)
         self.chat.load_requested.connect(self.load_bundled_chat)
+        self.picker.problem.connect(self.banner.show_error)
         self.picker.context_changed.connect(lambda _n: self.chat.set_context_length(
             self.chat.context_length))
         self.chat.deleted.connect(self._on_chat_deleted)

@@ -47,7 +47,7 @@ def file_problem(path: str | Path) -> str | None:
     from inference.store import spec_for_path
 
     p = Path(path)
-    if p.is_file() and p.suffix.lower() == ".gguf":
+    if p.is_file() and p.suffix.lower() != ".safetensors":  # else it must be GGUF
         try:
             with p.open("rb") as f:
                 magic = f.read(4)
@@ -79,13 +79,15 @@ def kv_choice_box(current: str) -> QComboBox:
 
 def template_line(info: LoadedInfo) -> str:
     """The chat template a chat model uses and why (where the engine says), as a line."""
-    text = getattr(info, "template", "") or ""
-    return f"<br>Chat template: {text}" if text else ""
+    from html import escape
+
+    return f"<br>Chat template: {escape(info.template, quote=False)}" if info.template else ""
 
 
 class ModelPicker(QWidget):
     model_loaded = Signal(object)  # LoadedInfo
     context_changed = Signal(int)  # tokens a chat may use
+    problem = Signal(str)  # an added file that cannot be a model, in one sentence
 
     def __init__(self, handle: WorkerHandle, downloads: WorkerHandle, settings: Settings,
                  parent: QWidget | None = None):
@@ -286,9 +288,11 @@ class ModelPicker(QWidget):
         problems = [msg for p in paths if (msg := file_problem(p))]
         paths = [p for p in paths if not file_problem(p)]
         if problems:  # said before anything is asked or replaced
-            self.load_status.setText(" ".join(problems))
-            self.problem_label.setText(" ".join(problems))
+            text = " ".join(problems)
+            self.load_status.setText(text)
+            self.problem_label.setText(text)
             self.problem_label.setVisible(True)
+            self.problem.emit(text)
         if not paths:
             return
         for p in paths:

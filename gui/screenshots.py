@@ -1,9 +1,11 @@
-"""Render README screenshots of every pane from the real window with the bundled models.
+"""Render screenshots of every tab from the real window with the bundled models, at the
+smallest supported window (800x600), in the light and the dark theme.
 
     python -m gui.screenshots [OUT_DIR]     # default resources/screenshots
 
-Runs offscreen on temporary settings and a temporary conversation store, so the user's
-own data is never touched.
+Files: ``<tab>-800x600-<theme>.png`` (e.g. ``chat-800x600-dark.png``). Runs offscreen (or
+on the display QT_QPA_PLATFORM names) on temporary settings and a temporary conversation
+store, so the user's own data is never touched.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-SIZE = (1280, 800)
+SIZE = (800, 600)  # the smallest window every tab must work in
+THEMES = ("light", "dark")
 SENTENCES = [
     "The cat sleeps on the warm windowsill.", "A kitten naps in the afternoon sun.",
     "My dog loves chasing tennis balls.", "The puppy fetched the stick from the lake.",
@@ -101,14 +104,20 @@ def _drive(w, out_dir: Path) -> list[Path]:  # noqa: ANN001 - a MainWindow
     _wait(lambda: w.embed.results.count() > 0)
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    w.resize(*SIZE)
     saved = []
-    for pane, name in ((w.picker, "models"), (w.chat, "chat"), (w.embed, "embeddings"),
-                       (w.perf, "performance")):
-        w.tabs.setCurrentWidget(pane)
-        _settle()
-        path = out_dir / f"{name}.png"
-        w.grab().save(str(path), "PNG", 0)  # 0 = smallest file
-        saved.append(path)
+    try:
+        for scheme in THEMES:
+            w.set_theme(scheme)
+            for i in range(w.tabs.count()):
+                w.tabs.setCurrentIndex(i)
+                _settle()
+                name = w.tabs.tabText(i).lower().replace(" ", "-")
+                path = out_dir / f"{name}-{SIZE[0]}x{SIZE[1]}-{scheme}.png"
+                w.grab().save(str(path), "PNG", 0)  # 0 = smallest file
+                saved.append(path)
+    finally:
+        w.set_theme("system")
     return saved
 
 

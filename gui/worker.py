@@ -61,6 +61,7 @@ class LoadedInfo:
     est_memory: int | None
     used_memory: int | None  # measured growth of device (or host) memory during the load
     context_length: int | None = None  # tokens a conversation can hold (chat models)
+    template: str = ""  # the chat template used and why (the engine's template_source)
 
     @property
     def remote(self) -> bool:
@@ -299,7 +300,8 @@ class Worker(QObject):
             self.loaded.emit(LoadedInfo(
                 model.kind, spec.name, str(spec.path), model.backend.name,
                 model.backend_reason, spec.est_memory, used,
-                getattr(model, "context_length", None)))
+                getattr(model, "context_length", None),
+                str(getattr(getattr(model, "template", None), "template_source", "") or "")))
             self._sample_memory(force=True, model=model)
 
         self._run("load", job)

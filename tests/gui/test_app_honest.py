@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QAbstractButton, QLabel
 
 from gui import theme
 from tests.gui.conftest import make_settings, spin, wait_until
+from tests.gui.layout_probe import cut_off, plots_cut_off
 
 GEN_TIMEOUT_MS = 120_000
 
@@ -72,19 +72,6 @@ def test_2_read_only_banner_stays_while_the_database_is_read_only(make_window, m
 
 
 # 3 (and 12: the model name beside Continue) ------------------------------------------------
-def _cut_off(root) -> list[str]:  # noqa: ANN001
-    """Visible buttons and one-line labels narrower than their text needs."""
-    out = []
-    for wdg in root.findChildren(QAbstractButton) + root.findChildren(QLabel):
-        if not wdg.isVisible() or (isinstance(wdg, QLabel) and wdg.wordWrap()) \
-                or not wdg.text():
-            continue
-        if wdg.width() + 1 < wdg.sizeHint().width():
-            out.append(f"{type(wdg).__name__} {wdg.text()[:30]!r}: {wdg.width()} < "
-                       f"{wdg.sizeHint().width()} px")
-    return out
-
-
 def test_3_every_tab_is_usable_at_800x600(make_window, monkeypatch) -> None:
     w = make_window()
     _offline_chat(w, monkeypatch)
@@ -99,19 +86,13 @@ def test_3_every_tab_is_usable_at_800x600(make_window, monkeypatch) -> None:
     for i in range(w.tabs.count()):
         w.tabs.setCurrentIndex(i)
         spin(30)
-        problems += [f"{w.tabs.tabText(i)}: {p}" for p in _cut_off(w.tabs.currentWidget())]
+        problems += [f"{w.tabs.tabText(i)}: {p}" for p in cut_off(w.tabs.currentWidget())]
     assert not problems, "\n".join(problems)
     assert w.chat.context_label.text() == "1.7K / 2.0K tokens"
     # Every plot keeps a readable size: the area scrolls rather than cut one off.
     w.tabs.setCurrentWidget(w.perf)
     spin(50)
-    view = w.perf.graphs
-    for plot in (w.perf.decode_plot, w.perf.prefill_plot, w.perf.ttft_plot, w.perf.mem_plot,
-                 w.perf.cpu_plot):
-        rect = plot.sceneBoundingRect()
-        assert rect.width() >= 200 and rect.height() >= 120, plot.titleLabel.text
-        assert rect.right() <= view.width() + 1 and rect.bottom() <= view.height() + 1, \
-            f"{plot.titleLabel.text} is cut off"
+    assert not plots_cut_off(w.perf)
 
 
 # 5 -----------------------------------------------------------------------------------------
@@ -204,6 +185,8 @@ def test_7_prefill_counts_prefilled_tokens_and_appears_when_prefill_ends(make_wi
 def test_8_indicator_warns_under_stop_at_limit_and_the_panel_follows_the_policy(
         loaded_window, qtbot) -> None:
     w = loaded_window
+    # (4, the app's part) The model card says which chat template is used, and why.
+    assert "Chat template: the file's own" in w.picker.loaded_labels["causal"].text()
     chat = w.chat
     w.tabs.setCurrentWidget(chat)
     chat.new_conversation()

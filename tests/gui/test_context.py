@@ -148,7 +148,7 @@ def test_idle_indicator_counts_the_draft(small_context, qtbot) -> None:
     _drain_worker(w)
     model = _chat_model(w)
     drafts = ["Hello there", "Hello there, " + "and a much longer draft " * 20]
-    want = [fit(model, w.chat._history() + [{"role": "user", "content": d.strip()}],
+    want = [fit(model, w.chat._history() + [{"role": "user", "content": d}],
                 "rolling", SMALL_CONTEXT, 1).n_prompt for d in drafts]
     for draft, n in zip(drafts, want, strict=True):
         w.chat.input.setPlainText(draft)

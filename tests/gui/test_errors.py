@@ -14,10 +14,9 @@ def test_corrupt_gguf_shows_a_message_and_the_app_keeps_working(loaded_window, q
     monkeypatch.setattr(w.picker, "confirm_replace", lambda name: True)  # "Yes, load it"
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + struct.pack("<I", 3) + os.urandom(256))
-    with qtbot.waitSignal(w.handle.failed, timeout=60_000) as failed:
-        w.picker.add_files([str(bad)])
-    kind, message = failed.args
-    assert kind == "load"
+    with qtbot.waitSignal(w.picker.problem, timeout=60_000) as failed:
+        w.picker.add_files([str(bad)])  # checked from its headers: no load is tried
+    message, = failed.args
     assert w.banner.isVisible() and w.banner.text() == message
     assert "broken.gguf" in message and "Traceback" not in message
     assert not message.startswith("Unexpected")
@@ -66,10 +65,10 @@ def test_dropping_a_non_model_file_says_why(make_window, qtbot, tmp_path) -> Non
     mime.setUrls([QUrl.fromLocalFile(str(notes))])
     drop = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime,
                       Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier)
-    with qtbot.waitSignal(w.handle.failed, timeout=30_000) as failed:
+    with qtbot.waitSignal(w.picker.problem, timeout=30_000) as failed:
         w.picker.dropEvent(drop)
-    assert failed.args[0] == "load" and w.banner.isVisible()
-    assert failed.args[1] == w.picker.load_status.text()
+    assert w.banner.isVisible() and failed.args[0] == w.picker.load_status.text()
+    assert "notes.txt" in failed.args[0]
 
 
 def test_unload_then_use_says_so_and_reload_works(loaded_window, qtbot) -> None:

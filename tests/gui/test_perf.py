@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gui.perf_pane import TTFT_KEEP, _threads_note
 from tests.gui.conftest import spin
@@ -28,11 +29,13 @@ def test_graphs_receive_points_while_generating(loaded_window, qtbot) -> None:
     assert p.timer.isActive() and p.timer.interval() <= 250
     assert after["host_rss"] > 0 and p.n_samples > n0
     assert after["ttft"] == min(before["ttft"] + 1, TTFT_KEEP)  # a bounded chart
-    # Prefill happens once per message: one point, at the time the first token came.
+    # Prefill happens once per message: one point, at the time the first token came, at
+    # the rate of the tokens prefilled (the cached ones are not).
     assert after["prefill"] == min(before["prefill"] + 1, TTFT_KEEP)
-    assert p.prefills[-1][1] == ev.prefill_tok_s
+    rate = (ev.n_prompt - ev.n_cached) / ev.ttft_s
+    assert p.prefills[-1][1] == pytest.approx(rate, rel=1e-9)
     x, y = p.prefill_points.getData()
-    assert len(x) >= 1 and y[-1] == ev.prefill_tok_s and -p.span() <= x[-1] <= 0
+    assert len(x) >= 1 and y[-1] == pytest.approx(rate, rel=1e-9) and -p.span() <= x[-1] <= 0
     assert after["cpu"] > before["cpu"]  # CPU utilisation is sampled with the rest
     if ev.total_s - ev.ttft_s > 0.5:  # long enough for a sample to land after token two
         # Samples taken during this message (the series keep a bounded history, so counts

@@ -208,7 +208,7 @@ def test_full_disk_keeps_the_reply_and_retry_saves_it(chat_window, tmp_path, qtb
         assert w.chat.send(long_q)
         wait_until(lambda: not w.chat.generating, GEN_TIMEOUT_MS, "the reply to end")
         views = shown(w)
-        assert views[0] == long_q.strip() and views[1]
+        assert views[0] == long_q and views[1]  # the message as typed
         banner = w.chat.banner.text()
         assert "full" in banner and w.chat.send_button.isEnabled()
         for pw in w.chat.pending:  # the banner names each unsaved message and its length
