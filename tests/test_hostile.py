@@ -1,5 +1,6 @@
 """Hostile and careless input through the Python API: each case ends in one InferdeskError
-sentence, never a crash, a traceback, garbage or unbounded memory (sections numbered by the kind of input)."""
+sentence, never a crash, a traceback, garbage or unbounded memory (a section per kind of
+input)."""
 
 from __future__ import annotations
 
