@@ -182,11 +182,25 @@ def _read_lines(path: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+def check_output(path: str) -> None:
+    """Refuse, in one sentence and before any work, an output path that cannot be written:
+    a directory, a symbolic link (replacing the link would silently leave its target as it
+    was), a folder that does not exist or cannot be written."""
+    target = Path(path)
+    if target.is_symlink():
+        raise InvalidInputError(f"{path} is a symbolic link; name the file it points to, or "
+                                f"another file, for the output.")
+    if target.is_dir():
+        raise InvalidInputError(f"{path} is a directory; give a file name for the output.")
+    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK | os.X_OK):
+        raise InvalidInputError(f"{path}: cannot write in {target.parent} (no such folder, "
+                                f"or no permission).")
+
+
 def write_atomic(path: str, write: Callable[[Any], None]) -> None:
     """Write ``path`` exactly as named, whole or not at all (:func:`inference.files.write_atomic`):
     a failed write (full disk) leaves any existing file as it was, in one sentence."""
-    if Path(path).is_dir():
-        raise InvalidInputError(f"{path} is a directory; give a file name for the output.")
+    check_output(path)
     try:
         files.write_atomic(path, write)
     except OSError as e:
@@ -197,6 +211,7 @@ def write_atomic(path: str, write: Callable[[Any], None]) -> None:
 def cmd_embed(args: argparse.Namespace) -> int:
     from inference.api import Encoder, load_model
 
+    check_output(args.output)
     sentences = _read_lines(args.input)
     if args.skip_blank:
         sentences = [s for s in sentences if s.strip()]

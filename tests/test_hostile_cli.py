@@ -50,6 +50,37 @@ def test_output_that_is_a_directory_is_refused(tmp_path: Path, capsys) -> None:
     assert not Path(f"{tmp_path}.npy").exists()
 
 
+def test_output_gets_the_permissions_a_new_file_gets(tmp_path: Path, capsys) -> None:
+    """The temporary file's private 0600 used to stay on the output."""
+    old = os.umask(0o022)
+    try:
+        code, err = embed(tmp_path, "one\n", str(tmp_path / "v.npy"), capsys)
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    assert (tmp_path / "v.npy").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_symlink_at_output_is_refused_not_replaced(tmp_path: Path, capsys) -> None:
+    target = tmp_path / "elsewhere.npy"
+    target.write_bytes(b"kept")
+    link = tmp_path / "link.npy"
+    link.symlink_to(target)
+    code, err = embed(tmp_path, "one\n", str(link), capsys)
+    assert code == 2 and "symbolic link" in one_error_line(err)
+    assert link.is_symlink() and target.read_bytes() == b"kept"
+
+
+def test_output_path_is_checked_before_the_run(tmp_path: Path, capsys, monkeypatch) -> None:
+    import inference.api
+
+    loaded = []
+    monkeypatch.setattr(inference.api, "load_model", lambda *a, **k: loaded.append(a))
+    code, err = embed(tmp_path, "one\n", str(tmp_path / "no such folder" / "v.npy"), capsys)
+    assert code == 2 and "cannot write in" in one_error_line(err)
+    assert not loaded
+
+
 def test_a_failed_write_keeps_the_existing_file(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "good.npy"
     np.save(out, np.arange(6, dtype=np.float32))
