@@ -34,9 +34,8 @@ from kernels.cuda.device import (
     Graph,
     PendingRead,
     cuda_unavailable_reason,
-    self_test,
 )
-from kernels.cuda.ops import QuantMatrix
+from kernels.cuda.ops import QuantMatrix, check_device
 from kernels.cuda.table import ATTN_MAX_HEAD_DIM, TYPES
 from kernels.errors import KernelLoadError
 
@@ -146,16 +145,13 @@ class CudaBackend(Backend):
             self.dev.load_all(progress=compile_progress)
         except KernelLoadError as e:
             raise BackendUnavailableError(f"The CUDA backend cannot start: {e}.") from e
-        self.prefill_dtype = ops.BF16 if prefill_dtype == "bfloat16" else np.dtype(prefill_dtype)
-        if self.prefill_dtype not in PREFILL_DTYPES:
-            raise ValueError("prefill_dtype must be float32, float16 or 'bfloat16', "
-                             f"got {prefill_dtype}")
-        self.use_kv_dtype(kv_dtype)
-        self.xp = self.dev.xp
-        self.device = getattr(self.dev, "device_name", self.dev.name)
         # Prefill GEMM inputs, reused by every weight of every layer: "w" the weight in
         # prefill_dtype, "x" the activations rounded to it (16-bit modes).
         self._scratch: dict[str, Any] = {}
+        self.use_prefill_dtype(prefill_dtype)
+        self.use_kv_dtype(kv_dtype)
+        self.xp = self.dev.xp
+        self.device = getattr(self.dev, "device_name", self.dev.name)
         self._last_id: tuple[int, Any] | None = None  # (sampled id, its device copy)
         self._hist: tuple[list[int], Any] | None = None  # history ids and their device copy
         self.graphs = graphs and self.dev.supports_graphs
@@ -358,6 +354,19 @@ class CudaBackend(Backend):
     def zeros(self, shape: tuple[int, ...]) -> Any:
         self._eager_only("a new zero buffer")
         return self.dev.zeros(shape, np.float32)
+
+    def use_prefill_dtype(self, name: Any) -> None:
+        """The prefill GEMMs' input type (see __init__); load_model(prefill_dtype=...)."""
+        try:
+            dtype = ops.BF16 if name == "bfloat16" else np.dtype(name)
+        except TypeError:
+            dtype = None
+        if dtype not in PREFILL_DTYPES:
+            raise InvalidInputError(f"The cuda backend runs prefill in float32, float16 or "
+                                    f"bfloat16, not {name}.")
+        self.prefill_dtype = dtype
+        self._scratch.pop("w", None)
+        self._scratch.pop("x", None)
 
     def use_kv_dtype(self, name: Any) -> None:
         try:
@@ -567,7 +576,7 @@ def probe() -> tuple[bool, str]:
         dev = CupyDevice()
     except Exception as e:  # a device that cannot be used after all
         return False, f"cuda: device unusable ({type(e).__name__}: {e})"
-    reason = self_test(dev)
+    reason = check_device(dev)
     if reason is not None:
         return False, reason
     return True, f"NVIDIA GPU {dev.device_name} (self-test kernel passed)"

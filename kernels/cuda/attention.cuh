@@ -165,3 +165,243 @@ static __device__ __forceinline__ void attn_block(
         attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,            \
                    kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window, nullptr, 0); \
     }
+
+
+// --- decode attention (flash-decoding): attn_vec_* -----------------------------------------
+// For blocks of at most ATTN_MAX_ROWS query rows (decode: the query heads of one kv head),
+// every row in one block. Block (32, W warps), grid (1, batch * kv_heads, splits). The
+// split's keys go to the warps in chunks of KU keys, round robin, so a model without GQA
+// (one row) still has W warps reading. Lane l owns E consecutive elements [l*E, l*E + E)
+// of head_dim (E * 32 >= head_dim, head_dim % E == 0): a chunk is KU rows of K and of V,
+// each lane loading its E elements of every row as 16-, 8- or 4-byte words, all 2 * KU
+// loads issued before the first is used (KU * E = 32 values of K and of V in flight per
+// lane). Scores: the lanes' partial dot products, summed across the warp by shuffles. Each
+// warp keeps an online softmax (max m, sum l, accumulator) per row; at the end the warps
+// merge theirs through shared memory, as attn_combine_f32 merges splits. Dynamic shared
+// memory: the rows' queries (rows * head_dim floats) and the merge (W * rows * (head_dim
+// + 2) floats), plan.plan_attention's shared_bytes.
+#define ATTN_VEC_KEYS_IN_FLIGHT 32  // KU * E: values of K (and of V) each lane loads per chunk
+
+// N consecutive T at p (N * sizeof(T) bytes: 4, 8, 16 or 32, naturally aligned to min(16,
+// that)) as 32-bit words: one 4-, 8- or 16-byte load, or two 16-byte ones. Kept as loaded
+// (a 16-bit cache's words hold two values each: half the registers of float32) and widened
+// at use by widen (widen_word: common.cuh, half.cuh, bf16.cuh).
+template <typename T, int N>
+struct kv_words {
+    static constexpr int BYTES = N * (int) sizeof(T), COUNT = BYTES / 4;
+    uint32_t w[COUNT];
+};
+
+template <typename T, int N>
+static __device__ __forceinline__ void load_words(const T * p, kv_words<T, N> & out) {
+    constexpr int BYTES = kv_words<T, N>::BYTES;
+    if constexpr (BYTES >= 16) {
+#pragma unroll
+        for (int c = 0; c < BYTES / 16; ++c) {
+            const uint4 u = ld_global((const uint4 *) p + c);
+            out.w[4 * c] = u.x, out.w[4 * c + 1] = u.y, out.w[4 * c + 2] = u.z, out.w[4 * c + 3] = u.w;
+        }
+    } else if constexpr (BYTES == 8) {
+        const uint2 u = ld_global((const uint2 *) p);
+        out.w[0] = u.x, out.w[1] = u.y;
+    } else {
+        static_assert(BYTES == 4, "a K/V slice of 4, 8, 16 or 32 bytes");
+        out.w[0] = ld_global((const uint32_t *) p);
+    }
+}
+
+template <typename T, int N>
+static __device__ __forceinline__ void widen(const kv_words<T, N> & in, float * out) {
+    constexpr int PER_WORD = 4 / (int) sizeof(T);
+#pragma unroll
+    for (int i = 0; i < kv_words<T, N>::COUNT; ++i) {
+        widen_word((const T *) nullptr, in.w[i], out + i * PER_WORD);
+    }
+}
+
+template <typename T, int E>
+static __device__ __forceinline__ void attn_vec_block(
+        const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,
+        float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,
+        const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,
+        const long long kv_stride_b, const long long kv_stride_h, const long long kv_stride_s,
+        const float scale, const float softcap, const int causal_offset, const int window,
+        const float * __restrict__ key_mask, const long long mask_stride) {
+    constexpr int KU = ATTN_VEC_KEYS_IN_FLIGHT / E;  // keys per chunk
+    DYN_SHARED(float, s_q);  // rows * head_dim, then the merge: W * rows * (head_dim + 2)
+    float * s_red = s_q + rows * head_dim;
+
+    const int lane = threadIdx.x, warp = threadIdx.y, nwarps = blockDim.y;
+    const int bk = blockIdx.y, b = bk / kv_heads, kvh = bk % kv_heads;
+    const T * kb = k + b * kv_stride_b + kvh * kv_stride_h;
+    const T * vb = v + b * kv_stride_b + kvh * kv_stride_h;
+    const float * mask = key_mask ? key_mask + b * mask_stride : nullptr;
+    const int d0 = lane * E;
+    const bool owns = d0 < head_dim;  // head_dim % E == 0: a lane owns all E or none
+
+    // The block's keys [lo, hi] (all its rows' ranges), this split's share in whole tiles.
+    const int hi = causal_offset >= 0 ? min(n_kv - 1, causal_offset + nq - 1) : n_kv - 1;
+    const int lo = window > 0 ? max(0, causal_offset - window + 1) : 0;
+    const int ntiles = hi >= lo ? (hi - lo) / ATTN_TILE + 1 : 0;
+    const int per_split = (ntiles + gridDim.z - 1) / gridDim.z;
+    const int t_begin = blockIdx.z * per_split, t_end = min(ntiles, t_begin + per_split);
+    const int k_begin = lo + t_begin * ATTN_TILE, k_end = min(hi + 1, lo + t_end * ATTN_TILE);
+
+    // Row r's running state in warp w's slot of the merge area, s_red + (w * rows + r) *
+    // (head_dim + 2): the accumulator (lane l's E values at l * E), then m and l. Every lane
+    // computes the same m and l (butterfly sums are equal on every lane); lane 0 stores them.
+    const int ld = head_dim + 2;
+    float * mine = s_red + warp * rows * ld;
+    for (int i = warp * WARP_SIZE + lane; i < rows * head_dim; i += nwarps * WARP_SIZE) {
+        s_q[i] = ld_global(q + (long long) bk * rows * head_dim + i);
+    }
+    for (int i = lane; i < rows * ld; i += WARP_SIZE) {
+        const int c = i % ld;
+        mine[i] = c == head_dim ? NEG_INF : 0.0f;
+    }
+    __syncthreads();
+
+    for (int j0 = k_begin + warp * KU; j0 < k_end; j0 += nwarps * KU) {
+        kv_words<T, E> kx[KU], vx[KU];
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {  // every load of the chunk before any use
+            if (owns && j0 + u < k_end) {
+                load_words(kb + (j0 + u) * kv_stride_s + d0, kx[u]);
+                load_words(vb + (j0 + u) * kv_stride_s + d0, vx[u]);
+            } else {  // zero bits: 0.0 in every type
+#pragma unroll
+                for (int i = 0; i < kv_words<T, E>::COUNT; ++i) {
+                    kx[u].w[i] = vx[u].w[i] = 0u;
+                }
+            }
+        }
+        bool key_on[KU];
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+            key_on[u] = j0 + u < k_end && (!mask || ld_global(mask + j0 + u) != 0.0f);
+        }
+#pragma unroll 1
+        for (int r = 0; r < rows; ++r) {
+            // Row r's visible keys [first, lim] (positions run along the row's nq queries).
+            const int pos = r % nq;
+            const int raw_lim = causal_offset >= 0 ? causal_offset + pos : n_kv - 1;
+            const int lim = min(raw_lim, n_kv - 1);
+            const int first = window > 0 ? raw_lim - window + 1 : 0;
+            float qr[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                qr[e] = owns ? s_q[r * head_dim + d0 + e] : 0.0f;
+            }
+            float s[KU];
+            float s_max = NEG_INF;
+#pragma unroll
+            for (int u = 0; u < KU; ++u) {
+                float kf[E];
+                widen(kx[u], kf);
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    dot += qr[e] * kf[e];
+                }
+                dot = warp_reduce_sum(dot) * scale;
+                if (softcap > 0.0f) {
+                    dot = softcap * tanhf(dot / softcap);
+                }
+                const int j = j0 + u;
+                s[u] = key_on[u] && j >= first && j <= lim ? dot : NEG_INF;
+                s_max = fmaxf(s_max, s[u]);
+            }
+            float * st = mine + r * ld;
+            const float m_old = st[head_dim], m_new = fmaxf(m_old, s_max);
+            if (m_new == NEG_INF) {  // nothing visible yet: uniform across the warp
+                continue;
+            }
+            const float corr = m_old == NEG_INF ? 0.0f : expf(m_old - m_new);
+            float l_new = st[head_dim + 1] * corr;
+            float a[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                a[e] = owns ? st[d0 + e] * corr : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < KU; ++u) {
+                const float p = s[u] == NEG_INF ? 0.0f : expf(s[u] - m_new);
+                l_new += p;
+                float vf[E];
+                widen(vx[u], vf);
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    a[e] += p * vf[e];
+                }
+            }
+            if (owns) {
+#pragma unroll
+                for (int e = 0; e < E; ++e) {
+                    st[d0 + e] = a[e];
+                }
+            }
+            __syncwarp();  // every lane has read m and l
+            if (lane == 0) {
+                st[head_dim] = m_new;
+                st[head_dim + 1] = l_new;
+            }
+            __syncwarp();
+        }
+    }
+    __syncthreads();  // every warp's state is final
+    for (int r = warp; r < rows; r += nwarps) {
+        float mx = NEG_INF;
+        for (int w = 0; w < nwarps; ++w) {
+            mx = fmaxf(mx, s_red[(w * rows + r) * ld + head_dim]);
+        }
+        float total = 0.0f;
+        for (int w = 0; w < nwarps; ++w) {
+            const float * src = s_red + (w * rows + r) * ld;
+            total += src[head_dim] == NEG_INF ? 0.0f : src[head_dim + 1] * expf(src[head_dim] - mx);
+        }
+        const long long pr = ((long long) bk * gridDim.z + blockIdx.z) * rows + r;
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        float * o = gridDim.z == 1 ? out + ((long long) bk * rows + r) * head_dim : part + pr * head_dim;
+        for (int d = lane; d < head_dim; d += WARP_SIZE) {
+            float sum = 0.0f;
+            for (int w = 0; w < nwarps; ++w) {
+                const float * src = s_red + (w * rows + r) * ld;
+                sum += src[head_dim] == NEG_INF ? 0.0f : src[d] * expf(src[head_dim] - mx);
+            }
+            st_global(o + d, gridDim.z == 1 ? sum * inv : sum);
+        }
+        if (gridDim.z > 1 && lane == 0) {
+            st_global(part_ml + 2 * pr, mx);
+            st_global(part_ml + 2 * pr + 1, total);
+        }
+    }
+}
+
+// attn_vec kernels over a cache of element type T, E head_dim elements per lane (head_dim
+// up to 32 * E): `name` for ops.attention's arguments, `name_pos` for a captured decode
+// step (as attn_<name>_pos above). Both names are spelled out where this is used.
+#define ATTN_VEC_KERNELS(T, E, name, name_pos)                                                    \
+    extern "C" __global__ void __launch_bounds__(128, 4) name(                                       \
+            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,     \
+            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,   \
+            const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads, \
+            const long long kv_stride_b, const long long kv_stride_h,                             \
+            const long long kv_stride_s, const float scale, const float softcap,                  \
+            const int causal_offset, const int window, const float * __restrict__ key_mask,       \
+            const long long mask_stride) {                                                        \
+        attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads,    \
+                             kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap,              \
+                             causal_offset, window, key_mask, mask_stride);                      \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(128, 4) name_pos(                                   \
+            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,     \
+            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,   \
+            const int head_dim, const int rows, const int nq, const int * __restrict__ pos,       \
+            const int kv_heads, const long long kv_stride_b, const long long kv_stride_h,         \
+            const long long kv_stride_s, const float scale, const float softcap,                  \
+            const int window) {                                                                   \
+        const int p = *pos;                                                                       \
+        attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,  \
+                             kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window,   \
+                             nullptr, 0);                                                         \
+    }

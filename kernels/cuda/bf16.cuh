@@ -13,6 +13,10 @@ struct bf16_t {
 static __device__ __forceinline__ float to_f32(const bf16_t v) {
     return __uint_as_float((uint32_t) v.bits << 16);
 }
+static __device__ __forceinline__ void widen_word(const bf16_t *, const uint32_t w, float * out) {
+    out[0] = __uint_as_float(w << 16);
+    out[1] = __uint_as_float(w & 0xFFFF0000u);
+}
 
 // float32 -> bfloat16 bits, rounded to nearest even, overflow to inf, NaN to the quiet NaN
 // 0x7FC0: ops.to_bf16_bits bit for bit.

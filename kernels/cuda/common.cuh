@@ -50,8 +50,21 @@ static __device__ __forceinline__ void st_global(T * p, const T v EMU_SITE_PARAM
 // A loaded value as float32 (half.cuh adds the overload for half): kernels templated on a
 // storage type accumulate in float32 whatever they read.
 static __device__ __forceinline__ float to_f32(const float v) { return v; }
+// A 32-bit word loaded from a T buffer as its 4 / sizeof(T) float32 values, in memory order
+// (the pointer only picks the overload; half.cuh and bf16.cuh add theirs).
+static __device__ __forceinline__ void widen_word(const float *, const uint32_t w, float * out) {
+    out[0] = __uint_as_float(w);
+}
 // Store a float32 value as the buffer's element type (half.cuh: rounded to nearest even).
 static __device__ __forceinline__ void store_f32(float * p, const float v) { st_global(p, v); }
+
+// The block's dynamic shared memory (Launch.shared_bytes) as a T array, 16-byte aligned.
+#if defined(INFERDESK_EMULATOR)
+#define DYN_SHARED(T, name) T * name = (T *) EMU_DYN_SMEM
+#else
+#define DYN_SHARED(T, name) \
+    extern __shared__ __align__(16) unsigned char dyn_shared_[]; T * name = (T *) dyn_shared_
+#endif
 
 #define WARP_SIZE 32
 #define FULL_MASK 0xffffffffu

@@ -181,7 +181,7 @@ class Device:
             return self._load(module)
         except Exception as e:
             raise KernelLoadError(f"the {module} kernels do not compile or load "
-                                  f"({_first_line(e)})") from e
+                                  f"({first_line(e)})") from e
 
     def load_all(self, modules: tuple[str, ...] = MODULES,
                  progress: Callable[[int, int, str], None] | None = None,
@@ -434,27 +434,10 @@ class CupyDevice(Device):
         return self._total
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
-
-
-def self_test(dev: Device) -> str | None:
-    """None if the self-test kernel (selftest.cu) compiles, launches and returns the right
-    numbers on `dev`; else one sentence why not. Never raises."""
-    from kernels.cuda import ops
-
-    x = np.linspace(-3.0, 1000.0, 32, dtype=np.float32)  # 1000.x rounds when made half
-    try:
-        got = dev.to_host(ops.self_test(dev, dev.to_device(x, "self-test")), "self-test")
-    except Exception as e:
-        cause = e.__cause__ if isinstance(e, KernelLoadError) and e.__cause__ else e
-        return f"cuda: the self-test kernel does not compile or run ({_first_line(cause)})"
-    want = x.astype(np.float16).astype(np.float32) * 2 + np.arange(32, dtype=np.float32) + 32
-    # float32 arithmetic of exactly representable values: equal up to one rounding.
-    if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=0):
-        return "cuda: the self-test kernel returned wrong numbers (a driver/toolkit mismatch?)"
-    return None
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from kernels.cuda import blas, plan
-from kernels.cuda.device import Device
+from kernels.cuda import blas, plan, table
+from kernels.cuda.device import Device, first_line
 from kernels.cuda.table import HALF_TYPES, TYPES, KernelType, mmv_kernel, q8_1_row_bytes
-from kernels.errors import LaunchError
+from kernels.errors import KernelLoadError, LaunchError
 
 i32, i64, f32 = np.int32, np.int64, np.float32
 
@@ -317,21 +317,49 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
         _need(key_mask.dtype == np.float32 and key_mask.shape == (b, n_kv)
               and key_mask.strides[-1] == 4, "key_mask must be float32 (batch, n_kv)")
     rows = (h // kvh) * t
-    p = plan.plan_attention(d, rows, n_kv, b * kvh, dev.limits)
+    kernel, p = attention_plan(dev, kernel, k, v, rows, n_kv, b * kvh)
     out = dev.empty(q.shape, np.float32)
-    part = part_ml = None
-    if p.combine is not None:
-        part = dev.empty((p.splits * b * kvh * rows * d,), np.float32)
-        part_ml = dev.empty((p.splits * b * kvh * rows * 2,), np.float32)
+    part, part_ml = attention_scratch(dev, p, b * kvh * rows, d)
     dev.launch(module, kernel, p.main,
                (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(t), i32(n_kv), i32(kvh),
                 i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0),
                 i32(-1 if causal_offset is None else causal_offset), i32(window or 0),
                 key_mask, i64(0 if key_mask is None else key_mask.strides[0] // 4)))
+    attention_combine(dev, p, part, part_ml, out, rows, d)
+    return out
+
+
+def attention_plan(dev: Device, kernel: str, k: Any, v: Any, rows: int, n_kv: int,
+                   kv_blocks: int) -> tuple[str, plan.AttentionPlan]:
+    """(kernel, plan) for ``rows`` query rows per kv head over ``n_kv`` keys: the decode
+    kernel (attn_vec_*, see attention.cuh) where it applies -- at most ATTN_MAX_ROWS rows, a
+    head_dim it has a width E for, K/V rows starting on E-element boundaries (its vector
+    loads) -- else the tiled kernel ``kernel`` (prefill)."""
+    d = k.shape[-1]
+    e = plan.attn_vec_width(d)
+    if e is not None and rows <= table.ATTN_MAX_ROWS:
+        align = min(16, e * k.itemsize)
+        if all(dev.address(a) % align == 0 for a in (k, v)) and all(
+                s % align == 0 for s in k.strides[:3]):
+            return (f"{kernel.replace('attn_', 'attn_vec_', 1)}_e{e}",
+                    plan.plan_attention_vec(d, rows, n_kv, kv_blocks, dev.limits))
+    return kernel, plan.plan_attention(d, rows, n_kv, kv_blocks, dev.limits)
+
+
+def attention_scratch(dev: Device, p: plan.AttentionPlan, rows: int, d: int
+                      ) -> tuple[Any, Any]:
+    """The split-K partials (accumulators, then max and sum per row), or (None, None)."""
+    if p.combine is None:
+        return None, None
+    return (dev.empty((p.splits * rows * d,), np.float32),
+            dev.empty((p.splits * rows * 2,), np.float32))
+
+
+def attention_combine(dev: Device, p: plan.AttentionPlan, part: Any, part_ml: Any, out: Any,
+                      rows: int, d: int) -> None:
     if p.combine is not None:
         dev.launch("attention", "attn_combine_f32", p.combine,
                    (part, part_ml, out, i32(d), i32(rows), i32(p.splits)))
-    return out
 
 
 def _gated(dev: Device, kernel: str, gate: Any, up: Any) -> Any:
@@ -379,3 +407,19 @@ def self_test(dev: Device, x: Any) -> Any:
     dev.launch("selftest", "selftest_f16", plan.plan_self_test(x.shape[0], dev.limits),
                (x, y, i32(x.shape[0])))
     return y
+
+
+def check_device(dev: Device) -> str | None:
+    """None if the self-test kernel (selftest.cu) compiles, launches and returns the right
+    numbers on `dev`; else one sentence why not. Never raises."""
+    x = np.linspace(-3.0, 1000.0, 32, dtype=np.float32)  # 1000.x rounds when made half
+    try:
+        got = dev.to_host(self_test(dev, dev.to_device(x, "self-test")), "self-test")
+    except Exception as e:
+        cause = e.__cause__ if isinstance(e, KernelLoadError) and e.__cause__ else e
+        return f"cuda: the self-test kernel does not compile or run ({first_line(cause)})"
+    want = x.astype(np.float16).astype(np.float32) * 2 + np.arange(32, dtype=np.float32) + 32
+    # float32 arithmetic of exactly representable values: equal up to one rounding.
+    if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=0):
+        return "cuda: the self-test kernel returned wrong numbers (a driver/toolkit mismatch?)"
+    return None

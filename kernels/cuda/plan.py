@@ -231,3 +231,46 @@ def plan_attention(head_dim: int, rows: int, n_kv: int, kv_blocks: int,
         return AttentionPlan(main, None, 0)
     combine = Launch((row_tiles, kv_blocks, 1), (32, warps, 1)).check(limits)
     return AttentionPlan(main, combine, splits * kv_blocks * rows * (head_dim + 2))
+
+
+# Decode attention (attention.cuh, attn_vec_*): every query row of a kv head in one block
+# (rows <= table.ATTN_MAX_ROWS: decode's group of query heads), ATTN_VEC_WARPS warps splitting
+# the keys, lane l holding E = attn_vec_width(head_dim) elements of a K/V row. Split-K from
+# the SM count: ATTN_VEC_BLOCKS_PER_SM blocks per SM (4 warps each; ptxas: 96-126 registers,
+# so 4 such blocks fit an SM's registers, 16 warps with 64 K/V values in flight per lane),
+# each split at least ATTN_MIN_KEYS_PER_SPLIT keys.
+ATTN_VEC_WARPS = 4
+ATTN_VEC_BLOCKS_PER_SM = 2
+ATTN_VEC_WIDTHS = (2, 4, 8)  # E: head_dim up to 64, 128, 256
+
+
+def attn_vec_width(head_dim: int) -> int | None:
+    """E for head_dim (the smallest with 32 * E >= head_dim), or None where the vector
+    kernel does not apply (head_dim % E != 0 or past 256)."""
+    e = next((e for e in ATTN_VEC_WIDTHS if 32 * e >= head_dim), None)
+    return e if e is not None and head_dim % e == 0 else None
+
+
+def attn_vec_shared_bytes(head_dim: int, rows: int, warps: int = ATTN_VEC_WARPS) -> int:
+    """The rows' queries and each warp's running (accumulator, max, sum) per row."""
+    return 4 * (rows * head_dim + warps * rows * (head_dim + 2))
+
+
+def plan_attention_vec(head_dim: int, rows: int, n_kv: int, kv_blocks: int,
+                       limits: DeviceLimits = DEFAULT_LIMITS) -> AttentionPlan:
+    """attn_vec_*: rows = query rows per kv head (<= ATTN_MAX_ROWS), kv_blocks = batch *
+    kv_heads; the combine (attn_combine_f32) as for plan_attention."""
+    if attn_vec_width(head_dim) is None:
+        raise LaunchError(f"head_dim {head_dim} has no vector attention kernel")
+    if not 0 < rows <= table.ATTN_MAX_ROWS or n_kv < 1 or kv_blocks < 1:
+        raise LaunchError(f"vector attention takes 1..{table.ATTN_MAX_ROWS} rows and keys")
+    if kv_blocks > limits.max_grid_yz:
+        raise LaunchError(f"batch * kv_heads = {kv_blocks} exceeds the grid's y limit")
+    want = _cdiv(ATTN_VEC_BLOCKS_PER_SM * limits.sm_count, kv_blocks)
+    splits = max(1, min(want, _cdiv(n_kv, ATTN_MIN_KEYS_PER_SPLIT), limits.max_grid_yz))
+    main = Launch((1, kv_blocks, splits), (32, ATTN_VEC_WARPS, 1),
+                  attn_vec_shared_bytes(head_dim, rows)).check(limits)
+    if splits == 1:
+        return AttentionPlan(main, None, 0)
+    combine = Launch((1, kv_blocks, 1), (32, rows, 1)).check(limits)
+    return AttentionPlan(main, combine, splits * kv_blocks * rows * (head_dim + 2))

@@ -15,7 +15,18 @@ import numpy as np
 
 from kernels.cuda import plan
 from kernels.cuda.device import Device
-from kernels.cuda.ops import KV_BF16, _f32_contig, _need, f32, i32, i64, kv_layout
+from kernels.cuda.ops import (
+    KV_BF16,
+    _f32_contig,
+    _need,
+    attention_combine,
+    attention_plan,
+    attention_scratch,
+    f32,
+    i32,
+    i64,
+    kv_layout,
+)
 
 # The row write of a captured step, per KV cache element type (ops.KV_KERNELS).
 KV_STORE = {np.dtype(np.float32): ("step", "kv_store_f32"),
@@ -98,16 +109,11 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_k
     kb, kvh, _, kd = k.shape
     _need(kb == b and kd == d and h % kvh == 0, f"q {q.shape} does not fit k {k.shape}")
     rows = h // kvh
-    p = plan.plan_attention(d, rows, max_kv, b * kvh, dev.limits)
+    kernel, p = attention_plan(dev, kernel, k, v, rows, max_kv, b * kvh)
     out = dev.empty(q.shape, np.float32)
-    part = part_ml = None
-    if p.combine is not None:
-        part = dev.empty((p.splits * b * kvh * rows * d,), np.float32)
-        part_ml = dev.empty((p.splits * b * kvh * rows * 2,), np.float32)
+    part, part_ml = attention_scratch(dev, p, b * kvh * rows, d)
     dev.launch(module, f"{kernel}_pos", p.main,
                (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(1), pos, i32(kvh),
                 i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0), i32(window or 0)))
-    if p.combine is not None:
-        dev.launch("attention", "attn_combine_f32", p.combine,
-                   (part, part_ml, out, i32(d), i32(rows), i32(p.splits)))
+    attention_combine(dev, p, part, part_ml, out, rows, d)
     return out

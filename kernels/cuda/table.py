@@ -151,6 +151,9 @@ BUDGETS: dict[str, KernelBudget] = {
     "attn_kv_f16": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
     "attn_kv_bf16": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
     "attn_combine_f32": KernelBudget(256, 64, 0),
+    # decode attention: dynamic shared memory only (plan.attn_vec_shared_bytes); 2 * 32
+    # K/V values in flight per lane (ptxas: 96-126 registers): 128 x 128 fits 4 blocks.
+    "attn_vec_": KernelBudget(128, 128, 0),
     "step_inputs_i32": KernelBudget(32, 32, 0),
     "kv_store_f32": KernelBudget(256, 64, 0),
     "kv_store_f16": KernelBudget(256, 64, 0),

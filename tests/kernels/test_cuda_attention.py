@@ -25,6 +25,14 @@ def _qkv(dev: EmulatedDevice, rng: np.random.Generator, t: int, n_kv: int, heads
     return q, k, v
 
 
+def _record_launches(dev: EmulatedDevice) -> list[str]:
+    """The names of the kernels ``dev`` launches from now on, in order."""
+    launched: list[str] = []
+    launch = dev.launch
+    dev.launch = lambda m, n, *a: (launched.append(n), launch(m, n, *a))  # type: ignore
+    return launched
+
+
 def test_prefill_attention_scratch_does_not_grow_with_t_squared() -> None:
     # The backend's prefill attention at t = 96 and t = 384: the device allocates the output
     # and the planned split-K partials (linear in t), and the host's Python-level
@@ -65,9 +73,10 @@ def test_planned_scratch_is_linear_in_t_at_any_context() -> None:
 @pytest.mark.parametrize("masked", [False, True])
 def test_decode_attention_at_8k_context(masked: bool) -> None:
     # One token, 4 query heads over 2 kv heads, head_dim 32, 8192 cached keys (a view of a
-    # 8200-slot cache): split-K must give at least one block per SM at batch 1.
+    # 8200-slot cache): the decode kernel (attn_vec_*), split-K giving at least one block
+    # per SM at batch 1.
     n_kv, cap = 8192, 8200
-    p = plan.plan_attention(32, 2, n_kv, 2)
+    p = plan.plan_attention_vec(32, 2, n_kv, 2)
     blocks = p.main.grid[0] * p.main.grid[1] * p.main.grid[2]
     assert p.splits > 1 and blocks >= table.SM_COUNT, p
     dev = EmulatedDevice(check_races=True)  # both thread orders, blocks shuffled
@@ -78,12 +87,35 @@ def test_decode_attention_at_8k_context(masked: bool) -> None:
         mask = (rng.random((1, n_kv)) > 0.2).astype(np.float32)
         mask[0, : n_kv // 2] = 0
     k, v = dev.to_device(kc)[:, :, :n_kv], dev.to_device(vc)[:, :, :n_kv]
+    launched = _record_launches(dev)
     got = ops.attention(dev, dev.to_device(q), k, v, 1 / np.sqrt(32), causal_offset=n_kv - 1,
                         key_mask=None if mask is None else dev.to_device(mask))
     ref = attention_ref(q, kc[:, :, :n_kv], vc[:, :, :n_kv], 1 / np.sqrt(32), n_kv - 1, mask)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert launched == ["attn_vec_f32_e2", "attn_combine_f32"]
     assert dev.allocations[-3:] == [q.nbytes, p.scratch_bytes - 4 * p.splits * 2 * 2 * 2,
                                     4 * p.splits * 2 * 2 * 2]  # output, partials, (m, l)
+
+
+@pytest.mark.parametrize(("d", "kv", "kernel"), [
+    (64, np.float16, "attn_vec_kv_f16_e2"), (128, "bfloat16", "attn_vec_kv_bf16_e4"),
+    (256, np.float32, "attn_vec_f32_e8"), (72, np.float16, "attn_vec_kv_f16_e4"),
+    (66, np.float16, "attn_kv_f16")])  # 66 % 4: no vector width, the tiled kernel
+def test_decode_takes_the_vector_kernel(d: int, kv: object, kernel: str) -> None:
+    # A decode step without GQA (one row a kv head, so several warps split the keys) and
+    # a 4-group one, against float64 over the cache's values: rtol 1e-5, atol 1e-6.
+    rng = np.random.default_rng(d)
+    for heads, kv_heads in ((3, 3), (8, 2)):
+        C = CudaBackend(EmulatedDevice(), kv_dtype=kv)
+        launched = _record_launches(C.dev)
+        q, k, v = _qkv(C.dev, rng, 1, 150, heads, kv_heads, d)
+        kc = C.dev.to_device(ops.to_bf16_bits(np, k) if kv == "bfloat16" else k.astype(kv))
+        vc = C.dev.to_device(ops.to_bf16_bits(np, v) if kv == "bfloat16" else v.astype(kv))
+        got = C.attention(C.dev.to_device(q), kc, vc, 0.1, causal_offset=149)
+        ref = attention_ref(q, ops.kv_as_f32(np, C.to_numpy(kc)),
+                            ops.kv_as_f32(np, C.to_numpy(vc)), 0.1, 149)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+        assert launched[0] == kernel
 
 
 @pytest.mark.parametrize("kv", [np.float32, np.float16, "bfloat16"])

@@ -18,7 +18,8 @@ import inference.backends.cuda as cuda_backend
 from inference.backends import select_backend
 from inference.backends.base import OPS
 from inference.errors import BackendUnavailableError
-from kernels.cuda.device import MODULES, EmulatedDevice, kernel_source, self_test
+from kernels.cuda.device import MODULES, EmulatedDevice, kernel_source
+from kernels.cuda.ops import check_device
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,7 @@ def _fake_gpu(monkeypatch: pytest.MonkeyPatch, device: type) -> None:
 
 
 def test_self_test_passes_on_a_working_device() -> None:
-    assert self_test(EmulatedDevice()) is None
+    assert check_device(EmulatedDevice()) is None
 
 
 def test_probe_accepts_a_device_that_runs_the_self_test(monkeypatch: pytest.MonkeyPatch

@@ -236,6 +236,8 @@ ATTN_CASES = [
     (48, 70, 70, 2, 1, 0, 16, None, False),  # sliding-window prefill
     (128, 33, 33, 8, 8, None, None, None, True),  # encoder: no causality, padding only
     (16, 9, 9, 3, 3, 0, None, 50.0, False),  # head_dim below a warp, soft-capping
+    (96, 3, 20, 2, 1, 17, None, None, True),  # 6 rows of 3 positions: the decode kernel
+    (40, 4, 30, 2, 2, 26, 5, 20.0, False),  # the decode kernel with a window, 4 positions
 ]
 
 
