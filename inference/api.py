@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -294,12 +295,23 @@ class Encoder(LoadedModel):
         return first_bad_layer(self.model, run, B.to_numpy)
 
 
+def _weight_store(B: Backend, ckpt: Checkpoint, n_layers: int | None
+                  ) -> contextlib.AbstractContextManager[Any]:
+    """The cpu backend's store of packed weights for this file (a whole model only)."""
+    if B.name != "cpu" or n_layers is not None:
+        return contextlib.nullcontext()
+    from inference.backends.cpu.pack import pack_store
+
+    return pack_store(ckpt.identity)
+
+
 def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
                n_layers: int | None = None,
                progress: Callable[[int, int], None] | None = None,
                cancel: threading.Event | None = None,
                api_key: str | None = None,
-               kv_dtype: str | None = None) -> CausalLM | Encoder | RemoteLM | RemoteEncoder:
+               kv_dtype: str | None = None, prefill_dtype: str | None = None
+               ) -> CausalLM | Encoder | RemoteLM | RemoteEncoder:
     """Load a model by store name, path or ModelSpec onto a backend ("auto" picks one).
 
     The backend is checked for every op and quant type the architecture needs before any
@@ -310,6 +322,8 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     one): ``"http://host:8080/v1#model-id"``. ``kv_dtype`` ("float32", "float16",
     "bfloat16"): the KV cache's element type where the backend offers it (default: the
     backend's own, float32 on cpu, float16 on cuda); refused before any weight loads.
+    ``prefill_dtype`` ("float32", "float16", "bfloat16"): the cuda backend's prefill GEMM
+    input type (CudaBackend.use_prefill_dtype); other backends refuse it.
     """
     if is_url(name_or_path):
         return connect(str(name_or_path), api_key=api_key)
@@ -323,8 +337,14 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     B, reason = select_backend(backend, mod.REQUIRED_OPS, qtypes, model_type)
     if kv_dtype is not None:
         B.use_kv_dtype(kv_dtype)
+    if prefill_dtype is not None:
+        if not hasattr(B, "use_prefill_dtype"):
+            raise InvalidInputError(f"The {B.name} backend has no prefill_dtype setting.")
+        B.use_prefill_dtype(prefill_dtype)
     cls = CausalLM if model_type in CAUSAL and not declares_pooling(ckpt.path) else Encoder
-    model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
+    with _weight_store(B, ckpt, n_layers):
+        model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
+    ckpt.release_pages()  # pages read while converting; weights kept in file layout map again
     del ckpt  # its views and temporaries go now (a GGUF header stays in the reader's cache)
     trim_host_heap()
     keep_freed_heap()  # from here on, reuse what inference frees (prefill's temporaries)

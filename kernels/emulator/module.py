@@ -149,10 +149,6 @@ class EmulatedModule:
         self._bounds = kernels
         self._kernels: dict[str, EmulatedKernel] = {}
 
-    @property
-    def kernel_names(self) -> list[str]:
-        return list(self._bounds)
-
     def get_function(self, name: str) -> EmulatedKernel:
         if name not in self._bounds:
             raise AttributeError(f"{self.path.name} has no kernel {name!r}")

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from inference.backends.cuda import CudaBackend
+from inference.errors import InvalidInputError
 from inference.generate import generate_step
 from inference.models import llama
 from inference.sampling import SamplingParams
@@ -215,8 +216,24 @@ def test_bf16_weights_go_to_the_bfloat16_gemm_in_place() -> None:
 def test_prefill_dtype_is_checked() -> None:
     assert CudaBackend(EmulatedDevice()).prefill_dtype == np.float32
     assert CudaBackend(EmulatedDevice(), prefill_dtype="bfloat16").prefill_dtype == BF16
-    with pytest.raises(ValueError, match="float32, float16 or 'bfloat16'"):
+    with pytest.raises(InvalidInputError, match="float32, float16 or bfloat16, not"):
         CudaBackend(EmulatedDevice(), prefill_dtype=np.int8)
+
+
+def test_load_model_takes_the_prefill_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    # load_model(prefill_dtype=...) reaches the cuda backend; a backend without the setting
+    # refuses it in one sentence before any weight loads.
+    import inference.api as api
+    import inference.backends.cuda as cuda_backend
+    from inference import load_model
+
+    monkeypatch.setattr(cuda_backend, "cuda_unavailable_reason", lambda: None)
+    monkeypatch.setattr(cuda_backend, "CupyDevice", EmulatedDevice)
+    m = load_model(str(smollm2_gguf()), backend="cuda", n_layers=1, prefill_dtype="float16")
+    assert m.backend.prefill_dtype == np.float16
+    with pytest.raises(InvalidInputError, match="numpy backend has no prefill_dtype setting"):
+        load_model(str(smollm2_gguf()), backend="numpy", prefill_dtype="float16")
+    assert "prefill_dtype" in api.load_model.__doc__
 
 
 @pytest.mark.long  # ~3 min on 2 cores: opt-in (INFERDESK_LONG=1), figures in docs/cuda.md
