@@ -245,8 +245,9 @@ class MainWindow(QMainWindow):
             self.chat.set_model("")
         backends = sorted({i.backend for i in loaded.values()})
         self.status_backend.setText(f"Backend: {', '.join(backends) or '—'}")
-        self.status_model.setText(
-            f"Chat: {chat.name if chat else '—'} · Embed: {enc.name if enc else '—'}")
+        text = f"Chat: {chat.name if chat else '—'} · Embed: {enc.name if enc else '—'}"
+        self.status_model.setText(text)
+        self.status_model.setToolTip(text)
 
     def _update_memory(self) -> None:
         used, peak = self.perf.device

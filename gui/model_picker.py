@@ -189,6 +189,7 @@ class ModelPicker(QWidget):
         self.load_progress.setVisible(False)
         self.load_status = QLabel("")
         self.load_status.setObjectName("Hint")
+        self.load_status.setWordWrap(True)
         self.cancel_load = QPushButton("Cancel")
         self.cancel_load.setVisible(False)
         self.cancel_load.clicked.connect(lambda: self.handle.cancel("load"))

@@ -138,6 +138,7 @@ class PerfPane(QWidget):
         self.backend_label.setTextFormat(Qt.TextFormat.RichText)
         self.last_label = QLabel("")
         self.last_label.setObjectName("Hint")
+        self.last_label.setWordWrap(True)  # a long line must not widen the window
         self.remote_label = QLabel("")
         self.remote_label.setObjectName("Hint")
         self.remote_label.setWordWrap(True)

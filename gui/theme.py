@@ -191,6 +191,8 @@ def style_plot(plot: object, title: str | None = None) -> None:
     legend = getattr(plot, "legend", None)
     if legend is not None:
         legend.setLabelTextColor(fg)
+        for _sample, label in legend.items:  # the labels already drawn keep theirs else
+            label.setText(label.text, color=fg)
 
 
 def apply(app: QApplication) -> None:

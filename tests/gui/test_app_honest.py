@@ -73,8 +73,17 @@ def test_2_read_only_banner_stays_while_the_database_is_read_only(make_window, m
 
 # 3 (and 12: the model name beside Continue) ------------------------------------------------
 def test_3_every_tab_is_usable_at_800x600(make_window, monkeypatch) -> None:
+    from gui.worker import LoadedInfo
+
     w = make_window()
     _offline_chat(w, monkeypatch)
+    # The longest lines the tabs show once models are loaded and a reply has ended.
+    why = ("cpu: numba 0.68.1 kernels over quantized weights, up to 2 threads (fewer while "
+           "other processes keep cores busy), AVX2, F16C (skipped cuda: no NVIDIA driver)")
+    for kind, name in (("causal", "SmolLM2-135M-Instruct.Q4_1"), ("encoder", "all-MiniLM-L6-v2")):
+        w.handle.loaded.emit(LoadedInfo(kind, name, f"/{name}", "cpu", why, 2**28, 2**27, 8192,
+                                        "the file's own"))
+    w.handle.generated.emit(_CachedLM().done())
     w.chat.set_context_length(2048)
     w.chat.continue_button.setVisible(True)  # the widest button row there is
     w.resize(800, 600)
@@ -147,12 +156,18 @@ class _CachedLM:
         return list(range(316)), None
 
     def generate(self, **_kw):  # noqa: ANN003, ANN201
-        from inference.events import DoneEvent, TokenEvent
+        from inference.events import TokenEvent
 
         for i in range(3):
             yield TokenEvent("x", 5, i, 0.3 + i * 0.1, 0.25, 316 / 0.25, 10.0)
-        yield DoneEvent("xxx", [5, 5, 5], 316, 3, "length", 0.25, 316 / 0.25, 10.0, 0.5,
-                        n_cached=308)
+        yield self.done()
+
+    @staticmethod
+    def done():  # noqa: ANN205
+        from inference.events import DoneEvent
+
+        return DoneEvent("xxx", [5, 5, 5], 316, 3, "length", 0.25, 316 / 0.25, 10.0, 0.5,
+                         n_cached=308, threads=(1, 2))
 
 
 def test_7_prefill_counts_prefilled_tokens_and_appears_when_prefill_ends(make_window) -> None:
