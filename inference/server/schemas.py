@@ -32,6 +32,7 @@ UNSUPPORTED = {
     "verbosity": "verbosity settings are not supported",
 }
 Float = Annotated[float, Field(allow_inf_nan=False, strict=True)]
+_ZERO = {"minimum": 0, "maximum": 0}  # a penalty: only 0 is served
 
 
 def rng_seed(seed: int | None) -> int | None:
@@ -75,7 +76,7 @@ class _Body(BaseModel):
     def _unicode(cls, data: Any) -> Any:
         bad = _bad_text(data, "")
         if bad is not None:
-            raise InvalidInputError(f"'{bad}' is not valid Unicode text (it holds a lone "
+            raise InvalidInputError(f"'{bad or 'body'}' is not valid Unicode text (it holds a lone "
                                     "surrogate); send UTF-8.")
         return data
 
@@ -95,7 +96,7 @@ class _Body(BaseModel):
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    type: str
+    type: str = Field(json_schema_extra={"enum": ["text"]})  # others: a 400 saying so
     text: str | None = None
 
 
@@ -127,11 +128,12 @@ class _Sampling(_Body):
     top_p: Float = Field(1.0, gt=0.0, le=1.0)
     seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    n: StrictInt = 1
+    # What is served, in the document; other values get a 400 saying so (check()).
+    n: StrictInt = Field(1, json_schema_extra={"minimum": 1, "maximum": 1})
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    frequency_penalty: Float = Field(0.0, ge=-2.0, le=2.0)
-    presence_penalty: Float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Float = Field(0.0, ge=-2.0, le=2.0, json_schema_extra=_ZERO)
+    presence_penalty: Float = Field(0.0, ge=-2.0, le=2.0, json_schema_extra=_ZERO)
     # Accepted and ignored: storing, reporting and billing on OpenAI's side.
     store: StrictBool | None = None
     metadata: dict[str, str] | None = None
@@ -177,9 +179,9 @@ class ChatRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[StrictInt]
     logprobs: StrictInt | None = Field(None, ge=0, le=5)
-    echo: StrictBool = False
-    best_of: StrictInt | None = None
-    suffix: str | None = None
+    echo: StrictBool = Field(False, json_schema_extra={"enum": [False]})
+    best_of: StrictInt | None = Field(None, json_schema_extra={"enum": [1, None]})
+    suffix: str | None = Field(None, json_schema_extra={"enum": ["", None]})
 
     def text(self) -> str:
         p = self.prompt
