@@ -113,3 +113,32 @@ def test_accelerator_extra_follows_the_machine(tmp_path, smi, system, machine, w
     """make installs [cuda12]/[cuda13] by the driver's CUDA version, [mlx] on Apple silicon,
     and neither on a machine without a GPU."""
     assert accelerator(tmp_path, smi, system, machine) == want
+
+
+LOCKS = {"default.txt": ("test", "nvrtc", "mlx"), "cuda12.txt": ("test", "cuda12", "mlx"),
+         "cuda13.txt": ("test", "cuda13", "mlx")}
+
+
+@pytest.mark.parametrize(("lock", "extras"), LOCKS.items())
+def test_lock_files_pin_what_pyproject_asks_for(lock, extras):
+    """make installs with requirements/*.txt as constraints: each of pyproject.toml's
+    requirements (its dependencies and the lock's extras) is pinned there to a version its
+    range admits, so a range changed without `make lock` fails here, not on a user's install."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    root = SCRIPT.parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for e in extras for r in project["optional-dependencies"][e]]
+    pins: dict[str, list[str]] = {}
+    for line in (root / "requirements" / lock).read_text().splitlines():
+        if "==" in line and not line.startswith((" ", "#")):
+            name, version = line.split(";")[0].strip().split("==")
+            pins.setdefault(canonicalize_name(name), []).append(version)
+    for req in wanted:
+        versions = pins.get(canonicalize_name(req.name))
+        assert versions, f"{req.name} is not in requirements/{lock}: run `make lock`"
+        assert any(req.specifier.contains(v, prereleases=True) for v in versions), \
+            f"requirements/{lock} pins {req.name} at {versions}, outside {req.specifier}"
