@@ -398,6 +398,13 @@ class ChatTemplate:
                            model_dir=path if path.is_dir() else None,
                            model_type=config.get("model_type"))
 
+    @classmethod
+    def source_of(cls, ckpt: Any) -> str:
+        """:attr:`template_source` for a checkpoint read from its headers only (the model
+        picker's card, before any load): the family check reads the GGUF token list or the
+        tokenizer.json text instead of building a tokenizer."""
+        return cls.for_checkpoint(ckpt, _VocabularyProbe(ckpt)).template_source
+
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                **kwargs: Any) -> str:
         """The prompt text for ``messages`` (dicts with "role" and "content")."""
@@ -600,6 +607,30 @@ def template_family(model_type: str | None, tokenizer: Any = None
         if to_id(token) is not None:
             return family, "vocabulary"
     return "llama2", "architecture"
+
+
+class _VocabularyProbe:
+    """``token_to_id`` enough for :func:`template_family`: whether a turn token is in the
+    vocabulary (the GGUF token list, or the tokenizer.json text), read on first use."""
+
+    def __init__(self, ckpt: Any) -> None:
+        self._ckpt = ckpt
+        self._tokens: set[str] | str | None = None
+
+    def token_to_id(self, token: str) -> int | None:
+        if self._tokens is None:
+            listed = (getattr(self._ckpt, "metadata", None) or {}).get("tokenizer.ggml.tokens")
+            if listed is not None:
+                self._tokens = {t for t, _ in _BY_TOKEN} & {str(t) for t in listed}
+            else:
+                path = Path(self._ckpt.path) / "tokenizer.json"
+                try:
+                    self._tokens = path.read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    self._tokens = ""
+        found = token in self._tokens if isinstance(self._tokens, set) \
+            else json.dumps(token) in self._tokens
+        return 0 if found else None
 
 
 def _is_utf8(text: str) -> bool:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.backends.base import ATTENTION_SCRATCH_BYTES
+from inference.chat_template import ChatTemplate
 from inference.embed import declares_pooling
 from inference.errors import (
     CancelledError,
@@ -78,6 +79,8 @@ class ModelSpec:
     repo_id: str | None = None  # Hugging Face repo, for models from the cache
     context_length: int | None = None  # tokens the engine lets the model hold
     problem: str | None = None  # why the engine cannot run it (one sentence), else None
+    # Which chat template a chat model gets and why (ChatTemplate.template_source), else None.
+    chat_template: str | None = None
 
 
 # --- specs --------------------------------------------------------------------------------
@@ -183,6 +186,7 @@ def _describe(ck: Checkpoint, file_size: int) -> ModelSpec:
     arch = str(cfg.get("model_type", "unknown"))
     kind = "encoder" if arch in ENCODER_TYPES or declares_pooling(ck.path) else "causal"
     ctx, problem = _runnable(ck, arch, kind)
+    template = ChatTemplate.source_of(ck) if kind == "causal" else None
     n_params = 0
     stored = 0
     for t in ck.tensors.values():
@@ -195,7 +199,7 @@ def _describe(ck: Checkpoint, file_size: int) -> ModelSpec:
         name="", path=ck.path, format=ck.format, architecture=arch, kind=kind,
         quant_types=sorted({t.qtype for t in ck.tensors.values()}), n_params=n_params,
         file_size=file_size, est_memory=stored + runtime_bytes(cfg, kind), source="",
-        context_length=ctx, problem=problem,
+        context_length=ctx, problem=problem, chat_template=template,
     )
 
 

@@ -152,6 +152,17 @@ def test_gemma_gguf_without_a_template_gets_gemma_turns(tmp_path):
     assert m.template.fallback_reason is None
 
 
+def test_the_model_card_says_which_template_before_loading(tmp_path):
+    from inference.store import spec_for_path
+    from tests.hostile_models import VOCAB
+
+    gemma = _gguf_without_template(tmp_path, "gemma")
+    assert spec_for_path(gemma).chat_template == "Gemma's, by architecture: the file has none"
+    tokens = ["t", "0", "<|start_header_id|>"] + [f"t{i}" for i in range(VOCAB - 3)]
+    llama3 = _gguf_without_template(tmp_path, "llama", tokens=tokens)
+    assert spec_for_path(llama3).chat_template == "Llama 3's, by vocabulary: the file has none"
+
+
 @pytest.mark.parametrize(("model_type", "vocab", "turn", "source"), [
     ("gemma3_text", [], "<start_of_turn>user\nHi<end_of_turn>\n", "Gemma's, by architecture"),
     ("qwen2", [], "<|im_start|>user\nHi<|im_end|>\n", "Qwen's, by architecture"),
