@@ -144,10 +144,10 @@ def test_fuzz_every_endpoint(engine, server):  # noqa: F811
     """A few requests per endpoint and mode: no 5xx, every worker up."""
     doc = openapi_document(engine)
     models = {"causal": engine.llm.name, "encoder": engine.encoder.name}
-    out = fuzz(server.url.removesuffix("/v1"), doc, models, per_operation=4, seed=1)
+    out = fuzz(server.url.removesuffix("/v1"), doc, models, per_operation=3, seed=1)
     assert not out["server_errors"], out["server_errors"][:3]
     assert not out["unhealthy"], out["unhealthy"]
-    assert out["requests"] >= 25
+    assert out["requests"] >= 20
 
 
 def _rss_reader(pid: int) -> Any:
