@@ -81,8 +81,9 @@ def test_3_every_tab_is_usable_at_800x600(make_window, monkeypatch) -> None:
     why = ("cpu: numba 0.68.1 kernels over quantized weights, up to 2 threads (fewer while "
            "other processes keep cores busy), AVX2, F16C (skipped cuda: no NVIDIA driver)")
     for kind, name in (("causal", "SmolLM2-135M-Instruct.Q4_1"), ("encoder", "all-MiniLM-L6-v2")):
-        w.handle.loaded.emit(LoadedInfo(kind, name, f"/{name}", "cpu", why, 2**28, 2**27, 8192,
-                                        "the file's own"))
+        info = LoadedInfo(kind, name, f"/{name}", "cpu", why, 2**28, 2**27, 8192)
+        info.template = "the file's own" if kind == "causal" else ""
+        w.handle.loaded.emit(info)
     w.handle.generated.emit(_CachedLM().done())
     w.chat.set_context_length(2048)
     w.chat.continue_button.setVisible(True)  # the widest button row there is
@@ -200,8 +201,6 @@ def test_7_prefill_counts_prefilled_tokens_and_appears_when_prefill_ends(make_wi
 def test_8_indicator_warns_under_stop_at_limit_and_the_panel_follows_the_policy(
         loaded_window, qtbot) -> None:
     w = loaded_window
-    # (4, the app's part) The model card says which chat template is used, and why.
-    assert "Chat template: the file's own" in w.picker.loaded_labels["causal"].text()
     chat = w.chat
     w.tabs.setCurrentWidget(chat)
     chat.new_conversation()
@@ -222,6 +221,8 @@ def test_8_indicator_warns_under_stop_at_limit_and_the_panel_follows_the_policy(
     finally:
         w.settings.set("models/context", 4096)
         chat.input.clear()
+    # (4, the app's part) The model card says which chat template is used, and why.
+    assert "Chat template: the file's own" in w.picker.loaded_labels["causal"].text()
 
 
 # 9 -----------------------------------------------------------------------------------------
