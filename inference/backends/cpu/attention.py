@@ -14,7 +14,7 @@ of 16 (:func:`_dots4`, :func:`_axpy4`): one pass over q serves four key rows, wh
 are reduced together, and the output row is read and written once per four value rows. A
 decode step's attention (:func:`attend_rows`) goes out in spans of ``SPAN`` keys, each
 span's K and V read from memory once for a kv head's whole group of query heads
-(docs/cpu-backend.md, "Decode attention"; ``scripts/bench_decode_attention.py``).
+(docs/cpu-backend.md, "Decode attention"; figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations
