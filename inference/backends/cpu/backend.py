@@ -72,7 +72,7 @@ from inference.threads import BusyCores, threads_for
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # Packed code widths whose prefill products take the integer kernels (``_rows_plan``)
 # rather than dequant+sgemm (with integer activations, on AVX-512 VNNI). Measured per
-# product at 138 rows, SmolLM2 shapes (scripts/bench_prefill_products.py), with the float
+# product at 138 rows, SmolLM2 shapes (docs/benchmarks.md, prefill products), with the float
 # tail in the intrinsics: 4/5-bit 0.68-0.71x the time of dequant+sgemm at 1 thread, 8-bit
 # (Q8_0, Q6_K) 0.69-0.71x (1.03-1.25x before that tail). AVX2 (row pairs) keeps sgemm:
 # 0.80-0.93x its speed on the Q3_K_M prefill (docs/cpu-backend.md, "Prefill").
