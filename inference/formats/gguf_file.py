@@ -395,8 +395,11 @@ def read_gguf(path: str | Path) -> Checkpoint:
     config = _config(arch, metadata, raw)
     tensors = _rename(arch, raw, config)
     template = metadata.get("tokenizer.chat_template")
+    st = path.stat()
+    identity = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{header.digest.hex()}"
     return Checkpoint(path=path, format="gguf", config=config, tensors=tensors,
-                      metadata=metadata, chat_template=template if template else None)
+                      metadata=metadata, chat_template=template if template else None,
+                      identity=identity)
 
 
 # --- metadata ------------------------------------------------------------------------------

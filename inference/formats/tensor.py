@@ -7,6 +7,7 @@ their own layout (dense or quantized); nothing else reads raw blocks.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,3 +58,21 @@ class Checkpoint:
     tensors: dict[str, TensorData]
     metadata: dict[str, Any] = field(default_factory=dict)  # raw GGUF key/values, if any
     chat_template: str | None = None
+    # What caches of derived data key on (GGUF: resolved path, size, modification time and
+    # a digest of the header); None where the reader gives none.
+    identity: str | None = None
+
+    def release_pages(self) -> None:
+        """Drop the memory-mapped file's pages from this process's resident memory (they
+        stay in the page cache, and the map stays valid: a page read again comes back)."""
+        seen: set[int] = set()
+        for t in self.tensors.values():
+            base: Any = t.data
+            while base is not None and not isinstance(base, mmap.mmap):
+                base = getattr(base, "_mmap", None) or getattr(base, "base", None)
+            if base is not None and id(base) not in seen and hasattr(base, "madvise"):
+                seen.add(id(base))
+                try:
+                    base.madvise(mmap.MADV_DONTNEED)
+                except (OSError, ValueError, AttributeError):
+                    pass

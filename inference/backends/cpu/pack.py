@@ -19,12 +19,31 @@ its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q5_0 1.09x, Q5_1 1.0x,
 1.27x, Q6_K 1.37x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
 Other types (Q3_K, Q2_K, F16, BF16, 3/6-bit MLX) stay as raw file bytes (1.0x):
 :mod:`.raw` reads the GGML ones and the floats block by block; MLX's are dequantized
-by NumPy a chunk of rows at a time (slow).
+by NumPy a chunk of rows at a time (slow); they are views of the file's memory map, so
+only the pages read are resident.
+
+Packed weights are kept on disk (:class:`PackStore`), in a folder beside the kernel cache
+keyed by the model file's identity (resolved path, size, modification time, a digest of
+its header) and this layout's version: a model's first load packs and writes them, later
+loads map the packed file instead of packing, as fast as mapping the model file itself.
+The store is mapped copy-on-write: pages stay shared with the page cache and are read only
+when a product first needs them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -191,7 +210,20 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
     bits = packed_bits(t)
     n_out, k = t.shape
     if bits is None:
-        return RawWeight(np.array(t.data), t.qtype, (n_out, k))  # copy: drop the file map
+        return RawWeight(np.asarray(t.data), t.qtype, (n_out, k))  # the file's pages, mapped
+    store = getattr(_active, "store", None)
+    if store is not None:
+        hit = store.get(t)
+        if hit is not None:
+            return hit
+    w = _pack(t, bits)
+    if store is not None:
+        store.put(t, w)
+    return w
+
+
+def _pack(t: TensorData, bits: int) -> PackedWeight:
+    n_out, k = t.shape
     tiles, groups = -(-n_out // LANES), k // GROUP
     kind = _kind(t)
     c = bits  # rows of codes
@@ -274,3 +306,115 @@ def unpack(w: PackedWeight) -> np.ndarray:
     tiles = len(v) // w.groups
     v = v.reshape(tiles, w.groups, GROUP, LANES).transpose(0, 3, 1, 2)
     return np.ascontiguousarray(v.reshape(tiles * LANES, w.shape[1])[: w.shape[0]])
+
+
+# --- the store of packed weights on disk ---------------------------------------------------
+# The layout's version: a change to PackedWeight's blocks, LANES or GROUP changes it.
+LAYOUT_VERSION = f"1-{LANES}-{GROUP}"
+ALIGN = 64  # bytes: each tensor's blocks start on a cache line
+MIN_STORE_BYTES = 32 << 20  # smaller models pack in well under a second
+FREE_MARGIN = 1 << 30  # a store is written only where this much disk stays free after it
+_active = threading.local()  # .store: the PackStore of the load running on this thread
+
+
+def store_root() -> Path | None:
+    """Where stores live: ``INFERDESK_WEIGHT_CACHE`` ("0": none), else ``weights`` beside the
+    kernel cache when ``NUMBA_CACHE_DIR`` is set, else ``~/.cache/inferdesk/weights``."""
+    env = os.environ.get("INFERDESK_WEIGHT_CACHE")
+    if env is not None:
+        return None if env in ("", "0") else Path(env)
+    numba_dir = os.environ.get("NUMBA_CACHE_DIR")
+    if numba_dir:
+        return Path(numba_dir) / "inferdesk-weights"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "inferdesk" / "weights"
+
+
+class PackStore:
+    """The packed weights of one model file: read from ``packed.bin`` (mapped) when a
+    complete store exists, else collected as the load packs them and written at its end."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.index: dict[str, Any] = {}
+        self.map: mmap.mmap | None = None
+        self.new: list[tuple[str, dict[str, Any], PackedWeight]] = []
+        self.missed = False
+        try:
+            self.index = json.loads((folder / "index.json").read_text())
+            with open(folder / "packed.bin", "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != self.index.pop("__bytes__", -1) or not size:
+                    raise ValueError("a store cut short")
+                self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except FileNotFoundError:
+            self.index, self.map = {}, None
+        except (OSError, ValueError, TypeError, AttributeError):  # unreadable: written anew
+            self.index, self.map = {}, None
+            shutil.rmtree(folder, ignore_errors=True)
+
+    @staticmethod
+    def _key(t: TensorData, bits: int) -> dict[str, Any]:
+        return {"qtype": t.qtype, "shape": list(t.shape), "bits": bits, "kind": _kind(t)}
+
+    def get(self, t: TensorData) -> PackedWeight | None:
+        if self.map is None:
+            return None
+        e = self.index.get(t.name)
+        bits = packed_bits(t)
+        if e is None or bits is None or e["key"] != self._key(t, bits):
+            self.missed = True  # another layout of the file: not rewritten by this load
+            return None
+        n = int(np.prod(e["blocks"]))
+        blocks = np.frombuffer(self.map, np.float32, n, e["offset"]).reshape(e["blocks"])
+        return PackedWeight(blocks, bits, SYMMETRIC_ZERO.get(t.qtype, 0.0), tuple(t.shape),
+                            _kind(t))
+
+    def put(self, t: TensorData, w: PackedWeight) -> None:
+        if self.map is None:
+            self.new.append((t.name, self._key(t, w.bits), w))
+
+    def write(self) -> None:
+        """The collected weights as a complete store (written aside, then renamed in)."""
+        total = sum(-(-w.blocks.nbytes // ALIGN) * ALIGN for _, _, w in self.new)
+        if self.map is not None or self.missed or not self.new or total < MIN_STORE_BYTES:
+            return
+        self.folder.parent.mkdir(parents=True, exist_ok=True)
+        if shutil.disk_usage(self.folder.parent).free < total + FREE_MARGIN:
+            return
+        tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.folder.parent))
+        try:
+            index: dict[str, Any] = {}
+            with open(tmp / "packed.bin", "wb") as f:
+                for name, key, w in self.new:
+                    f.write(b"\0" * (-f.tell() % ALIGN))
+                    index[name] = {"key": key, "offset": f.tell(), "blocks": list(w.blocks.shape)}
+                    f.write(memoryview(np.ascontiguousarray(w.blocks)).cast("B"))
+                index["__bytes__"] = f.tell()
+            (tmp / "index.json").write_text(json.dumps(index))
+            os.rename(tmp, self.folder)  # fails if another process wrote it first: kept
+        except OSError:
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def pack_store(identity: str | None) -> Iterator[PackStore | None]:
+    """Within the block, :func:`pack` on this thread reads packed weights from the store of
+    the model file ``identity`` names (its path, size, modification time and header
+    digest), or packs them and, if the whole load packed, writes the store at the end. No
+    store without an identity or a cache folder."""
+    root = store_root()
+    if identity is None or root is None:
+        yield None
+        return
+    digest = hashlib.blake2b(f"{identity}|{LAYOUT_VERSION}".encode(), digest_size=16)
+    store = PackStore(root / digest.hexdigest())
+    before, _active.store = getattr(_active, "store", None), store
+    try:
+        yield store
+    finally:
+        _active.store = before
+    store.write()
+    store.new.clear()

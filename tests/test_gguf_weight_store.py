@@ -1,0 +1,73 @@
+"""The cpu backend's store of packed weights: a model's second load maps the weights its
+first load packed (same logits), a store cut short is written anew, and the store's key
+follows the file (a changed file is not served another's weights)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inference.api import load_model
+from inference.backends.cpu.pack import PackedWeight
+from inference.formats.gguf_file import read_gguf
+from tests.bundled import bundled
+from tests.test_formats_gguf import write_decoder
+
+IDS = [1, 504, 3458, 282, 4649, 314, 7042, 30]
+
+
+def _mapped(a: np.ndarray) -> bool:
+    base: Any = a
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else base.base
+    return base is not None
+
+
+def _load(path: Path) -> tuple[Any, np.ndarray]:
+    m = load_model(path, backend="cpu")
+    return m, m.logits(IDS)
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("INFERDESK_WEIGHT_CACHE", str(tmp_path / "weights"))
+    return tmp_path / "weights"
+
+
+def test_second_load_maps_the_packed_weights(store: Path) -> None:
+    path = bundled("SmolLM2")
+    first, want = _load(path)
+    assert not any(_mapped(w.blocks) for w in vars(first.model.layers[0].mlp).values()
+                   if isinstance(w, PackedWeight))
+    del first
+    (folder,) = store.iterdir()
+    packed = folder / "packed.bin"
+    size = packed.stat().st_size
+    assert size > 32 << 20
+    second, got = _load(path)
+    mapped = [w for w in vars(second.model.layers[0].mlp).values() if isinstance(w, PackedWeight)]
+    assert mapped and all(_mapped(w.blocks) for w in mapped)
+    # Same blocks, same kernels, same thread count in one process: the same logits.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    del second
+
+    with open(packed, "r+b") as f:  # a store cut short is packed and written again
+        f.truncate(size // 2)
+    _, got = _load(path)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert packed.stat().st_size == size
+
+
+def test_identity_follows_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    write_decoder(path, seed=0)
+    a = read_gguf(path).identity
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    b = read_gguf(path).identity
+    assert a and b and a != b and str(path.resolve()) in a
