@@ -175,6 +175,12 @@ class ModelPicker(QWidget):
         self.problem_label.setStyleSheet(f"color: {BAD.name()}")
         self.problem_label.setVisible(False)
         layout.addWidget(self.problem_label)
+        # Which chat template the selected chat model gets, and why, before any load.
+        self.template_label = QLabel("")
+        self.template_label.setObjectName("Hint")
+        self.template_label.setWordWrap(True)
+        self.template_label.setVisible(False)
+        layout.addWidget(self.template_label)
 
         row = QHBoxLayout()
         self.load_button = QPushButton("Load")
@@ -514,5 +520,10 @@ class ModelPicker(QWidget):
         self.load_button.setToolTip(f"Cannot load {spec.name}: {problem}" if problem else "")
         self.problem_label.setText(f"{spec.name} cannot run: {problem}" if problem else "")
         self.problem_label.setVisible(bool(problem))
+        template = getattr(spec, "chat_template", None) if spec is not None and not problem \
+            else None
+        self.template_label.setText(f"{spec.name} — chat template: {template}" if template
+                                    else "")
+        self.template_label.setVisible(bool(template))
         self.unload_chat.setEnabled("causal" in self.loaded)
         self.unload_embed.setEnabled("encoder" in self.loaded)

@@ -221,8 +221,13 @@ def test_8_indicator_warns_under_stop_at_limit_and_the_panel_follows_the_policy(
     finally:
         w.settings.set("models/context", 4096)
         chat.input.clear()
-    # (4, the app's part) The model card says which chat template is used, and why.
+    # (4, the app's part) The model card says which chat template is used, and why: for the
+    # loaded model, and for a selected one before it is loaded.
     assert "Chat template: the file's own" in w.picker.loaded_labels["causal"].text()
+    row = next(r for r, s in enumerate(w.picker.specs) if s.kind == "causal"
+               and s.source == "bundled")
+    w.picker.table.selectRow(row)
+    assert w.picker.template_label.text().endswith("chat template: the file's own")
 
 
 # 9 -----------------------------------------------------------------------------------------
