@@ -41,6 +41,27 @@ def test_generate_json(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out) >= {"text", "token_ids", "prefill_tok_s", "decode_tok_s", "ttft_s"}
     assert 0 < len(out["token_ids"]) <= 8 and out["ttft_s"] > 0
+    assert out["load_s"] > 0 and out["compile_s"] >= 0 and out["rss_after_load_bytes"] > 0
+    assert len(out["token_times_s"]) == len(out["token_ids"])
+    assert out["token_times_s"] == sorted(out["token_times_s"])
+
+
+def test_generate_ignore_eos_threads_and_compile_time(capsys):
+    """--ignore-eos makes exactly --max-tokens tokens; --threads is what the cpu backend
+    uses; a kernel compiled while generating is counted in compile_s."""
+    from numba import njit
+
+    code = main(["generate", "--model", "smollm2", "--prompt", "Hi", "--max-tokens", "3",
+                 "--ignore-eos", "--backend", "cpu", "--threads", "1", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["n_generated"] == 3 and out["threads"][0] == 1
+
+    from inference.cli import CompileClock
+
+    with CompileClock() as clock:
+        njit(lambda x: x + 1)(1)
+    assert clock.kernels == 1 and clock.seconds > 0
 
 
 def test_embed_file_to_npy(tmp_path, capsys):
