@@ -224,6 +224,17 @@ def _replace(eval_ctx: Any, s: str, old: str, new: str, count: int | None = None
     return jinja_filters.do_replace(eval_ctx, s, old, new, count)
 
 
+def _batch(value: Any, linecount: int, fill_with: Any = None) -> Any:
+    if fill_with is not None and isinstance(linecount, int):
+        _check_size(linecount, "a padded batch")  # the last batch is padded to this length
+    return jinja_filters.do_batch(value, linecount, fill_with)
+
+
+def _slice(value: Any, slices: int, fill_with: Any = None) -> Any:
+    _check_width(slices, "slice")
+    return jinja_filters.sync_do_slice(value, slices, fill_with)
+
+
 def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
     _check_width(n * max, "lipsum")
     return generate_lorem_ipsum(n, html, min, max)
@@ -250,7 +261,7 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.filters.update(tojson=_tojson, center=_center, indent=_indent, format=_format,
-                            join=_join, replace=_replace)
+                            join=_join, replace=_replace, batch=_batch, slice=_slice)
         self.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
                             lipsum=_lipsum)
 

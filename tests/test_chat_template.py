@@ -112,6 +112,7 @@ WIDE = 30_000_000  # past every bound; small enough that the unbounded old code 
     '{% set ns = namespace(s="x") %}{% for i in range(30) %}{% set ns.s = ns.s + ns.s %}'
     '{% endfor %}{{ ns.s|length }}',
     '{{ ("x" * 1000000)|replace("x", "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyy") }}',
+    f'{{{{ [1]|batch({WIDE}, 0)|list|length }}}}',
 ])
 def test_widths_and_sizes_are_bounded_when_compiling_and_rendering(source):
     """Jinja folds constant expressions while compiling: a width check that held only at
