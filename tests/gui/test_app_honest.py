@@ -336,7 +336,7 @@ def test_12_new_chat_after_a_recovery_is_new(make_window, tmp_path) -> None:
     assert new != 1 and w.store.get(new).title == "New chat"  # not the emptied chat 1
 
 
-def test_12_a_damaged_file_is_kept_as_one_file(make_window, tmp_path) -> None:
+def test_12_a_damaged_file_is_kept_as_one_file(tmp_path) -> None:
     from gui.conversations import ConversationStore
 
     db = tmp_path / "live" / "conversations.sqlite3"
@@ -360,12 +360,15 @@ def test_12_a_damaged_file_is_kept_as_one_file(make_window, tmp_path) -> None:
     with open(target, "r+b") as f:  # a page of messages in the middle, not in the WAL
         f.seek((target.stat().st_size // 4096 // 2) * 4096)
         f.write(b"\xff" * 4096)
-    w = make_window(copy)
-    aside = w.store.moved_to
-    assert aside is not None and aside.exists()
-    assert not Path(str(aside) + "-wal").exists() and not Path(str(aside) + "-shm").exists()
-    assert any(m.content == "in the WAL only" for c in w.store.conversations()
-               for m in w.store.messages(c.id))
+    store = ConversationStore(target)  # what the window opens at start
+    try:
+        aside = store.moved_to
+        assert aside is not None and aside.exists()
+        assert not Path(str(aside) + "-wal").exists() and not Path(str(aside) + "-shm").exists()
+        assert any(m.content == "in the WAL only" for c in store.conversations()
+                   for m in store.messages(c.id))
+    finally:
+        store.close()
 
 
 # huge settings clamped; recovered rows counted ----------------------------------------------------
