@@ -245,6 +245,7 @@ class PerfPane(QWidget):
         self.op_table.verticalHeader().setVisible(False)
         self.op_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.op_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.op_table.setMinimumHeight(48)  # under the plots in a small window: they come first
         ov.addWidget(self.profile_box)
         ov.addWidget(self.op_table)
         split.addWidget(ops)
@@ -260,7 +261,7 @@ class PerfPane(QWidget):
         want = Qt.Orientation.Vertical if self.width() < NARROW else Qt.Orientation.Horizontal
         if self.split.orientation() != want:
             self.split.setOrientation(want)
-            self.split.setSizes([700, 250] if want == Qt.Orientation.Vertical else [900, 300])
+            self.split.setSizes([800, 200] if want == Qt.Orientation.Vertical else [900, 300])
         super().resizeEvent(event)
 
     # --- sampling --------------------------------------------------------------------
