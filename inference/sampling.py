@@ -82,13 +82,17 @@ def apply_repetition_penalty(xp: Any, logits: Any, recent: Any, penalty: float) 
     return logits
 
 
+MIN_TEMPERATURE = 1e-30  # float32 logits over it stay finite in float64 (|z| < 4e68)
+
+
 def filtered_probs(xp: Any, logits: Any, p: SamplingParams) -> Any:
     """Probabilities after temperature, top-k, top-p and min-p (float64 for stable sums).
 
     Dropped entries become zeros rather than being selected with a boolean mask: on CuPy a
     masked selection copies its count to the host, a sync inside the token loop.
     """
-    z = logits.astype(xp.float64) / p.temperature
+    # Floored: logits over a tiny temperature overflow to inf, and inf - inf is NaN.
+    z = logits.astype(xp.float64) / max(p.temperature, MIN_TEMPERATURE)
     probs = xp.exp(z - z.max())
     probs /= probs.sum()
     order = xp.argsort(-probs)

@@ -50,6 +50,17 @@ def test_any_integer_seed_is_served_and_the_scheduler_lives(engine, server):  # 
     assert _health(server).json()["status"] == "ok"
 
 
+def test_a_tiny_temperature_samples_as_greedy(engine, server):  # noqa: F811
+    """A temperature of 1e-310 (valid: within 0-2) sharpens to the argmax, as 0 does,
+    instead of overflowing the logits into NaN probabilities."""
+    body = {"model": engine.llm.name, "messages": HI, "max_tokens": 4, "seed": 3}
+    greedy = _post(f"{server.url}/chat/completions", {**body, "temperature": 0})
+    tiny = _post(f"{server.url}/chat/completions", {**body, "temperature": 1e-310})
+    assert tiny.status_code == 200, tiny.text
+    assert (tiny.json()["choices"][0]["message"]["content"]
+            == greedy.json()["choices"][0]["message"]["content"])
+
+
 def test_a_request_that_raises_fails_alone(engine, server, monkeypatch):  # noqa: F811
     make = engine.llm.model.make_cache
     calls = []

@@ -93,26 +93,48 @@ class _Body(BaseModel):
         raise InvalidInputError(f"Unrecognized request argument(s): {names}.")
 
 
+_TEXT = {"type": "string", "pattern": r"\S"}  # in the document: text with a non-space
+
+
+def _document(*alternatives: dict[str, Any]) -> Any:
+    """A field's schema in the OpenAPI document: what is served (``alternatives``), where
+    validation takes more so that it can refuse the rest in a sentence of its own (token
+    ids, images, a whitespace-only prompt)."""
+    def edit(schema: dict[str, Any]) -> None:
+        schema.pop("anyOf", None)
+        schema.pop("type", None)
+        schema["anyOf"] = list(alternatives)
+    return edit
+
+
+def _parts_document(schema: dict[str, Any]) -> None:
+    """A message's content in the document: text, or a non-empty list of text parts."""
+    parts = [{**alt, "minItems": 1} for alt in schema.pop("anyOf") if alt.get("type") == "array"]
+    schema["anyOf"] = [_TEXT, *parts]
+
+
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra={"required": ["type", "text"]})
 
     type: str = Field(json_schema_extra={"enum": ["text"]})  # others: a 400 saying so
-    text: str | None = None
+    text: str | None = Field(None, json_schema_extra=_document(_TEXT))
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart] | None = Field(None, json_schema_extra=_parts_document)
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         for part in self.content:
-            if part.type != "text" or part.text is None:
+            if part.type != "text":
                 raise InvalidInputError(
                     f"Message content of type '{part.type}' is not supported; send text.")
+            if part.text is None:
+                raise InvalidInputError("A content part of type 'text' needs its 'text'.")
         return "".join(p.text or "" for p in self.content)
 
 
@@ -177,7 +199,8 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[StrictInt]
+    prompt: str | list[str] | list[StrictInt] = Field(json_schema_extra=_document(
+        _TEXT, {"type": "array", "items": _TEXT, "minItems": 1, "maxItems": 1}))
     logprobs: StrictInt | None = Field(None, ge=0, le=5)
     echo: StrictBool = Field(False, json_schema_extra={"enum": [False]})
     best_of: StrictInt | None = Field(None, json_schema_extra={"enum": [1, None]})
@@ -200,7 +223,9 @@ class CompletionRequest(_Sampling):
 
 
 class EmbeddingRequest(_Body):
-    input: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    input: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(
+        json_schema_extra=_document({"type": "string"}, {
+            "type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2048}))
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, ge=1)
 
