@@ -266,35 +266,33 @@ class ConversationStore:
         """Insert the salvaged rows, NULLs in NOT NULL columns replaced by defaults; a row
         still refused (a message whose chat is gone) is counted as lost."""
         now = time.time()
-        convs = msgs = 0
+
+        def insert(table: str, cols: str, rows: list[tuple], fill) -> int:  # noqa: ANN001
+            sql = f"INSERT INTO {table} ({cols}) VALUES ({', '.join('?' * len(rows[0]))})" \
+                if rows else ""
+            copied = 0
+            for row in rows:
+                try:
+                    self._db.execute(sql, fill(row, now))
+                    copied += 1
+                except sqlite3.IntegrityError:
+                    pass
+            return copied
+
         try:
             with self._db:
-                for row in found.conversations:
-                    try:
-                        self._db.execute(
-                            f"INSERT INTO conversations ({CONV_COLS}) VALUES (?, ?, ?, ?, ?)",
-                            _conv_defaults(row, now))
-                        convs += 1
-                    except sqlite3.IntegrityError:
-                        pass
-                for row in found.messages:
-                    try:
-                        self._db.execute(
-                            f"INSERT INTO messages ({MSG_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            _msg_defaults(row, now))
-                        msgs += 1
-                    except sqlite3.IntegrityError:
-                        pass
+                convs = insert("conversations", CONV_COLS, found.conversations, _conv_defaults)
+                msgs = insert("messages", MSG_COLS, found.messages, _msg_defaults)
         except sqlite3.Error:  # rolled back whole: nothing half-copied stays
             convs = msgs = 0
-        lost_c = None if found.total_conversations is None \
-            else max(0, found.total_conversations - convs)
-        lost_m = None if found.total_messages is None else max(0, found.total_messages - msgs)
-        if found.total_conversations is None:
-            lost_c = len(found.conversations) - convs or None
-        if found.total_messages is None:
-            lost_m = len(found.messages) - msgs or None
-        return Recovery(convs, msgs, lost_c, lost_m)
+
+        def lost(total: int | None, rows: list[tuple], copied: int) -> int | None:
+            if total is not None:
+                return max(0, total - copied)
+            return len(rows) - copied or None  # refused by the schema; unread ones unknown
+
+        return Recovery(convs, msgs, lost(found.total_conversations, found.conversations, convs),
+                        lost(found.total_messages, found.messages, msgs))
 
     def close(self) -> None:
         self._db.close()
