@@ -118,3 +118,23 @@ def test_no_map_of_the_file_outlives_the_checkpoint(tiny: Path) -> None:
     del ck
     gc.collect()
     assert not mapped()
+
+
+def test_a_header_parsed_by_an_earlier_process_comes_from_disk(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inference.formats import gguf_file
+
+    monkeypatch.setenv("INFERDESK_WEIGHT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_file, "MIN_HEADER_BYTES", 0)
+    want = read_gguf(tiny).metadata
+    assert list((tmp_path / "cache" / "headers").iterdir())
+    _HEADERS.clear()  # as in a new process
+    parse = gguf_file.open_gguf
+    monkeypatch.setattr(gguf_file, "open_gguf", lambda p: pytest.fail("parsed again"))
+    got = read_gguf(tiny).metadata
+    assert got["tokenizer.ggml.tokens"] == want["tokenizer.ggml.tokens"]
+    assert not got["tokenizer.ggml.token_type"].flags.writeable
+    _HEADERS.clear()
+    _same_stamp_rewrite(tiny, tiny.read_bytes().replace(b"tok5", b"kot5", 1))
+    monkeypatch.setattr(gguf_file, "open_gguf", parse)
+    assert read_gguf(tiny).metadata["tokenizer.ggml.tokens"][5] == "kot5"  # not the disk's

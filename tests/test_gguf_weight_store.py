@@ -45,7 +45,7 @@ def test_second_load_maps_the_packed_weights(store: Path) -> None:
     assert not any(_mapped(w.blocks) for w in vars(first.model.layers[0].mlp).values()
                    if isinstance(w, PackedWeight))
     del first
-    (folder,) = store.iterdir()
+    (folder,) = (store / "packed").iterdir()
     packed = folder / "packed.bin"
     size = packed.stat().st_size
     assert size > 32 << 20

@@ -3,7 +3,8 @@
 Parsing is ``gguf.GGUFReader``'s, with metadata arrays read in one pass (the reader's
 element-by-element walk took ~1.4 s for SmolLM2's vocabulary); this module guards it
 against corrupt input, keeps the last few parsed headers (:class:`_HeaderCache`: a second
-read of an unchanged file maps it afresh without parsing), maps names and metadata, and
+read of an unchanged file maps it afresh without parsing; large ones also on disk,
+:mod:`.cache`, for the next process), maps names and metadata, and
 undoes one converter transformation:
 
 llama.cpp's converter permutes the rows of ``q_proj``/``k_proj`` (and their biases) for
@@ -35,6 +36,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from inference.errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
+from inference.formats.cache import MIN_HEADER_BYTES, key_path, load_pickle, save_pickle
 from inference.formats.quants import BLOCK_TYPES
 from inference.formats.tensor import MAX_LAYERS, Checkpoint, TensorData
 
@@ -341,7 +343,7 @@ def read_header(path: str | Path) -> tuple[GGUFHeader, np.ndarray]:
             st = path.stat()
             stamp = (st.st_size, st.st_mtime_ns)
             data = np.memmap(path, mode="r").view(np.ndarray)
-            header = _HEADERS.get(key, stamp, data)
+            header = _HEADERS.get(key, stamp, data) or _from_disk(key, stamp, data)
             if header is not None:
                 return header, data
     except (OSError, ValueError):  # unreadable or empty: the reader says which
@@ -361,7 +363,22 @@ def read_header(path: str | Path) -> tuple[GGUFHeader, np.ndarray]:
                         _digest(data[:reader.data_offset]))
     if stamp is not None and stamp[0] == len(data):  # parsed what was stat'ed
         _HEADERS.put(key, stamp, header)
+        if header.length >= MIN_HEADER_BYTES:
+            save_pickle(key_path("headers", f"{key}|{stamp}"), header)
     return header, data
+
+
+def _from_disk(key: str, stamp: tuple[int, int], data: np.ndarray) -> GGUFHeader | None:
+    """The header parsed by an earlier process, if the file is as it was then (stamp in the
+    key; the header's bytes hash the same)."""
+    header = load_pickle(key_path("headers", f"{key}|{stamp}"))
+    if not isinstance(header, GGUFHeader) or _digest(data[:header.length]) != header.digest:
+        return None
+    for v in header.metadata.values():
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False  # shared by every read of the cached header
+    _HEADERS.put(key, stamp, header)
+    return header
 
 
 def read_gguf(path: str | Path) -> Checkpoint:

@@ -23,9 +23,10 @@ by NumPy a chunk of rows at a time (slow); they are views of the file's memory m
 only the pages read are resident.
 
 Packed weights are kept on disk (:class:`PackStore`), in a folder beside the kernel cache
-keyed by the model file's identity (resolved path, size, modification time, a digest of
-its header) and this layout's version: a model's first load packs and writes them, later
-loads map the packed file instead of packing, as fast as mapping the model file itself.
+(:mod:`inference.formats.cache`) keyed by the model file's identity (resolved path, size,
+modification time, a digest of its header) and this layout's version: a model's first load
+packs and writes them, later loads map the packed file instead of packing, as fast as
+mapping the model file itself.
 The store is mapped copy-on-write: pages stay shared with the page cache and are read only
 when a product first needs them.
 """
@@ -33,7 +34,6 @@ when a product first needs them.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import mmap
 import os
@@ -50,6 +50,7 @@ import numpy as np
 from inference.backends.cpu.layout import AFFINE, AFFINE_F16, GROUP, LANES, SUB16, SYMMETRIC
 from inference.backends.cpu.raw import CODE, dequant_rows, run_size
 from inference.formats.affine import block_groups
+from inference.formats.cache import key_path
 from inference.formats.quants import BLOCK_TYPES, dequantize_raw, q6_k_fields, unpack_mlx
 from inference.formats.tensor import TensorData
 
@@ -317,19 +318,6 @@ FREE_MARGIN = 1 << 30  # a store is written only where this much disk stays free
 _active = threading.local()  # .store: the PackStore of the load running on this thread
 
 
-def store_root() -> Path | None:
-    """Where stores live: ``INFERDESK_WEIGHT_CACHE`` ("0": none), else ``weights`` beside the
-    kernel cache when ``NUMBA_CACHE_DIR`` is set, else ``~/.cache/inferdesk/weights``."""
-    env = os.environ.get("INFERDESK_WEIGHT_CACHE")
-    if env is not None:
-        return None if env in ("", "0") else Path(env)
-    numba_dir = os.environ.get("NUMBA_CACHE_DIR")
-    if numba_dir:
-        return Path(numba_dir) / "inferdesk-weights"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "inferdesk" / "weights"
-
-
 class PackStore:
     """The packed weights of one model file: read from ``packed.bin`` (mapped) when a
     complete store exists, else collected as the load packs them and written at its end."""
@@ -405,12 +393,11 @@ def pack_store(identity: str | None) -> Iterator[PackStore | None]:
     the model file ``identity`` names (its path, size, modification time and header
     digest), or packs them and, if the whole load packed, writes the store at the end. No
     store without an identity or a cache folder."""
-    root = store_root()
-    if identity is None or root is None:
+    folder = key_path("packed", f"{identity}|{LAYOUT_VERSION}")
+    if identity is None or folder is None:
         yield None
         return
-    digest = hashlib.blake2b(f"{identity}|{LAYOUT_VERSION}".encode(), digest_size=16)
-    store = PackStore(root / digest.hexdigest())
+    store = PackStore(folder)
     before, _active.store = getattr(_active, "store", None), store
     try:
         yield store
