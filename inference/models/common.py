@@ -23,7 +23,7 @@ def check_token_ids(B: Backend, ids: Any, rows: int) -> None:
     gather). A lone id already on the device is the sampler's, drawn from the output
     head's rows, which ``check_tensors`` pins to the table's; it is not read back, so a
     lazy decode step stays queued behind the one before it."""
-    if isinstance(ids, np.ndarray):
+    if isinstance(ids, np.ndarray) and not getattr(ids, "on_device", False):
         host = ids
     elif math.prod(ids.shape) <= 1:
         return
@@ -138,9 +138,7 @@ class Weights:
             first = ts[0]
             extra = {k: np.concatenate([t.extra[k] for t in ts]) if isinstance(v, np.ndarray)
                      else v for k, v in first.extra.items()}
-            return self.B.weight(TensorData(
-                "+".join(t.name for t in ts), (sum(sizes), *first.shape[1:]), first.qtype,
-                np.concatenate([t.data for t in ts]), extra))
+            return self.B.weight(TensorData.stacked("+".join(t.name for t in ts), ts, extra))
 
         w = self._convert_all(names, stack)
         b = None
@@ -155,7 +153,7 @@ class Weights:
 def _stackable(a: TensorData, b: TensorData) -> bool:
     """Whether b's rows can follow a's in one weight: same type, width and layout."""
     return (a.qtype == b.qtype and len(a.shape) == len(b.shape) == 2 and a.shape[1] == b.shape[1]
-            and a.data.dtype == b.data.dtype and a.data.shape[1:] == b.data.shape[1:]
+            and a.layout == b.layout
             and a.extra.keys() == b.extra.keys()
             and all(isinstance(v, np.ndarray) or v == b.extra[k] for k, v in a.extra.items()))
 

@@ -496,6 +496,7 @@ class DeviceArray(np.ndarray):
     """
 
     _log: TransferLog | None = None
+    on_device = True  # a NumPy array by type, device memory by role (as a CuPy array)
 
     def __array_finalize__(self, obj: Any) -> None:
         self._log = getattr(obj, "_log", None)
