@@ -23,7 +23,7 @@
 // one token (kv_heads of them) would leave most SMs idle.
 #include "attention.cuh"
 
-ATTN_KERNELS(float, f32)  // attn_f32, attn_f32_pos: see attention.cuh
+ATTN_KERNELS(float, attn_f32, attn_f32_pos)  // see attention.cuh
 // Decode (at most 8 query rows a block), head_dim up to 64, 128, 256: see attention.cuh
 ATTN_VEC_KERNELS(float, 2, attn_vec_f32_e2, attn_vec_f32_e2_pos)
 ATTN_VEC_KERNELS(float, 4, attn_vec_f32_e4, attn_vec_f32_e4_pos)

@@ -135,35 +135,35 @@ static __device__ __forceinline__ void attn_block(
 }
 
 
-// The kernels over a cache of element type T: attn_<name> (arguments as in ops.attention,
-// strides in elements) and attn_<name>_pos, the same for a captured decode step (CUDA
+// The kernels over a cache of element type T: `name` (arguments as in ops.attention,
+// strides in elements) and `name_pos`, the same for a captured decode step (CUDA
 // graph): the new tokens' first position is read from the device (*pos, written before each
 // replay), so one launch serves every step: causal_offset = *pos and n_kv = *pos + nq. The
 // grid is planned for the largest n_kv the graph serves; splits past the keys see no tile
 // and weigh nothing in attn_combine_f32.
-#define ATTN_KERNELS(T, name)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) attn_##name(                               \
-            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,     \
-            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,   \
-            const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads, \
-            const long long kv_stride_b, const long long kv_stride_h,                             \
-            const long long kv_stride_s, const float scale, const float softcap,                  \
-            const int causal_offset, const int window, const float * __restrict__ key_mask,       \
-            const long long mask_stride) {                                                        \
-        attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads, kv_stride_b, \
-                   kv_stride_h, kv_stride_s, scale, softcap, causal_offset, window, key_mask,    \
-                   mask_stride);                                                                  \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) attn_##name##_pos(                         \
-            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,     \
-            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,   \
-            const int head_dim, const int rows, const int nq, const int * __restrict__ pos,       \
-            const int kv_heads, const long long kv_stride_b, const long long kv_stride_h,         \
-            const long long kv_stride_s, const float scale, const float softcap,                  \
-            const int window) {                                                                   \
-        const int p = *pos;                                                                       \
-        attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,            \
-                   kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window, nullptr, 0); \
+#define ATTN_KERNELS(T, name, name_pos)                                                            \
+    extern "C" __global__ void __launch_bounds__(256) name(                                        \
+            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
+            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
+            const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,  \
+            const long long kv_stride_b, const long long kv_stride_h,                              \
+            const long long kv_stride_s, const float scale, const float softcap,                   \
+            const int causal_offset, const int window, const float * __restrict__ key_mask,        \
+            const long long mask_stride) {                                                         \
+        attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads, kv_stride_b,   \
+                   kv_stride_h, kv_stride_s, scale, softcap, causal_offset, window, key_mask,      \
+                   mask_stride);                                                                   \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) name_pos(                                    \
+            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
+            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
+            const int head_dim, const int rows, const int nq, const int * __restrict__ pos,        \
+            const int kv_heads, const long long kv_stride_b, const long long kv_stride_h,          \
+            const long long kv_stride_s, const float scale, const float softcap,                   \
+            const int window) {                                                                    \
+        const int p = *pos;                                                                        \
+        attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,              \
+                   kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window, nullptr, 0);  \
     }
 
 
@@ -228,7 +228,7 @@ static __device__ __forceinline__ void attn_vec_block(
         const float scale, const float softcap, const int causal_offset, const int window,
         const float * __restrict__ key_mask, const long long mask_stride) {
     constexpr int KU = ATTN_VEC_KEYS_IN_FLIGHT / E;  // keys per chunk
-    DYN_SHARED(float, s_q);  // rows * head_dim, then the merge: W * rows * (head_dim + 2)
+    DYN_SHARED_F32(s_q);  // rows * head_dim, then the merge: W * rows * (head_dim + 2)
     float * s_red = s_q + rows * head_dim;
 
     const int lane = threadIdx.x, warp = threadIdx.y, nwarps = blockDim.y;
@@ -380,28 +380,28 @@ static __device__ __forceinline__ void attn_vec_block(
 // attn_vec kernels over a cache of element type T, E head_dim elements per lane (head_dim
 // up to 32 * E): `name` for ops.attention's arguments, `name_pos` for a captured decode
 // step (as attn_<name>_pos above). Both names are spelled out where this is used.
-#define ATTN_VEC_KERNELS(T, E, name, name_pos)                                                    \
-    extern "C" __global__ void __launch_bounds__(128, 4) name(                                       \
-            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,     \
-            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,   \
-            const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads, \
-            const long long kv_stride_b, const long long kv_stride_h,                             \
-            const long long kv_stride_s, const float scale, const float softcap,                  \
-            const int causal_offset, const int window, const float * __restrict__ key_mask,       \
-            const long long mask_stride) {                                                        \
-        attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads,    \
-                             kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap,              \
-                             causal_offset, window, key_mask, mask_stride);                      \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(128, 4) name_pos(                                   \
-            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,     \
-            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,   \
-            const int head_dim, const int rows, const int nq, const int * __restrict__ pos,       \
-            const int kv_heads, const long long kv_stride_b, const long long kv_stride_h,         \
-            const long long kv_stride_s, const float scale, const float softcap,                  \
-            const int window) {                                                                   \
-        const int p = *pos;                                                                       \
-        attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,  \
-                             kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window,   \
-                             nullptr, 0);                                                         \
+#define ATTN_VEC_KERNELS(T, E, name, name_pos)                                                     \
+    extern "C" __global__ void __launch_bounds__(128, 4) name(                                     \
+            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
+            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
+            const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,  \
+            const long long kv_stride_b, const long long kv_stride_h,                              \
+            const long long kv_stride_s, const float scale, const float softcap,                   \
+            const int causal_offset, const int window, const float * __restrict__ key_mask,        \
+            const long long mask_stride) {                                                         \
+        attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads,      \
+                             kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap,                \
+                             causal_offset, window, key_mask, mask_stride);                        \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128, 4) name_pos(                                 \
+            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
+            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
+            const int head_dim, const int rows, const int nq, const int * __restrict__ pos,        \
+            const int kv_heads, const long long kv_stride_b, const long long kv_stride_h,          \
+            const long long kv_stride_s, const float scale, const float softcap,                   \
+            const int window) {                                                                    \
+        const int p = *pos;                                                                        \
+        attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,    \
+                             kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window,     \
+                             nullptr, 0);                                                          \
     }

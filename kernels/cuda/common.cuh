@@ -58,12 +58,13 @@ static __device__ __forceinline__ void widen_word(const float *, const uint32_t 
 // Store a float32 value as the buffer's element type (half.cuh: rounded to nearest even).
 static __device__ __forceinline__ void store_f32(float * p, const float v) { st_global(p, v); }
 
-// The block's dynamic shared memory (Launch.shared_bytes) as a T array, 16-byte aligned.
+// The block's dynamic shared memory (Launch.shared_bytes) as a float array. Declared with
+// float's alignment: a 16-byte one would pad every kernel's static shared memory to 16 in
+// a translation unit holding several modules (nvcc_check's).
 #if defined(INFERDESK_EMULATOR)
-#define DYN_SHARED(T, name) T * name = (T *) EMU_DYN_SMEM
+#define DYN_SHARED_F32(name) float * name = (float *) EMU_DYN_SMEM
 #else
-#define DYN_SHARED(T, name) \
-    extern __shared__ __align__(16) unsigned char dyn_shared_[]; T * name = (T *) dyn_shared_
+#define DYN_SHARED_F32(name) extern __shared__ float name[]
 #endif
 
 #define WARP_SIZE 32

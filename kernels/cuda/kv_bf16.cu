@@ -8,9 +8,9 @@
 #include "attention.cuh"
 #include "kv_store.cuh"
 
-ATTN_KERNELS(bf16_t, kv_bf16)  // attn_kv_bf16, attn_kv_bf16_pos: see attention.cuh
+ATTN_KERNELS(bf16_t, attn_kv_bf16, attn_kv_bf16_pos)  // see attention.cuh
 // Decode (at most 8 query rows a block), head_dim up to 64, 128, 256: see attention.cuh
 ATTN_VEC_KERNELS(bf16_t, 2, attn_vec_kv_bf16_e2, attn_vec_kv_bf16_e2_pos)
 ATTN_VEC_KERNELS(bf16_t, 4, attn_vec_kv_bf16_e4, attn_vec_kv_bf16_e4_pos)
 ATTN_VEC_KERNELS(bf16_t, 8, attn_vec_kv_bf16_e8, attn_vec_kv_bf16_e8_pos)
-KV_STORE_KERNEL(bf16_t, bf16)  // kv_store_bf16: see kv_store.cuh
+KV_STORE_KERNEL(bf16_t, kv_store_bf16)  // see kv_store.cuh

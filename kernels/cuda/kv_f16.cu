@@ -8,9 +8,9 @@
 #include "attention.cuh"
 #include "kv_store.cuh"
 
-ATTN_KERNELS(__half, kv_f16)  // attn_kv_f16, attn_kv_f16_pos: see attention.cuh
+ATTN_KERNELS(__half, attn_kv_f16, attn_kv_f16_pos)  // see attention.cuh
 // Decode (at most 8 query rows a block), head_dim up to 64, 128, 256: see attention.cuh
 ATTN_VEC_KERNELS(__half, 2, attn_vec_kv_f16_e2, attn_vec_kv_f16_e2_pos)
 ATTN_VEC_KERNELS(__half, 4, attn_vec_kv_f16_e4, attn_vec_kv_f16_e4_pos)
 ATTN_VEC_KERNELS(__half, 8, attn_vec_kv_f16_e8, attn_vec_kv_f16_e8_pos)
-KV_STORE_KERNEL(__half, f16)  // kv_store_f16: see kv_store.cuh
+KV_STORE_KERNEL(__half, kv_store_f16)  // see kv_store.cuh

@@ -7,18 +7,18 @@
 
 #include "common.cuh"
 
-#define KV_STORE_KERNEL(T, name)                                                                \
-    extern "C" __global__ void __launch_bounds__(256) kv_store_##name(                          \
-            const float * __restrict__ src, T * __restrict__ dst, const int heads,               \
-            const int head_dim, const long long stride_b, const long long stride_h,              \
-            const long long stride_s, const int * __restrict__ pos, const long long n) {         \
-        const long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x;                   \
-        if (i >= n) {                                                                            \
-            return;                                                                              \
-        }                                                                                        \
-        const int d = (int) (i % head_dim);                                                      \
-        const long long bh = i / head_dim;                                                       \
-        const long long h = bh % heads, b = bh / heads;                                          \
-        store_f32(dst + b * stride_b + h * stride_h + (long long) *pos * stride_s + d,           \
-                  ld_global(src + i));                                                           \
+#define KV_STORE_KERNEL(T, name)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) name(                                        \
+            const float * __restrict__ src, T * __restrict__ dst, const int heads,                 \
+            const int head_dim, const long long stride_b, const long long stride_h,                \
+            const long long stride_s, const int * __restrict__ pos, const long long n) {           \
+        const long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x;                     \
+        if (i >= n) {                                                                              \
+            return;                                                                                \
+        }                                                                                          \
+        const int d = (int) (i % head_dim);                                                        \
+        const long long bh = i / head_dim;                                                         \
+        const long long h = bh % heads, b = bh / heads;                                            \
+        store_f32(dst + b * stride_b + h * stride_h + (long long) *pos * stride_s + d,             \
+                  ld_global(src + i));                                                             \
     }

@@ -16,7 +16,7 @@ extern "C" __global__ void __launch_bounds__(32) step_inputs_i32(
     }
 }
 
-KV_STORE_KERNEL(float, f32)  // kv_store_f32: see kv_store.cuh
+KV_STORE_KERNEL(float, kv_store_f32)  // see kv_store.cuh
 
 // y = a + b elementwise (the residual adds), float32, same shape.
 extern "C" __global__ void __launch_bounds__(256) add_f32(

@@ -36,7 +36,7 @@ def _f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
 
 def test_position_kernels_match_the_eager_kernels() -> None:
     # Awkward shapes (head_dim 40, 3 kv heads, GQA 2, batch 2, cache rows 150), with the
-    # two-order race check on. attn_f32_pos is planned for 150 keys but reads 98 from the
+    # two-order race check on. attn_vec_f32_e2_pos is planned for 150 keys but reads 98 from the
     # device: its last split sees no key and must weigh nothing.
     dev = EmulatedDevice(check_races=True)
     rng = np.random.default_rng(0)

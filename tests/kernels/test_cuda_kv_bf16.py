@@ -115,14 +115,14 @@ def _runs(ckpt: object, prompt: list[int], greedy_prompt: int, n_tokens: int,
         steps.close()
         assert C.graphs and C.graph_error is None
         if kv == "bfloat16":  # prefill, the eager first decode step, the captured ones
-            assert {"attn_kv_bf16", "kv_store_bf16", "attn_kv_bf16_pos"} <= set(names)
+            assert {"attn_kv_bf16", "kv_store_bf16", "attn_vec_kv_bf16_e2_pos"} <= set(names)
         runs[str(kv if isinstance(kv, str) else np.dtype(kv).name)] = logits, toks
     return runs
 
 
 def test_tiny_llama_bfloat16_cache_against_float32_cache() -> None:
     # Prefill (11 tokens: the tiled kernel over the bfloat16 cache) and greedy decode with
-    # graphs on (the captured kv_store_bf16 and attn_kv_bf16_pos). Measured (Q4_K, 1 layer):
+    # graphs on (the captured kv_store_bf16 and attn_vec_kv_bf16_e2_pos). Measured (Q4_K, 1 layer):
     # see docs/cuda.md. Bar: 4e-2 of the largest |logit| (K and V each rounded by up to 2^-9
     # relative; 20x that, as the half cache's bar is 20x 2^-11), top-1 equal where the
     # float32 cache's top two differ by more than twice the bar.

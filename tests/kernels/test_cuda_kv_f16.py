@@ -87,7 +87,7 @@ def test_half_is_the_default_and_other_cache_types_are_refused() -> None:
 
 def test_tiny_llama_half_cache_against_float32_cache() -> None:
     # Prefill (11 tokens: the GEMM path, the tiled kernel over the half cache) and greedy
-    # decode with graphs on (the captured kv_store_f16 and attn_kv_f16_pos). Float mat-vecs,
+    # decode with graphs on (the captured kv_store_f16 and attn_vec_kv_f16_e2_pos). Float mat-vecs,
     # so the cache's rounding is the only difference. Measured (Q4_K, 1 layer): max |logit
     # delta| 2.0e-5 of the largest |logit| (2 layers: also 2.0e-5), top-1 equal at all 11
     # positions, 24 of 24 greedy tokens equal. Bar: 1e-2 relative (K and V each rounded by

@@ -1,0 +1,33 @@
+"""kernels/cuda/KERNELS.md lists every kernel by name and module: many are stamped out by
+macros (one per quant type and tile), so grep over the sources alone would not find them.
+
+    python -m tests.kernels.test_kernel_index     # rewrites the index from the sources
+"""
+
+from __future__ import annotations
+
+from kernels.cuda.device import CUDA_DIR, MODULES, source_path
+from kernels.emulator.build import scan_kernels
+
+INDEX = CUDA_DIR / "KERNELS.md"
+_HEAD = ("# CUDA kernels by module\n\n"
+         "Every `extern \"C\"` kernel of kernels/cuda, after macro expansion: the name a launch "
+         "uses (`dev.launch(module, name, ...)`) and the module (`<module>.cu`) that defines "
+         "it. Kept equal to the sources by tests/kernels/test_kernel_index.py.\n")
+
+
+def index_text() -> str:
+    lines = [_HEAD]
+    for m in MODULES:
+        lines.append(f"\n## {m}.cu\n\n")
+        lines.extend(f"- `{name}`\n" for name in sorted(scan_kernels(source_path(m))))
+    return "".join(lines)
+
+
+def test_the_index_lists_every_kernel() -> None:
+    assert INDEX.read_text() == index_text(), (
+        "kernels/cuda/KERNELS.md is stale: python -m tests.kernels.test_kernel_index")
+
+
+if __name__ == "__main__":
+    INDEX.write_text(index_text())
