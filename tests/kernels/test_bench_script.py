@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +31,29 @@ def test_bench_script_without_gpu_says_why() -> None:
         pytest.skip("a GPU is present: the real benchmark would run")
     r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and reason in r.stdout
+
+
+FIRST_RUN = SCRIPT.parent / "gpu_first_run.sh"
+
+
+def test_first_run_script_without_gpu_says_why() -> None:
+    from kernels.cuda.device import cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        pytest.skip("a GPU is present: the real first run would take minutes")
+    r = subprocess.run(["sh", str(FIRST_RUN)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PY": sys.executable})
+    assert r.returncode == 0 and reason in r.stdout
+
+
+@pytest.mark.long  # ~20 s: the script's Python on the emulator with tiny shapes
+def test_first_run_script_on_the_emulator(tmp_path: Path) -> None:
+    out = tmp_path / "first-run.json"
+    r = subprocess.run(["sh", str(FIRST_RUN), str(out)], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PY": sys.executable,
+                                         "INFERDESK_FIRST_RUN_EMULATOR": "1"})
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert len(report["attention"]) == 4 and len(report["matvec"]) == 3
+    assert report["decode_1b"]["graph_error"] is None

@@ -1,0 +1,190 @@
+#!/bin/sh
+# The first run on an NVIDIA GPU: everything the CUDA backend could only estimate without one,
+# measured in one go (about 5-8 minutes), with every figure in one JSON file.
+#
+#   sh scripts/gpu_first_run.sh [out.json]        # default: gpu-first-run-<commit>.json
+#
+#   1. the GPU-marked tests (pytest -m gpu): every kernel case again on the device
+#   2. CUDA-event timings of decode attention (a 7B shape: 32 query heads over 8 and over
+#      32 kv heads, head_dim 128, float16 cache) at 256 and 2,048 cached keys, next to the
+#      mat-vecs of one layer (Q4_K 4096x4096, 14336x4096 and 4096x14336), with GB/s
+#   3. NVRTC: every module compiled cold (an empty CuPy cache) in parallel and on one
+#      thread, then warm (the cache filled), each in a fresh process
+#   4. a decode at a 1B shape (Llama 3.2 1B: 16 layers, 2048 wide, GQA 4, random Q4_K
+#      weights): tokens/s with graphs on, graph capture errors, launches per token
+#
+# INFERDESK_FIRST_RUN_EMULATOR=1 runs parts 2 and 4 on the host emulator with tiny shapes
+# (a smoke test of this script; its figures mean nothing).
+set -eu
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+OUT=${1:-gpu-first-run-$COMMIT.json}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+if [ "${INFERDESK_FIRST_RUN_EMULATOR:-0}" != 1 ]; then
+    REASON=$("$PY" -c 'from kernels.cuda.device import cuda_unavailable_reason as r; print(r() or "")')
+    if [ -n "$REASON" ]; then
+        echo "No GPU to measure: $REASON."
+        exit 0
+    fi
+    echo "== 1. GPU-marked tests"
+    set +e
+    QT_QPA_PLATFORM=offscreen "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/kernels \
+        tests/test_backend_matrix.py >"$WORK/tests.log" 2>&1
+    TESTS_RC=$?
+    set -e
+    tail -n 3 "$WORK/tests.log"
+    echo "== 3. NVRTC cold (parallel, one thread) and warm"
+    for run in cold:0 cold1:1 warm:0; do
+        name=${run%%:*} serial=${run##*:}
+        [ "$name" = warm ] || rm -rf "$WORK/cupy-cache"
+        CUPY_CACHE_DIR="$WORK/cupy-cache" "$PY" - "$serial" >"$WORK/nvrtc-$name.txt" <<'PY'
+import sys, time
+from kernels.cuda.device import CupyDevice
+dev = CupyDevice()
+t = time.perf_counter()
+dev.load_all(workers=1 if sys.argv[1] == "1" else None)
+print(f"{time.perf_counter() - t:.3f}")
+PY
+        echo "$name: $(cat "$WORK/nvrtc-$name.txt") s"
+    done
+else
+    TESTS_RC=-1
+    for name in cold cold1 warm; do echo null >"$WORK/nvrtc-$name.txt"; done
+    echo "(emulator: tests and NVRTC skipped; shapes shrunk)"
+fi
+
+echo "== 2 and 4. kernel timings and a 1B-shape decode"
+"$PY" - "$OUT" "$COMMIT" "$TESTS_RC" "$WORK" <<'PY'
+import json, os, platform, statistics, sys, time
+from pathlib import Path
+
+import numpy as np
+
+from inference.backends.cuda import CudaBackend
+from inference.formats.tensor import Checkpoint, TensorData
+from inference.generate import generate_step
+from inference.models import llama
+from inference.models.common import Weights
+from inference.sampling import SamplingParams
+from kernels.cuda import ops
+from kernels.cuda.device import CupyDevice, EmulatedDevice
+from kernels.cuda.table import TYPES
+
+out_path, commit, tests_rc, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+emu = os.environ.get("INFERDESK_FIRST_RUN_EMULATOR") == "1"
+dev = EmulatedDevice() if emu else CupyDevice()
+s = 16 if emu else 1  # shapes shrink on the emulator
+rng = np.random.default_rng(0)
+
+
+def events(fn, repeats=50):
+    """Median milliseconds of fn() between CUDA events (perf_counter on the emulator)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(1 if emu else repeats):
+        if emu:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+            continue
+        import cupy
+
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(a, b))
+    return statistics.median(times)
+
+
+SCALE_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets of a block's float16 scales
+
+
+def kquant(qtype, rows, cols):
+    """Random blocks whose float16 scales are small (so 16 layers stay finite)."""
+    t = TYPES[qtype]
+    blocks = rng.integers(0, 256, (rows, cols // t.qk, t.block_bytes), dtype=np.uint8)
+    for off in SCALE_FIELDS[qtype]:
+        d = rng.uniform(0.0005, 0.005, blocks.shape[:2]).astype(np.float16)
+        blocks[:, :, off:off + 2] = d.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(rows, -1)
+
+
+report = {"commit": commit, "device": getattr(dev, "device_name", dev.name),
+          "sm_count": dev.limits.sm_count, "python": platform.python_version(),
+          "emulator": emu, "gpu_tests_exit_code": tests_rc, "attention": [], "matvec": []}
+for name in ("cold", "cold1", "warm"):
+    report[f"nvrtc_{name}_s"] = json.loads((work / f"nvrtc-{name}.txt").read_text() or "null")
+
+d = 128
+for heads, kv_heads in ((32, 8), (32, 32)):
+    for n_kv in (256, 2048):
+        n = max(32, n_kv // s)
+        q = dev.to_device(rng.standard_normal((1, heads, 1, d), dtype=np.float32))
+        k = dev.to_device(rng.standard_normal((1, kv_heads, n, d)).astype(np.float16))
+        v = dev.to_device(rng.standard_normal((1, kv_heads, n, d)).astype(np.float16))
+        ms = events(lambda: ops.attention(dev, q, k, v, 0.088, causal_offset=n - 1))
+        nbytes = k.nbytes + v.nbytes
+        report["attention"].append({"heads": heads, "kv_heads": kv_heads, "head_dim": d,
+                                    "n_kv": n, "ms": ms, "gb_s": nbytes / ms / 1e6})
+for rows, cols in ((4096, 4096), (14336, 4096), (4096, 14336)):
+    rows, cols = rows // s, cols // s // 256 * 256
+    w = ops.upload_matrix(dev, kquant("Q4_K", rows, cols), "Q4_K", (rows, cols))
+    x = dev.to_device(rng.standard_normal((1, cols), dtype=np.float32))
+    ms = events(lambda: ops.mul_mat_vec(dev, w, x))
+    report["matvec"].append({"type": "Q4_K", "rows": rows, "cols": cols, "ms": ms,
+                             "gb_s": w.data.nbytes / ms / 1e6})
+
+# A 1B shape (Llama 3.2 1B) with random Q4_K weights and a Q6_K output head.
+hidden, inter, layers, vocab, heads, kvh = ((256, 512, 2, 1024, 4, 1) if emu
+                                            else (2048, 8192, 16, 128256, 32, 8))
+cfg = {"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
+       "intermediate_size": inter, "num_attention_heads": heads,
+       "num_key_value_heads": kvh, "vocab_size": vocab,
+       "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "rope_theta": 500000.0}
+hd = hidden // heads
+ts = {"model.embed_tokens.weight": TensorData("e", (vocab, hidden), "Q6_K",
+                                              kquant("Q6_K", vocab, hidden))}
+for i in range(layers):
+    p = f"model.layers.{i}."
+    for n, shape in [("q", (hidden, hidden)), ("k", (kvh * hd, hidden)),
+                     ("v", (kvh * hd, hidden)), ("o", (hidden, hidden))]:
+        ts[p + f"self_attn.{n}_proj.weight"] = TensorData(n, shape, "Q4_K", kquant("Q4_K", *shape))
+    for n, shape in [("gate", (inter, hidden)), ("up", (inter, hidden)), ("down", (hidden, inter))]:
+        ts[p + f"mlp.{n}_proj.weight"] = TensorData(n, shape, "Q4_K", kquant("Q4_K", *shape))
+    for n in ("input_layernorm", "post_attention_layernorm"):
+        ts[p + n + ".weight"] = TensorData(n, (hidden,), "F32", np.ones(hidden, np.float32))
+ts["model.norm.weight"] = TensorData("n", (hidden,), "F32", np.ones(hidden, np.float32))
+ckpt = Checkpoint(Path("random-1b.gguf"), "gguf", cfg, ts)
+B = CudaBackend(dev)
+model = llama.Model(llama.ModelArgs.from_dict(cfg), B, Weights(ckpt, B))
+n_tok = 8 if emu else 128
+steps = generate_step(model, list(range(1, 17)), SamplingParams(temperature=0.0),
+                      np.random.default_rng(0), max_len=16 + n_tok + 8)
+next(steps)  # prefill and the first token
+launches = dev.launches
+t = time.perf_counter()
+for _ in range(n_tok):
+    next(steps)
+B.synchronize()
+sec = time.perf_counter() - t
+steps.close()
+report["decode_1b"] = {"layers": layers, "hidden": hidden, "tokens": n_tok,
+                       "tokens_per_s": n_tok / sec, "ms_per_token": sec / n_tok * 1e3,
+                       "python_launches_per_token": (dev.launches - launches) / n_tok,
+                       "graphs": B.graphs, "graph_error": B.graph_error}
+Path(out_path).write_text(json.dumps(report, indent=1) + "\n")
+for a in report["attention"]:
+    print(f"attention {a['heads']}/{a['kv_heads']} heads n_kv {a['n_kv']}: {a['ms']:.3f} ms "
+          f"{a['gb_s']:.0f} GB/s")
+for m in report["matvec"]:
+    print(f"mat-vec Q4_K {m['rows']}x{m['cols']}: {m['ms']:.3f} ms {m['gb_s']:.0f} GB/s")
+print(f"1B decode: {report['decode_1b']['tokens_per_s']:.1f} tokens/s, graph error: "
+      f"{report['decode_1b']['graph_error']}")
+print(f"wrote {out_path}")
+PY
