@@ -15,7 +15,7 @@ from inference.backends.numpy_backend import NumpyBackend
 from tests.bundled import random_tensor
 
 
-def test_parts_run_on_the_helper_thread_while_it_spins_and_after_it_slept():
+def test_parts_run_on_the_worker_thread_while_it_spins_and_after_it_slept():
     w = cpu_share.SpinWorker("test-share")
     seen: list[tuple[int, int, str]] = []
 
@@ -35,7 +35,7 @@ def test_parts_run_on_the_helper_thread_while_it_spins_and_after_it_slept():
     assert not w._thread.is_alive()
 
 
-def test_a_failing_part_raises_on_the_caller_and_the_helper_lives_on():
+def test_a_failing_part_raises_on_the_caller_and_the_worker_lives_on():
     w = cpu_share.SpinWorker()
 
     def bad(a: int, b: int) -> None:
@@ -48,6 +48,25 @@ def test_a_failing_part_raises_on_the_caller_and_the_helper_lives_on():
     w.start(lambda a, b: out.append(a + b), 2, 3)
     w.join()
     assert out == [5]
+    w.close()
+
+
+def test_a_parked_worker_sleeps_between_parts_and_still_runs_them():
+    """Parked (other processes busy), the worker spins for nothing: asleep right after each
+    part, and the caller asleep while it waits; every part still runs, in order."""
+    w = cpu_share.SpinWorker("test-parked")
+    w.park(True)
+    seen = []
+    for i in range(20):
+        w.start(lambda a, b: seen.append(a), i, i + 1)
+        w.join()
+        deadline = time.monotonic() + 5
+        while not w._sleeping:  # asleep at once, not after a spin of SPIN loads
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+    assert seen == list(range(20))
+    w.park(False)
+    assert (w.spin, w.join_spin) == (cpu_share.SPIN, cpu_share.JOIN_SPIN)
     w.close()
 
 

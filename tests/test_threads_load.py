@@ -89,6 +89,37 @@ def test_the_backend_follows_the_load_until_pinned(monkeypatch):
     assert b._threads == 2
 
 
+def test_the_first_generation_already_follows_the_load(monkeypatch):
+    """The load is watched from the backend's creation, so the first choice (one process's
+    only generation, as ``inferdesk generate`` runs) rests on a reading, not on none."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: nothing to choose")
+    monkeypatch.setattr("inference.backends.cpu.backend.BusyCores", lambda: FixedLoad(1.0))
+    b = CpuBackend()
+    b._use_threads(2)
+    b.adapt_threads()
+    assert b._threads == 1
+
+
+def test_workers_park_while_other_processes_are_busy():
+    """Beside a busy process the prefill workers sleep between parts instead of spinning;
+    when the load goes, they spin again (new workers take the current state too)."""
+    from inference.backends.cpu import threads as cpu_threads
+
+    b = CpuBackend()
+    b._auto = 2
+    b._use_threads(2)
+    workers = b._workers()
+    load = b._busy = FixedLoad(0.9)
+    b.adapt_threads()
+    assert all(w.spin == 0 and w.join_spin == 0 for w in workers)
+    b._use_threads(2)
+    assert all(w.spin == 0 for w in b._workers())
+    load.value = 0.0
+    b.adapt_threads()
+    assert all(w.spin == cpu_threads.SPIN for w in b._workers())
+
+
 def test_generation_server_steps_and_embeddings_ask(monkeypatch):
     from inference.api import load_model
     from inference.events import DoneEvent
@@ -98,8 +129,10 @@ def test_generation_server_steps_and_embeddings_ask(monkeypatch):
     asked = []
     monkeypatch.setattr(CpuBackend, "adapt_threads", lambda self: asked.append("x"))
     llm = load_model("smollm2", backend="cpu")
-    list(llm.generate(prompt="Hi", max_tokens=2))
-    assert asked, "generate"
+    events = list(llm.generate(prompt="Hi", max_tokens=4,
+                               sampling=SamplingParams(temperature=0.0)))
+    tokens = sum(not isinstance(e, DoneEvent) for e in events)
+    assert len(asked) >= tokens, "generate: at its start and before every decode step"
     asked.clear()
     sched = Scheduler(llm, parallel=2)
     try:

@@ -77,6 +77,9 @@ ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # (Q8_0, Q6_K) 0.69-0.71x (1.03-1.25x before that tail). AVX2 (row pairs) keeps sgemm:
 # 0.80-0.93x its speed on the Q3_K_M prefill (docs/cpu-backend.md, "Prefill").
 INTEGER_BITS = frozenset({4, 5, 8})
+# Other processes' load, in cores, above which the prefill workers stop spinning: a
+# spinning worker then takes the time slices a busy process and our own threads need.
+BUSY_CORES = 0.25
 # A prefill product's float32 scratch per thread: written by the dequantize and read at
 # once by sgemm, so it should stay in the core's L2 (256 KB-2 MB on current x86). The
 # dequantize runs 2.5x faster into 288-768 KB than into the 16 MB of a whole weight
@@ -132,7 +135,10 @@ class CpuBackend(NumpyBackend):
         self._threads = numba.get_num_threads()
         # Until set_threads pins a count: the most threads adapt_threads may choose.
         self._auto: int | None = self._threads
-        self._busy: BusyCores | None = None
+        # Other processes' load, watched from now on: the first choice, at the first
+        # generation, already rests on what ran during the load.
+        self._busy: BusyCores | None = BusyCores()
+        self._parked = False  # the workers sleep between parts (other processes are busy)
         self._blas: Any = None
         self._pool: list[SpinWorker] | None = None
         self._sharing = threading.Lock()  # one share-out at a time has the worker threads
@@ -168,17 +174,26 @@ class CpuBackend(NumpyBackend):
     def adapt_threads(self) -> None:
         """Unless set_threads pinned a count: one thread per core other processes leave
         free (:func:`inference.threads.threads_for`), chosen again at most every
-        LOAD_WINDOW_S seconds from the load since the last choice."""
+        LOAD_WINDOW_S seconds from the load since the last choice; between choices a
+        clock read, so it runs before every decode step. While other processes keep
+        more than ``BUSY_CORES`` of a core busy, the prefill workers sleep between parts
+        instead of spinning (:meth:`.threads.SpinWorker.park`)."""
         if self._auto is None:
             return
         if self._busy is None:  # the first look starts the window
             self._busy = BusyCores()
             return
         others = self._busy.others()
-        if others is not None:
-            n = threads_for(self._auto, others, self._busy.cores)
-            if n != self._threads:
-                self._use_threads(n)
+        if others is None:
+            return
+        parked = others > BUSY_CORES
+        if parked != self._parked:
+            self._parked = parked
+            for worker in self._pool or []:
+                worker.park(parked)
+        n = threads_for(self._auto, others, self._busy.cores)
+        if n != self._threads:
+            self._use_threads(n)
 
     def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
                          rng: np.random.Generator) -> TokenSampler:
@@ -304,7 +319,7 @@ class CpuBackend(NumpyBackend):
         if t.qtype == "F32" or len(t.shape) != 2:
             return self.dense(t)
         w = pack(t)
-        if t.data.nbytes >= 1 << 20:  # repacking frees a few MB of temporaries per tensor
+        if t.nbytes >= 1 << 20:  # repacking frees a few MB of temporaries per tensor
             trim_host_heap()
         return w
 
@@ -648,6 +663,8 @@ class CpuBackend(NumpyBackend):
         if self._pool is None or len(self._pool) != self._threads - 1:
             _close_all(self._pool or [])
             self._pool = [SpinWorker(f"cpu-share-{i}") for i in range(self._threads - 1)]
+            for worker in self._pool:
+                worker.park(self._parked)
             weakref.finalize(self, _close_all, self._pool)  # no threads outlive the backend
         return self._pool
 

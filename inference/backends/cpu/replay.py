@@ -99,6 +99,7 @@ class StepReplayer(EagerSteps):
         self.rebinds = 0
 
     def __call__(self, model: Any, ids: np.ndarray, cache: Any) -> Any:
+        self.B.adapt_threads()  # the cores other processes leave free, looked at each step
         caches = cache.caches if isinstance(cache, BatchedCaches) else [cache]
         if not self._replayable(caches):
             return model(ids, cache, last_only=True)

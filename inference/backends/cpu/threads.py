@@ -1,5 +1,6 @@
 """A worker thread that takes work without being woken: it spins, GIL released, for the
-next part, and sleeps only after a quiet spell.
+next part, and sleeps only after a quiet spell; on a CPU other processes keep busy it does
+not spin at all (:meth:`SpinWorker.park`).
 
 Why: handing a part to a sleeping thread costs a futex wake and, in a virtual machine,
 waking that thread's idle vCPU. Measured on a 2-vCPU KVM guest: a Python Event or
@@ -10,6 +11,9 @@ their workers for the same reason.
 
 The spin is an atomic load in a numba loop (``nogil``), so the thread spinning holds
 neither the GIL nor a lock; after ``SPIN`` loads without news it sleeps on a condition.
+Spinning pays only while the cores are ours: beside another busy process a spinning thread
+takes the time slices the kernels' own threads (and the other process) need, so the
+backend parks its workers while it sees other processes busy.
 """
 
 from __future__ import annotations
@@ -65,8 +69,14 @@ class SpinWorker:
         self._joining = False  # the caller waits on _cv for the part's end
         self._job: tuple[Callable[[int, int], None], int, int] | None = None
         self._error: BaseException | None = None
+        self.spin = SPIN  # loads spun for the next part before sleeping
+        self.join_spin = JOIN_SPIN  # loads the caller spins for the part's end
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+
+    def park(self, parked: bool) -> None:
+        """Sleep at once between parts and joins (``parked``), or spin first as usual."""
+        self.spin, self.join_spin = (0, 0) if parked else (SPIN, JOIN_SPIN)
 
     def start(self, part: Callable[[int, int], None], a: int, b: int) -> None:
         self._job, self._error = (part, a, b), None
@@ -79,7 +89,7 @@ class SpinWorker:
         """Wait for the part: spinning as the worker does, then asleep (a spinning waiter
         beside a busy worker and another pool's spinning threads would take its core)."""
         n = int(self._state[0])
-        if spin_while(self._state, 1, n - 1, JOIN_SPIN) != n:
+        if spin_while(self._state, 1, n - 1, self.join_spin) != n:
             with self._cv:
                 self._joining = True
                 while int(self._state[1]) != n:
@@ -96,7 +106,7 @@ class SpinWorker:
     def _loop(self) -> None:
         seen = 0
         while True:
-            if spin_while(self._state, 0, seen, SPIN) == seen:
+            if spin_while(self._state, 0, seen, self.spin) == seen:
                 with self._cv:  # nothing came within the spin: sleep until it does
                     self._sleeping = True
                     while int(self._state[0]) == seen:
