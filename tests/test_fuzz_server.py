@@ -56,10 +56,11 @@ def _adjust(case: Any, models: dict[str, str], pick: int) -> None:
             body["max_tokens"] = MAX_TOKENS
 
 
-def fuzz(base: str, doc: dict[str, Any], models: dict[str, str], per_operation: int,
-         seed: int = 0, rss: Any = None, health_every: int = 100,
-         progress: Any = None) -> dict[str, Any]:
-    """Send ``per_operation`` drawn requests per endpoint and mode (positive, negative) to
+def fuzz(base: str, doc: dict[str, Any], models: dict[str, str],
+         per_operation: int | tuple[int, int], seed: int = 0, rss: Any = None,
+         health_every: int = 100, progress: Any = None) -> dict[str, Any]:
+    """Send ``per_operation`` drawn requests per endpoint and mode (one count, or one for
+    valid requests and one for invalid ones: the invalid are cheaper) to
     the server at ``base`` (its origin, no /v1); a summary of what came back. ``rss()``,
     if given, reads the server's resident memory (sampled with each /health);
     ``progress(summary)`` is called with the summary so far at each /health."""
@@ -106,6 +107,7 @@ def fuzz(base: str, doc: dict[str, Any], models: dict[str, str], per_operation: 
                 progress(summary())
 
     t0 = time.monotonic()
+    counts = per_operation if isinstance(per_operation, tuple) else (per_operation,) * 2
 
     def summary() -> dict[str, Any]:
         return {"requests": sent[0], "seconds": round(time.monotonic() - t0, 1),
@@ -115,9 +117,10 @@ def fuzz(base: str, doc: dict[str, Any], models: dict[str, str], per_operation: 
     check_health()
     for op in schema.get_all_operations():
         op = op.ok()
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        for mode, n in zip((GenerationMode.POSITIVE, GenerationMode.NEGATIVE), counts,
+                           strict=True):
             @hseed(seed)
-            @settings(max_examples=per_operation, database=None, deadline=None,
+            @settings(max_examples=n, database=None, deadline=None,
                       phases=[Phase.generate], suppress_health_check=list(HealthCheck))
             @given(case=op.as_strategy(generation_mode=mode))
             def run(case: Any) -> None:
@@ -157,7 +160,7 @@ def _rss_reader(pid: int) -> Any:
     return lambda: proc.memory_info().rss
 
 
-def long_run(per_operation: int, seed: int = 0, idle_s: float = 5.0,
+def long_run(per_operation: int | tuple[int, int], seed: int = 0, idle_s: float = 5.0,
              progress: Any = None) -> dict[str, Any]:
     """A fresh `inferdesk serve` (smollm2 and minilm on cpu, 127.0.0.1) in its own process:
     warm-up, then the fuzz run, then its RSS after ``idle_s`` idle seconds.
@@ -210,7 +213,7 @@ def long_run(per_operation: int, seed: int = 0, idle_s: float = 5.0,
 
 @pytest.mark.long
 def test_fuzz_long_run():
-    out = long_run(per_operation=1000)
+    out = long_run(per_operation=(800, 2600))
     assert out["requests"] >= 10_000
     assert not out["server_errors"] and not out["warm_up_server_errors"]
     assert not out["unhealthy"] and out["alive"]
@@ -221,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     import platform
 
     p = argparse.ArgumentParser(description="The long server fuzz run; JSON to --out.")
-    p.add_argument("--per-operation", type=int, default=1000)
+    p.add_argument("--valid", type=int, default=800, help="valid requests per endpoint")
+    p.add_argument("--invalid", type=int, default=2600, help="invalid requests per endpoint")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -234,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.out, "w") as f:
             json.dump({**out, **info}, f, indent=1)
 
-    out = long_run(a.per_operation, a.seed, progress=lambda s: write({**s, "finished": False}))
+    out = long_run((a.valid, a.invalid), a.seed,
+                   progress=lambda s: write({**s, "finished": False}))
     out["finished"] = True
     write(out)
     print(json.dumps({k: v for k, v in out.items() if k != "statuses"}, indent=1)[:3000])
