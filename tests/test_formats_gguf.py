@@ -14,6 +14,7 @@ from inference.errors import CorruptModelError, ModelNotFoundError, UnsupportedM
 from inference.formats import read_checkpoint
 from inference.formats.gguf_file import read_gguf, unpermute_rows
 from inference.formats.quants import dequantize
+from inference.formats.tensor import TensorData
 from tests.bundled import smollm2_gguf
 
 HIDDEN, HEADS, KV_HEADS, FF, LAYERS, VOCAB = 256, 4, 2, 512, 2, 32  # K-quants need 256
@@ -175,7 +176,7 @@ def test_rows_come_back_in_hugging_face_order(tiny_llama: tuple[Path, dict]) -> 
         assert np.array_equal(np.asarray(got), want), name
     q = ck.tensors["model.layers.0.self_attn.q_proj.weight"]
     assert np.array_equal(dequantize(q), dequantize(
-        type(q)("q", q.shape, "Q4_0", quantize(hf_weights()[q.name], T.Q4_0))))
+        TensorData("q", q.shape, "Q4_0", quantize(hf_weights()[q.name], T.Q4_0))))
 
 
 def test_unpermute_inverts_the_converter() -> None:

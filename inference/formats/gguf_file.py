@@ -29,6 +29,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from inference.errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
 from inference.formats.cache import MIN_HEADER_BYTES, key_path, load_pickle, save_pickle
 from inference.formats.quants import BLOCK_TYPES
-from inference.formats.tensor import MAX_LAYERS, Checkpoint, TensorData
+from inference.formats.tensor import MAX_LAYERS, Checkpoint, DeferredTensor, TensorData
 
 # GGUF architecture -> (HF model_type, HF architectures entry).
 ARCHITECTURES: dict[str, tuple[str, str]] = {
@@ -636,12 +637,15 @@ def _rename(arch: str, raw: dict[str, TensorData], cfg: dict[str, Any]) -> dict[
             if m and m.group(2) in ("attn_q", "attn_k"):
                 q = m.group(2) == "attn_q"
                 heads = cfg["num_attention_heads"] if q else cfg["num_key_value_heads"]
-                try:
-                    data = unpermute_rows(data, heads)
-                except CorruptModelError:
+                if heads < 1 or data.shape[0] % (2 * heads):
                     raise CorruptModelError(
                         f"GGUF key {arch}.attention.head_count{'' if q else '_kv'} is {heads}, "
-                        f"which does not split the {data.shape[0]} rows of {name}.") from None
+                        f"which does not split the {data.shape[0]} rows of {name}.")
+                new = hf_name(arch, name)
+                out[new] = DeferredTensor(  # permuted on first use: a cached weight never is
+                    new, t.shape, t.qtype, partial(unpermute_rows, data, heads),
+                    (data.dtype, tuple(data.shape[1:])), int(data.nbytes))
+                continue
         new = hf_name(arch, name)
         out[new] = TensorData(new, t.shape, t.qtype, data)
     return out

@@ -8,6 +8,7 @@ their own layout (dense or quantized); nothing else reads raw blocks.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,62 @@ class TensorData:
     def nbytes(self) -> int:
         return int(self.data.nbytes + sum(getattr(v, "nbytes", 0) for v in self.extra.values()))
 
+    @property
+    def layout(self) -> tuple[np.dtype, tuple[int, ...]]:
+        """``data``'s element type and the shape of one of its rows (what stacking needs)."""
+        return self.data.dtype, tuple(self.data.shape[1:])
+
+    @staticmethod
+    def stacked(name: str, parts: Sequence[TensorData], extra: dict[str, Any]) -> TensorData:
+        """``parts`` one after another along the rows, as one tensor; made on first use."""
+        first = parts[0]
+        rows = sum(t.shape[0] for t in parts)
+        return DeferredTensor(name, (rows, *first.shape[1:]), first.qtype,
+                              lambda: np.concatenate([t.data for t in parts]),
+                              first.layout, sum(t.data_nbytes for t in parts), extra)
+
+    @property
+    def data_nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+class DeferredTensor(TensorData):
+    """A tensor whose ``data`` (rows permuted or stacked from views of the file) is made on
+    first use and kept: a backend that finds the weight already converted in a cache of its
+    own (:mod:`inference.formats.cache`) never reads the file's pages for it."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], qtype: str,
+                 make: Callable[[], np.ndarray], layout: tuple[np.dtype, tuple[int, ...]],
+                 nbytes: int, extra: dict[str, Any] | None = None) -> None:
+        self._make: Callable[[], np.ndarray] | None = make
+        self._data: np.ndarray | None = None
+        self._layout, self._nbytes = layout, nbytes
+        super().__init__(name, shape, qtype, None, extra or {})  # type: ignore[arg-type]
+
+    @property  # type: ignore[override]
+    def data(self) -> np.ndarray:
+        if self._data is None:
+            assert self._make is not None
+            self._data, self._make = self._make(), None
+        return self._data
+
+    @data.setter
+    def data(self, value: np.ndarray | None) -> None:
+        if value is not None:
+            self._data, self._make = value, None
+
+    @property
+    def layout(self) -> tuple[np.dtype, tuple[int, ...]]:
+        return self._layout
+
+    @property
+    def data_nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._nbytes + sum(getattr(v, "nbytes", 0) for v in self.extra.values()))
+
 
 @dataclass
 class Checkpoint:
@@ -67,7 +124,7 @@ class Checkpoint:
         stay in the page cache, and the map stays valid: a page read again comes back)."""
         seen: set[int] = set()
         for t in self.tensors.values():
-            base: Any = t.data
+            base: Any = t._data if isinstance(t, DeferredTensor) else t.data  # never made here
             while base is not None and not isinstance(base, mmap.mmap):
                 base = getattr(base, "_mmap", None) or getattr(base, "base", None)
             if base is not None and id(base) not in seen and hasattr(base, "madvise"):
