@@ -137,8 +137,10 @@ BUDGETS: dict[str, KernelBudget] = {
     # types on sm_75/80); 80 x 256 threads lets 3 blocks share an SM's registers, and the
     # 42.5 KB of stages already cap an RTX 4090 SM at 2.
     # The segment table: a shift (8 bytes) and an end (4) per run, and a count.
-    "dequantize_": KernelBudget(256, 80, 4 * (256 * 32 + 256) + 16 * DQ_W_WORDS
-                                + 12 * DQ_MAX_SEGS + 8),
+    # Rounded up to 16 bytes: ptxas aligns the end of static shared memory to 16 where the
+    # unit also declares dynamic shared memory (nvcc_check compiles all modules as one).
+    "dequantize_": KernelBudget(256, 80, -(-(4 * (256 * 32 + 256) + 16 * DQ_W_WORDS
+                                            + 12 * DQ_MAX_SEGS + 8) // 16) * 16),
     "rms_norm_f32": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),
     "softmax_f32": KernelBudget(1024, 32, 128),

@@ -43,6 +43,24 @@ def test_resources_fit_the_planner_budget(ptxas: dict) -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_occupancy_table_is_current(ptxas: dict) -> None:
+    # docs/cuda.md's table is what ptxas's figures give today; every kernel fits at least
+    # one block an SM, and decode attention keeps at least 8 warps an SM on every arch.
+    from pathlib import Path
+
+    from kernels.cuda.occupancy import BEGIN, END, blocks_per_sm, launch_of, occupancy_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cuda.md").read_text()
+    assert doc.split(BEGIN)[1].split(END)[0].strip() == occupancy_table(ptxas).strip(), (
+        "docs/cuda.md's occupancy table is stale: python -m kernels.cuda.occupancy")
+    for (kernel, arch), r in ptxas.items():
+        threads, dyn = launch_of(kernel)
+        blocks, _ = blocks_per_sm(r, arch, threads, dyn)
+        assert blocks >= 1, (kernel, arch)
+        if kernel.startswith("attn_vec_"):
+            assert blocks * threads // 32 >= 8, (kernel, arch, blocks)
+
+
 def test_launch_bounds_match_the_budget() -> None:
     # __launch_bounds__ in the source is the largest block a planner may choose.
     for m in MODULES:
