@@ -7,7 +7,7 @@ macros (one per quant type and tile), so grep over the sources alone would not f
 from __future__ import annotations
 
 from kernels.cuda.device import CUDA_DIR, MODULES, source_path
-from kernels.emulator.build import scan_kernels
+from kernels.emulator.build import build
 
 INDEX = CUDA_DIR / "KERNELS.md"
 _HEAD = ("# CUDA kernels by module\n\n"
@@ -20,7 +20,7 @@ def index_text() -> str:
     lines = [_HEAD]
     for m in MODULES:
         lines.append(f"\n## {m}.cu\n\n")
-        lines.extend(f"- `{name}`\n" for name in sorted(scan_kernels(source_path(m))))
+        lines.extend(f"- `{name}`\n" for name in sorted(build(source_path(m))[1]))  # cached
     return "".join(lines)
 
 
