@@ -197,3 +197,28 @@ def test_template_that_is_not_utf8_is_replaced_saying_so(tmp_path):
     assert m.template.fallback_reason == ("The chat template from gguf is not valid UTF-8. "
                                           "Using Gemma's template.")
     assert list(m.generate(messages=HI, max_tokens=1))[-1].n_prompt > 0
+
+
+@pytest.mark.parametrize(("family", "publisher"), [
+    ("gemma", "gemma-3-it"), ("phi3", "phi-3.5-mini-instruct"), ("chatml", "qwen3"),
+    ("llama3", "llama-3.2-instruct"),
+])
+def test_family_templates_render_as_the_publishers_do(family, publisher):
+    """The reference: the publishers' own templates (tests/fixtures/chat_templates). Llama
+    3.2's adds a dated preamble to the system turn that Llama 3's first template did not."""
+    import re
+
+    from inference.chat_template import TEMPLATES_DIR
+
+    fixtures = Path(__file__).parent / "fixtures" / "chat_templates"
+    chat = [{"role": "system", "content": "Be brief."}, *HI,
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Why?"}]
+    tokens = {"bos_token": "<bos>", "eos_token": "<eos>"}
+    ours = ChatTemplate((TEMPLATES_DIR / f"{family}.jinja").read_text(encoding="utf-8"),
+                        **tokens)
+    theirs = ChatTemplate((fixtures / f"{publisher}.jinja").read_text(encoding="utf-8"),
+                          **tokens)
+    for generation_prompt in (True, False):
+        want = re.sub(r"Cutting Knowledge Date: .*\nToday Date: .*\n\n", "",
+                      theirs.render(chat, add_generation_prompt=generation_prompt))
+        assert ours.render(chat, add_generation_prompt=generation_prompt) == want
