@@ -81,10 +81,21 @@ class EmbedPane(QWidget):
         handle.failed.connect(self._on_failed)
         handle.cancelled.connect(self._on_cancelled)
         handle.exported.connect(lambda p: self.status.setText(f"Saved {p}"))
+        self._restyle_due = False  # made in the current scheme's colours
         theme.on_change(self.restyle)
 
+    def showEvent(self, event: object) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if self._restyle_due:
+            self.restyle()
+
     def restyle(self) -> None:
-        """The current scheme's colours on both plots and their hover labels."""
+        """The current scheme's colours on both plots and their hover labels (a hidden
+        pane restyles when it is next shown)."""
+        if not self.isVisible():
+            self._restyle_due = True
+            return
+        self._restyle_due = False
         colors = plot_colors()
         for plot in (self.heat_plot, self.scatter_plot):
             plot.setBackground(colors["background"])

@@ -125,7 +125,12 @@ class PerfPane(QWidget):
         theme.on_change(self.restyle)
 
     def restyle(self) -> None:
-        """The current scheme's colours on every plot (called when the theme changes)."""
+        """The current scheme's colours on every plot (called when the theme changes; a
+        hidden pane restyles when it is next shown, so a switch costs only what is seen)."""
+        if not self.isVisible():
+            self._restyle_due = True
+            return
+        self._restyle_due = False
         self.graphs.setBackground(plot_colors()["background"])
         for item in (self.decode_plot, self.prefill_plot, self.ttft_plot, self.mem_plot,
                      self.cpu_plot):
@@ -254,7 +259,12 @@ class PerfPane(QWidget):
         split.setSizes([900, 300])
         split.setChildrenCollapsible(False)
         layout.addWidget(split, 1)
-        self.restyle()
+        self._restyle_due = True  # styled when first shown
+
+    def showEvent(self, event: object) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if self._restyle_due:
+            self.restyle()
 
     def resizeEvent(self, event: object) -> None:  # noqa: N802 - Qt override
         """Side by side when wide; the per-op table under the plots when narrow."""

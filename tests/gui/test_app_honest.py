@@ -290,6 +290,7 @@ def test_11_dark_theme_reaches_plots_icons_and_the_menu_bar_live(make_window) ->
         w.set_theme("dark")
         spin(30)
         assert w.perf.graphs.backgroundBrush().color().lightness() < 60
+        w.tabs.setCurrentWidget(w.embed)  # a pane hidden at the switch, on showing
         assert w.embed.heat_plot.backgroundBrush().color().lightness() < 60
         img = theme.icon("send").pixmap(24, 24).toImage()
         ink = [img.pixelColor(x, y) for x in range(24) for y in range(24)
