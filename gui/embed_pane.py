@@ -100,6 +100,9 @@ class EmbedPane(QWidget):
         for plot in (self.heat_plot, self.scatter_plot):
             plot.setBackground(colors["background"])
             style_plot(plot.getPlotItem())
+        bar_axis = self.colorbar.axis
+        bar_axis.setPen(pg.mkPen(colors["foreground"]))
+        bar_axis.setTextPen(pg.mkPen(colors["foreground"]))
         for label in (self.heat_label, self.scatter_label):
             label.setColor(colors["label"])
             label.fill = pg.mkBrush(colors["label_fill"])
