@@ -165,6 +165,7 @@ def _runnable(ck: Checkpoint, arch: str, kind: str) -> tuple[int | None, str | N
         check_tensors(args, ck.tensors, spec_for(arch, mod), where=where)
         if kind == "causal":
             _check_tokenizer(ck)
+        _check_gguf_vocabulary(ck, int(args.vocab_size))
         return context_length(ck.config, args), None
     except InferdeskError as e:
         ctx = ck.config.get("max_position_embeddings")
@@ -179,6 +180,19 @@ def _check_tokenizer(ck: Checkpoint) -> None:
     elif not (Path(ck.path) / "tokenizer.json").is_file():
         raise ModelNotFoundError(f"{Path(ck.path).name} has no tokenizer.json, which the "
                                  f"engine needs to read its text.")
+
+
+def _check_gguf_vocabulary(ck: Checkpoint, rows: int) -> None:
+    """The load's tokenizer check from a GGUF's token list alone (its ids are its indices),
+    so the picker names a tokenizer larger than the embedding table before any load."""
+    tokens = ck.metadata.get("tokenizer.ggml.tokens") if ck.format == "gguf" else None
+    if tokens is not None and len(tokens):
+        from types import SimpleNamespace
+
+        from inference.validate import tokenizer_fits
+
+        listed = SimpleNamespace(max_id=len(tokens) - 1, id_to_token=lambda i: str(tokens[i]))
+        tokenizer_fits(listed, rows, Path(ck.path).name)
 
 
 def _describe(ck: Checkpoint, file_size: int) -> ModelSpec:

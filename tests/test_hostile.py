@@ -84,6 +84,9 @@ def test_a_tokenizer_larger_than_the_embedding_table_is_refused_at_load(tmp_path
     with pytest.raises(CorruptModelError) as e:
         load_model(str(path), backend="numpy")
     assert f"ids up to {VOCAB + 15}" in one_sentence(e.value)
+    from inference.store import spec_for_path
+
+    assert spec_for_path(path).problem == str(e.value)  # the picker says so before a load
 
 
 def test_a_tokenizer_json_with_an_added_token_past_the_table_is_refused(tmp_path: Path) -> None:
