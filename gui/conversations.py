@@ -243,21 +243,27 @@ class ConversationStore:
         _create(self._db)
 
     def _recover(self, exc: BaseException) -> None:
-        """Move the damaged file aside, start a fresh one, copy in what can still be read:
-        row by row in one transaction (a row the schema refuses is counted, not fatal), so
-        the fresh file holds either every recovered row or none."""
+        """Copy what can still be read into a fresh file beside the damaged one (row by
+        row, in one transaction: a row the schema refuses is counted, not fatal), then move
+        the damaged file aside and the fresh one into its place. Until that last step the
+        damaged file stays where it was, so a start cut short recovers it again."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         dest = self.path.with_name(f"{self.path.stem}.corrupt-{stamp}{self.path.suffix}")
-        os.replace(self.path, dest)
-        for suffix in ("-wal", "-shm"):
+        fresh = self.path.with_name(f"{self.path.name}.recovering")
+        for suffix in ("", "-wal", "-shm"):  # what an earlier, interrupted recovery left
+            Path(str(fresh) + suffix).unlink(missing_ok=True)
+        found = salvage(self.path)
+        self._db = self._open(fresh)
+        self.recovery = self._copy_in(found)
+        self._db.close()  # the last connection: its WAL is folded in and removed
+        for suffix in ("", "-wal", "-shm"):
             side = Path(str(self.path) + suffix)
             if side.exists():
                 os.replace(side, Path(str(dest) + suffix))
-        self.moved_to = dest
-        found = salvage(dest)
         _fold_wal(dest)
+        os.replace(fresh, self.path)
+        self.moved_to = dest
         self._db = self._open(self.path)
-        self.recovery = self._copy_in(found)
         self.notice = (
             f"The conversations database was damaged ({_reason(exc)}) and has been moved to "
             f"{dest.name}; {self.recovery.describe()}")

@@ -414,3 +414,27 @@ def test_recovery_copies_null_rows_and_the_banner_counts_them(make_window, tmp_p
     assert f"{rec.messages:,} messages were recovered" in text
     assert f"{rec.lost_messages:,} messages could not be recovered" in text
     assert w.chat.store_banner.isVisible()
+
+
+def test_a_recovery_cut_short_leaves_the_damaged_file_to_recover_again(tmp_path, monkeypatch
+                                                                      ) -> None:
+    from gui.conversations import ConversationStore
+
+    db = tmp_path / "conversations.sqlite3"
+    damaged = b"this is not a database" * 100
+    db.write_bytes(damaged)
+
+    def killed(self, found):  # noqa: ANN001, ANN202 - the process dies mid-copy
+        raise RuntimeError("killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(ConversationStore, "_copy_in", killed)
+        with pytest.raises(RuntimeError):
+            ConversationStore(db)
+    assert db.read_bytes() == damaged and not list(tmp_path.glob("*.corrupt-*"))
+    store = ConversationStore(db)  # the next start recovers it
+    try:
+        assert store.moved_to is not None and store.moved_to.read_bytes() == damaged
+        assert store.recovery is not None and store.conversations() == []
+    finally:
+        store.close()
