@@ -282,8 +282,7 @@ class CudaBackend(Backend):
             self._eager_only("a float32 matmul")
             y = xp.matmul(x2, w.T)
         if bias is not None:
-            self._eager_only("a bias add")
-            y = y + bias
+            y = y + bias if self._step is None else step.add(self.dev, y, self._c(bias))
         return xp.reshape(y, (*lead, y.shape[-1]))
 
     def rms_norm(self, x: Any, w: Any, eps: float) -> Any:
@@ -347,8 +346,9 @@ class CudaBackend(Backend):
         return ops.gelu(self.dev, self._c(x))
 
     def softcap(self, x: Any, cap: float) -> Any:
-        # Elementwise on the device (CuPy's fused tanh), like add and mul.
-        self._eager_only("softcap")
+        # Eagerly CuPy's fused tanh, like add and mul; a kernel in a captured step.
+        if self._step is not None:
+            return step.softcap(self.dev, self._c(x), cap)
         return (cap * self.xp.tanh(x / cap)).astype(self.xp.float32, copy=False)
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
@@ -391,8 +391,11 @@ class CudaBackend(Backend):
         return step.add(self.dev, self._c(a), self._c(b))
 
     def mul(self, a: Any, b: Any) -> Any:
-        self._eager_only("mul")
-        return a * b
+        if self._step is None:
+            return a * b
+        if not isinstance(b, (int, float)):
+            raise GraphUnsupported("mul by an array")
+        return step.scale(self.dev, self._c(a), b)
 
     def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
         y = x.reshape(shape)

@@ -1,7 +1,8 @@
 // The few kernels a decode step needs to be captured in a CUDA graph: everything that
 // changes between steps (the input id, the position) is written to device memory by one
 // launch before each replay, and what the eager step does with CuPy operators (the KV row
-// write, the residual add) is a kernel whose arguments do not change between replays.
+// write, the residual and bias adds, the embedding scale, the final soft-cap) is a kernel
+// whose arguments do not change between replays.
 #include "kv_store.cuh"
 
 // Before a replay: the sampled id (still on the device) becomes the step's input, and the
@@ -18,12 +19,31 @@ extern "C" __global__ void __launch_bounds__(32) step_inputs_i32(
 
 KV_STORE_KERNEL(float, kv_store_f32)  // see kv_store.cuh
 
-// y = a + b elementwise (the residual adds), float32, same shape.
+// y = a + b[i % period], float32: the residual adds (period = n) and a bias added to each
+// row of a projection (period = the row's width).
 extern "C" __global__ void __launch_bounds__(256) add_f32(
         const float * __restrict__ a, const float * __restrict__ b, float * __restrict__ y,
-        const long long n) {
+        const long long n, const long long period) {
     const long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        y[i] = a[i] + b[i];
+        y[i] = a[i] + b[i % period];
+    }
+}
+
+// y = x * s: a scale by a constant (Gemma's embedding scale), float32.
+extern "C" __global__ void __launch_bounds__(256) scale_f32(
+        const float * __restrict__ x, float * __restrict__ y, const float s, const long long n) {
+    const long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        y[i] = x[i] * s;
+    }
+}
+
+// y = cap * tanh(x / cap): Gemma 2's final-logit soft-capping, float32.
+extern "C" __global__ void __launch_bounds__(256) softcap_f32(
+        const float * __restrict__ x, float * __restrict__ y, const float cap, const long long n) {
+    const long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        y[i] = cap * tanhf(x[i] / cap);
     }
 }

@@ -49,14 +49,35 @@ def step_inputs(dev: Device, tok: Any, ids: Any, pos: Any, position: int) -> Non
 
 
 def add(dev: Device, a: Any, b: Any) -> Any:
-    """a + b, float32 arrays of one shape (the residual adds)."""
+    """a + b, float32: b of a's shape (the residual adds) or of its last axis (a bias on
+    every row)."""
     _f32_contig(a, "a")
     _f32_contig(b, "b")
-    _need(a.shape == b.shape, f"add of {a.shape} and {b.shape}")
+    _need(a.shape == b.shape or (b.ndim == 1 and a.shape[-1:] == b.shape),
+          f"add of {a.shape} and {b.shape}")
     y = dev.empty(a.shape, np.float32)
     dev.launch("step", "add_f32", plan.plan_elementwise(a.size, dev.limits),
-               (a, b, y, i64(a.size)))
+               (a, b, y, i64(a.size), i64(b.size)))
     return y
+
+
+def _map(dev: Device, kernel: str, x: Any, c: float) -> Any:
+    _f32_contig(x, "x")
+    y = dev.empty(x.shape, np.float32)
+    dev.launch("step", kernel, plan.plan_elementwise(x.size, dev.limits),
+               (x, y, f32(c), i64(x.size)))
+    return y
+
+
+def scale(dev: Device, x: Any, s: float) -> Any:
+    """x * s, float32 (s rounded to float32, as NumPy's float32 * Python float)."""
+    return _map(dev, "scale_f32", x, s)
+
+
+def softcap(dev: Device, x: Any, cap: float) -> Any:
+    """cap * tanh(x / cap), float32."""
+    _need(cap > 0, "softcap must be positive")
+    return _map(dev, "softcap_f32", x, cap)
 
 
 def kv_store(dev: Device, src: Any, dst: Any, pos: Any) -> Any:

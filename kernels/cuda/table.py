@@ -161,6 +161,8 @@ BUDGETS: dict[str, KernelBudget] = {
     "kv_store_f16": KernelBudget(256, 64, 0),
     "kv_store_bf16": KernelBudget(256, 64, 0),
     "add_f32": KernelBudget(256, 64, 0),
+    "scale_f32": KernelBudget(256, 64, 0),
+    "softcap_f32": KernelBudget(256, 64, 0),
     "type_info": KernelBudget(32, 64, 0),
     "selftest_f16": KernelBudget(32, 32, 0),
 }

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from inference.backends.cuda import CudaBackend
+from inference.formats.tensor import TensorData
 from inference.generate import prefill
 from inference.models import llama
 from inference.sampling import SamplingParams
@@ -189,14 +190,78 @@ def test_replayed_step_launches_do_not_grow_with_layers() -> None:
     assert six[0] - two[0] == 4 * per_layer
 
 
-def test_a_step_the_graph_cannot_hold_runs_eagerly() -> None:
-    # A final logit soft-cap is a CuPy operator here: the capture is refused, every step
-    # of the generation runs eagerly, with the reason kept, and the ids are unchanged.
-    ids, _, n, C = _decode(graphs=True, steps=2, softcap=3.0)
+def test_final_softcap_is_captured() -> None:
+    # Gemma 2's final-logit soft-cap is a kernel in a captured step (softcap_f32): every
+    # step after the capture is one replay, and the ids are NumPy's.
+    ids, logits, n, C = _decode(graphs=True, steps=3, softcap=3.0)
+    assert C.graph_error is None and n[1:] == [3, 3]
+    assert ids == _numpy_ids(3, softcap=3.0)
+    assert max(abs(x).max() for x in logits) <= 3.0
+
+
+class _CupySoftcap(CudaBackend):
+    """A backend whose soft-cap is a CuPy operator in every step, as before it had a kernel."""
+
+    def softcap(self, x: Any, cap: float) -> Any:
+        self._eager_only("softcap")
+        return (cap * self.xp.tanh(x / cap)).astype(np.float32)
+
+
+def test_a_step_the_graph_cannot_hold_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An op a graph cannot hold refuses the capture: every step of the generation runs
+    # eagerly, with the reason kept, and the ids are unchanged.
+    import inference.backends.cuda as cuda_backend
+
+    monkeypatch.setattr(cuda_backend, "CudaBackend", _CupySoftcap)
+    monkeypatch.setitem(globals(), "CudaBackend", _CupySoftcap)
+    ids, _, n, C = _decode.__wrapped__(graphs=True, steps=2, softcap=3.0)
+    assert isinstance(C, _CupySoftcap)
     assert C.graph_error is not None and "softcap" in C.graph_error
     # n[0] also paid for the launches of the refused capture; q8_1: a quantize per mat-vec
     assert n[1] == 2 * 10 + 4 + (2 * 4 + 1 if C.q8_1_activations else 0)
     assert ids == _numpy_ids(2, softcap=3.0)
+
+
+def test_biases_and_the_embedding_scale_are_captured() -> None:
+    # Qwen2's q/k/v biases (add_f32 over each row) and Gemma's embedding scale (scale_f32)
+    # are kernels in a captured step: replayed logits within 1e-5 of eager ones, NumPy's ids.
+    for model_type, extra in (("qwen2", "bias"), ("llama", "scale")):
+        ckpt = tiny_llama("Q4_1")
+        ckpt.config["model_type"] = model_type
+        rng = np.random.default_rng(3)
+        if extra == "bias":
+            for i in range(2):
+                for n, rows in (("q", 256), ("k", 128), ("v", 128)):
+                    b = (rng.standard_normal(rows) * 0.1).astype(np.float32)
+                    ckpt.tensors[f"model.layers.{i}.self_attn.{n}_proj.bias"] = TensorData(
+                        n, (rows,), "F32", b)
+        else:
+            ckpt.config["embed_scale"] = True
+        runs = {}
+        for graphs in (False, True):
+            C = CudaBackend(EmulatedDevice(), graphs=graphs, kv_dtype=np.float32)
+            model = _build(llama, ckpt, C)
+            cache = model.make_cache(40)
+            sampler = C.start_generation(GREEDY, PROMPT, np.random.default_rng(0))
+            tok = sampler.sample(C.reshape(prefill(model, PROMPT, cache), (96,)))
+            ids, logits = [], []
+            for _ in range(3):
+                out = sampler.decode(model, tok, cache)
+                ids.append(sampler.read(tok))
+                tok = sampler.sample(C.reshape(out, (96,)))
+                logits.append(C.to_numpy(out).reshape(-1))
+            assert C.graph_error is None, (model_type, C.graph_error)
+            runs[graphs] = ids, logits
+        assert runs[True][0] == runs[False][0], model_type
+        for a, b in zip(runs[True][1], runs[False][1], strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        mn = _build(llama, ckpt, N)
+        cache = mn.make_cache(40)
+        out, want = prefill(mn, PROMPT, cache), []
+        for _ in range(3):
+            want.append(int(np.argmax(out.reshape(-1))))
+            out = mn(np.array([[want[-1]]]), cache, last_only=True)
+        assert runs[True][0] == want, model_type
 
 
 def test_profiled_decode_runs_eagerly() -> None:
