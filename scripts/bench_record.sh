@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the published benchmarks and keep their raw JSON under docs/bench-results/.
-# Needs the peers in a separate environment (README: "Comparing with llama.cpp and
-# sentence-transformers"); pass its python as PY. Each figure in docs/benchmarks.md names
+# Needs the peers in a separate environment (docs/benchmarks.md, "How to reproduce");
+# pass its python as PY. Each figure in docs/benchmarks.md names
 # the file written here.
 #
 #   PY=.venv-bench/bin/python scripts/bench_record.sh [ROUNDS=3]
