@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import psutil
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -36,6 +36,7 @@ BUSY_TEXT = {"load": "Loading model…", "generate": "Generating…", "embed": "
 
 
 CLOSE_WAIT_MS = 2000
+STATUS_MODEL_PX = 260  # the widest the status bar's model names may get
 
 
 class MainWindow(QMainWindow):
@@ -202,7 +203,8 @@ class MainWindow(QMainWindow):
         self.undo_button.setVisible(self.chat.can_undo())
 
     def _on_chat_deleted(self, title: str) -> None:
-        self.statusBar().showMessage(f'Deleted "{title}".', 8000)
+        short = title if len(title) <= 28 else title[:27] + "…"  # fits beside Undo at 800 px
+        self.statusBar().showMessage(f'Deleted "{short}".', 8000)
         self.undo_button.show()
 
     def load_bundled_chat(self) -> None:
@@ -246,7 +248,9 @@ class MainWindow(QMainWindow):
         backends = sorted({i.backend for i in loaded.values()})
         self.status_backend.setText(f"Backend: {', '.join(backends) or '—'}")
         text = f"Chat: {chat.name if chat else '—'} · Embed: {enc.name if enc else '—'}"
-        self.status_model.setText(text)
+        # Elided: the status message on the left keeps room in a narrow window.
+        self.status_model.setText(self.status_model.fontMetrics().elidedText(
+            text, Qt.TextElideMode.ElideMiddle, STATUS_MODEL_PX))
         self.status_model.setToolTip(text)
 
     def _update_memory(self) -> None:

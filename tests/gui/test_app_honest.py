@@ -120,9 +120,14 @@ def test_5_leading_whitespace_of_a_message_is_kept(make_window, monkeypatch) -> 
 # 6 -----------------------------------------------------------------------------------------
 def test_6_ctrl_z_in_the_message_box_undoes_a_deletion(make_window, qtbot, monkeypatch
                                                        ) -> None:
+    from gui.worker import LoadedInfo
+
     w = make_window()
     _offline_chat(w, monkeypatch)
-    keep = w.store.create("Keep me")
+    w.resize(800, 600)  # the narrowest window, with both models' names in the status bar
+    for kind, name in (("causal", "SmolLM2-135M-Instruct.Q4_1"), ("encoder", "all-MiniLM-L6-v2")):
+        w.handle.loaded.emit(LoadedInfo(kind, name, f"/{name}", "cpu", "", None, None))
+    keep = w.store.create("Give me three tips for writing clear code, as a Markdown list")
     w.store.add_message(keep, "user", "hello")
     w.chat.refresh_list()
     w.chat.open_conversation(keep)
@@ -135,7 +140,9 @@ def test_6_ctrl_z_in_the_message_box_undoes_a_deletion(make_window, qtbot, monke
     text = w.statusBar().currentMessage()
     assert text.startswith("Deleted") and w.undo_button.isVisible()
     need = w.statusBar().fontMetrics().horizontalAdvance(text)
-    assert w.undo_button.geometry().left() > need
+    first = min(x.geometry().left() for x in (w.undo_button, w.status_backend, w.status_model,
+                                               w.status_memory) if x.isVisible())
+    assert first > need, f"the message needs {need} px, the status bar leaves {first}"
     w.chat.input.setFocus()
     QTest.keyClick(w.chat.input, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
     assert w.store.get(keep) is not None and w.chat.conv_id == keep
