@@ -18,7 +18,7 @@ _MODULES = {
 }
 
 # auto order: an NVIDIA GPU, then Metal, then the CPU paths, fastest first. MLX on a CPU
-# (Linux) is slower than our numba kernels and NumPy (README, "Speed"), so without Metal
+# (Linux) is slower than our numba kernels and NumPy, so without Metal
 # it goes last.
 AUTO_ORDER_METAL = ("cuda", "mlx", "cpu", "numpy")
 AUTO_ORDER_NO_METAL = ("cuda", "cpu", "numpy", "mlx")
