@@ -139,7 +139,7 @@ def softmax_scores(sc: np.ndarray, scale: float, causal_offset: int,
     mask (b, s) is 1 for keys to attend and 0 for padding (exact zero weight);
     causal_offset >= 0 lets query i see keys 0 .. causal_offset + i, < 0: no limit.
     The two matmuls around it stay with BLAS; a fused numba kernel with short key loops
-    measured 1.6x slower than NumPy, this split 1.4x faster (README)."""
+    measured 1.6x slower than NumPy, this split 1.4x faster."""
     b, h, t, s = sc.shape
     scale = _f32(scale)  # a Python float arrives as float64 and widened the whole loop
     for bh in range(b * h):
