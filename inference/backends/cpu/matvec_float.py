@@ -8,7 +8,7 @@ bound by FMA latency, and a partial-sum array in memory costs a load and a store
 row. A block is one contiguous run of memory (codes, scale, bias together), read front to
 back, with the block ``PREFETCH`` ahead prefetched: the weights of a token no longer fit
 in L2, and with three separate arrays the hardware
-prefetchers lost ~40% of the speed (README "Fast on a plain CPU" has the figures).
+prefetchers lost ~40% of the speed.
 Codes go through int32 before float: from uint8 & 15 numba would widen to int64, and
 int64 -> float32 converts take twice the instructions. The lane loops take their trip
 count from the array shape, not the constant: a constant 32 gets the loop fully unrolled
