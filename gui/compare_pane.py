@@ -16,7 +16,6 @@ import logging
 import statistics
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyqtgraph as pg
@@ -415,56 +414,3 @@ class ComparePane(QWidget):
             _detach(self.thread, self.runner)
             return False
         return True
-
-
-def screenshot(out: Path, backends: tuple[str, str] = ("numpy", "cpu"), tokens: int = 24,
-               size: tuple[int, int] = (800, 600)) -> Path:
-    """The Compare tab of the real window after a run on the bundled chat model, saved as
-    PNG at ``out`` (temporary settings and store, as gui.screenshots)."""
-    import sys
-    import tempfile
-
-    from PySide6.QtCore import QSettings
-    from PySide6.QtWidgets import QApplication
-
-    from gui import theme
-    from gui.conversations import ConversationStore
-    from gui.main_window import MainWindow
-    from gui.screenshots import _settle, _wait
-    from gui.settings import Settings
-
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    theme.apply(app)
-    tmp = Path(tempfile.mkdtemp(prefix="inferdesk-shots-"))
-    w = MainWindow(Settings(QSettings(str(tmp / "settings.ini"), QSettings.Format.IniFormat)),
-                   ConversationStore(tmp / "conversations.sqlite3"), autoload=True)
-    try:
-        w.resize(*size)
-        w.show()
-        pane = w.compare
-        _wait(lambda: (pane.model_path is not None and bool(pane.backend_infos)
-                       and w.handle.job == "") or w.banner.isVisible())
-        if w.banner.isVisible():
-            raise RuntimeError(w.banner.text())
-        w.tabs.setCurrentWidget(pane)
-        for combo, name in zip((pane.combo_a, pane.combo_b), backends, strict=True):
-            combo.setCurrentIndex(combo.findData(name))
-        pane.tokens.setValue(tokens)
-        pane.run()
-        _wait(lambda: not pane.running)
-        if pane.summary is None:
-            raise RuntimeError(pane.message.text())
-        _settle()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        w.grab().save(str(out), "PNG", 0)
-        return out
-    finally:
-        w.close()
-
-
-if __name__ == "__main__":
-    import os
-    import sys
-
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    print(screenshot(Path(sys.argv[1] if len(sys.argv) > 1 else "compare.png")))

@@ -103,6 +103,18 @@ def _drive(w, out_dir: Path) -> list[Path]:  # noqa: ANN001 - a MainWindow
     w.embed.query()
     _wait(lambda: w.embed.results.count() > 0)
 
+    # The Compare tab after a short run: the bundled chat model on the reference backend
+    # against the cpu backend.
+    pane = w.compare
+    _wait(lambda: pane.model_path is not None and bool(pane.backend_infos))
+    for combo, name in zip((pane.combo_a, pane.combo_b), ("numpy", "cpu"), strict=True):
+        combo.setCurrentIndex(combo.findData(name))
+    pane.tokens.setValue(24)
+    pane.run()
+    _wait(lambda: not pane.running)
+    if pane.summary is None:
+        raise RuntimeError(pane.message.text())
+
     out_dir.mkdir(parents=True, exist_ok=True)
     w.resize(*SIZE)
     saved = []
