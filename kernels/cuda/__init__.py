@@ -5,5 +5,7 @@
     plan.py       launch planners: (shape, type, device limits) -> grid, block, shared bytes
     ops.py        checked entry points: dtype/layout checks, plan, launch
     device.py     the device interface: CuPy on a GPU, the host emulator in tests
-    nvcc_check.py nvcc sm_75..sm_90 build with ptxas resource use
+
+The nvcc build check and the occupancy table are test tools: tests/kernels/nvcc_check.py,
+tests/kernels/occupancy.py.
 """

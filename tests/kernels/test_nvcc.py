@@ -7,8 +7,8 @@ import pytest
 
 from kernels.cuda import table
 from kernels.cuda.device import MODULES, source_path
-from kernels.cuda.nvcc_check import ARCHS, compile_all, nvcc
 from kernels.emulator.build import scan_kernels
+from tests.kernels.nvcc_check import ARCHS, compile_all, nvcc
 
 pytestmark = pytest.mark.skipif(nvcc() is None, reason="nvcc not found: CUDA compile check skipped")
 
@@ -48,11 +48,11 @@ def test_occupancy_table_is_current(ptxas: dict) -> None:
     # one block an SM, and decode attention keeps at least 8 warps an SM on every arch.
     from pathlib import Path
 
-    from kernels.cuda.occupancy import BEGIN, END, blocks_per_sm, launch_of, occupancy_table
+    from tests.kernels.occupancy import BEGIN, END, blocks_per_sm, launch_of, occupancy_table
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "cuda.md").read_text()
     assert doc.split(BEGIN)[1].split(END)[0].strip() == occupancy_table(ptxas).strip(), (
-        "docs/cuda.md's occupancy table is stale: python -m kernels.cuda.occupancy")
+        "docs/cuda.md's occupancy table is stale: python -m tests.kernels.occupancy")
     for (kernel, arch), r in ptxas.items():
         threads, dyn = launch_of(kernel)
         blocks, _ = blocks_per_sm(r, arch, threads, dyn)

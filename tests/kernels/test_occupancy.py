@@ -1,12 +1,12 @@
-"""The occupancy rules (kernels/cuda/occupancy.py) against figures of NVIDIA's occupancy
+"""The occupancy rules (tests/kernels/occupancy.py) against figures of NVIDIA's occupancy
 calculator; the table in docs/cuda.md against ptxas (tests/kernels/test_nvcc.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernels.cuda.nvcc_check import Resources
-from kernels.cuda.occupancy import blocks_per_sm
+from tests.kernels.nvcc_check import Resources
+from tests.kernels.occupancy import blocks_per_sm
 
 
 def _r(registers: int, smem: int = 0) -> Resources:

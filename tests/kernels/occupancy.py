@@ -8,7 +8,7 @@ For each architecture nvcc_check compiles for, the SM's limits (CUDA C Programmi
 system keeps per block (sm_80+), and is rounded up to the allocation unit. A kernel's
 resident blocks per SM is the least the four limits allow.
 
-    python -m kernels.cuda.occupancy     # the table, as docs/cuda.md holds it
+    python -m tests.kernels.occupancy     # the table, as docs/cuda.md holds it
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels.cuda import plan, table
-from kernels.cuda.nvcc_check import ARCHS, Resources
+from tests.kernels.nvcc_check import ARCHS, Resources
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def launch_of(kernel: str) -> tuple[int, int]:
     return b.max_threads, 0
 
 
-BEGIN = "<!-- occupancy table: python -m kernels.cuda.occupancy -->"
+BEGIN = "<!-- occupancy table: python -m tests.kernels.occupancy -->"
 END = "<!-- end of the occupancy table -->"
 
 
@@ -98,7 +98,7 @@ def occupancy_table(res: dict[tuple[str, str], Resources]) -> str:
 
 
 def main() -> None:
-    from kernels.cuda.nvcc_check import compile_all
+    from tests.kernels.nvcc_check import compile_all
 
     res, _ = compile_all()
     print(occupancy_table(res), end="")

@@ -4,7 +4,7 @@ All modules go into one translation unit and one nvcc call with a -gencode per
 architecture (nvcc --threads compiles the architectures in parallel): ~20 s on two cores,
 then cached by a hash of the sources, the flags and nvcc's version.
 
-    python -m kernels.cuda.nvcc_check      # prints registers / spills / smem per kernel
+    python -m tests.kernels.nvcc_check      # prints registers / spills / smem per kernel
 """
 
 from __future__ import annotations
