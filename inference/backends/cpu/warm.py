@@ -1,0 +1,130 @@
+"""Every kernel of the cpu backend compiled into numba's cache once, with progress:
+``python -m inference.backends.cpu.warm`` (``make run`` and ``make test`` run it at install).
+
+numba compiles a kernel at its first call with new argument types and keeps the machine
+code in its cache (the ``__pycache__`` folders beside the sources, or ``NUMBA_CACHE_DIR``),
+keyed by the CPU's features. Compiling the whole set takes minutes on 2 cores; loading it
+from the cache takes about a second. Without this step the first ``generate`` after an
+install pays the compiles.
+
+What runs, with the activation mode the backend would use (``INFERDESK_CPU_ACTIVATIONS``):
+each weight type's products at decode (one row, and the two calls a captured step makes)
+and at prefill, then a short generation of the bundled chat model and an embedding of the
+bundled encoder, where installed (the norms, RoPE, attention, step replay, sampling).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from inference.formats.quants import BLOCK_TYPES
+from inference.formats.tensor import TensorData
+
+# One type of each kernel specialization: codes without a plane of high bits (Q4_0, Q4_1,
+# Q4_K share it), with one (Q5_*), 8-bit signed (Q8_0, Q6_K), the raw file-byte kernels
+# (Q2_K, Q3_K with kdot, F16 with the float loop) and float32.
+WEIGHT_TYPES = ("Q4_1", "Q4_K", "Q5_0", "Q5_K", "Q8_0", "Q6_K", "Q2_K", "Q3_K", "F16", "F32")
+ROWS, COLS = 64, 256  # a weight's shape: K-quant blocks are 256 wide
+PREFILL_ROWS = 24  # above MATVEC_ROWS: the prefill products
+
+
+def has_zero_weight(qtype: str) -> bool:
+    """Whether :func:`zero_weight` makes weights of ``qtype``: GGML block types, F16, F32."""
+    return qtype in ("F16", "F32") or (qtype in BLOCK_TYPES and not BLOCK_TYPES[qtype].is_float)
+
+
+def zero_weight(qtype: str) -> TensorData:
+    """A (ROWS, COLS) weight of ``qtype`` whose every value is zero (valid in every type)."""
+    if qtype == "F32":
+        return TensorData("warm", (ROWS, COLS), qtype, np.zeros((ROWS, COLS), np.float32))
+    if qtype == "F16":
+        return TensorData("warm", (ROWS, COLS), qtype, np.zeros((ROWS, COLS), np.float16))
+    bt = BLOCK_TYPES[qtype]
+    data = np.zeros((ROWS, COLS // bt.block_size * bt.type_size), np.uint8)
+    return TensorData("warm", (ROWS, COLS), qtype, data)
+
+
+def products(backend: Any, qtype: str) -> None:
+    """``qtype``'s products as decode and prefill call them and as a captured step does,
+    and its embedding lookup, on a zero weight."""
+    from inference.backends.cpu.replay import Tape
+
+    w = backend.weight(zero_weight(qtype))
+    backend.embedding(w, np.zeros((1, 1), np.int64))
+    x = np.ones((PREFILL_ROWS, COLS), np.float32)
+    backend.linear(x[:1], w)
+    backend.linear(x[:2], w)
+    backend.linear(x, w)
+    backend._tape = Tape(0)
+    try:
+        backend.linear(x[:1], w)
+    finally:
+        backend._tape = None
+
+
+def _chat(backend_name: str) -> None:
+    """A few tokens of the bundled chat model: prefill, capture, check and replay."""
+    from inference import load_model
+    from inference.generate import stream_generate
+    from inference.sampling import SamplingParams
+
+    m = load_model("SmolLM2-135M-Instruct.Q4_1", backend=backend_name)
+    ids = m.tokenize("The kernels compile once, at install, and load from the cache later.")
+    for _ in stream_generate(m.model, m.tokenizer, ids, max_tokens=6, sampling=SamplingParams(),
+                             eos_ids=set(), max_len=len(ids) + 6):
+        pass
+    m.close()
+
+
+def _embed(backend_name: str) -> None:
+    """The bundled encoder over two sentences of different lengths (packed rows)."""
+    from inference import load_model
+
+    m = load_model("all-MiniLM-L6-v2", backend=backend_name)
+    m.embed(["a short one", "a somewhat longer sentence than the first one is"])
+    m.close()
+
+
+def warm(say: Callable[[str], None] = print) -> float:
+    """Compile (or load) the kernels, saying each step as it starts; the seconds taken."""
+    from inference.backends.cpu import CpuBackend
+    from inference.store import bundled_paths
+
+    t0 = time.perf_counter()
+    backend = CpuBackend()
+    steps: list[tuple[str, Callable[[], None]]] = [
+        (f"{q} products", lambda q=q: products(backend, q)) for q in WEIGHT_TYPES]
+    names = {name or path.name for path, name in bundled_paths()}
+    if any("SmolLM2" in n for n in names):
+        steps.append(("the bundled chat model", lambda: _chat("cpu")))
+    if "all-MiniLM-L6-v2" in names:
+        steps.append(("the bundled encoder", lambda: _embed("cpu")))
+    for i, (what, run) in enumerate(steps, 1):
+        t = time.perf_counter()
+        say(f"[{i}/{len(steps)}] cpu kernels: {what} ...")
+        run()
+        say(f"[{i}/{len(steps)}] cpu kernels: {what}: {time.perf_counter() - t:.1f} s")
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        total = warm(say)
+    except Exception as e:  # a failed warm-up costs speed, never the install
+        print(f"cpu kernels: not compiled ahead ({type(e).__name__}: {e}); they compile "
+              "at first use instead.", file=sys.stderr)
+        return 0
+    say(f"cpu kernels ready in {total:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
