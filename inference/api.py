@@ -101,6 +101,7 @@ class CausalLM(LoadedModel):
         self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer)
         self.prompt_cache = PromptCache()  # the last turn's KV cache, reused by the next
         self.context_length = context_length(ckpt.config, self.args)
+        backend.prepare(self.model)  # the first reply as fast as the next ones
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text_arg(text, "text"),
@@ -185,12 +186,25 @@ class CausalLM(LoadedModel):
         profile: bool = False,
         continue_final: bool = False,
         ignore_eos: bool = False,
+        prompt_ids: Sequence[int] | None = None,
     ) -> Iterator[GenerationEvent]:
         """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front.
         ``continue_final``: the last message is a reply to extend, not to answer.
-        ``ignore_eos``: end-of-sequence tokens do not end it (benchmarks: a fixed count)."""
-        a = generate_args(prompt, messages, max_tokens, sampling, stop, cancel)
-        ids, n = self.plan(a.prompt, a.messages, a.max_tokens, cancel, continue_final)
+        ``ignore_eos``: end-of-sequence tokens do not end it (benchmarks: a fixed count).
+        ``prompt_ids``: the prompt already tokenized (:meth:`plan`'s ids, e.g. those
+        :func:`inference.context.fit` counted), instead of ``prompt`` or ``messages``."""
+        if prompt_ids is None:
+            a = generate_args(prompt, messages, max_tokens, sampling, stop, cancel)
+            ids, n = self.plan(a.prompt, a.messages, a.max_tokens, cancel, continue_final)
+            return self._stream(ids, n, a.sampling, a.stop, cancel, profile, ignore_eos)
+        if prompt is not None or messages is not None:
+            raise InvalidInputError("Pass one of prompt, messages or prompt_ids.")
+        a = generate_args("ids", None, max_tokens, sampling, stop, cancel)
+        ids = _token_ids(prompt_ids, int(self.args.vocab_size), "prompt ids").tolist()
+        if not ids or len(ids) >= self.context_length:
+            raise InvalidInputError(f"prompt_ids must hold 1 to {self.context_length - 1} "
+                                    f"token ids; it holds {len(ids)}.")
+        n = min(a.max_tokens, self.context_length - len(ids))
         return self._stream(ids, n, a.sampling, a.stop, cancel, profile, ignore_eos)
 
     def plan(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,

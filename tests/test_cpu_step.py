@@ -287,3 +287,36 @@ def test_a_new_batch_rebinds_the_capture_of_its_size():
     gc.collect()
     assert held() is None  # the one-row capture let go of its cache
 
+
+
+FIRST_REPLY = """
+from numba.core.registry import CPUDispatcher
+from inference import load_model
+from inference.backends.cpu import dequant, kdot, matvec_float, matvec_int, quantize, raw
+from inference.sampling import SamplingParams
+
+mods = (dequant, kdot, matvec_float, matvec_int, quantize, raw)
+kernels = [v for m in mods for v in vars(m).values() if isinstance(v, CPUDispatcher)]
+m = load_model("SmolLM2-135M-Instruct.Q4_1", backend="cpu")
+loaded = {k: len(k.overloads) for k in kernels}
+assert sum(loaded.values()) >= 4, loaded  # prepare loaded the model's product kernels
+text = "Kernels load when the model loads, so that the first reply does not wait for them."
+list(m.generate(prompt=text, max_tokens=4, sampling=SamplingParams(temperature=0.0)))
+new = [k.py_func.__qualname__ for k in kernels if len(k.overloads) != loaded[k]]
+assert not new, new
+print("first reply ok")
+"""
+
+
+def test_the_first_reply_loads_no_product_kernel():
+    """In a fresh process, loading a model runs ``CpuBackend.prepare``: the first reply's
+    prefill, capture, check and replayed steps then load no product kernel of their own
+    (each load from numba's cache costs the reply time the later replies do not pay).
+    The decode-step attention kernel still loads at the first reply: it needs the
+    model's caches."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FIRST_REPLY], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and "first reply ok" in out.stdout, out.stderr[-3000:]

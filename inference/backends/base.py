@@ -4,6 +4,7 @@ Model files (``inference/models``) call only the methods named in :data:`OPS`; t
 import numpy, mlx or cupy for compute. A backend is chosen once, at load
 (:func:`inference.backends.select_backend`), and a model is refused or falls back *before*
 any weight moves if the backend lacks an op or quant type the architecture declares.
+docs/ops.md lists, for every op, each backend's method and the kernel file it ends in.
 
 Array conventions (every backend):
 - activations are float32 native arrays; ``x`` is ``(batch, seq, hidden)``;
@@ -305,6 +306,10 @@ class Backend:
         """Called once per generation, before prefill: per-generation state (peak memory)
         is reset and the sampler for its tokens returned."""
         return TokenSampler(self, params, prompt_ids, rng)
+
+    def prepare(self, model: Any) -> None:
+        """Called once a causal ``model`` is loaded on this backend: a backend may do here
+        what its first reply would otherwise pay for (cpu: loading compiled kernels)."""
 
     def decode_steps(self) -> EagerSteps:
         """What runs a caller's decode steps, ``(model, ids, cache) -> logits`` as

@@ -77,6 +77,8 @@ ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # (Q8_0, Q6_K) 0.69-0.71x (1.03-1.25x before that tail). AVX2 (row pairs) keeps sgemm:
 # 0.80-0.93x its speed on the Q3_K_M prefill (docs/cpu-backend.md, "Prefill").
 INTEGER_BITS = frozenset({4, 5, 8})
+# The weight types and activation modes prepared in this process (CpuBackend.prepare).
+_PREPARED: set[tuple[Any, ...]] = set()
 # Other processes' load, in cores, above which the prefill workers stop spinning: a
 # spinning worker then takes the time slices a busy process and our own threads need.
 BUSY_CORES = 0.25
@@ -143,6 +145,7 @@ class CpuBackend(NumpyBackend):
         self._pool: list[SpinWorker] | None = None
         self._sharing = threading.Lock()  # one share-out at a time has the worker threads
         self.kv_dtype = np.dtype(np.float32)
+        self._qtypes: set[str] = set()  # the weight types loaded (prepare's key)
 
     def use_kv_dtype(self, name: str) -> None:
         if name not in ("float32", "float16"):
@@ -202,6 +205,29 @@ class CpuBackend(NumpyBackend):
 
     def decode_steps(self) -> StepReplayer:
         return StepReplayer(self)
+
+    def prepare(self, model: Any) -> None:
+        """The compiled kernels the first reply runs, loaded now, at load (numba loads a
+        kernel from its cache at the kernel's first call: ~0.3 s of CPU for a model's set,
+        which the first reply paid and later ones did not): each loaded weight type's
+        products on a small zero weight (decode rows, a captured step's two calls, a
+        prefill, an embedding lookup), then the row norm, SiLU, RoPE and a prefill's
+        attention on small inputs. The model's weights are not read: they stay where
+        the load left them until a reply needs them. Once per process for each set of
+        types and activation mode."""
+        from inference.backends.cpu.warm import has_zero_weight, products
+
+        key = (frozenset(self._qtypes), self.activations)
+        if key in _PREPARED:
+            return
+        for qtype in sorted(filter(has_zero_weight, self._qtypes)):
+            products(self, qtype)
+        x = np.ones((1, 2, 3, 64), np.float32)
+        self.rms_norm(x, np.ones(64, np.float32), 1e-6)
+        self.silu_mul(x, x)
+        self.rope(x, 0, 10000.0)
+        self.attention(x, x[:, :1], x[:, :1], 0.125, causal_offset=0)
+        _PREPARED.add(key)
 
     # --- a decode step's replay calls (replay) ----------------------------------------
     @property
@@ -316,6 +342,7 @@ class CpuBackend(NumpyBackend):
 
     # --- weights ---------------------------------------------------------------------
     def weight(self, t: TensorData) -> Any:
+        self._qtypes.add(t.qtype)
         if t.qtype == "F32" or len(t.shape) != 2:
             return self.dense(t)
         w = pack(t)
