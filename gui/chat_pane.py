@@ -34,7 +34,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.context_fit import DEFAULT_POLICY, POLICIES, POLICY_TIPS
 from gui.conversations import (
     ConversationStore,
     DeletedConversation,
@@ -50,6 +49,7 @@ from gui.sampling_panel import SamplingPanel
 from gui.settings import DEFAULT_SYSTEM_PROMPT, Settings
 from gui.theme import icon
 from gui.worker import GenerateRequest, WorkerHandle, prefill_of
+from inference.context import DEFAULT_POLICY, POLICIES, POLICY_TIPS
 
 RENDER_MS = 50
 MEASURE_MS = 400  # the idle context indicator re-counts this long after the last keystroke

@@ -33,7 +33,7 @@ class GenerateRequest:
     profile: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
     context_limit: int | None = None  # tokens this chat may use (None: the model's context)
-    policy: str = "stop"  # gui.context_fit.POLICIES
+    policy: str = "stop"  # inference.context.POLICIES
     continue_final: bool = False  # extend the last (assistant) message instead of answering
 
 
@@ -167,7 +167,7 @@ class Worker(QObject):
     # backend asked for, context, KV cache type asked for ("": the backend's), {path: estimate}
     estimated = Signal(str, int, str, dict)
     remote_listed = Signal(str, list)  # server URL, list[inference.remote.RemoteModel]
-    planned = Signal(object)  # gui.context_fit.Fitted: what the model is sent
+    planned = Signal(object)  # inference.context.Fitted: what the model is sent
     # prompt tokens of a conversation, the context it may use, what the policy would do
     measured = Signal(int, int, str)
     prefilled = Signal(object)  # Prefill: the prompt is in, the first token is coming
@@ -354,7 +354,7 @@ class Worker(QObject):
     @Slot(object)
     def generate(self, req: GenerateRequest) -> None:
         def job() -> None:
-            from gui.context_fit import fit
+            from inference.context import fit
             from inference.errors import InvalidInputError
             from inference.events import DoneEvent
             from inference.sampling import SamplingParams
@@ -367,11 +367,13 @@ class Worker(QObject):
                          req.max_tokens, req.continue_final, req.cancel)
             self.planned.emit(fitted)
             done = None
-            for ev in model.generate(messages=fitted.messages,
+            # The ids the fit counted: the chat is templated and tokenized once per Send.
+            prompt = ({"prompt_ids": fitted.ids} if fitted.ids is not None else
+                      {"messages": fitted.messages, "continue_final": req.continue_final})
+            for ev in model.generate(**prompt,
                                      max_tokens=fitted.reply_tokens(req.max_tokens),
                                      sampling=SamplingParams(**req.sampling),
-                                     cancel=req.cancel, profile=req.profile,
-                                     continue_final=req.continue_final):
+                                     cancel=req.cancel, profile=req.profile):
                 if isinstance(ev, DoneEvent):
                     done = ev
                 else:
@@ -393,7 +395,7 @@ class Worker(QObject):
     def measure(self, messages: list, limit: int, policy: str) -> None:
         """Prompt tokens the conversation would send now (the idle context indicator).
         Quiet: no busy signal and no banner; a failure just leaves the indicator as is."""
-        from gui.context_fit import ContextFullError, counts_tokens, fit
+        from inference.context import ContextFullError, counts_tokens, fit
         from inference.errors import ContextOverflowError
 
         model = self.models.get("causal")

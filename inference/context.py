@@ -1,7 +1,9 @@
 """Fit a conversation into the context a chat may use, by the chat's context policy.
 
-Runs on the worker thread with the loaded model (no Qt). The database keeps every message
-whole; only what the model is sent is shortened, and :class:`Fitted` says how.
+Used by the app's worker with the loaded model. The conversation store keeps every message
+whole; only what the model is sent is shortened, and :class:`Fitted` says how, with the
+prompt's token ids as counted, which ``CausalLM.generate(prompt_ids=...)`` takes so a
+message is templated and tokenized once.
 
 Policies (as in LM Studio):
 - ``stop``: the conversation is sent whole; one that does not fit is refused, saying what
@@ -57,6 +59,7 @@ class Fitted:
     dropped: int = 0  # messages left out
     cut_chars: int = 0  # characters left out of one message
     notes: list[str] = field(default_factory=list)
+    ids: list[int] | None = None  # the prompt's token ids (None: not counted here)
 
     def reply_tokens(self, max_tokens: int) -> int:
         """Tokens the reply may take: ``max_tokens`` within the room the context leaves."""
@@ -94,6 +97,11 @@ def fit(model: Any, messages: list[dict], policy: str, limit: int | None, max_to
         return Fitted(list(messages), None, None, policy)
     limit = max(2, min(int(limit), int(model.context_length)))
 
+    counted: dict[tuple, list[int]] = {}  # the ids of each message list counted
+
+    def key(msgs: list[dict]) -> tuple:
+        return tuple((m["role"], m["content"]) for m in msgs)
+
     def count(msgs: list[dict]) -> int | None:
         """Prompt tokens of ``msgs``, None when beyond the model's context."""
         try:
@@ -101,8 +109,17 @@ def fit(model: Any, messages: list[dict], policy: str, limit: int | None, max_to
                                 continue_final=continue_final)
         except ContextOverflowError:
             return None
+        counted[key(msgs)] = ids
         return len(ids)
 
+    fitted = _fit(model, messages, policy, limit, max_tokens, count)
+    fitted.ids = counted.get(key(fitted.messages))
+    return fitted
+
+
+def _fit(model: Any, messages: list[dict], policy: str, limit: int, max_tokens: int,
+         count: Any) -> Fitted:
+    """:func:`fit` over ``count`` (prompt tokens of a message list, None past the context)."""
     n = count(messages)
     if policy == "stop":
         if n is None or n >= limit:

@@ -7,7 +7,7 @@ import threading
 import pytest
 from PySide6.QtCore import QObject, Signal, Slot
 
-from gui.context_fit import ContextFullError, fit
+from inference.context import ContextFullError, fit
 from tests.gui.conftest import wait_until
 
 GEN_TIMEOUT_MS = 240_000
