@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -176,6 +177,8 @@ def long_run(per_operation: int | tuple[int, int], seed: int = 0, idle_s: float 
         line = proc.stdout.readline()
         if "serving" not in line:
             raise RuntimeError(f"the server did not start: {line!r}")
+        # Its access log goes on: read it, or a full pipe stops the server's event loop.
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
         base = line.split(" at ")[-1].strip().removesuffix("/v1")
         rss = _rss_reader(proc.pid)
         with httpx.Client(base_url=base, timeout=TIMEOUT_S) as c:
