@@ -110,7 +110,8 @@ def bench_e2e(args: argparse.Namespace, out: dict[str, Any]) -> None:
         prompt_file = Path(tmp) / "prompt.txt"
         prompt_file.write_text(prompt, encoding="utf-8")
         peer_argv = [sys.executable, "-c",  # a script file: no engine import in its time
-                     "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')",
+                     "import runpy, sys; sys.argv = sys.argv[1:]; "
+                     "runpy.run_path(sys.argv[0], run_name='__main__')",
                      str(PEER_SCRIPT), path, str(prompt_file), str(args.decode_tokens),
                      str(args.threads)]
         run_process(ours_argv(args, path, prompt))  # fills the caches: warm rounds follow
