@@ -15,6 +15,7 @@ Files, by what they hold (docs/ops.md maps each op to its method and kernel):
 - ``fused``: norms, activations, RoPE and softmaxes as single row-wise calls;
 - ``attention``: decode, batched-decode and prefill attention;
 - ``replay``: a captured decode step, replayed token after token.
+- ``warm``: every kernel compiled into numba's cache once, at install.
 """
 
 from inference.backends.cpu.backend import (
