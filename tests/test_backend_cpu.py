@@ -104,7 +104,7 @@ def test_mlx_affine_groups_of_64():
 
 
 def test_mlx_8_bit_codes_are_stored_signed_with_the_bias_moved():
-    """One 8-bit kernel for every type (cpu_pack): MLX's codes 0..255 become -128..127 and
+    """One 8-bit kernel for every type (pack.py): MLX's codes 0..255 become -128..127 and
     the bias takes 128 scales; the weights stay those of the file (float32 rounding of
     the moved bias: 2^-24 of it, hence the tolerance)."""
     t = _mlx_tensor(8, 40, 256, seed=9)
@@ -160,7 +160,7 @@ def test_decode_rows_are_each_bitwise_the_row_alone(qtype, mode):
     call; each row must come out exactly as it does alone (scheduler.py), for every layout
     and activation mode: the one-row kernels, the shared-conversion kernel for pairs of
     rows, the odd row, the integer kernels (groups of 8, 4, 2, 1 on AVX-512, of 2, 1 on
-    AVX2; cpu_kdot's 4, 2, 1 for RAW). Every batch size up to MATVEC_ROWS, so every mix
+    AVX2; kdot.py's 4, 2, 1 for RAW). Every batch size up to MATVEC_ROWS, so every mix
     of groups is taken (7 = 4 + 2 + 1)."""
     b = C if mode == "float" else CpuBackend(mode)
     if b.activations != mode:
@@ -178,7 +178,7 @@ def test_decode_rows_are_each_bitwise_the_row_alone(qtype, mode):
 
 @pytest.mark.parametrize("qtype", RAW + ("F16", "BF16"))
 def test_file_byte_kernels_decode_exactly(qtype):
-    """cpu_raw's block decoders repeat quants.py's float32 arithmetic: equal bit for bit."""
+    """raw.py's block decoders repeat quants.py's float32 arithmetic: equal bit for bit."""
     t = _tensor(qtype, 5, 512, seed=11)
     w = C.weight(t)
     assert isinstance(w, RawWeight) and w.code is not None

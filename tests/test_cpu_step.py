@@ -23,7 +23,7 @@ TINY = Path(__file__).resolve().parent / "goldens" / "tiny"
 # with llama3 RoPE from a quantized file (llama3_q4_k), per-head q/k norms (qwen3_f16),
 # GELU and scaled embeddings (gemma_q8_0), fused projections and LongRoPE (phi3_q4_0),
 # soft-caps and sliding windows (gemma2_q4_0: sliding layers keep the eager step), file-byte
-# Q2_K / Q3_K matrices (llama.cpp's Q2_K and Q3_K_M: cpu_kdot, or cpu_raw with float).
+# Q2_K / Q3_K matrices (llama.cpp's Q2_K and Q3_K_M: kdot.py, or raw.py with float).
 MODELS = {"qwen2": "qwen2", "llama3_q4_k": "llama3_q4_k.gguf", "qwen3_f16": "qwen3_f16.gguf",
           "gemma_q8_0": "gemma_q8_0.gguf", "phi3_q4_0": "phi3_q4_0.gguf",
           "gemma2_q4_0": "gemma2_q4_0.gguf", "llama3_q2_k": "llama3_Q2_K.llamacpp.gguf",
@@ -292,14 +292,15 @@ def test_a_new_batch_rebinds_the_capture_of_its_size():
 FIRST_REPLY = """
 from numba.core.registry import CPUDispatcher
 from inference import load_model
-from inference.backends.cpu import dequant, kdot, matvec_float, matvec_int, quantize, raw
+from inference.backends.cpu import (attention, dequant, fused, kdot, matvec_float, matvec_int,
+                                    quantize, raw)
 from inference.sampling import SamplingParams
 
-mods = (dequant, kdot, matvec_float, matvec_int, quantize, raw)
+mods = (attention, dequant, fused, kdot, matvec_float, matvec_int, quantize, raw)
 kernels = [v for m in mods for v in vars(m).values() if isinstance(v, CPUDispatcher)]
 m = load_model("SmolLM2-135M-Instruct.Q4_1", backend="cpu")
 loaded = {k: len(k.overloads) for k in kernels}
-assert sum(loaded.values()) >= 4, loaded  # prepare loaded the model's product kernels
+assert sum(loaded.values()) >= 8, loaded  # prepare loaded the model's kernels
 text = "Kernels load when the model loads, so that the first reply does not wait for them."
 list(m.generate(prompt=text, max_tokens=4, sampling=SamplingParams(temperature=0.0)))
 new = [k.py_func.__qualname__ for k in kernels if len(k.overloads) != loaded[k]]
@@ -308,12 +309,10 @@ print("first reply ok")
 """
 
 
-def test_the_first_reply_loads_no_product_kernel():
+def test_the_first_reply_loads_no_kernel():
     """In a fresh process, loading a model runs ``CpuBackend.prepare``: the first reply's
-    prefill, capture, check and replayed steps then load no product kernel of their own
-    (each load from numba's cache costs the reply time the later replies do not pay).
-    The decode-step attention kernel still loads at the first reply: it needs the
-    model's caches."""
+    prefill, capture, check and replayed steps then load no kernel of their own (each
+    load from numba's cache costs the reply time the later replies do not pay)."""
     import subprocess
     import sys
 

@@ -65,7 +65,7 @@ from inference.backends.cpu.threads import SpinWorker
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
-from inference.kv_cache import row_sources, shared_rows
+from inference.kv_cache import KVCache, row_sources, shared_rows
 from inference.sampling import SamplingParams
 from inference.threads import BusyCores, threads_for
 
@@ -211,13 +211,13 @@ class CpuBackend(NumpyBackend):
         kernel from its cache at the kernel's first call: ~0.3 s of CPU for a model's set,
         which the first reply paid and later ones did not): each loaded weight type's
         products on a small zero weight (decode rows, a captured step's two calls, a
-        prefill, an embedding lookup), then the row norm, SiLU, RoPE and a prefill's
-        attention on small inputs. The model's weights are not read: they stay where
-        the load left them until a reply needs them. Once per process for each set of
-        types and activation mode."""
+        prefill, an embedding lookup), then the row norm, RoPE, a prefill's attention,
+        SiLU and a decode step's attention on small inputs. The model's weights are not
+        read: they stay where the load left them until a reply needs them. Once per
+        process for each set of types, activation mode and KV cache type."""
         from inference.backends.cpu.warm import has_zero_weight, products
 
-        key = (frozenset(self._qtypes), self.activations)
+        key = (frozenset(self._qtypes), self.activations, str(self.kv_dtype))
         if key in _PREPARED:
             return
         for qtype in sorted(filter(has_zero_weight, self._qtypes)):
@@ -227,6 +227,14 @@ class CpuBackend(NumpyBackend):
         self.silu_mul(x, x)
         self.rope(x, 0, 10000.0)
         self.attention(x, x[:, :1], x[:, :1], 0.125, causal_offset=0)
+        # SiLU over column views of one stacked product (rows of a prefill), and a decode
+        # step's heads (transposed views) through attend_rows into a one-layer cache.
+        gate_up = np.ones((1, 2, 128), np.float32)
+        self.silu_mul(gate_up[..., :64], gate_up[..., 64:])
+        heads = np.ones((1, 1, 2, 64), np.float32).transpose(0, 2, 1, 3)
+        self.attend_rows(heads, heads[:, :1], heads[:, :1], [KVCache(self, 1)], 0,
+                         theta=10000.0, freq_factors=None, scale=0.125, window=None,
+                         softcap=None)
         _PREPARED.add(key)
 
     # --- a decode step's replay calls (replay) ----------------------------------------
