@@ -1111,8 +1111,9 @@ def probe() -> tuple[bool, str]:
         dot = f"integer dot products over {mode} activations ({how[features.form()]})"
     else:  # chosen by the user
         dot = "float mat-vec"
+    n = numba.get_num_threads()
     return True, (f"numba {numba.__version__} kernels over quantized weights, "
-                  f"up to {numba.get_num_threads()} threads (fewer while other processes "
+                  f"up to {n} thread{'s' if n != 1 else ''} (fewer while other processes "
                   f"keep cores busy), {features.target_isa()}, "
                   f"{features.float16_converts()}, {dot}")
 
