@@ -21,9 +21,15 @@ mx = pytest.importorskip("mlx.core")
 import gguf.quants as gq  # noqa: E402
 from gguf import GGMLQuantizationType  # noqa: E402
 
-from inference.backends.mlx_backend import MlxBackend, QWeight, filtered_probs, probe  # noqa: E402
+from inference.backends.mlx_backend import (  # noqa: E402
+    MLX_TYPES,
+    MlxBackend,
+    QWeight,
+    filtered_probs,
+    probe,
+)
 from inference.backends.numpy_backend import NumpyBackend  # noqa: E402
-from inference.formats.affine import AFFINE_TYPES, pack_codes  # noqa: E402
+from inference.formats.affine import pack_codes  # noqa: E402
 from inference.formats.quants import BLOCK_TYPES, dequantize_mlx, dequantize_raw  # noqa: E402
 from inference.formats.tensor import Checkpoint, TensorData  # noqa: E402
 from inference.generate import generate_step  # noqa: E402
@@ -80,7 +86,7 @@ def test_exact_repack_random_blocks(qtype):
     w = M.weight(t)
     ref = dequantize_raw(t.data, qtype)
     assert isinstance(w, QWeight) and w.group_size == 32 and w.shape == (48, 512)
-    assert (w.bits, w.expand) == (AFFINE_TYPES[qtype].bits, AFFINE_TYPES[qtype].expand)
+    assert (w.bits, w.expand) == (MLX_TYPES[qtype].bits, MLX_TYPES[qtype].expand)
     if w.expand is None:
         np.testing.assert_array_equal(mx_dequant(w), ref)
     rows = np.arange(48)[None]
@@ -95,7 +101,7 @@ def test_exact_repack_of_real_quantizer_output(qtype):
     np.testing.assert_array_equal(mx_dequant(w), gq.dequantize(raw, GGMLQuantizationType[qtype]))
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 8])
 def test_pack_codes_matches_mlx_layout(bits):
     codes = rng(bits).integers(0, 1 << bits, size=(4, 64), dtype=np.uint8)
     packed = pack_codes(codes, bits)
@@ -104,6 +110,23 @@ def test_pack_codes_matches_mlx_layout(bits):
     got = mx.dequantize(mx.array(packed), mx.array(ones), mx.array(0 * ones), group_size=32,
                         bits=bits)
     np.testing.assert_array_equal(np.array(got), codes)
+
+
+# Bits a weight held (codes, scale and bias per group of 32 codes) in float32 / float16.
+HELD_BITS = {"Q2_K": (6, 4), "Q3_K": (8, 6), "Q4_K": (6, 5), "Q5_K": (7, 6), "Q6_K": (10, 8)}
+
+
+@pytest.mark.parametrize("qtype", sorted(HELD_BITS))
+def test_held_bytes_are_the_arrays_and_the_k_quant_table(qtype):
+    t = random_tensor(qtype, 8, 512, seed=7)
+    file_bits = 8 * BLOCK_TYPES[qtype].type_size / BLOCK_TYPES[qtype].block_size
+    for backend, bits in zip((M, MlxBackend("float16")), HELD_BITS[qtype], strict=True):
+        w = backend.weight(t)
+        assert backend.held_bytes(t) == w.nbytes == bits * 8 * 512 // 8
+    # float16 (Metal's default): Q4_K, Q5_K, Q6_K within 1.25x of the file. Q2_K and Q3_K
+    # (1.52x, 1.75x) cannot be: a 16-weight scale costs a group of 32 codes (docs/mlx.md).
+    bound = {"Q2_K": 1.55, "Q3_K": 1.75}.get(qtype, 1.25)
+    assert HELD_BITS[qtype][1] <= bound * file_bits
 
 
 def test_mlx_quantized_safetensors_load_as_they_are():

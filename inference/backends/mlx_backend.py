@@ -46,10 +46,54 @@ from inference.backends.base import (
 )
 from inference.errors import BackendUnavailableError
 from inference.events import MemorySample
-from inference.formats.affine import AFFINE_TYPES, GROUP, SUB, to_affine
-from inference.formats.quants import dequantize
+from inference.formats.affine import (
+    _BIT_SHIFTS,
+    AFFINE_TYPES,
+    GROUP,
+    SUB,
+    AffineType,
+    Groups,
+    block_groups,
+    to_affine,
+)
+from inference.formats.quants import _CRUMB_SHIFTS, _f16, _q3_k_scales, dequantize
 from inference.formats.tensor import TensorData
 from inference.sampling import SamplingParams
+
+
+def _q2_k_digits(b: np.ndarray) -> Groups:
+    """Q2_K sub-block -> one group of 32 one-bit codes: ``q = lo + 2*hi``, scale
+    ``3*d*sc``, bias ``-dmin*m`` (read against ``[x/3, 2*x/3]``)."""
+    codes, s, z = block_groups(b, "Q2_K")  # lo = q, hi = 0 per sub-block
+    q = codes.reshape(len(b), 16, 2, SUB)[:, :, :1]
+    return np.concatenate([q & 1, q >> 1], axis=2).reshape(len(b), 512), 3 * s, z
+
+
+def _q3_k_digits(b: np.ndarray) -> Groups:
+    """Q3_K sub-block -> one group of 32 two-bit codes: ``q + 4 = lo + 4*hi`` (lo the low
+    crumb, hi the high bit), scale ``5*d*sc``, bias ``-4*d*sc`` (read against
+    ``[x/5, 4*x/5]``)."""
+    n = len(b)
+    low = (b[:, 32:96].reshape(n, 2, 1, 32) >> _CRUMB_SHIFTS.reshape(1, 1, 4, 1)) & 3
+    high = (b[:, None, 0:32] >> _BIT_SHIFTS) & 1
+    codes = np.concatenate([low.reshape(n, 16, 1, SUB), high.reshape(n, 16, 1, SUB)], axis=2)
+    s = _f16(b, 108) * _q3_k_scales(b[:, 96:108]).astype(np.float32)  # exact: <= 17 bits
+    return codes.reshape(n, 512), 5 * s, -4 * s
+
+
+# The affine form MLX holds each GGML type in. Q2_K and Q3_K are split into digits two
+# codes a weight (1 and 2 bits) instead of the shared table's (2-bit lo + empty hi; 8-bit
+# pairs of sub-blocks): 4 and 6 bits a weight in float16 instead of 6 and 9.
+MLX_TYPES: dict[str, AffineType] = {
+    **AFFINE_TYPES, "Q2_K": AffineType(1, (3.0, 2.0)), "Q3_K": AffineType(2, (5.0, 4.0))}
+_MLX_DECODERS = {"Q2_K": _q2_k_digits, "Q3_K": _q3_k_digits}
+
+
+def to_mlx_affine(raw: np.ndarray, qtype: str
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, AffineType]:
+    """:func:`inference.formats.affine.to_affine` with MLX's forms (:data:`MLX_TYPES`)."""
+    return to_affine(raw, qtype, MLX_TYPES[qtype], _MLX_DECODERS.get(qtype))
+
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 DTYPE_ENV = "INFERDESK_MLX_DTYPE"
@@ -243,7 +287,7 @@ class MlxBackend(Backend):
                            self._scales(s.reshape(rows, -1)), self._scales(z.reshape(rows, -1)),
                            int(x["group_size"]), int(x["bits"]))
         raw = np.asarray(t.data).reshape(-1, t.data.shape[-1])
-        w, s, z, at = to_affine(raw, t.qtype)
+        w, s, z, at = to_mlx_affine(raw, t.qtype)
         return QWeight(mx.array(w), self._scales(s), self._scales(z), GROUP, at.bits, at.expand)
 
     def _score_copies(self, masked: bool, capped: bool) -> int:
@@ -258,7 +302,7 @@ class MlxBackend(Backend):
         if t.qtype == "MLX":
             bits, group, per = int(t.extra["bits"]), int(t.extra["group_size"]), 1
         else:
-            at = AFFINE_TYPES[t.qtype]
+            at = MLX_TYPES[t.qtype]
             bits, group, per = at.bits, GROUP, at.codes_per_weight
         return per * (n * bits // 8 + 2 * (n // group) * size)
 

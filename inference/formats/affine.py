@@ -39,6 +39,7 @@ float32 (half an ulp, as any product would be); Q2_K's hi half multiplies zeros.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -228,11 +229,14 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 _CHUNK_ELEMENTS = 1 << 20
 
 
-def to_affine(raw: np.ndarray, qtype: str
+def to_affine(raw: np.ndarray, qtype: str, at: AffineType | None = None,
+              decode: Callable[[np.ndarray], Groups] | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, AffineType]:
     """Raw GGML rows (rows, bytes_per_row) -> (packed uint32, scales, biases, type entry);
-    scales and biases float32 (rows, groups)."""
-    bt, at = BLOCK_TYPES[qtype], AFFINE_TYPES[qtype]
+    scales and biases float32 (rows, groups). ``at``/``decode`` replace the type's entry
+    and decoder (a backend's own form of a type)."""
+    bt = BLOCK_TYPES[qtype]
+    at = at or AFFINE_TYPES[qtype]
     rows = raw.shape[0]
     n = raw.shape[1] // bt.type_size * bt.block_size * at.codes_per_weight
     w = np.empty((rows, n * at.bits // 32), dtype=np.uint32)
@@ -243,7 +247,8 @@ def to_affine(raw: np.ndarray, qtype: str
     for r in range(0, rows, step):
         chunk = np.ascontiguousarray(raw[r:r + step]).view(np.uint8)
         c = len(chunk)
-        codes, s, z = block_groups(chunk.reshape(-1, bt.type_size), qtype)
+        blocks = chunk.reshape(-1, bt.type_size)
+        codes, s, z = decode(blocks) if decode else block_groups(blocks, qtype)
         w[r:r + c] = pack_codes(codes.reshape(c, n), at.bits)
         scales[r:r + c] = np.broadcast_to(s, (len(codes), per)).reshape(c, -1)
         biases[r:r + c] = np.broadcast_to(z, (len(codes), per)).reshape(c, -1)
