@@ -181,7 +181,7 @@ def test_smollm2_float16_mode_meets_the_parity_bars(monkeypatch):
 
 
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q2_K", "Q3_K", "Q6_K"])
 def test_16bit_modes_sum_quantized_matmuls_in_float32(precision, qtype):
     """A 16-bit mode rounds what it stores, not what it sums: each output equals the float64
     sum of the same (already 16-bit) activations and weights, rounded once to 16 bits, as
