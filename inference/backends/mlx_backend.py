@@ -1,8 +1,9 @@
 """MLX backend: Metal on Apple silicon, MLX's CPU device elsewhere (so CI runs it).
 
 Weights: GGML blocks are repacked into MLX affine groups of 32, exactly, for every type
-(:mod:`inference.formats.affine`; Q2_K and Q6_K read an expanded activation, see there)
-and multiplied with ``mx.quantized_matmul``; MLX-quantized safetensors keep their codes.
+(:mod:`inference.formats.affine`; Q2_K, Q3_K and Q6_K hold each 16-weight sub-block as a
+group of two digits a weight and read an expanded activation, :data:`MLX_TYPES`) and
+multiplied with ``mx.quantized_matmul``; MLX-quantized safetensors keep their codes.
 
 Precision: activations, dense weights, scales, biases and the KV cache share one dtype,
 ``float16`` on Metal (half the bytes a token reads) and ``float32`` on the CPU device and
