@@ -400,8 +400,7 @@ class ConversationStore:
         rows = self._read(
             "SELECT id, role, content, stats FROM messages WHERE conversation_id = ?"
             " AND active = 1 ORDER BY id", (conv_id,))
-        return [Message(i, role, content, json.loads(stats or "{}"))
-                for i, role, content, stats in rows]
+        return [Message(i, role, content, _stats(stats)) for i, role, content, stats in rows]
 
     def add_message(self, conv_id: int, role: str, content: str, stats: dict | None = None) -> int:
         now = time.time()
@@ -540,3 +539,12 @@ def salvage(path: Path) -> Salvaged:
     for conv_id in sorted({m[1] for m in msgs if m[1] is not None} - known):
         convs.append((conv_id, "Recovered chat", "", now, now))  # its row was lost
     return Salvaged(convs, msgs, total_c, total_m)
+
+
+def _stats(text: str | None) -> dict:
+    """A message's stored figures; a damaged value reads as none (the message text is kept)."""
+    try:
+        stats = json.loads(text or "{}")
+    except (ValueError, TypeError):
+        return {}
+    return stats if isinstance(stats, dict) else {}
