@@ -359,7 +359,7 @@ class PackStore:
                             _kind(t))
 
     def put(self, t: TensorData, w: PackedWeight) -> None:
-        if self.map is None:
+        if self.map is None and all(name != t.name for name, _, _ in self.new):
             self.new.append((t.name, self._key(t, w.bits), w))
 
     def write(self) -> None:
