@@ -1,6 +1,6 @@
 """Property-based fuzzing (Hypothesis) of the engine's input boundary: the GGUF and
-safetensors readers, config parsing, the tokenizer entry points, the CLI argument space, and
-the recovery of a conversations database holding NULLs and garbage.
+safetensors readers, config parsing, the tokenizer entry points, the CLI argument space, the
+recovery of a conversations database holding NULLs and garbage, and the app's settings file.
 
 The property everywhere: the input is accepted, or refused with an InferdeskError whose text
 is one line; nothing else escapes (no crash, no traceback), and no case runs past the
@@ -31,9 +31,9 @@ from tests.hostile_models import TINY, write_gguf
 LONG = os.environ.get("INFERDESK_FUZZ") == "long"
 # Cases per target: the short pass keeps `make test` quick; the long one sums past 10^5.
 CASES = {"gguf_bytes": 40_000, "gguf_meta": 3_000, "safetensors": 30_000, "config": 20_000,
-         "tokenizer": 10_000, "cli": 2_500, "db": 5_000} if LONG else {
+         "tokenizer": 10_000, "cli": 2_500, "db": 5_000, "settings": 5_000} if LONG else {
     "gguf_bytes": 60, "gguf_meta": 15, "safetensors": 60, "config": 60, "tokenizer": 30,
-    "cli": 12, "db": 12}
+    "cli": 12, "db": 12, "settings": 40}
 
 
 def fuzz(target: str):
@@ -381,7 +381,52 @@ def test_db_stats_that_are_not_json_are_read(stats: str) -> None:
     assert [(m.content, m.stats) for m in store.messages(1)] == [(_msg(1, 1, {})[3], {})]
 
 
+# --- the app's settings file ----------------------------------------------------------
+# The keys the app reads, and values a hand-edited or damaged file may hold: numbers of any
+# size, NaN and infinities, text, Qt's own @Variant/@ByteArray forms, lists.
+_SETTING_KEYS = ["models/context", "window/tab", "server/port", "server/parallel",
+                 "server/prompt_cache_mb", "chat/enter_sends", "chat/system_prompt",
+                 "models/extra_paths", "appearance/theme", "perf/profile"] + [
+    f"sampling/{k}" for k in ("temperature", "top_k", "top_p", "min_p",
+                              "repetition_penalty", "max_tokens", "seed")]
+_SETTING_VALUES = st.one_of(
+    st.integers(-2**80, 2**80).map(str), st.floats(allow_nan=True).map(repr),
+    st.sampled_from(["nan", "inf", "-inf", "1e400", "", "true", "@Invalid()", "a, b",
+                     "@ByteArray(\\x1)", "@Variant(\\0\\0\\0\\x7f)", "\\"]),
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\x00"),
+            max_size=20))
+
+
+@fuzz("settings")
+@given(values=st.dictionaries(st.sampled_from(_SETTING_KEYS), _SETTING_VALUES, max_size=8))
+def test_settings_file_values_are_read_within_range(values) -> None:
+    import uuid
+
+    from PySide6.QtCore import QSettings
+
+    from gui.settings import CONTEXT_RANGE, INT_RANGE, SAMPLING_RANGES, Settings
+
+    path = WORK / f"settings-{uuid.uuid4().hex}.ini"
+    groups: dict[str, list[str]] = {}
+    for key, value in values.items():
+        group, name = key.split("/")
+        groups.setdefault(group, []).append(f"{name}={value}")
+    path.write_text("".join(f"[{g}]\n" + "\n".join(lines) + "\n" for g, lines in groups.items()),
+                    encoding="utf-8")
+    s = Settings(QSettings(str(path), QSettings.Format.IniFormat))
+    assert CONTEXT_RANGE[0] <= s.context() <= CONTEXT_RANGE[1]
+    for k, v in s.sampling().items():
+        lo, hi = SAMPLING_RANGES[k]
+        assert lo <= v <= hi and v == v, (k, v)
+    for key in ("window/tab", "server/port", "server/parallel", "server/prompt_cache_mb"):
+        v = s.get(key, 0, int)
+        assert isinstance(v, int) and INT_RANGE[0] <= v <= INT_RANGE[1], (key, v)
+    assert isinstance(s.get("chat/enter_sends", True, bool), bool)
+    assert isinstance(s.get("chat/system_prompt", "x", str), str)
+    assert all(isinstance(p, str) for p in s.extra_paths())
+
+
 def test_fuzz_profile_sizes() -> None:
     """The long pass covers at least 10^5 cases (make fuzz's bar)."""
-    long_total = 40_000 + 3_000 + 30_000 + 20_000 + 10_000 + 2_500
+    long_total = 40_000 + 3_000 + 30_000 + 20_000 + 10_000 + 2_500 + 5_000
     assert long_total >= 10**5 and not math.isnan(long_total)
