@@ -2,7 +2,7 @@
 
 A GPU serves a warp's load or store instruction in 32-byte sectors: the instruction costs
 every sector that any of its active lanes touches, used or not. The emulator logs each
-lane's typed global access (``ld_global``/``st_global`` in common.cuh, and the helpers built
+lane's typed global access (``ld_global``/``st_global`` in common.cuh, and the functions built
 on them); accesses of the lanes of one warp that reach the same site for the n-th time
 between the same two barriers form one instruction. Per kernel argument this gives:
 
@@ -12,7 +12,7 @@ between the same two barriers form one instruction. Per kernel argument this giv
   kernel touched at all: 1.0 when a buffer is streamed exactly once, more when it is read
   by several warps (x in a mat-vec) or in partial sectors.
 
-A model, not a profiler: it sees only accesses through those helpers (plain pointer
+A model, not a profiler: it sees only accesses through those functions (plain pointer
 dereferences are invisible), assumes no cache, and counts shared memory not at all.
 
     python -m kernels.emulator.traffic     # the decode mat-vec tables of docs/cuda.md
@@ -151,7 +151,7 @@ def recording() -> Iterator[list[tuple[str, np.ndarray]]]:
         module.access_log = saved
 
 
-# --- the decode mat-vec report (docs/cuda.md, README) -------------------------------------
+# --- the decode mat-vec report (docs/cuda.md) -------------------------------------
 
 # Llama 2 7B in llama.cpp's Q4_K_M mix: (name, rows, cols, count per token, type). attn_v and
 # ffn_down are Q6_K in 16 of the 32 layers (use_more_bits: the first and last 4, and every
