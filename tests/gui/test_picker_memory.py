@@ -41,11 +41,13 @@ from tests.gui.conftest import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "tests/goldens/tiny/"
 TOLERANCE = 0.25  # the bound: the figure a user plans with, not a byte count
-# On the tiny models (a few MiB in all) the measured peak moves by 1-2 MiB between runs of
-# the same job: malloc's arenas, and the prefill attention's tiles, which depend on how
-# many threads the backend takes while other processes are busy. A miss within 2 MiB is
-# that noise, not the estimate's error; every model a user plans with is far larger.
-SLACK = 2 << 20
+# On the tiny models (7-9 MiB in all) one prefill's attention scores (4 heads x 512 x 512
+# float32: 4 MiB) are half the figure, and whether they reach the measured peak depends on
+# the attention path the backend takes, which follows how many threads other processes
+# leave it (the suite's own subprocesses among them): measured peaks of one job moved by
+# up to 2.4 MiB between runs. A miss within 4 MiB is that, not the estimate's error; the
+# models a user plans with are far larger, where the 25% bound applies.
+SLACK = 4 << 20
 
 
 def _measure(name: str, backend: str, context: int) -> dict:
