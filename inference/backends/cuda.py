@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from inference.backends.base import OPS, Backend, TokenSampler, host_rss
+from inference.backends.base import OPS, Backend, EagerSteps, TokenSampler, host_rss
 from inference.errors import BackendUnavailableError, InvalidInputError
 from inference.events import MemorySample
 from inference.formats.quants import dequantize, unpack_mlx
 from inference.formats.tensor import TensorData
-from inference.kv_cache import KVCache
+from inference.kv_cache import BatchedCaches, KVCache
 from inference.sampling import SamplingParams, sample_on_device
 from kernels.cuda import ops, step
 from kernels.cuda.device import (
@@ -105,11 +105,27 @@ class GraphUnsupported(Exception):
 
 @dataclass
 class _Capture:
-    """While a decode step is captured: the device position the kernels read, and the most
-    keys any replay of the graph attends to (attention's grid is planned for it)."""
+    """While a decode step is captured: its sequences (``caches``, one per batch row) and
+    the most keys any replay attends to (attention's grid is planned for it).
 
-    pos: Any
+    ``positions[(row, shift)]`` is a (1,) int32 device buffer holding row's position minus
+    ``shift`` (0 for RoPE and full layers; a sliding-window layer's ``KVCache.start``, its
+    row 0's position, for its KV write and attention), written before each replay. ``pos``,
+    ``kv_pos`` and ``out`` are what the op being recorded reads: the rotation's position
+    buffer, the KV row buffer, and the batched step's output row attention writes."""
+
+    caches: list[KVCache]
     max_kv: int
+    positions: dict[tuple[int, int], Any] = field(default_factory=dict)
+    pos: Any = None
+    kv_pos: Any = None
+    out: Any = None
+
+    def at(self, dev: Device, row: int, shift: int) -> Any:
+        buf = self.positions.get((row, shift))
+        if buf is None:
+            buf = self.positions[(row, shift)] = dev.empty((1,), np.int32)
+        return buf
 
 
 class CudaBackend(Backend):
@@ -180,6 +196,17 @@ class CudaBackend(Backend):
 
     def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
                          rng: np.random.Generator) -> CudaSampler:
+        return CudaSampler(self, params, prompt_ids, rng)
+
+    def decode_steps(self) -> CudaSteps:
+        """Captured and replayed decode steps, batched ones included (:class:`CudaSteps`);
+        the server's scheduler feeds them the tokens :meth:`token_sampler` samples."""
+        return CudaSteps(self)
+
+    def token_sampler(self, params: SamplingParams, prompt_ids: Sequence[int],
+                      rng: np.random.Generator) -> CudaSampler:
+        """One sequence's device-side sampler for a caller that steps many (the server):
+        its tokens stay on the device and are read one step behind."""
         return CudaSampler(self, params, prompt_ids, rng)
 
     # --- moving data ----------------------------------------------------------------
@@ -291,14 +318,38 @@ class CudaBackend(Backend):
     def layer_norm(self, x: Any, w: Any, b: Any, eps: float) -> Any:
         return ops.layer_norm(self.dev, self._c(x), w, b, eps)
 
+    def attend_cached(self, q: Any, k: Any, v: Any, cache: Any, layer: int, **kw: Any) -> Any:
+        cap = self._step
+        if cap is not None:  # the positions this sequence's and layer's kernels read
+            row = next((i for i, c in enumerate(cap.caches) if c is cache), None)
+            if row is None:
+                raise GraphUnsupported("attention over a cache outside the step")
+            cap.pos = cap.at(self.dev, row, 0)
+            cap.kv_pos = cap.at(self.dev, row, cache.start[layer])
+        return super().attend_cached(q, k, v, cache, layer, **kw)
+
+    def attend_rows(self, q: Any, k: Any, v: Any, caches: Sequence[Any], layer: int,
+                    **kw: Any) -> Any:
+        cap = self._step
+        if cap is None or len(caches) == 1:
+            return super().attend_rows(q, k, v, caches, layer, **kw)
+        out = self.dev.empty(tuple(q.shape), np.float32)  # each row's attention writes its row
+        for i, c in enumerate(caches):
+            cap.out = out[i:i + 1]
+            try:
+                self.attend_cached(*(self.narrow(a, 0, i, 1) for a in (q, k, v)), c, layer, **kw)
+            finally:
+                cap.out = None
+        return out
+
     def rope(self, x: Any, offset: int, theta: float, traditional: bool = False, *,
              freq_factors: Any | None = None) -> Any:
         # The models pass (b, h, t, d) views of contiguous (b, t, h, d) projections: rotate
         # those in place of a copy, positions running along axis 1.
         kw = dict(neox=not traditional, freq_factors=freq_factors)
         if self._step is not None:  # one token, at the position the device holds
-            if x.shape[-2] != 1:
-                raise GraphUnsupported("rope over several positions")
+            if x.shape[-2] != 1 or self._step.pos is None:
+                raise GraphUnsupported("rope over several positions or outside attend_cached")
             return step.rope(self.dev, self._c(x), self._step.pos, theta, **kw)
         if x.ndim == 4:
             base = self.xp.transpose(x, (0, 2, 1, 3))
@@ -314,11 +365,12 @@ class CudaBackend(Backend):
         b, hq, t, d = q.shape
         hk, s = k.shape[1], k.shape[2]
         mask = None if key_mask is None else self._c(key_mask)
-        if self._step is not None:  # keys 0..pos of the cache, pos read on the device
-            if key_mask is not None or window is not None or t != 1:
-                raise GraphUnsupported("attention with a mask, a window or several queries")
-            return step.attention(self.dev, self._c(q), k, v, scale, self._step.pos,
-                                  self._step.max_kv, softcap=softcap)
+        if self._step is not None:  # rows 0..pos of the cache, pos read on the device
+            cap = self._step
+            if key_mask is not None or t != 1 or cap.kv_pos is None:
+                raise GraphUnsupported("attention with a mask or several queries")
+            return step.attention(self.dev, self._c(q), k, v, scale, cap.kv_pos, cap.max_kv,
+                                  window=window, softcap=softcap, out=cap.out)
         window = window if window is not None and s > window else None  # else it hides nothing
         if d <= ATTN_MAX_HEAD_DIM and k.dtype in ops.KV_KERNELS and k.dtype == v.dtype \
                 and k.strides[-1] == k.itemsize and v.strides == k.strides:
@@ -408,9 +460,9 @@ class CudaBackend(Backend):
             if dst.dtype == ops.KV_BF16 and src.dtype == np.float32:  # a bfloat16 cache row
                 src = ops.to_bf16_bits(self.xp, src)
             return super().set_slice(dst, src, axis, start)
-        if dst.ndim != 4 or axis != 2 or src.shape[2] != 1:
+        if dst.ndim != 4 or axis != 2 or src.shape[2] != 1 or self._step.kv_pos is None:
             raise GraphUnsupported("a slice write other than one KV cache row")
-        return step.kv_store(self.dev, src, dst, self._step.pos)
+        return step.kv_store(self.dev, src, dst, self._step.kv_pos)
 
     # --- sampling on the device --------------------------------------------------------
     def _history(self, history: list[int]) -> Any:
@@ -454,16 +506,23 @@ class CudaBackend(Backend):
 
 @dataclass
 class StepGraph:
-    """One captured decode step: replayed for every position below ``max_kv`` while the
-    KV cache keeps the ``buffers`` it was captured with. ``ids`` and ``pos`` are the device
-    inputs written before each replay; ``logits`` is the buffer each replay writes."""
+    """One captured decode step over ``caches`` (one sequence per batch row), replayed
+    while they keep the buffers and window starts it was captured with (``bound``) and
+    every row's keys fit ``max_kv``. Before each replay, row r's input id goes to
+    ``ids[r]`` and each ``positions`` buffer gets its row's position minus its shift;
+    ``logits`` (rows, 1, vocab) is the buffer each replay writes. ``left``: replays before
+    a cache runs out of rows or a row past ``max_kv`` (then a check, an eager step or a new
+    capture); ``next``: the offsets the caches have when the next replay may run."""
 
     graph: Graph
     ids: Any
-    pos: Any
+    positions: list[tuple[Any, int, int]]
     logits: Any
     max_kv: int
-    buffers: tuple[Any, ...]
+    caches: list[KVCache]
+    bound: tuple[Any, ...]
+    left: int = 0
+    next: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -474,11 +533,145 @@ class DeviceToken:
     pending: PendingRead
 
 
+_OPS = frozenset(OPS)
+
+
+def _room(c: Any) -> int:
+    """Decode steps ``c`` can take before a layer's buffer is full (it then grows or slides
+    eagerly); 0 for what a graph cannot serve (no buffers yet, not a KVCache)."""
+    if not isinstance(c, KVCache) or c.keys[0] is None:
+        return 0
+    return min(k.shape[2] - c.layer_offset(i) for i, k in enumerate(c.keys))
+
+
+def _bound(caches: list[KVCache]) -> tuple[Any, ...]:
+    """What a captured step holds of its caches: the buffers its kernels write and read,
+    and each sliding layer's start (its KV row is the position minus that)."""
+    return tuple(x for c in caches for x in (*c.keys, *c.values, tuple(c.start)))
+
+
+class CudaSteps(EagerSteps):
+    """Decode steps captured as CUDA graphs and replayed: ``steps(model, ids, cache)`` is
+    ``model(ids, cache, last_only=True)`` for one sequence (a :class:`KVCache`) or several
+    (:class:`BatchedCaches`, the server's steps), each row at its own position.
+
+    ``ids``: the rows' input ids as a (rows, 1) device array, or the samplers' tokens
+    (:class:`DeviceToken`, one or a list), which never leave the device: each replay is
+    one ``step_inputs`` launch per row and per distinct sliding-window start, then the
+    graph. A graph serves one set of sequences (its KV buffers are baked in): a sequence
+    joining or leaving the batch, or a cache growing or sliding, captures anew (a capture
+    records the step, it does not run it: the replay right after computes it). Positions
+    are bucketed (``CudaBackend.graph_min_keys``, powers of two), so a moving position
+    replays one graph. An op the capture refuses (:class:`GraphUnsupported`) makes every
+    later step eager, the reason in ``eager_reason`` (and ``CudaBackend.graph_error``)."""
+
+    def __init__(self, backend: CudaBackend):
+        self.B = backend
+        self.graph: StepGraph | None = None
+        self.eager_reason: str | None = None
+        self.captures = 0
+        self.replays = 0
+
+    def __call__(self, model: Any, ids: Any, cache: Any) -> Any:
+        caches = cache.caches if isinstance(cache, BatchedCaches) else [cache]
+        g = self._graph(model, caches)
+        if g is None:
+            return model(self._ids(ids, len(caches)), cache, last_only=True)
+        dev = self.B.dev
+        toks = self._tokens(ids, len(caches))
+        for buf, row, shift in g.positions:
+            step.step_inputs(dev, toks[row], g.ids[row], buf, caches[row].offset - shift)
+        g.graph.launch()
+        for c in caches:
+            c.advance(1)
+        g.left -= 1
+        g.next = [c.offset for c in caches]
+        self.replays += 1
+        return g.logits
+
+    def release(self) -> None:
+        """Drop the captured step (it holds its sequences' KV buffers)."""
+        self.graph = None
+
+    def _tokens(self, ids: Any, rows: int) -> list[Any]:
+        """Each row's input id as a (1,) int32 device array."""
+        if isinstance(ids, DeviceToken):
+            return [ids.ids]
+        if isinstance(ids, list):
+            return [t.ids for t in ids]
+        xp = self.B.xp
+        flat = xp.ascontiguousarray(xp.reshape(ids, (-1,)), dtype=xp.int32)
+        return [flat[i:i + 1] for i in range(rows)]
+
+    def _ids(self, ids: Any, rows: int) -> Any:
+        """The rows' ids as the model's (rows, 1) input."""
+        xp = self.B.xp
+        if isinstance(ids, DeviceToken):
+            return xp.reshape(ids.ids, (1, 1))
+        if isinstance(ids, list):
+            return xp.reshape(xp.concatenate([t.ids for t in ids]), (rows, 1))
+        return ids
+
+    def _graph(self, model: Any, caches: list[Any]) -> StepGraph | None:
+        B, g = self.B, self.graph
+        if not B.graphs or self.eager_reason is not None or not _OPS.isdisjoint(vars(B)):
+            return None  # no graphs, a refused capture, or an OpProfiler timing each op
+        if (g is not None and g.left > 0 and len(g.caches) == len(caches)
+                and all(a is b and a.offset == n
+                        for a, b, n in zip(caches, g.caches, g.next, strict=True))):
+            return g  # the caches moved only by this graph's replays since it checked
+        room = min(_room(c) for c in caches)
+        if room <= 0:
+            return None  # this step grows or slides a cache (eagerly); the next captures
+        need = max(c.offset for c in caches) + 1
+        bound = _bound(caches)
+        if not (g is not None and need <= g.max_kv and len(g.bound) == len(bound)
+                and all(a is b or (isinstance(a, tuple) and a == b)
+                        for a, b in zip(g.bound, bound, strict=True))
+                and all(a is b for a, b in zip(g.caches, caches, strict=True))):
+            cap = max(k.shape[2] for c in caches for k in c.keys)
+            max_kv = min(cap, max(B.graph_min_keys, 1 << (need - 1).bit_length()))
+            self.graph = None  # free the old graph's buffers before capturing
+            g = self.graph = self._capture(model, caches, max(max_kv, need), bound)
+            if g is None:
+                return None
+        g.left = min(room, g.max_kv - need + 1)
+        g.next = [c.offset for c in caches]
+        return g
+
+    def _capture(self, model: Any, caches: list[KVCache], max_kv: int,
+                 bound: tuple[Any, ...]) -> StepGraph | None:
+        B, dev = self.B, self.B.dev
+        ids = dev.empty((len(caches), 1), np.int32)
+        offsets = [c.offset for c in caches]
+        state = _Capture(list(caches), max_kv)
+        B._step = state
+        dev.begin_capture()
+        try:
+            logits = model(ids, caches[0] if len(caches) == 1 else BatchedCaches(caches),
+                           last_only=True)
+            graph = dev.end_capture()
+        except BaseException as e:  # GraphUnsupported, or a capture the runtime refused
+            dev.abort_capture()
+            if not isinstance(e, Exception):  # KeyboardInterrupt: not a reason to go eager
+                raise
+            self.eager_reason = B.graph_error = f"{type(e).__name__}: {e}"
+            return None
+        finally:
+            B._step = None
+            for c, n in zip(caches, offsets, strict=True):
+                c.offset = n  # captured, not run: each replay runs and advances it
+        self.captures += 1
+        positions = [(buf, row, shift) for (row, shift), buf in state.positions.items()]
+        return StepGraph(graph, ids, positions, logits, max_kv, list(caches), bound)
+
+
 class CudaSampler(TokenSampler):
     """Device-side sampling for one generation, the lazy-token protocol of
     :class:`~inference.backends.base.TokenSampler` (the one MLX uses): tokens stay device
     arrays, the next step reads its input id from the device, and :meth:`read` waits only
     for the copy queued with the token, so the host reads token t while step t+1 runs.
+    Decode steps replay a captured step (:class:`CudaSteps`) where they can.
 
     The penalty window is a device array extended on the device by each sampled id; a
     draw takes one host uniform from ``rng`` (a kernel argument), so draws equal the NumPy
@@ -486,8 +679,6 @@ class CudaSampler(TokenSampler):
 
     lazy = True
     B: CudaBackend
-    _step_graph: StepGraph | None = None
-    _no_graph = False
 
     def __init__(self, backend: CudaBackend, params: SamplingParams, prompt_ids: Sequence[int],
                  rng: np.random.Generator):
@@ -497,6 +688,7 @@ class CudaSampler(TokenSampler):
         recent = list(prompt_ids)[-self.window:] if self.penalized else []
         self.recent = (backend.dev.to_device(np.asarray(recent, np.int32), "history")
                        if recent else None)
+        self.steps = CudaSteps(backend)
 
     def sample(self, row: Any) -> DeviceToken:
         B = self.B
@@ -514,58 +706,9 @@ class CudaSampler(TokenSampler):
 
     def decode(self, model: Any, tok: DeviceToken, cache: Any) -> Any:
         """The next step's logits: a replay of the captured step when there is one for
-        this position (two Python-level launches whatever the layer count), else eager."""
-        g = self._graph(model, cache) if self.B.graphs else None
-        if g is None:
-            return super().decode(model, tok, cache)
-        step.step_inputs(self.B.dev, tok.ids, g.ids, g.pos, cache.offset)
-        g.graph.launch()
-        cache.advance(1)
-        return g.logits
-
-    def _graph(self, model: Any, cache: Any) -> StepGraph | None:
-        """The captured step serving position cache.offset, captured now if needed; None
-        where a graph cannot serve (sliding windows, a cache about to grow, an op the
-        capture refused: then every step of this generation runs eagerly)."""
-        if (self._no_graph or not isinstance(cache, KVCache) or cache.keys[0] is None
-                or any(w is not None for w in cache.windows)):
-            return None
-        if any(op in vars(self.B) for op in OPS):  # an OpProfiler times each op: run them
-            return None
-        need, capacity = cache.offset + 1, cache.keys[0].shape[2]
-        if need > capacity:
-            return None  # this step grows the cache (eagerly); the next one captures anew
-        buffers = (cache, cache.keys[0], cache.keys[-1])
-        g = self._step_graph
-        if (g is not None and need <= g.max_kv
-                and all(a is b for a, b in zip(g.buffers, buffers, strict=True))):
-            return g
-        max_kv = min(capacity, max(self.B.graph_min_keys, 1 << (need - 1).bit_length()))
-        self._step_graph = None  # free the old graph's buffers before capturing
-        self._step_graph = self._capture(model, cache, max_kv, buffers)
-        self._no_graph = self._step_graph is None
-        return self._step_graph
-
-    def _capture(self, model: Any, cache: KVCache, max_kv: int,
-                 buffers: tuple[Any, ...]) -> StepGraph | None:
-        B, dev = self.B, self.B.dev
-        ids, pos = dev.empty((1, 1), np.int32), dev.empty((1,), np.int32)
-        offset = cache.offset
-        B._step = _Capture(pos, max_kv)
-        dev.begin_capture()
-        try:
-            logits = model(ids, cache, last_only=True)
-            graph = dev.end_capture()
-        except BaseException as e:  # GraphUnsupported, or a capture the runtime refused
-            dev.abort_capture()
-            if not isinstance(e, Exception):  # KeyboardInterrupt: not a reason to go eager
-                raise
-            B.graph_error = f"{type(e).__name__}: {e}"
-            return None
-        finally:
-            B._step = None
-            cache.offset = offset  # captured, not run: each replay runs and advances it
-        return StepGraph(graph, ids, pos, logits, max_kv, buffers)
+        this position (one launch for the inputs and one for the graph, whatever the
+        layer count), else eager."""
+        return self.steps(model, tok, cache)
 
 
 def probe() -> tuple[bool, str]:

@@ -20,14 +20,15 @@ def check_token_ids(B: Backend, ids: Any, rows: int) -> None:
     """Every id of ``ids`` (batch, seq; a host or backend array) in ``[0, rows)``, else
     InvalidInputError: the one check between token ids and a backend's embedding gather,
     whatever called the model (an id past the table reads out of bounds in a quantized
-    gather). Host arrays (numpy, cpu) are always checked. A lone id already on a device
-    (mlx, cuda) is not read back: in generation it is the sampler's, drawn from the output
-    head's rows (which ``check_tensors`` pins to the table's) and reading it would make a
-    lazy decode step wait for the one before it; a one-token prompt reaching the model
-    there has passed the tokenizer's check at load or ``logits``' own."""
+    gather). Host arrays (numpy, cpu) are always checked. One id per row already on a
+    device (mlx, cuda: a decode step, batched or not) is not read back: in generation it is
+    the samplers', drawn from the output head's rows (which ``check_tensors`` pins to the
+    table's), and reading it would make a lazy decode step wait for the one before it (or
+    break a CUDA graph's capture); a one-token prompt reaching the model there has passed
+    the tokenizer's check at load or ``logits``' own."""
     if isinstance(ids, np.ndarray) and not getattr(ids, "on_device", False):
         host = ids
-    elif math.prod(ids.shape) <= 1:
+    elif math.prod(ids.shape) <= 1 or (len(ids.shape) == 2 and ids.shape[1] == 1):
         return
     else:
         host = B.to_numpy(ids)

@@ -118,10 +118,13 @@ def rope(dev: Device, x: Any, pos: Any, theta: float, *, neox: bool = True,
 
 
 def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_kv: int, *,
-              window: int | None = None, softcap: float | None = None) -> Any:
-    """ops.attention for one new token at position pos[0] over keys 0..pos[0] of the cache
-    k, v (batch, kv_heads, capacity, head_dim); the grid is planned for ``max_kv`` keys,
-    the most any replay of the graph may see."""
+              window: int | None = None, softcap: float | None = None,
+              out: Any | None = None) -> Any:
+    """ops.attention for one new token at row pos[0] of the cache k, v (batch, kv_heads,
+    capacity, head_dim), over its rows 0..pos[0] (the last ``window`` of them with a
+    window); the grid is planned for ``max_kv`` keys, the most any replay of the graph may
+    see. ``out``: a contiguous float32 buffer of q's shape to write (a row of a batched
+    step's output), else a new one."""
     _pos_buffer(pos)
     _f32_contig(q, "q")
     b, h, t, d = q.shape
@@ -130,8 +133,13 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_k
     kb, kvh, _, kd = k.shape
     _need(kb == b and kd == d and h % kvh == 0, f"q {q.shape} does not fit k {k.shape}")
     rows = h // kvh
+    _need(window is None or window > 0, "a window needs at least one key")
     kernel, p = attention_plan(dev, kernel, k, v, rows, max_kv, b * kvh)
-    out = dev.empty(q.shape, np.float32)
+    if out is None:
+        out = dev.empty(q.shape, np.float32)
+    else:
+        _f32_contig(out, "out")
+        _need(out.shape == q.shape, f"out {out.shape} != q {q.shape}")
     part, part_ml = attention_scratch(dev, p, b * kvh * rows, d)
     dev.launch(module, f"{kernel}_pos", p.main,
                (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(1), pos, i32(kvh),

@@ -13,15 +13,17 @@ atol 1e-5 on logits of magnitude ~1-10.
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from inference.backends.cuda import CudaBackend
+from inference.formats import read_checkpoint
 from inference.formats.tensor import TensorData
 from inference.generate import prefill
-from inference.models import llama
+from inference.models import CAUSAL, llama
 from inference.sampling import SamplingParams
 from kernels.cuda import ops, step
 from kernels.cuda.device import EmulatedDevice
@@ -277,3 +279,50 @@ def test_profiled_decode_runs_eagerly() -> None:
         [next(steps) for _ in range(3)]  # prefill and 3 decode steps (one step ahead)
         steps.close()
     assert prof.counts["attention"] == 2 * 4
+
+
+TINY = Path(__file__).resolve().parents[1] / "goldens" / "tiny"
+
+
+@pytest.mark.parametrize("family", sorted(CAUSAL))
+def test_every_decoder_family_decodes_by_replay(family: str) -> None:
+    # The tiny golden model of each decoder family (its config's switches: biases, q/k
+    # norms, fused projections, Gemma's scales, soft-caps and sliding layers of window 8)
+    # decodes 16 greedy tokens through captured steps: after each capture, a step is one
+    # launch per distinct KV row shift (a sliding layer's row is its position minus its
+    # start) plus the graph plus the argmax. Caches grow in 16-row steps, so captures
+    # follow growth, and the window layers slide (start > 0) and replay past it.
+    # Tolerance: replays differ from eager steps only in attention's split-K grid (planned
+    # for the bucket's keys): float32 sums in another order, atol 1e-5.
+    ckpt = read_checkpoint(TINY / family)
+    runs = {}
+    for graphs in (False, True):
+        dev = EmulatedDevice()
+        C = CudaBackend(dev, graphs=graphs, kv_dtype=np.float32)
+        C.graph_min_keys = 8
+        model = _build(llama, ckpt, C)
+        cache = model.make_cache(None)
+        cache.step = 16
+        vocab = ckpt.config["vocab_size"]
+        sampler = C.start_generation(GREEDY, PROMPT, np.random.default_rng(0))
+        tok = sampler.sample(C.reshape(prefill(model, PROMPT, cache), (vocab,)))
+        ids, logits, launches = [], [], []
+        for _ in range(16):
+            n = dev.launches
+            out = sampler.decode(model, tok, cache)
+            ids.append(sampler.read(tok))
+            tok = sampler.sample(C.reshape(out, (vocab,)))
+            launches.append(dev.launches - n)
+            logits.append(dev.to_host(out).reshape(-1))
+        runs[graphs] = ids, logits, launches, sampler.steps, cache
+    ids, logits, launches, steps, cache = runs[True]
+    assert steps.eager_reason is None
+    assert ids == runs[False][0]
+    for a, b in zip(logits, runs[False][1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    shifts = 2 if any(cache.start) else 1
+    replayed = [n for n in launches if n <= shifts + 2]
+    assert steps.captures >= 1 and len(replayed) >= 12, launches
+    assert min(runs[False][2]) > 4 * (shifts + 2)  # an eager step: kernels of every layer
+    if any(w is not None for w in cache.windows):
+        assert any(cache.start) and launches[-2] == 4  # replayed after sliding
