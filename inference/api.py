@@ -324,7 +324,8 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
                progress: Callable[[int, int], None] | None = None,
                cancel: threading.Event | None = None,
                api_key: str | None = None,
-               kv_dtype: str | None = None, prefill_dtype: str | None = None
+               kv_dtype: str | None = None, prefill_dtype: str | None = None,
+               compile_progress: Callable[[int, int, str], None] | None = None
                ) -> CausalLM | Encoder | RemoteLM | RemoteEncoder:
     """Load a model by store name, path or ModelSpec onto a backend ("auto" picks one).
 
@@ -338,6 +339,9 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     backend's own, float32 on cpu, float16 on cuda); refused before any weight loads.
     ``prefill_dtype`` ("float32", "float16", "bfloat16"): the cuda backend's prefill GEMM
     input type (CudaBackend.use_prefill_dtype); other backends refuse it.
+    ``compile_progress(done, total, module)``: the kernel modules a backend compiles as it
+    starts, on the calling thread (cuda's first run on a machine: NVRTC, tens of seconds;
+    an app shows "compiling N of M"); see inference.backends.cuda.create.
     """
     if is_url(name_or_path):
         return connect(str(name_or_path), api_key=api_key)
@@ -348,7 +352,8 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     model_type = ckpt.config.get("model_type", "?")
     mod = architecture(model_type, ckpt.path.name)
     qtypes = {t.qtype for t in ckpt.tensors.values()}
-    B, reason = select_backend(backend, mod.REQUIRED_OPS, qtypes, model_type)
+    B, reason = select_backend(backend, mod.REQUIRED_OPS, qtypes, model_type,
+                               compile_progress=compile_progress)
     if kv_dtype is not None:
         B.use_kv_dtype(kv_dtype)
     if prefill_dtype is not None:

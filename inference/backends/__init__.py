@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from inference.backends.base import Backend
@@ -23,6 +24,10 @@ _MODULES = {
 AUTO_ORDER_METAL = ("cuda", "mlx", "cpu", "numpy")
 AUTO_ORDER_NO_METAL = ("cuda", "cpu", "numpy", "mlx")
 ALWAYS_FLOAT = {"F32", "F16", "BF16"}
+
+# (modules ready, modules, the module just ready or "" at the start): a backend that
+# compiles kernels as it starts (cuda: NVRTC, the first run on a machine) reports them.
+CompileProgress = Callable[[int, int, str], None]
 
 
 @dataclass
@@ -61,9 +66,16 @@ def probe_all() -> list[BackendProbe]:
     return [probe(n) for n in _MODULES]
 
 
-def create(name: str) -> Backend:
+def create(name: str, compile_progress: CompileProgress | None = None) -> Backend:
+    """A new backend ``name``; ``compile_progress(done, total, module)`` follows the kernel
+    modules it compiles as it starts (cuda's NVRTC modules; others compile nothing)."""
     mod = importlib.import_module(_MODULES[name])
-    return mod.create() if hasattr(mod, "create") else mod.NumpyBackend()
+    if not hasattr(mod, "create"):
+        return mod.NumpyBackend()
+    if compile_progress is not None and "compile_progress" in inspect.signature(
+            mod.create).parameters:
+        return mod.create(compile_progress=compile_progress)
+    return mod.create()
 
 
 def missing_for(backend: Backend, ops: Iterable[str], qtypes: Iterable[str]) -> list[str]:
@@ -74,15 +86,17 @@ def missing_for(backend: Backend, ops: Iterable[str], qtypes: Iterable[str]) -> 
 
 
 def select_backend(requested: str, ops: Iterable[str], qtypes: Iterable[str],
-                   arch: str = "model") -> tuple[Backend, str]:
+                   arch: str = "model", compile_progress: CompileProgress | None = None
+                   ) -> tuple[Backend, str]:
     """Pick a backend that has every op and quant type the model needs, before any
-    weight moves. Returns the backend and a sentence saying why it was chosen."""
+    weight moves. Returns the backend and a sentence saying why it was chosen.
+    ``compile_progress``: see :func:`create`."""
     ops, qtypes = set(ops), set(qtypes)
     if requested != "auto":
         p = probe(requested)
         if not p.available:
             raise BackendUnavailableError(f"Backend '{requested}' is unavailable: {p.reason}.")
-        b = create(requested)
+        b = create(requested, compile_progress)
         lacks = missing_for(b, ops, qtypes)
         if lacks:
             raise MissingOpError(
@@ -95,7 +109,7 @@ def select_backend(requested: str, ops: Iterable[str], qtypes: Iterable[str],
         if not p.available:
             skipped.append(f"{name}: {p.reason}")
             continue
-        b = create(name)
+        b = create(name, compile_progress)
         lacks = missing_for(b, ops, qtypes)
         if lacks:
             skipped.append(f"{name}: lacks {', '.join(lacks)}")

@@ -9,6 +9,19 @@ are computed from positions in the kernels, the cache lives on the device, sampl
 on the device, and the next step's input id is the device copy of the sampled one. A
 generation samples through :class:`CudaSampler` (the engine's lazy-token protocol, as MLX):
 the host reads token t only after step t+1 is queued, so host and GPU time overlap.
+
+Decode steps are captured as CUDA graphs and replayed (:class:`CudaSteps`), for every
+decoder family (q/k/v biases, soft-caps and sliding windows are kernel arguments or read
+from device memory) and for the server's batched steps; the server reads each sequence's
+token one step behind (:meth:`CudaBackend.token_sampler`).
+
+Kernel compile progress, for an app: the first run on a machine compiles every kernel
+module with NVRTC (tens of seconds on a few cores; later runs read CuPy's on-disk cache).
+Pass ``compile_progress=fn`` to ``inference.load_model`` (or register
+:func:`on_compile_progress`): ``fn(done, total, module)`` is called on the loading thread,
+first ``(modules already loaded, total, "")``, then once per module as it is ready; show
+"compiling {done} of {total}" while ``done < total``. A GUI worker emits a signal from
+``fn`` (it runs on the worker's thread, never the GUI's).
 """
 
 from __future__ import annotations
@@ -96,6 +109,19 @@ def mlx_as_q4_1(t: TensorData) -> np.ndarray | None:
         blocks[..., at:at + 2] = h.reshape(rows, -1, 1).view(np.uint8)
     blocks[..., 4:] = codes[..., :16] | (codes[..., 16:] << 4)  # Q4_1's nibble order
     return blocks.reshape(rows, -1)
+
+
+class _StridedRows(QuantMatrix):
+    """Float32 rows ``stride`` bytes apart (a block of columns of a wider array) as a
+    matrix the F32 row copy (ops.dequantize) reads: it makes them contiguous."""
+
+    def __init__(self, data: Any, rows: int, cols: int, stride: int) -> None:
+        super().__init__(data, "F32", rows, cols)
+        self.stride = stride
+
+    @property
+    def row_bytes(self) -> int:
+        return self.stride
 
 
 class GraphUnsupported(Exception):
@@ -455,6 +481,18 @@ class CudaBackend(Backend):
             raise GraphUnsupported("a reshape that copies")
         return y
 
+    def narrow(self, x: Any, axis: int, start: int, length: int) -> Any:
+        y = super().narrow(x, axis, start, length)
+        if (self._step is None or y.flags.c_contiguous or axis % x.ndim != x.ndim - 1
+                or x.dtype != np.float32 or not x.flags.c_contiguous):
+            return y
+        # Captured, several rows: a stacked projection's part (q, k, v; gate, up) is a
+        # block of columns, copied into its own rows by one kernel (the ops after it read
+        # contiguous rows; eagerly CuPy copies it).
+        rows = y.size // length
+        out = ops.dequantize(self.dev, _StridedRows(y, rows, length, x.shape[-1] * 4))
+        return self.xp.reshape(out, y.shape)
+
     def set_slice(self, dst: Any, src: Any, axis: int, start: int) -> Any:
         if self._step is None:
             if dst.dtype == ops.KV_BF16 and src.dtype == np.float32:  # a bfloat16 cache row
@@ -752,5 +790,16 @@ def _compile_progress(done: int, total: int, module: str) -> None:
         fn(done, total, module)
 
 
-def create() -> CudaBackend:
-    return CudaBackend(compile_progress=_compile_progress)
+def create(compile_progress: CompileProgress | None = None) -> CudaBackend:
+    """The backend on the local NVIDIA GPU. Its kernel modules compile now (NVRTC; CuPy's
+    on-disk cache on later runs): each step is logged, told to :func:`on_compile_progress`'s
+    listeners and to ``compile_progress(done, total, module)`` (what
+    ``load_model(compile_progress=...)`` passes here), all on the calling thread."""
+    if compile_progress is None:
+        return CudaBackend(compile_progress=_compile_progress)
+
+    def both(done: int, total: int, module: str) -> None:
+        _compile_progress(done, total, module)
+        compile_progress(done, total, module)
+
+    return CudaBackend(compile_progress=both)

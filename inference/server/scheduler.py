@@ -34,6 +34,13 @@ request the pool is emptied and the freed heap given back to the system, so a se
 running holds its weights only; the freed heap alone goes back ``IDLE_TRIM_S`` after the
 last step, so a burst's temporaries do not stay resident.
 
+Tokens one step behind (backends with a ``token_sampler``: cuda): each sequence samples on
+the device, its token stays there as the next step's input, and the host reads it only
+after that step is queued (mlx-lm's ``generate_step``), so the host's reading, stop
+checks and delivery overlap the device's next step. The price: a sequence that ends runs
+one step more than it needed, whose token is dropped. A request asking for log-
+probabilities reads its row at once instead.
+
 Faults: an exception while starting one request fails that request; one in a step fails
 the sequences of that step; the thread goes on. What stops it anyway is kept
 (:attr:`Scheduler.stopped`): waiting requests fail at once, and :meth:`Scheduler.fault`
@@ -202,10 +209,12 @@ class _Seq:
     history: list[int]
     cache: KVCache
     pos: int = 0  # prompt tokens prefilled
-    last: int | None = None  # sampled, not yet fed back
+    last: Any = None  # sampled, not yet fed back (an id, or a device token)
     chunk: int = 0  # tokens of the prefill chunk under way
     decoding: bool = False  # has fed a token back (been in a decode step)
     run: Generator[Any, None, Any] | None = None  # that chunk's forward pass, paused
+    sampler: Any = None  # the backend's device sampler (tokens read one step behind)
+    unread: Any = None  # the device token sampled last, not yet read and delivered
 
 
 class Scheduler:
@@ -238,6 +247,8 @@ class Scheduler:
         self.deliver = deliver
         self._out: Outbox = []  # this iteration's events, delivered at its end
         self._decode = model.backend.decode_steps()  # replays captured steps where it can
+        # A backend that samples on the device: tokens are read one step behind (module).
+        self._token_sampler = getattr(model.backend, "token_sampler", None)
         self._cv = threading.Condition()
         self._closed = False
         self._dirty = False  # work done since the heap was last trimmed
@@ -368,8 +379,11 @@ class Scheduler:
                 raise
             self.pool.clear()
             cache = m.model.make_cache(len(req.prompt_ids) + req.max_tokens)
-        return _Seq(req, gen, np.random.default_rng(req.sampling.seed), list(req.prompt_ids),
-                    cache)
+        rng = np.random.default_rng(req.sampling.seed)
+        s = _Seq(req, gen, rng, list(req.prompt_ids), cache)
+        if self._token_sampler is not None:
+            s.sampler = self._token_sampler(req.sampling, req.prompt_ids, rng)
+        return s
 
     def _share_prefix(self, s: _Seq) -> None:
         """Before ``s`` prefills its next chunk: copy the chunks from there on that a
@@ -433,9 +447,12 @@ class Scheduler:
         if dec:
             self._held = 0
             t0 = self.clock()
-            ids = np.asarray([[s.last] for s in dec], dtype=np.int64)
             cache = dec[0].cache if len(dec) == 1 else BatchedCaches([s.cache for s in dec])
-            logits = self._decode(M, B.array(ids), cache)
+            if self._token_sampler is not None:  # the tokens, still on the device
+                logits = self._decode(M, [s.last for s in dec], cache)
+            else:
+                ids = np.asarray([[s.last] for s in dec], dtype=np.int64)
+                logits = self._decode(M, B.array(ids), cache)
             self.steps += 1
             self.max_rows = max(self.max_rows, len(dec))
             for i, s in enumerate(dec):
@@ -482,22 +499,39 @@ class Scheduler:
         return ran
 
     def _accept(self, s: _Seq, logits: Any, i: int) -> None:
-        """Sample row ``i`` of ``logits`` (1, vocab) for ``s`` and hand the result on."""
+        """Sample row ``i`` of ``logits`` (1, vocab) for ``s`` and hand the result on (with
+        a device sampler: hand on the token sampled the step before, see the module)."""
         B = self.model.backend
         s.last = None
         if s.req.cancel.is_set():
             self._finish(s, "cancelled")
             return
         row = B.reshape(B.narrow(logits, 0, i, 1), (logits.shape[-1],))
+        if s.sampler is not None:
+            tok = s.sampler.sample(row)  # queued behind this step; nothing read yet
+            if s.req.top_logprobs is None:
+                prev, s.unread = s.unread, tok
+                if prev is None or self._push(s, s.sampler.read(prev), None):
+                    s.last = tok
+                return
+            tid = s.sampler.read(tok)
+            if self._push(s, tid, _logprobs(B.to_numpy(row), tid, s.req.top_logprobs)):
+                s.last = tok
+            return
         tok = B.sample(row, s.req.sampling, s.history, s.rng)
-        s.history.append(tok)
         lp = None if s.req.top_logprobs is None else _logprobs(B.to_numpy(row), tok,
                                                                  s.req.top_logprobs)
+        if self._push(s, tok, lp):
+            s.last = tok
+
+    def _push(self, s: _Seq, tok: int, lp: TokenLogprobs | None) -> bool:
+        """Deliver ``tok``; False if that ended ``s`` (then finished here)."""
+        s.history.append(tok)
         self._out.extend((s.req, ev, lp) for ev in s.gen.push(tok))
         if s.gen.finish is not None:
             self._finish(s)
-        else:
-            s.last = tok
+            return False
+        return True
 
     def _finish(self, s: _Seq, reason: str | None = None) -> None:
         self._keep_prefix(s)
@@ -506,7 +540,7 @@ class Scheduler:
             self.finished.append((s.gen.finish or "", len(s.gen.ids)))
             if s in self._active:
                 self._active.remove(s)
-        s.cache = s.run = None  # type: ignore[assignment]  # memory goes now, not at a GC
+        s.cache = s.run = s.unread = None  # type: ignore[assignment]  # memory goes now
         if not self._active:  # a captured step holds the last batch's caches
             self._decode.release()
         self._out.extend((s.req, ev, None) for ev in events)

@@ -148,6 +148,36 @@ def test_create_tells_the_app_about_compiling(monkeypatch: pytest.MonkeyPatch) -
     remove()  # a second removal is harmless
 
 
+def test_load_model_passes_compile_progress_to_the_app(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    # The app's hook: load_model(compile_progress=fn) reaches the backend's module
+    # compile, on the loading thread (a GUI worker emits a signal from fn), beside the
+    # registered listeners.
+    import threading
+
+    from inference import load_model
+
+    _fake_gpu(monkeypatch, EmulatedDevice)
+    seen: list[tuple[int, int, str]] = []
+    listened: list[tuple[int, int, str]] = []
+    callers: set[int] = set()
+    remove = cuda_backend.on_compile_progress(lambda *a: listened.append(a))
+
+    def progress(*a: object) -> None:
+        seen.append(a)  # type: ignore[arg-type]
+        callers.add(threading.get_ident())
+
+    try:
+        m = load_model(str(ROOT / "tests" / "goldens" / "tiny" / "llama"), backend="cuda",
+                       compile_progress=progress)
+    finally:
+        remove()
+    assert m.backend.name == "cuda"
+    assert seen == listened and seen[0][2] == ""
+    assert seen[-1][0] == seen[-1][1] == len(MODULES)
+    assert callers == {threading.get_ident()}
+
+
 _HALF_USE = re.compile(r"\b(__half\w*|__float2half\w*|__ushort_as_half|load_f16)\b")
 
 
