@@ -2,12 +2,12 @@
 
     python scripts/bench_kernels.py                 # needs an NVIDIA GPU and CuPy
     python scripts/bench_kernels.py --peak-gbs 1008 # if the peak cannot be read from the device
-    python scripts/bench_kernels.py --emulator      # smoke-test the script itself on the host
 
 Each case counts the bytes a kernel must move at least (weights, inputs, outputs), times
 the kernel with CUDA events (median of repeats, after warm-up) and prints GB/s and the
 fraction of peak. Targets on paper: norms >= 80 %, quantized mat-vec >= 70 % at 4096x4096
-and larger. Under --emulator the shapes shrink and the figures mean nothing.
+and larger. :func:`run` takes any device: the tests smoke-test it on their host emulator with
+shapes shrunk, where the figures mean nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels.cuda import ops  # noqa: E402
-from kernels.cuda.device import CupyDevice, Device, EmulatedDevice, cuda_unavailable_reason  # noqa: E402
+from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason  # noqa: E402
 from kernels.cuda.table import TYPES  # noqa: E402
 
 TARGETS = {"norm": 0.80, "mmv": 0.70}
@@ -126,28 +126,13 @@ def cases(dev: Device, small: bool) -> list[tuple[str, str, int, Callable[[], An
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--emulator", action="store_true", help="run on the host emulator (smoke)")
-    ap.add_argument("--peak-gbs", type=float, default=None, help="device peak GB/s override")
-    ap.add_argument("--repeats", type=int, default=20)
-    args = ap.parse_args()
-    if args.emulator:
-        dev: Device = EmulatedDevice()
-        print("device: CUDA emulator (host) - shapes shrunk 16x, figures are not GPU figures")
-    else:
-        reason = cuda_unavailable_reason()
-        if reason:
-            print(f"no GPU to benchmark ({reason}); try --emulator to smoke-test the script")
-            return 0
-        dev = CupyDevice()
-        print(f"device: {dev.device_name}")
-    peak = args.peak_gbs or (None if args.emulator else peak_gbs(dev))
+def run(dev: Device, peak: float | None, repeats: int, small: bool = False) -> int:
+    """Time every case on ``dev`` and print a table; ``small`` shrinks the shapes 16x."""
     print(f"peak: {peak:.0f} GB/s" if peak else "peak: unknown (pass --peak-gbs)")
     print(f"{'kernel':48s} {'time':>10s} {'GB/s':>9s} {'of peak':>8s}  target")
     misses = 0
-    for group, name, nbytes, fn in cases(dev, small=args.emulator):
-        sec = time_it(dev, fn, args.repeats if not args.emulator else 1)
+    for group, name, nbytes, fn in cases(dev, small=small):
+        sec = time_it(dev, fn, repeats)
         gbs = nbytes / sec / 1e9
         frac = gbs / peak if peak else float("nan")
         target = TARGETS.get(group)
@@ -159,9 +144,23 @@ def main() -> int:
             verdict = f"{'ok ' if ok else 'MISS'} >= {target:.0%}"
         shown = f"{frac:8.1%}" if peak else f"{'-':>8s}"
         print(f"{name:48s} {sec * 1e6:8.1f}us {gbs:9.1f} {shown}  {verdict}")
-    if peak and not args.emulator:
+    if peak:
         print(f"{misses} case(s) below target")
     return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--peak-gbs", type=float, default=None, help="device peak GB/s override")
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    reason = cuda_unavailable_reason()
+    if reason:
+        print(f"no GPU to benchmark ({reason})")
+        return 0
+    dev = CupyDevice()
+    print(f"device: {dev.device_name}")
+    return run(dev, args.peak_gbs or peak_gbs(dev), args.repeats)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@
 #   4. a decode at a 1B shape (Llama 3.2 1B: 16 layers, 2048 wide, GQA 4, random Q4_K
 #      weights): tokens/s with graphs on, graph capture errors, launches per token
 #
-# INFERDESK_FIRST_RUN_EMULATOR=1 runs parts 2 and 4 on the host emulator with tiny shapes
-# (a smoke test of this script; its figures mean nothing).
+# INFERDESK_FIRST_RUN_EMULATOR=1 runs parts 2 and 4 with tiny shapes on the device class that
+# INFERDESK_FIRST_RUN_DEVICE names as module:Class (the tests pass their host emulator; a
+# smoke test of this script, its figures mean nothing).
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -58,7 +59,7 @@ fi
 
 echo "== 2 and 4. kernel timings and a 1B-shape decode"
 "$PY" - "$OUT" "$COMMIT" "$TESTS_RC" "$WORK" <<'PY'
-import json, os, platform, statistics, sys, time
+import importlib, json, os, platform, statistics, sys, time
 from pathlib import Path
 
 import numpy as np
@@ -70,12 +71,16 @@ from inference.models import llama
 from inference.models.common import Weights
 from inference.sampling import SamplingParams
 from kernels.cuda import ops
-from kernels.cuda.device import CupyDevice, EmulatedDevice
+from kernels.cuda.device import CupyDevice
 from kernels.cuda.table import TYPES
 
 out_path, commit, tests_rc, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 emu = os.environ.get("INFERDESK_FIRST_RUN_EMULATOR") == "1"
-dev = EmulatedDevice() if emu else CupyDevice()
+if emu:
+    module, _, cls = os.environ["INFERDESK_FIRST_RUN_DEVICE"].partition(":")
+    dev = getattr(importlib.import_module(module), cls)()
+else:
+    dev = CupyDevice()
 s = 16 if emu else 1  # shapes shrink on the emulator
 rng = np.random.default_rng(0)
 

@@ -43,7 +43,7 @@ EMULATED = {"cuda": "cuda-emulated"}
 def _make(name: str) -> Backend:
     if name == "cuda-emulated":
         from inference.backends.cuda import CudaBackend
-        from kernels.cuda.device import EmulatedDevice
+        from tests.kernels.emulator.device import EmulatedDevice
 
         return CudaBackend(EmulatedDevice())
     p = backends.probe(name)

@@ -54,7 +54,7 @@ def encoder(name: str, backend: str):
             from inference.backends.cuda import CudaBackend
             from inference.formats import read_checkpoint
             from inference.store import spec_for_path
-            from kernels.cuda.device import EmulatedDevice
+            from tests.kernels.emulator.device import EmulatedDevice
 
             _loaded[key] = Encoder(spec_for_path(path), read_checkpoint(path),
                                    CudaBackend(EmulatedDevice()), "emulated")

@@ -120,7 +120,7 @@ def _emulated_cuda(path: str):
     from inference.backends.cuda import CudaBackend
     from inference.formats import read_checkpoint
     from inference.store import resolve
-    from kernels.cuda.device import EmulatedDevice
+    from tests.kernels.emulator.device import EmulatedDevice
 
     spec = resolve(path)
     backend = CudaBackend(EmulatedDevice(), kv_dtype=np.float32)  # float32 bars

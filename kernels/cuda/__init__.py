@@ -6,6 +6,6 @@
     ops.py        checked entry points: dtype/layout checks, plan, launch
     device.py     the device interface: CuPy on a GPU, the host emulator in tests
 
-The nvcc build check and the occupancy table are test tools: tests/kernels/nvcc_check.py,
-tests/kernels/occupancy.py.
+The host emulator, the nvcc build check and the occupancy table are test tools:
+tests/kernels/emulator/, tests/kernels/nvcc_check.py, tests/kernels/occupancy.py.
 """

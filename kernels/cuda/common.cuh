@@ -5,7 +5,7 @@
 #pragma once
 
 #if defined(INFERDESK_EMULATOR)
-// kernels/emulator/cuda_emu.h is force-included before this file.
+// tests/kernels/emulator/cuda_emu.h is force-included before this file.
 #elif defined(__CUDACC_RTC__)
 // NVRTC has no libc headers.
 typedef signed char int8_t;
@@ -35,7 +35,7 @@ typedef unsigned long long uintptr_t;
 
 // Typed global loads and stores. On a GPU a plain access; in the emulator each is checked
 // for natural alignment (sizeof(T)) and, when the memory model is on, logged as one lane's
-// part of a warp-level transaction (kernels/emulator/traffic.py counts 32-byte sectors).
+// part of a warp-level transaction (tests/kernels/emulator/traffic.py counts 32-byte sectors).
 template <typename T>
 static __device__ __forceinline__ T ld_global(const T * p EMU_SITE_PARAM) {
     EMU_ACCESS(p, sizeof(T), false);

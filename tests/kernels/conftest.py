@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.cuda.device import CupyDevice, Device, EmulatedDevice, cuda_unavailable_reason
+from kernels.cuda.device import CupyDevice, Device, cuda_unavailable_reason
+from tests.kernels.emulator.device import EmulatedDevice
 
 _gpu: Device | None = None
 

@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_kernels.py"
 
 
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_kernels", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.slow
-def test_bench_script_smoke() -> None:
-    r = subprocess.run([sys.executable, str(SCRIPT), "--emulator", "--repeats", "1"],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
+def test_bench_script_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.kernels.emulator.device import EmulatedDevice
+
+    assert _script().run(EmulatedDevice(), None, repeats=1, small=True) == 0
+    lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("mul_mat_vec Q4_K") for line in lines)
     assert any(line.startswith("rms_norm") for line in lines)
 
@@ -52,7 +62,9 @@ def test_first_run_script_on_the_emulator(tmp_path: Path) -> None:
     out = tmp_path / "first-run.json"
     r = subprocess.run(["sh", str(FIRST_RUN), str(out)], capture_output=True, text=True,
                        timeout=600, env={**os.environ, "PY": sys.executable,
-                                         "INFERDESK_FIRST_RUN_EMULATOR": "1"})
+                                         "INFERDESK_FIRST_RUN_EMULATOR": "1",
+                                         "INFERDESK_FIRST_RUN_DEVICE":
+                                         "tests.kernels.emulator.device:EmulatedDevice"})
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
     assert len(report["attention"]) == 4 and len(report["matvec"]) == 3

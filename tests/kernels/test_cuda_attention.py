@@ -13,7 +13,7 @@ import pytest
 
 from inference.backends.cuda import CudaBackend
 from kernels.cuda import ops, plan, table
-from kernels.cuda.device import EmulatedDevice
+from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.test_kernels import attention_ref
 
 

@@ -29,8 +29,9 @@ from inference.models import bert, llama
 from inference.models.common import Weights
 from inference.sampling import SamplingParams
 from kernels.cuda import ops
-from kernels.cuda.device import Device, EmulatedDevice
+from kernels.cuda.device import Device
 from tests.bundled import minilm_dir, smollm2_gguf
+from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.quantdata import make_weight
 
 N = NumpyBackend()

@@ -25,7 +25,7 @@ from inference.backends.cuda import CudaBackend, CudaSampler, CudaSteps
 from inference.events import DoneEvent
 from inference.sampling import SamplingParams
 from inference.server.scheduler import Request, Scheduler
-from kernels.cuda.device import EmulatedDevice
+from tests.kernels.emulator.device import EmulatedDevice
 
 TINY = Path(__file__).resolve().parents[1] / "goldens" / "tiny"
 PROMPTS = [[5, 17, 33, 2, 90, 41], [7, 7, 120, 3], [250, 11, 64, 8, 19, 23, 5, 44]]

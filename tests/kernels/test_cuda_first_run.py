@@ -18,8 +18,9 @@ import inference.backends.cuda as cuda_backend
 from inference.backends import select_backend
 from inference.backends.base import OPS
 from inference.errors import BackendUnavailableError
-from kernels.cuda.device import MODULES, EmulatedDevice, kernel_source
+from kernels.cuda.device import MODULES, kernel_source
 from kernels.cuda.ops import check_device
+from tests.kernels.emulator.device import EmulatedDevice
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,7 +26,7 @@ from inference.generate import prefill
 from inference.models import CAUSAL, llama
 from inference.sampling import SamplingParams
 from kernels.cuda import ops, step
-from kernels.cuda.device import EmulatedDevice
+from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.test_cuda_backend import N, _build, tiny_llama
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -22,8 +22,8 @@ from inference.generate import generate_step
 from inference.models import llama
 from inference.sampling import SamplingParams
 from kernels.cuda import ops, plan
-from kernels.cuda.device import EmulatedDevice
-from kernels.emulator.traffic import TrafficDevice
+from tests.kernels.emulator.device import EmulatedDevice
+from tests.kernels.emulator.traffic import TrafficDevice
 from tests.kernels.test_cuda_backend import _build, check_batched_decode, tiny_llama
 
 

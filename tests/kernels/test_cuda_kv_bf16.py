@@ -22,8 +22,8 @@ from inference.generate import generate_step
 from inference.models import llama
 from inference.sampling import SamplingParams
 from kernels.cuda import ops, step
-from kernels.cuda.device import EmulatedDevice
 from tests.bundled import smollm2_gguf
+from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.test_cuda_backend import _build, tiny_llama
 from tests.kernels.test_kernels import ATTN_CASES, _ids, check_attention
 from tests.kernels.test_mmv_tiles import recording

@@ -1,10 +1,11 @@
 """16-bit prefill GEMMs (CudaBackend(prefill_dtype=float16 | "bfloat16")): weights and
 activations rounded to 16 bits, cublasGemmEx with float32 products and sums.
 
-- The cuBLAS stand-in (blas.emulate_gemm_ex) follows cuBLAS's column-major contract: checked
-  against products built independently of our argument mapping, for all four transposes
-  with padded leading dimensions. ops.gemm_16 (the mapping + the call) against float64 on
-  the exact 16-bit values: |y - ref| <= 1e-5 sum|x||w| + 1e-6 (float32 sums only).
+- The cuBLAS stand-in (tests/kernels/emulator/cublas.py) follows cuBLAS's column-major
+  contract: checked against products built independently of our argument mapping, for all
+  four transposes with padded leading dimensions. ops.gemm_16 (the mapping + the call)
+  against float64 on the exact 16-bit values: |y - ref| <= 1e-5 sum|x||w| + 1e-6 (float32
+  sums only).
 - dequantize_*_bf16 rounds like ops.to_bf16_bits (nearest even) of the float32 kernel's
   values, bitwise, race check on.
 - Whole model: per mode against the float32 mode, bars 20x the rounding of one input
@@ -24,8 +25,10 @@ from inference.generate import generate_step
 from inference.models import llama
 from inference.sampling import SamplingParams
 from kernels.cuda import blas, ops
-from kernels.cuda.device import Device, EmulatedDevice
+from kernels.cuda.device import Device
 from tests.bundled import smollm2_gguf
+from tests.kernels.emulator.cublas import emulate_gemm_ex
+from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.test_cuda_backend import _build, _tensor, tiny_llama
 from tests.kernels.test_cuda_half_weights import _tiny_16bit
 
@@ -64,20 +67,20 @@ def test_gemm_ex_stand_in_follows_the_column_major_contract(dtype: np.dtype, ta:
     c = np.full(ldc * n, 7.0, np.float32)
     g = blas.GemmEx(ta, tb, m, n, k, lda, ldb, ldc, blas.DATA_TYPES[dtype],
                     blas.DATA_TYPES[dtype], blas.CUDA_R_32F)
-    blas.emulate_gemm_ex(g, col_major(A, lda), col_major(B, ldb), c)
+    emulate_gemm_ex(g, col_major(A, lda), col_major(B, ldb), c)
     ref = a64 @ b64
     got = c.reshape(n, ldc).T  # column j of C at c[j * ldc:]
     np.testing.assert_allclose(got[:m], ref, rtol=0,
                                atol=1e-5 * (np.abs(a64) @ np.abs(b64)).max() + 1e-6)
     assert (got[m:] == 7.0).all()  # rows past m: untouched
     with pytest.raises(ValueError, match="leading dimension"):
-        blas.emulate_gemm_ex(
+        emulate_gemm_ex(
             blas.GemmEx(ta, tb, m, n, k, A.shape[0] - 1, ldb, ldc, g.a_type, g.b_type, g.c_type),
             col_major(A, lda), col_major(B, ldb), c)
     with pytest.raises(ValueError, match="type code"):
         other = blas.CUDA_R_16F if dtype == BF16 else blas.CUDA_R_16BF
-        blas.emulate_gemm_ex(blas.GemmEx(ta, tb, m, n, k, lda, ldb, ldc, other, other,
-                                         blas.CUDA_R_32F), col_major(A, lda), col_major(B, ldb), c)
+        emulate_gemm_ex(blas.GemmEx(ta, tb, m, n, k, lda, ldb, ldc, other, other,
+                                    blas.CUDA_R_32F), col_major(A, lda), col_major(B, ldb), c)
 
 
 # (tokens, rows, k): one element; odd k past a multiple of 8; wide k; rows not multiples of 8.

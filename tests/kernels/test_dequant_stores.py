@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from kernels.cuda import ops
-from kernels.cuda.device import EmulatedDevice
 from kernels.cuda.table import TYPES
-from kernels.emulator.traffic import TrafficDevice
+from tests.kernels.emulator.device import EmulatedDevice
+from tests.kernels.emulator.traffic import TrafficDevice
 from tests.kernels.quantdata import make_weight, reference
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.cuda.device import EmulatedDevice
 from kernels.cuda.plan import Launch
-from kernels.emulator.module import EmulatedModule, EmulatorError
+from tests.kernels.emulator.device import EmulatedDevice
+from tests.kernels.emulator.module import EmulatedModule, EmulatorError
 
 FAULTY = Path(__file__).with_name("faulty.cu")
 
@@ -70,7 +70,7 @@ def test_block_that_reads_another_blocks_output_is_a_race() -> None:
 @pytest.mark.parametrize("grid", [(1, 1, 1), (7, 1, 1), (64, 1, 1), (5, 3, 2), (1, 9, 4)])
 def test_shuffled_block_order_runs_every_block_once(grid: tuple, monkeypatch: pytest.MonkeyPatch
                                                     ) -> None:
-    from kernels.emulator import module as emu
+    from tests.kernels.emulator import module as emu
 
     n = int(np.prod(grid))
     for seed in (1, 2, 977, 2**40 + 3):

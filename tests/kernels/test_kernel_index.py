@@ -7,7 +7,7 @@ macros (one per quant type and tile), so grep over the sources alone would not f
 from __future__ import annotations
 
 from kernels.cuda.device import CUDA_DIR, MODULES, source_path
-from kernels.emulator.build import build
+from tests.kernels.emulator.build import build
 
 INDEX = CUDA_DIR / "KERNELS.md"
 _HEAD = ("# CUDA kernels by module\n\n"

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from kernels.cuda import ops
-from kernels.cuda.device import Device, EmulatedDevice
+from kernels.cuda.device import Device
 from kernels.cuda.table import TYPES
+from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.quantdata import make_weight, reference
 
 COLS = [1, 31, 32, 33, 255, 1023, 1024, 1025, 4096]

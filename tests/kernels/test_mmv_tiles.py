@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from kernels.cuda import ops
-from kernels.cuda.device import Device, EmulatedDevice
+from kernels.cuda.device import Device
 from kernels.cuda.table import MMV_TILES
+from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.quantdata import make_weight, reference
 from tests.kernels.test_cuda_half_weights import to_16bit
 

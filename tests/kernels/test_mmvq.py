@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from kernels.cuda import ops
-from kernels.cuda.device import Device, EmulatedDevice
+from kernels.cuda.device import Device
 from kernels.cuda.table import MMV_TILES, TYPES, q8_1_row_bytes
+from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.quantdata import group_offsets, make_weight, q8_1_bytes, quantize_q8_1
 from tests.kernels.quantdata import reference as dequantized
 

@@ -7,7 +7,7 @@ import pytest
 
 from kernels.cuda import table
 from kernels.cuda.device import MODULES, source_path
-from kernels.emulator.build import scan_kernels
+from tests.kernels.emulator.build import scan_kernels
 from tests.kernels.nvcc_check import ARCHS, compile_all, nvcc
 
 pytestmark = pytest.mark.skipif(nvcc() is None, reason="nvcc not found: CUDA compile check skipped")

@@ -58,7 +58,7 @@ def test_attention_and_mat_vec_limits_match_the_source() -> None:
 def test_every_dp4a_type_has_a_kernel_per_batch_tile() -> None:
     from kernels.cuda.device import source_path
     from kernels.cuda.table import MMV_TILES, mmv_kernel
-    from kernels.emulator.build import scan_kernels
+    from tests.kernels.emulator.build import scan_kernels
 
     names = set(scan_kernels(source_path("mmv")))
     want = {mmv_kernel(t, n, "q") for t in TYPES.values() if t.dp4a for n in MMV_TILES}
@@ -69,7 +69,7 @@ def test_every_dp4a_type_has_a_kernel_per_batch_tile() -> None:
 def test_float_and_16bit_mat_vecs_have_a_kernel_per_batch_tile() -> None:
     from kernels.cuda.device import source_path
     from kernels.cuda.table import HALF_TYPES, MMV_TILES, mmv_kernel
-    from kernels.emulator.build import scan_kernels
+    from tests.kernels.emulator.build import scan_kernels
 
     names = set(scan_kernels(source_path("mmv")))
     want = {mmv_kernel(t, n) for t in TYPES.values() for n in MMV_TILES}

@@ -1,4 +1,4 @@
-"""The emulator's memory-transaction model (kernels/emulator/traffic.py): planted access
+"""The emulator's memory-transaction model (tests/kernels/emulator/traffic.py): planted access
 patterns first, then the decode mat-vec kernels against their bars (weights >= 90%
 sector efficiency, x >= 80%)."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from kernels.cuda.table import TYPES
-from kernels.emulator.module import EmulatedModule, EmulatorError
-from kernels.emulator.traffic import aligned_empty, analyze, mat_vec_streams, recording
+from tests.kernels.emulator.module import EmulatedModule, EmulatorError
+from tests.kernels.emulator.traffic import aligned_empty, analyze, mat_vec_streams, recording
 
 PROBES = Path(__file__).with_name("emu_probes.cu")
 
@@ -50,7 +50,7 @@ def test_every_typed_access_is_checked_for_alignment(probes: EmulatedModule) -> 
 
 # Decode shapes, batch 1: rows of 4096 (Llama 7B's hidden size) for every type, and of
 # 11008 (its FFN width) for the K-quants, whose rows then start at 8 different alignments.
-# (python -m kernels.emulator.traffic reports 16 rows of each.)
+# (python -m tests.kernels.emulator.traffic reports 16 rows of each.)
 BAR_CASES = ([(n, 4096, 4) for n, t in TYPES.items() if t.dp4a]
              + [("Q4_K", 11008, 8), ("Q6_K", 11008, 8)])
 

@@ -15,7 +15,7 @@ between the same two barriers form one instruction. Per kernel argument this giv
 A model, not a profiler: it sees only accesses through those functions (plain pointer
 dereferences are invisible), assumes no cache, and counts shared memory not at all.
 
-    python -m kernels.emulator.traffic     # the decode mat-vec tables of docs/cuda.md
+    python -m tests.kernels.emulator.traffic     # the decode mat-vec tables of docs/cuda.md
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels.cuda.device import EmulatedDevice
 from kernels.cuda.plan import Launch
+from tests.kernels.emulator.device import EmulatedDevice
 
 SECTOR = 32
 
@@ -142,7 +142,7 @@ class TrafficDevice(EmulatedDevice):
 @contextlib.contextmanager
 def recording() -> Iterator[list[tuple[str, np.ndarray]]]:
     """Log every emulated launch in the block (module.access_log)."""
-    from kernels.emulator import module
+    from tests.kernels.emulator import module
 
     saved, module.access_log = module.access_log, []
     try:

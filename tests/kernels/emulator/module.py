@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.emulator.build import build
+from tests.kernels.emulator.build import build
 
 
 class EmulatorError(RuntimeError):

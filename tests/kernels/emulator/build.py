@@ -17,9 +17,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kernels.cuda.device import CUDA_DIR  # common.cuh and quants.cuh, for sources anywhere
+
 EMU_DIR = Path(__file__).resolve().parent
 HEADER = EMU_DIR / "cuda_emu.h"
-CUDA_DIR = EMU_DIR.parent / "cuda"  # common.cuh and quants.cuh, for sources anywhere
 # -O2: emulated kernels run ~2x faster than at -O1, which pays for the longer cold build
 # (once per source hash). Warnings are the nvcc check's business.
 CXXFLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fno-strict-aliasing", "-w")
