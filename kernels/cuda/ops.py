@@ -388,14 +388,16 @@ def gelu(dev: Device, x: Any) -> Any:
     return y
 
 
-def argmax(dev: Device, x: Any) -> Any:
-    """(rows, cols) float32 -> (rows,) int32 on the device."""
+def argmax(dev: Device, x: Any, checked: bool = False) -> Any:
+    """(rows, cols) float32 -> (rows,) int32 on the device: each row's first maximum, NaN
+    skipped; ``checked``: -1 for a row holding a NaN or an infinity (the sampler's id for
+    logits that are not finite, without a separate check)."""
     _f32_contig(x, "x")
     cols = x.shape[-1]
     rows = x.size // cols
     out = dev.empty((rows,), np.int32)
     dev.launch("argmax", "argmax_f32", plan.plan_argmax(cols, rows, dev.limits),
-               (x, out, i32(cols)))
+               (x, out, i32(cols), i32(checked)))
     return out
 
 

@@ -75,6 +75,18 @@ def test_position_kernels_match_the_eager_kernels() -> None:
     assert (dev.to_host(ids)[0, 0], dev.to_host(pos)[0]) == (41, 12)
 
 
+def test_checked_argmax_gives_minus_one_for_rows_not_finite() -> None:
+    # Greedy sampling's one launch: the first maximum (NaN skipped, as unchecked), or -1
+    # where the row holds a NaN or an infinity; race-checked (the flag is shared memory).
+    dev = EmulatedDevice(check_races=True)
+    x = np.random.default_rng(1).standard_normal((4, 3000)).astype(np.float32)
+    x[1, 2999], x[2, 7], x[3, 1500] = np.nan, np.inf, -np.inf
+    got = dev.to_host(ops.argmax(dev, dev.to_device(x), checked=True))
+    assert got.tolist() == [int(np.argmax(x[0])), -1, -1, -1]
+    assert dev.to_host(ops.argmax(dev, dev.to_device(x))).tolist()[:2] == \
+        np.nanargmax(x[:2], axis=-1).tolist()
+
+
 def test_a_replay_runs_the_captured_launches_as_one() -> None:
     dev = EmulatedDevice()
     a = dev.to_device(np.arange(5, dtype=np.float32))
