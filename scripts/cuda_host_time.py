@@ -7,8 +7,10 @@ host's work alone (what bounds tokens/s on a fast GPU).
 
 Shapes: Llama 3.2 1B (16 layers, 2048 wide, GQA 4) and Gemma 2 2B (26 layers, 2304
 wide, alternate sliding layers of window 4096, soft-caps), weights of zeros (the kernels
-never read them). Each is decoded with captured steps (graphs) and eagerly; the figure
-is the median of per-token times after the first 8 tokens (the capture).
+never read them), greedy. Each is decoded with captured steps (graphs; ``--tokens``
+tokens) and eagerly (at most 40); the figure is the median of per-token times after the
+first 8 tokens (the capture). Load: the measuring thread competes with whatever else
+runs, so quote the machine's load with it.
 
 Not counted: CuPy's own cost per call on a GPU (a RawKernel launch, a pool allocation, an
 asynchronous copy: a few microseconds each); the JSON lists the calls a token makes
@@ -154,6 +156,7 @@ def _checkpoint(cfg: dict[str, Any]) -> Checkpoint:
 
 def measure(name: str, graphs: bool, tokens: int) -> dict[str, Any]:
     cfg = SHAPES[name]
+    tokens = tokens if graphs else min(tokens, 40)  # eager steps: tens of ms each
     dev = NoopDevice()
     B = CudaBackend(dev, graphs=graphs)
     model = llama.Model(llama.ModelArgs.from_dict(cfg), B, Weights(_checkpoint(cfg), B))

@@ -1,8 +1,11 @@
 #!/bin/sh
 # The first run on an NVIDIA GPU: everything the CUDA backend could only estimate without one,
-# measured in one go (about 5-8 minutes), with every figure in one JSON file.
+# measured in one go, with every figure in one JSON file (each part's seconds included).
+# Running time on paper (docs/cuda.md, "The first GPU run"): about 3-5 minutes, under 8.
 #
 #   sh scripts/gpu_first_run.sh [out.json]        # default: gpu-first-run-<commit>.json
+#
+# Without a GPU it stops at once (exit 2) and says why.
 #
 #   1. the GPU-marked tests (pytest -m gpu): every kernel case again on the device
 #   2. CUDA-event timings of decode attention (a 7B shape: 32 query heads over 8 and over
@@ -12,10 +15,13 @@
 #      thread, then warm (the cache filled), each in a fresh process
 #   4. a decode at a 1B shape (Llama 3.2 1B: 16 layers, 2048 wide, GQA 4, random Q4_K
 #      weights): tokens/s with graphs on, graph capture errors, launches per token
+#   5. host work per token (scripts/cuda_host_time.py: the backend on a device whose
+#      kernels take no time, 1B and Gemma 2 2B shapes, graphs on and off)
 #
-# INFERDESK_FIRST_RUN_EMULATOR=1 runs parts 2 and 4 with tiny shapes on the device class that
-# INFERDESK_FIRST_RUN_DEVICE names as module:Class (the tests pass their host emulator; a
-# smoke test of this script, its figures mean nothing).
+# INFERDESK_FIRST_RUN_EMULATOR=1 runs parts 2, 4 and 5 on the host: 2 and 4 with tiny shapes
+# on the device class that INFERDESK_FIRST_RUN_DEVICE names as module:Class (the tests pass
+# their host emulator; a smoke test of this script, whose figures there mean nothing but
+# part 5's).
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -23,12 +29,15 @@ COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 OUT=${1:-gpu-first-run-$COMMIT.json}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+now() { "$PY" -c 'import time; print(f"{time.time():.2f}")'; }
+T_START=$(now)
 
 if [ "${INFERDESK_FIRST_RUN_EMULATOR:-0}" != 1 ]; then
     REASON=$("$PY" -c 'from kernels.cuda.device import cuda_unavailable_reason as r; print(r() or "")')
     if [ -n "$REASON" ]; then
-        echo "No GPU to measure: $REASON."
-        exit 0
+        echo "No GPU to measure: $REASON. This script needs an NVIDIA GPU with CuPy;" \
+             "INFERDESK_FIRST_RUN_EMULATOR=1 runs its host parts." >&2
+        exit 2
     fi
     echo "== 1. GPU-marked tests"
     set +e
@@ -37,6 +46,7 @@ if [ "${INFERDESK_FIRST_RUN_EMULATOR:-0}" != 1 ]; then
     TESTS_RC=$?
     set -e
     tail -n 3 "$WORK/tests.log"
+    T_TESTS=$(now)
     echo "== 3. NVRTC cold (parallel, one thread) and warm"
     for run in cold:0 cold1:1 warm:0; do
         name=${run%%:*} serial=${run##*:}
@@ -51,11 +61,19 @@ print(f"{time.perf_counter() - t:.3f}")
 PY
         echo "$name: $(cat "$WORK/nvrtc-$name.txt") s"
     done
+    T_NVRTC=$(now)
+    HOST_TOKENS=200
 else
     TESTS_RC=-1
     for name in cold cold1 warm; do echo null >"$WORK/nvrtc-$name.txt"; done
     echo "(emulator: tests and NVRTC skipped; shapes shrunk)"
+    T_TESTS=$T_START T_NVRTC=$T_START HOST_TOKENS=30
 fi
+
+echo "== 5. host work per token (no-op device)"
+"$PY" scripts/cuda_host_time.py --tokens "$HOST_TOKENS" --json "$WORK/host.json"
+T_HOST=$(now)
+export T_START T_TESTS T_NVRTC T_HOST
 
 echo "== 2 and 4. kernel timings and a 1B-shape decode"
 "$PY" - "$OUT" "$COMMIT" "$TESTS_RC" "$WORK" <<'PY'
@@ -145,6 +163,7 @@ for rows, cols in ((4096, 4096), (14336, 4096), (4096, 14336)):
     report["matvec"].append({"type": "Q4_K", "rows": rows, "cols": cols, "ms": ms,
                              "gb_s": w.data.nbytes / ms / 1e6})
 
+t_kernels = time.time()
 # A 1B shape (Llama 3.2 1B) with random Q4_K weights and a Q6_K output head.
 hidden, inter, layers, vocab, heads, kvh = ((256, 512, 2, 1024, 4, 1) if emu
                                             else (2048, 8192, 16, 128256, 32, 8))
@@ -183,6 +202,14 @@ report["decode_1b"] = {"layers": layers, "hidden": hidden, "tokens": n_tok,
                        "tokens_per_s": n_tok / sec, "ms_per_token": sec / n_tok * 1e3,
                        "python_launches_per_token": (dev.launches - launches) / n_tok,
                        "graphs": B.graphs, "graph_error": B.graph_error}
+report["host_work"] = json.loads((work / "host.json").read_text())["rows"]
+env = {k: float(os.environ[k]) for k in ("T_START", "T_TESTS", "T_NVRTC", "T_HOST")}
+end = time.time()
+report["seconds"] = {"gpu_tests": env["T_TESTS"] - env["T_START"],
+                     "nvrtc": env["T_NVRTC"] - env["T_TESTS"],
+                     "host_work": env["T_HOST"] - env["T_NVRTC"],
+                     "kernel_timings": t_kernels - env["T_HOST"],
+                     "decode_1b": end - t_kernels, "total": end - env["T_START"]}
 Path(out_path).write_text(json.dumps(report, indent=1) + "\n")
 for a in report["attention"]:
     print(f"attention {a['heads']}/{a['kv_heads']} heads n_kv {a['n_kv']}: {a['ms']:.3f} ms "
@@ -191,5 +218,10 @@ for m in report["matvec"]:
     print(f"mat-vec Q4_K {m['rows']}x{m['cols']}: {m['ms']:.3f} ms {m['gb_s']:.0f} GB/s")
 print(f"1B decode: {report['decode_1b']['tokens_per_s']:.1f} tokens/s, graph error: "
       f"{report['decode_1b']['graph_error']}")
+for r in report["host_work"]:
+    print(f"host work {r['shape']} graphs={r['graphs']}: {r['median_us_per_token']:.1f} us "
+          "a token")
+total = report["seconds"]["total"]
+print(f"took {total:.0f} s" + ("" if total <= 480 else " (over the 8-minute budget)"))
 print(f"wrote {out_path}")
 PY

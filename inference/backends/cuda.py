@@ -40,7 +40,7 @@ from inference.formats.quants import dequantize, unpack_mlx
 from inference.formats.tensor import TensorData
 from inference.kv_cache import BatchedCaches, KVCache
 from inference.sampling import SamplingParams, sample_on_device
-from kernels.cuda import ops, step
+from kernels.cuda import ops, plan, step
 from kernels.cuda.device import (
     CupyDevice,
     Device,
@@ -526,6 +526,8 @@ class CudaBackend(Backend):
         ``recent``: the penalty window's ids on the device, or None. Nothing is read."""
         xp = self.xp
         row = self._c(xp.reshape(logits, (-1,)))
+        if params.greedy and (recent is None or params.repetition_penalty == 1.0):
+            return ops.argmax(self.dev, xp.reshape(row, (1, -1)), checked=True)  # one launch
         u = 0.0 if params.greedy else rng.random()  # a kernel argument, not a copy
         dev_id = sample_on_device(
             xp, row, params, recent, u,
@@ -561,6 +563,7 @@ class StepGraph:
     bound: tuple[Any, ...]
     left: int = 0
     next: list[int] = field(default_factory=list)
+    inputs: list[tuple[Any, ...]] | None = None  # step_inputs' launch and arguments, checked
 
 
 @dataclass
@@ -617,8 +620,15 @@ class CudaSteps(EagerSteps):
             return model(self._ids(ids, len(caches)), cache, last_only=True)
         dev = self.B.dev
         toks = self._tokens(ids, len(caches))
-        for buf, row, shift in g.positions:
-            step.step_inputs(dev, toks[row], g.ids[row], buf, caches[row].offset - shift)
+        if g.inputs is None:  # the first replay checks the inputs' launch; later ones reuse it
+            for buf, row, shift in g.positions:
+                step.step_inputs(dev, toks[row], g.ids[row], buf, caches[row].offset - shift)
+            g.inputs = [(plan.plan_step_inputs(dev.limits), g.ids[row], buf, row, shift)
+                        for buf, row, shift in g.positions]
+        else:
+            for launch, ids_row, buf, row, shift in g.inputs:
+                dev.launch("step", "step_inputs_i32", launch,
+                           (toks[row], ids_row, buf, np.int32(caches[row].offset - shift)))
         g.graph.launch()
         for c in caches:
             c.advance(1)

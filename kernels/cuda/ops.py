@@ -26,7 +26,8 @@ def _need(cond: bool, msg: str) -> None:
 
 
 def _f32_contig(x: Any, what: str) -> None:
-    _need(x.dtype == np.float32, f"{what} must be float32, got {x.dtype}")
+    if x.dtype != np.float32:  # the message only when it fails: a decode step checks ~100
+        raise LaunchError(f"{what} must be float32, got {x.dtype}")
     _need(x.flags.c_contiguous, f"{what} must be C-contiguous")
 
 
