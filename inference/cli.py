@@ -114,6 +114,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "prefill_tok_s": done.prefill_tok_s, "decode_tok_s": done.decode_tok_s,
             "ttft_s": done.ttft_s, "token_times_s": times,
             "threads": list(done.threads) if done.threads else None,
+            "omp_wait": getattr(model.backend, "omp_wait", None),
             "load_s": load_s, "rss_after_load_bytes": rss, "compile_s": compiled.seconds,
             "compile_during_load_s": load_compile_s, "kernels_compiled": compiled.kernels,
         }))

@@ -69,11 +69,13 @@ class BusyCores:
         own = self._own.cpu_times()
         return time.monotonic(), busy, own.user + own.system
 
-    def others(self, window: float = LOAD_WINDOW_S) -> float | None:
-        """None until ``window`` seconds have passed since the last look."""
+    def others(self, window: float = LOAD_WINDOW_S, *, peek: bool = False) -> float | None:
+        """None until ``window`` seconds have passed since the last look; ``peek``: the
+        window goes on (the next look averages from the same start)."""
         if time.monotonic() - self._mark[0] < window:
             return None
         (t0, busy0, own0), now = self._mark, self._now()
-        self._mark = now
+        if not peek:
+            self._mark = now
         t1, busy1, own1 = now
         return max(0.0, (busy1 - busy0 - (own1 - own0)) / (t1 - t0))

@@ -164,3 +164,39 @@ def test_a_generation_reports_its_threads():
     ref = load_model("smollm2", backend="numpy")
     done = [e for e in ref.generate(prompt="Hi", max_tokens=2) if isinstance(e, DoneEvent)]
     assert done[0].threads is None  # the reference backend does not choose a count
+
+
+def test_workers_park_beside_busy_processes_with_a_pinned_count():
+    """A count the user chose stays, but its workers still stop spinning beside a busy
+    process (a spinning waiter takes the slice its descheduled partner needs)."""
+    b = CpuBackend()
+    b.set_threads(2)
+    workers = b._workers()
+    b._busy = FixedLoad(1.5)
+    b.adapt_threads()
+    assert b._threads == min(2, numba.config.NUMBA_NUM_THREADS)
+    assert all(w.spin == 0 and w.join_spin == 0 for w in workers)
+
+
+@pytest.mark.parametrize(("busy", "preset", "want", "seen"), [
+    (True, None, "passive", "passive"),  # beside busy processes: asleep at once
+    (False, None, "spin", None),  # quiet: OpenMP's default spin
+    (True, "active", "as set", "active"),  # the user's own setting is left alone
+])
+def test_kernel_threads_wait_as_the_load_asks(monkeypatch, busy, preset, want, seen):
+    from numba.np.ufunc import parallel
+
+    from inference.backends.cpu import threads as cpu_threads
+
+    launched = []
+    monkeypatch.setattr(parallel, "_launch_threads",
+                        lambda: launched.append(os.environ.get("OMP_WAIT_POLICY")))
+    monkeypatch.setattr(cpu_threads, "_omp_loaded", lambda: False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    if preset is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", preset)
+    assert cpu_threads.launch_kernel_threads(busy) == want
+    assert launched == [seen]  # what the library read as it loaded
+    assert os.environ.get("OMP_WAIT_POLICY") == preset  # and no child inherits ours

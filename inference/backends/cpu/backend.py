@@ -21,6 +21,7 @@ NumPy is its per-call overhead, not arithmetic.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -61,7 +62,7 @@ from inference.backends.cpu.pack import (
 )
 from inference.backends.cpu.replay import CpuSampler, NotCapturable, StepReplayer, Tape
 from inference.backends.cpu.routing import BLAS, KDOT, MATVEC_ROWS, PRODUCTS, RAW, route
-from inference.backends.cpu.threads import SpinWorker
+from inference.backends.cpu.threads import SpinWorker, launch_kernel_threads
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
 from inference.formats.tensor import TensorData
@@ -134,13 +135,15 @@ class CpuBackend(NumpyBackend):
         self.step_replay = step_replay  # decode by replaying a captured step (replay)
         self._local = threading.local()  # dequant scratch: one per thread (map_calls)
         self._rope: dict[tuple[float, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
-        self._threads = numba.get_num_threads()
+        # The most numba runs (get_num_threads would start its threads: prepare does).
+        self._threads = numba.config.NUMBA_NUM_THREADS
         # Until set_threads pins a count: the most threads adapt_threads may choose.
         self._auto: int | None = self._threads
         # Other processes' load, watched from now on: the first choice, at the first
         # generation, already rests on what ran during the load.
         self._busy: BusyCores | None = BusyCores()
         self._parked = False  # the workers sleep between parts (other processes are busy)
+        self.omp_wait: str | None = None  # how numba's threads wait (launch_kernel_threads)
         self._blas: Any = None
         self._pool: list[SpinWorker] | None = None
         self._sharing = threading.Lock()  # one share-out at a time has the worker threads
@@ -180,9 +183,7 @@ class CpuBackend(NumpyBackend):
         LOAD_WINDOW_S seconds from the load since the last choice; between choices a
         clock read, so it runs before every decode step. While other processes keep
         more than ``BUSY_CORES`` of a core busy, the prefill workers sleep between parts
-        instead of spinning (:meth:`.threads.SpinWorker.park`)."""
-        if self._auto is None:
-            return
+        instead of spinning (:meth:`.threads.SpinWorker.park`), pinned count or not."""
         if self._busy is None:  # the first look starts the window
             self._busy = BusyCores()
             return
@@ -194,9 +195,20 @@ class CpuBackend(NumpyBackend):
             self._parked = parked
             for worker in self._pool or []:
                 worker.park(parked)
+        if self._auto is None:  # a pinned count: the workers park, the count stays
+            return
         n = threads_for(self._auto, others, self._busy.cores)
         if n != self._threads:
             self._use_threads(n)
+
+    def _busy_now(self) -> bool:
+        """Whether other processes keep more than ``BUSY_CORES`` busy now: over the load
+        watched since the backend was made (at least 0.1 s), else the 1-minute load
+        average less this process."""
+        others = self._busy.others(0.1, peek=True) if self._busy is not None else None
+        if others is None:
+            others = max(0.0, os.getloadavg()[0] - 1.0)
+        return others > BUSY_CORES
 
     def start_generation(self, params: SamplingParams, prompt_ids: Sequence[int],
                          rng: np.random.Generator) -> TokenSampler:
@@ -217,6 +229,7 @@ class CpuBackend(NumpyBackend):
         process for each set of types, activation mode and KV cache type."""
         from inference.backends.cpu.warm import has_zero_weight, products
 
+        self.omp_wait = launch_kernel_threads(self._busy_now())  # before any kernel runs
         key = (frozenset(self._qtypes), self.activations, str(self.kv_dtype))
         if key in _PREPARED:
             return
@@ -1111,7 +1124,7 @@ def probe() -> tuple[bool, str]:
         dot = f"integer dot products over {mode} activations ({how[features.form()]})"
     else:  # chosen by the user
         dot = "float mat-vec"
-    n = numba.get_num_threads()
+    n = numba.config.NUMBA_NUM_THREADS  # not get_num_threads: that starts the threads
     return True, (f"numba {numba.__version__} kernels over quantized weights, "
                   f"up to {n} thread{'s' if n != 1 else ''} (fewer while other processes "
                   f"keep cores busy), {features.target_isa()}, "

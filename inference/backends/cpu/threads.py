@@ -18,6 +18,8 @@ backend parks its workers while it sees other processes busy.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Callable
 
@@ -34,6 +36,47 @@ SPIN = 1 << 18
 # Loads a caller spins for its worker's part to end before it sleeps: ~2 ms, longer than
 # most parts (a part runs beside the caller's own, so the wait is their difference).
 JOIN_SPIN = 1 << 23
+
+
+# What GNU OpenMP (numba's ``omp`` layer, which runs the decode kernels' ``prange``) reads
+# once, when the library loads: how long a thread waiting at a barrier or for the next
+# region spins before it sleeps on a futex.
+OMP_WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def launch_kernel_threads(busy: bool) -> str:
+    """Start numba's parallel layer with its threads told how to wait, unless it runs
+    already or the user set the OpenMP wait variables: beside other busy processes
+    (``busy``) they sleep at once (``OMP_WAIT_POLICY=passive``), else they spin first as
+    GNU OpenMP does by default. Returns the policy in force ("spin", "passive", or
+    "as set": by the user, or before this call).
+
+    Why: OpenMP's default spin (300,000 pause loops) outlasts a time slice. With two
+    threads forced beside two busy loops on 2 cores, a decode step's ~500 regions each
+    waited for a descheduled thread while its partner spun the slice away: 0.6-0.7 tok/s
+    on the 1B shape, against 4.4-4.9 asleep at once (docs/benchmarks.md). The variables
+    are read only when the library loads, so the choice holds for the process; the
+    variables are put back after the load (child processes do not inherit it)."""
+    from numba.np.ufunc import parallel
+
+    if any(k in os.environ for k in OMP_WAIT_ENV) or _omp_loaded():
+        parallel._launch_threads()
+        return "as set"
+    if busy:
+        os.environ["OMP_WAIT_POLICY"] = "passive"
+    try:
+        parallel._launch_threads()
+    finally:
+        if busy:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+    return "passive" if busy else "spin"
+
+
+def _omp_loaded() -> bool:
+    """Whether GNU OpenMP is mapped into this process already (its settings are fixed)."""
+    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
+        return "libgomp" in f.read()
+    return False
 
 
 @intrinsic
