@@ -92,7 +92,7 @@ class CausalLM(LoadedModel):
                  n_layers: int | None = None, **kw: Any):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
         if ckpt.format == "gguf":
-            self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata)
+            self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
         else:
             self.tokenizer = Tokenizer.from_dir(ckpt.path)
         tokenizer_fits(self.tokenizer, int(self.args.vocab_size), ckpt.path.name)
@@ -246,8 +246,8 @@ class Encoder(LoadedModel):
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
                  n_layers: int | None = None, **kw: Any):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
-        self.tokenizer = (Tokenizer.from_gguf_metadata(ckpt.metadata) if ckpt.format == "gguf"
-                          else Tokenizer.from_dir(ckpt.path))
+        self.tokenizer = (Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+                          if ckpt.format == "gguf" else Tokenizer.from_dir(ckpt.path))
         tokenizer_fits(self.tokenizer, int(self.args.vocab_size), ckpt.path.name)
         if ckpt.config["model_type"] in CAUSAL:  # a decoder embedder (Qwen3-Embedding)
             self.model = DecoderEncoder(self.model)

@@ -308,6 +308,18 @@ def _local_models(p: Path) -> list[Path]:
     return [p]
 
 
+def _candidates(extra_paths: Iterable[str | Path] = ()
+                ) -> list[tuple[Path, str | None, str, str | None]]:
+    """(path, store name, source, repo id) of every model :func:`discover` looks at, in
+    its order; nothing read yet."""
+    candidates: list[tuple[Path, str | None, str, str | None]] = []
+    candidates += [(p, n, "bundled", None) for p, n in bundled_paths()]
+    candidates += [(p, n, "hf-cache", r) for p, n, r in _cache_models()]
+    for extra in extra_paths:
+        candidates += [(p, None, "local", None) for p in _local_models(Path(extra))]
+    return candidates
+
+
 def discover(extra_paths: Iterable[str | Path] = (),
              include_unreadable: bool = False) -> list[ModelSpec]:
     """Every model we can find: bundled, then the Hugging Face cache, then ``extra_paths``.
@@ -317,15 +329,9 @@ def discover(extra_paths: Iterable[str | Path] = (),
     models that read but cannot run carry their ``problem`` either way. The same file found
     twice is listed once (first source wins).
     """
-    candidates: list[tuple[Path, str | None, str, str | None]] = []
-    candidates += [(p, n, "bundled", None) for p, n in bundled_paths()]
-    candidates += [(p, n, "hf-cache", r) for p, n, r in _cache_models()]
-    for extra in extra_paths:
-        candidates += [(p, None, "local", None) for p in _local_models(Path(extra))]
-
     specs: list[ModelSpec] = []
     seen: set[Path] = set()
-    for path, name, source, repo in candidates:
+    for path, name, source, repo in _candidates(extra_paths):
         real = path.resolve()
         if real in seen:
             continue
@@ -348,9 +354,10 @@ def resolve(name_or_path: str | Path, extra_paths: Iterable[str | Path] = ()) ->
         raise InvalidInputError("No model given: pass a store name or a path.")
     path = Path(text).expanduser()
     if path.exists():
-        for spec in discover(extra_paths):  # keep the store name of a known path
-            if spec.path.resolve() == path.resolve():
-                return spec
+        real = path.resolve()
+        for cand, name, source, repo in _candidates(extra_paths):  # a known path's name
+            if cand.resolve() == real:  # only this one is read (a load reads no other)
+                return spec_for_path(cand, name=name, source=source, repo_id=repo)
         return spec_for_path(path)
     if _looks_like_path(name_or_path, text):
         raise ModelNotFoundError(f"No model file or directory at {text}.")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import inspect
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -38,6 +40,8 @@ class BackendProbe:
 
 
 def auto_order() -> tuple[str, ...]:
+    if sys.platform != "darwin":  # Metal is Apple's: no need to import MLX to know
+        return AUTO_ORDER_NO_METAL
     try:
         import mlx.core as mx
 
@@ -51,6 +55,8 @@ def probe(name: str) -> BackendProbe:
     if name not in _MODULES:
         known = ", ".join(_MODULES)
         raise BackendUnavailableError(f"Unknown backend '{name}'; choose one of: auto, {known}.")
+    if name == "cuda" and sys.platform.startswith("linux") and not _loads("libcuda.so.1"):
+        return BackendProbe(name, False, "no NVIDIA driver")  # not worth importing CuPy
     try:
         mod = importlib.import_module(_MODULES[name])
     except ImportError as e:
@@ -60,6 +66,16 @@ def probe(name: str) -> BackendProbe:
         return BackendProbe(name, True, "always available")
     ok, reason = probe_fn()
     return BackendProbe(name, ok, reason.removeprefix(f"{name}: "))
+
+
+def _loads(library: str) -> bool:
+    """Whether the dynamic loader finds ``library`` (milliseconds, where importing the
+    backend that needs it costs a tenth of a second)."""
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return False
+    return True
 
 
 def probe_all() -> list[BackendProbe]:

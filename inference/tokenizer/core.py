@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import __version__ as tokenizers_version
 from tokenizers import pre_tokenizers
 
 from inference.errors import CorruptModelError, ModelNotFoundError
+from inference.formats.cache import key_path, load_pickle, save_pickle
 from inference.tokenizer import gguf_vocab
 from inference.tokenizer.stream import StreamDecoder
 
@@ -22,6 +24,11 @@ END_OF_TURN = frozenset({
     "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
     "<end_of_turn>", "<|end|>", "</s>",
 })
+
+# A kept GGUF tokenizer (Tokenizer.from_gguf_metadata) is read back only under the same
+# version: of this conversion (raise it when gguf_vocab builds tokenizers differently) and of
+# the tokenizers library that serialized it.
+_CACHE_VERSION = f"1|tokenizers {tokenizers_version}"
 
 
 class Tokenizer:
@@ -109,8 +116,22 @@ class Tokenizer:
         return cls.from_file(path / "tokenizer.json", cfg if cfg.is_file() else None)
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
-        """From a GGUF file's raw key/values (``tokenizer.ggml.*``, original key names)."""
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any],
+                           identity: str | None = None) -> Tokenizer:
+        """From a GGUF file's raw key/values (``tokenizer.ggml.*``, original key names).
+
+        ``identity`` (the file's, :attr:`Checkpoint.identity`): the tokenizer is kept in
+        the weight cache (:mod:`inference.formats.cache`) under it and read back by later
+        loads of the same file, skipping the conversion of the vocabulary to Python and
+        the Python passes over it (SmolLM2's 49k tokens: ~3x faster; a 128k-token Llama 3
+        vocabulary ~1.6x, the rest building the merges table)."""
+        path = key_path("tokenizer", f"{identity}|{_CACHE_VERSION}") if identity else None
+        kept = load_pickle(path)
+        if isinstance(kept, dict) and kept.get("version") == _CACHE_VERSION:
+            try:
+                return cls(HFTokenizer.from_str(kept["json"]), **kept["args"])
+            except Exception:  # tokenizers raises plain Exception: a damaged entry, rebuilt
+                pass
         md = {k: _plain(v) for k, v in metadata.items()
               if k.startswith("tokenizer.") or k.startswith("general.")}
         backend, info = gguf_vocab.build_from_gguf(md)
@@ -122,11 +143,15 @@ class Tokenizer:
 
         extra = [int(md[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
                  if md.get(k) is not None]
-        return cls(backend, kind=info["kind"], strip_space=info["strip_space"],
-                   prefix_space=info.get("prefix_space", False),
-                   bos_token=text("bos_token_id"), eos_token=text("eos_token_id"),
-                   pad_token=text("padding_token_id"), unk_token=text("unknown_token_id"),
-                   extra_eos_ids=extra, chat_template=md.get("tokenizer.chat_template"))
+        args = {"kind": info["kind"], "strip_space": info["strip_space"],
+                "prefix_space": info.get("prefix_space", False),
+                "bos_token": text("bos_token_id"), "eos_token": text("eos_token_id"),
+                "pad_token": text("padding_token_id"), "unk_token": text("unknown_token_id"),
+                "extra_eos_ids": extra, "chat_template": md.get("tokenizer.chat_template")}
+        if path is not None:
+            save_pickle(path, {"version": _CACHE_VERSION, "json": backend.to_str(),
+                               "args": args})
+        return cls(backend, **args)
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
