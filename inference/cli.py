@@ -234,6 +234,28 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """The packed-weight stores (cpu backend) on disk: each one's size, last use and model
+    file, most recent first, and the cap they are kept within; ``--clear`` removes them."""
+    import shutil
+
+    from inference.backends.cpu.pack import CAP_ENV, store_cap, stores
+
+    entries = stores()
+    if args.clear:
+        for e in entries:
+            shutil.rmtree(e.folder, ignore_errors=True)
+        print(f"removed {len(entries)} stores ({human_bytes(sum(e.nbytes for e in entries))})")
+        return 0
+    for e in reversed(entries):
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
+        print(f"{human_bytes(e.nbytes):>9}  {used}  {e.model or '(model not recorded)'}")
+    where = entries[0].folder.parent if entries else "none yet"
+    print(f"{len(entries)} stores, {human_bytes(sum(e.nbytes for e in entries))} of "
+          f"{human_bytes(store_cap())} ({CAP_ENV}); folder: {where}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="inferdesk", description=__doc__)
     sub = p.add_subparsers(dest="command")
@@ -278,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(func=cmd_embed)
+
+    c = sub.add_parser("cache", help="the packed weights kept on disk for faster loads: "
+                                     "sizes, models, and the cap on them")
+    c.add_argument("--clear", action="store_true", help="remove them all")
+    c.set_defaults(func=cmd_cache)
 
     from inference.server.cli import add_parser as add_serve
 

@@ -316,25 +316,98 @@ ALIGN = 64  # bytes: each tensor's blocks start on a cache line
 MIN_STORE_BYTES = 32 << 20  # smaller models pack in well under a second
 FREE_MARGIN = 1 << 30  # a store is written only where this much disk stays free after it
 _active = threading.local()  # .store: the PackStore of the load running on this thread
+# The stores of all models together are kept within this many bytes (the least recently
+# used go first): ``INFERDESK_WEIGHT_CACHE_MAX`` (bytes, or with a K/M/G/T suffix; 0 keeps
+# none), else DEFAULT_CAP. A store is ~1.0-1.3x its model file, and dropping one costs
+# only a repack at that model's next load.
+CAP_ENV = "INFERDESK_WEIGHT_CACHE_MAX"
+DEFAULT_CAP = 20 << 30
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def store_cap() -> int:
+    """The byte cap on all stores together (CAP_ENV; a value it cannot read: the default)."""
+    text = os.environ.get(CAP_ENV, "").strip().upper().removesuffix("IB").removesuffix("B")
+    if not text:
+        return DEFAULT_CAP
+    unit = text[-1] if text[-1] in _UNITS else ""
+    try:
+        return max(0, int(float(text[: len(text) - len(unit)]) * _UNITS[unit]))
+    except ValueError:
+        return DEFAULT_CAP
+
+
+@dataclass
+class StoreEntry:
+    """One model's store on disk, as :func:`stores` lists it."""
+
+    folder: Path
+    nbytes: int
+    last_used: float  # seconds since the epoch: written, or last mapped by a load
+    model: str | None  # the model file it was packed from (None: not recorded)
+
+
+def stores() -> list[StoreEntry]:
+    """The complete stores under the cache root, least recently used first."""
+    folder = key_path("packed", "")
+    if folder is None or not folder.parent.is_dir():
+        return []
+    out = []
+    for d in folder.parent.iterdir():
+        index = d / "index.json"
+        try:
+            used = index.stat().st_mtime
+            size = (d / "packed.bin").stat().st_size + index.stat().st_size
+        except OSError:  # being written (a .writing- folder), or cut short
+            continue
+        out.append(StoreEntry(d, size, used, _model_of(index)))
+    return sorted(out, key=lambda e: e.last_used)
+
+
+def _model_of(index: Path) -> str | None:
+    try:
+        model = json.loads(index.read_text()).get("__model__")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return model if isinstance(model, str) else None
+
+
+def evict(room: int, keep: Path | None = None) -> list[Path]:
+    """Remove the least recently used stores (never ``keep``) until they all take at most
+    :func:`store_cap` less ``room`` bytes; the folders removed."""
+    entries = stores()
+    total = sum(e.nbytes for e in entries)
+    gone = []
+    for e in (e for e in entries if e.folder != keep):
+        if total + room <= store_cap():
+            break
+        shutil.rmtree(e.folder, ignore_errors=True)  # a process mapping it keeps its pages
+        total -= e.nbytes
+        gone.append(e.folder)
+    return gone
 
 
 class PackStore:
     """The packed weights of one model file: read from ``packed.bin`` (mapped) when a
     complete store exists, else collected as the load packs them and written at its end."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, model: str | None = None) -> None:
         self.folder = folder
+        self.model = model  # the model file's path, recorded in the index (stores())
         self.index: dict[str, Any] = {}
         self.map: mmap.mmap | None = None
         self.new: list[tuple[str, dict[str, Any], PackedWeight]] = []
         self.missed = False
         try:
             self.index = json.loads((folder / "index.json").read_text())
+            self.index.pop("__model__", None)
             with open(folder / "packed.bin", "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size != self.index.pop("__bytes__", -1) or not size:
                     raise ValueError("a store cut short")
                 self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            with contextlib.suppress(OSError):  # used now: the last to go (evict)
+                os.utime(folder / "index.json")
         except FileNotFoundError:
             self.index, self.map = {}, None
         except (OSError, ValueError, TypeError, AttributeError):  # unreadable: written anew
@@ -367,12 +440,15 @@ class PackStore:
         total = sum(-(-w.blocks.nbytes // ALIGN) * ALIGN for _, _, w in self.new)
         if self.map is not None or self.missed or not self.new or total < MIN_STORE_BYTES:
             return
+        if total > store_cap():
+            return
         self.folder.parent.mkdir(parents=True, exist_ok=True)
+        evict(total, keep=self.folder)
         if shutil.disk_usage(self.folder.parent).free < total + FREE_MARGIN:
             return
         tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.folder.parent))
         try:
-            index: dict[str, Any] = {}
+            index: dict[str, Any] = {"__model__": self.model}
             with open(tmp / "packed.bin", "wb") as f:
                 for name, key, w in self.new:
                     f.write(b"\0" * (-f.tell() % ALIGN))
@@ -381,6 +457,7 @@ class PackStore:
                 index["__bytes__"] = f.tell()
             (tmp / "index.json").write_text(json.dumps(index))
             os.rename(tmp, self.folder)  # fails if another process wrote it first: kept
+            evict(0, keep=self.folder)  # its index counted too
         except OSError:
             pass
         finally:
@@ -397,7 +474,7 @@ def pack_store(identity: str | None) -> Iterator[PackStore | None]:
     if identity is None or folder is None:
         yield None
         return
-    store = PackStore(folder)
+    store = PackStore(folder, identity.split("|", 1)[0])
     before, _active.store = getattr(_active, "store", None), store
     try:
         yield store
