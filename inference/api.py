@@ -33,10 +33,11 @@ from inference.store import ModelSpec, context_length, resolve
 from inference.tokenizer import Tokenizer
 from inference.tokenizer.bounded import encode_bounded, encode_segments
 from inference.validate import (
+    GenerateArgs,
+    Generates,
     check_finite,
     check_tensors,
     first_bad_layer,
-    generate_args,
     int_arg,
     messages_arg,
     sentences_arg,
@@ -85,7 +86,7 @@ class LoadedModel:
         self.backend.close()
 
 
-class CausalLM(LoadedModel):
+class CausalLM(LoadedModel, Generates):
     kind = "causal"
 
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
@@ -175,37 +176,16 @@ class CausalLM(LoadedModel):
                                         after=ids[-1] if ids else None)
         return ids + tail, complete
 
-    def generate(
-        self,
-        prompt: str | None = None,
-        messages: Sequence[dict[str, str]] | None = None,
-        max_tokens: int = 256,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        profile: bool = False,
-        continue_final: bool = False,
-        ignore_eos: bool = False,
-        prompt_ids: Sequence[int] | None = None,
-    ) -> Iterator[GenerationEvent]:
-        """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front.
-        ``continue_final``: the last message is a reply to extend, not to answer.
-        ``ignore_eos``: end-of-sequence tokens do not end it (benchmarks: a fixed count).
-        ``prompt_ids``: the prompt already tokenized (:meth:`plan`'s ids, e.g. those
-        :func:`inference.context.fit` counted), instead of ``prompt`` or ``messages``."""
-        if prompt_ids is None:
-            a = generate_args(prompt, messages, max_tokens, sampling, stop, cancel)
-            ids, n = self.plan(a.prompt, a.messages, a.max_tokens, cancel, continue_final)
-            return self._stream(ids, n, a.sampling, a.stop, cancel, profile, ignore_eos)
-        if prompt is not None or messages is not None:
-            raise InvalidInputError("Pass one of prompt, messages or prompt_ids.")
-        a = generate_args("ids", None, max_tokens, sampling, stop, cancel)
-        ids = _token_ids(prompt_ids, int(self.args.vocab_size), "prompt ids").tolist()
-        if not ids or len(ids) >= self.context_length:
-            raise InvalidInputError(f"prompt_ids must hold 1 to {self.context_length - 1} "
-                                    f"token ids; it holds {len(ids)}.")
-        n = min(a.max_tokens, self.context_length - len(ids))
-        return self._stream(ids, n, a.sampling, a.stop, cancel, profile, ignore_eos)
+    def _generate(self, a: GenerateArgs) -> Iterator[GenerationEvent]:
+        if a.prompt_ids is None:
+            ids, n = self.plan(a.prompt, a.messages, a.max_tokens, a.cancel, a.continue_final)
+        else:
+            ids = _token_ids(a.prompt_ids, int(self.args.vocab_size), "prompt ids").tolist()
+            if not ids or len(ids) >= self.context_length:
+                raise InvalidInputError(f"prompt_ids must hold 1 to {self.context_length - 1} "
+                                        f"token ids; it holds {len(ids)}.")
+            n = min(a.max_tokens, self.context_length - len(ids))
+        return self._stream(ids, n, a.sampling, a.stop, a.cancel, a.profile, a.ignore_eos)
 
     def plan(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
              max_tokens: int = 256, cancel: threading.Event | None = None,

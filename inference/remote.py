@@ -20,9 +20,11 @@ finite numbers.
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urldefrag, urlsplit
@@ -39,9 +41,8 @@ from inference.errors import (
 )
 from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.generate import Generation
-from inference.sampling import SamplingParams
 from inference.store import ModelSpec
-from inference.validate import generate_args
+from inference.validate import GenerateArgs, Generates
 
 SPARE_CHUNKS = 16  # chunks without text (role, finish, usage) read past max_tokens at most
 TIMEOUT_S = 600.0  # one request, stream included; a token may take long on a busy server
@@ -71,35 +72,123 @@ class RemoteBackend(Backend):
                             host_rss=host_rss())
 
 
-def _openai_error(e: BaseException, url: str) -> InferdeskError:
-    import openai
+class _StatusError(Exception):
+    """The server answered a request with an HTTP error status."""
 
-    if isinstance(e, openai.AuthenticationError):
-        return InvalidInputError(f"{url} refused the API key: {_message(e)}")
-    if isinstance(e, openai.NotFoundError):
-        return ModelNotFoundError(f"{url}: {_message(e)}")
-    if isinstance(e, openai.APIStatusError):
-        return RemoteError(f"{url} answered {e.status_code}: {_message(e)}")
-    if isinstance(e, openai.APIConnectionError):
-        return BackendUnavailableError(f"Cannot reach {url}: {e.__cause__ or e}.")
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _http_error(e: BaseException, url: str) -> InferdeskError:
+    """An HTTP status or transport failure as the one sentence the app shows."""
+    import httpx2
+
+    if isinstance(e, _StatusError):
+        if e.status == 401:
+            return InvalidInputError(f"{url} refused the API key: {e.message}")
+        if e.status == 404:
+            return ModelNotFoundError(f"{url}: {e.message}")
+        return RemoteError(f"{url} answered {e.status}: {e.message}")
+    if isinstance(e, httpx2.TransportError):
+        return BackendUnavailableError(f"Cannot reach {url}: {e or type(e).__name__}.")
     return RemoteError(f"{url} sent something that is not the OpenAI API "
                        f"({type(e).__name__}: {e}).")
 
 
-def _message(e: Any) -> str:
-    body = getattr(e, "body", None)
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-    return str(getattr(e, "message", e))
+def _message(body: bytes) -> str:
+    """The error message of an OpenAI error body ``{"error": {"message": ...}}``, else the
+    body's first 200 characters."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        inner = data.get("error", data)
+        if isinstance(inner, dict):
+            for key in ("message", "detail"):
+                if isinstance(inner.get(key), str) and inner[key]:
+                    return inner[key]
+    text = body.decode("utf-8", "replace").strip()
+    return text[:200] or "no message"
+
+
+class _Client:
+    """The OpenAI API's four requests over HTTP: list models, completions (streamed as
+    server-sent events), chat completions (the same) and embeddings."""
+
+    def __init__(self, base: str, api_key: str | None, timeout: float):
+        import httpx2
+
+        self.http = httpx2.Client(
+            base_url=base, headers={"Authorization": f"Bearer {api_key or 'none'}"},
+            timeout=httpx2.Timeout(timeout, connect=min(timeout, CONNECT_S)))
+
+    def get(self, path: str) -> Any:
+        """The JSON body of GET ``path``, or None when the body is not JSON."""
+        return _json_or_none(self._checked(self.http.get(path)))
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        return _json_or_none(self._checked(self.http.post(path, json=body)))
+
+    @contextmanager
+    def events(self, path: str, body: dict[str, Any]) -> Iterator[Iterator[Any]]:
+        """POST ``path`` and the JSON data of each server-sent event until ``[DONE]``; a
+        data line that is not JSON raises ValueError."""
+        headers = {"Accept": "text/event-stream"}
+        with self.http.stream("POST", path, json=body, headers=headers) as r:
+            if r.status_code >= 400:
+                r.read()
+            yield _sse_data(self._checked(r).iter_lines())
+
+    @staticmethod
+    def _checked(r: Any) -> Any:
+        if r.status_code >= 400:
+            raise _StatusError(r.status_code, _message(r.content))
+        return r
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _json_or_none(r: Any) -> Any:
+    try:
+        return r.json()
+    except ValueError:
+        return None
+
+
+def _sse_data(lines: Iterator[str]) -> Iterator[Any]:
+    """Server-sent events' data fields (lines joined by newlines), parsed as JSON, up to
+    the ``[DONE]`` event; comments and other fields are skipped."""
+    data: list[str] = []
+    for line in lines:
+        if line:
+            field, _, value = line.partition(":")
+            if field == "data":
+                data.append(value[1:] if value.startswith(" ") else value)
+            continue
+        if not data:
+            continue
+        text, data = "\n".join(data), []
+        if text.strip() == "[DONE]":
+            return
+        yield json.loads(text)
+    if data and "\n".join(data).strip() != "[DONE]":
+        yield json.loads("\n".join(data))
 
 
 @dataclass
 class _Conn:
     url: str
     model_id: str
-    client: Any  # openai.OpenAI
+    client: _Client
 
 
 class _Remote:
@@ -124,26 +213,18 @@ class _Remote:
         self.conn.client.close()
 
 
-class RemoteLM(_Remote):
+class RemoteLM(_Remote, Generates):
     kind = "causal"
 
-    def generate(
-        self,
-        prompt: str | None = None,
-        messages: Sequence[dict[str, str]] | None = None,
-        max_tokens: int = 256,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        cancel: threading.Event | None = None,
-        profile: bool = False,
-        continue_final: bool = False,
-    ) -> Iterator[GenerationEvent]:
-        """As CausalLM.generate: TokenEvents then one DoneEvent; bad input raises here.
-        ``profile`` is accepted and ignored: the server's op times are not ours to see."""
-        a = generate_args(prompt, messages, max_tokens, sampling, stop, cancel)
-        if continue_final:
+    def _generate(self, a: GenerateArgs) -> Iterator[GenerationEvent]:
+        """``profile`` is accepted and ignored: the server's op times are not ours to see."""
+        if a.continue_final:
             raise InvalidInputError("A remote engine cannot continue a reply: the OpenAI API "
                                     "has no such request; regenerate it with more max tokens.")
+        if a.prompt_ids is not None or a.ignore_eos:
+            raise InvalidInputError("A remote engine takes text and ends where the server "
+                                    "does: the OpenAI API has no prompt token ids and no "
+                                    "ignore-eos.")
         prompt, messages, max_tokens, sp, stop = (a.prompt, a.messages, a.max_tokens,
                                                   a.sampling, a.stop)
         if sp.top_k or sp.min_p or sp.repetition_penalty != 1.0:
@@ -157,66 +238,59 @@ class RemoteLM(_Remote):
             args["seed"] = sp.seed
         if stop:
             args["stop"] = list(stop)
-        return self._stream(args, messages, prompt, max_tokens, cancel)
+        return self._stream(args, messages, prompt, max_tokens, a.cancel)
 
     def _stream(self, args: dict[str, Any], messages: Sequence[dict[str, str]] | None,
                 prompt: str | None, max_tokens: int, cancel: threading.Event | None
                 ) -> Iterator[GenerationEvent]:
-        import openai
-
         c, url = self.conn.client, self.conn.url
         # The server applies max_tokens and stop strings; chunks are counted as tokens
         # (servers send one per chunk), and more text than max_tokens ends the stream.
         gen = Generation(None, 0, sys.maxsize, set())
         chunks = 0
-        try:
-            if messages is not None:
-                stream = c.chat.completions.create(messages=list(messages), **args)
-            else:
-                stream = c.completions.create(prompt=prompt, **args)
-        except openai.OpenAIError as e:
-            raise _openai_error(e, url) from None
+        if messages is not None:
+            path, args = "/chat/completions", {"messages": list(messages), **args}
+        else:
+            path, args = "/completions", {"prompt": prompt, **args}
         reason = usage = None
+        answering = False  # the server accepted the request and its stream began
         try:
-            for chunk in stream:
-                if cancel is not None and cancel.is_set():
-                    reason = "cancelled"
-                    break
-                chunks += 1
-                if chunks > max_tokens + SPARE_CHUNKS:
-                    reason = "length"  # a server that never ends its stream
-                    break
-                try:
-                    text, finish, chunk_usage = _read_chunk(chunk, messages is not None)
-                except (AttributeError, IndexError, KeyError, TypeError) as e:
-                    raise RemoteError(f"{url} sent a malformed stream chunk ({e}).") from None
-                usage = chunk_usage or usage
-                if text and gen.steps >= max_tokens:
-                    reason = "length"  # text past max_tokens: the server ignored it
-                    break
-                if text:  # servers stream one token per chunk: count chunks as tokens
-                    yield from gen.push(-1, text)
-                reason = _FINISH.get(finish, reason) if finish else reason
-        except openai.APIConnectionError:
-            reason = "interrupted"  # the partial answer stands; the reason says why it ends
-        except openai.APIStatusError as e:
-            raise _openai_error(e, url) from None
+            with c.events(path, args) as stream:
+                answering = True
+                for chunk in stream:
+                    if cancel is not None and cancel.is_set():
+                        reason = "cancelled"
+                        break
+                    chunks += 1
+                    if chunks > max_tokens + SPARE_CHUNKS:
+                        reason = "length"  # a server that never ends its stream
+                        break
+                    try:
+                        text, finish, chunk_usage = _read_chunk(chunk, messages is not None)
+                    except (AttributeError, IndexError, KeyError, TypeError) as e:
+                        raise RemoteError(f"{url} sent a malformed stream chunk ({e}).") from None
+                    usage = chunk_usage or usage
+                    if text and gen.steps >= max_tokens:
+                        reason = "length"  # text past max_tokens: the server ignored it
+                        break
+                    if text:  # servers stream one token per chunk: count chunks as tokens
+                        yield from gen.push(-1, text)
+                    reason = _FINISH.get(finish, reason) if finish else reason
         except InferdeskError:
             raise
-        except Exception as e:  # noqa: BLE001 - anything the client raised on a bad stream
-            if _is_connection_loss(e):
-                reason = "interrupted"
+        except ValueError as e:  # a data line that is not JSON
+            raise RemoteError(f"{url} sent a malformed stream chunk ({e}).") from None
+        except Exception as e:  # noqa: BLE001 - a status, or the transport failing
+            if answering and _is_connection_loss(e):
+                reason = "interrupted"  # the partial answer stands; the reason says why
             else:
-                raise _openai_error(e, url) from None
-        finally:
-            stream.close()
+                raise _http_error(e, url) from None
         for ev in gen.close(reason or "length", memory=self.memory()):
             if isinstance(ev, DoneEvent):
                 ev.token_ids = []  # the server sends text, not ids
-                if usage is not None:  # exact counts when the server reports them
-                    ev.n_prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
-                    ev.n_generated = int(getattr(usage, "completion_tokens", 0)
-                                         or ev.n_generated)
+                if isinstance(usage, dict):  # exact counts when the server reports them
+                    ev.n_prompt = int(usage.get("prompt_tokens") or 0)
+                    ev.n_generated = int(usage.get("completion_tokens") or ev.n_generated)
             yield ev
 
 
@@ -224,24 +298,30 @@ _FINISH = {"stop": "stop", "length": "length", "eos": "eos"}
 
 
 def _read_chunk(chunk: Any, chat: bool) -> tuple[str, str | None, Any]:
-    usage = getattr(chunk, "usage", None)
-    choices = chunk.choices
-    if choices is None:
-        raise TypeError("no 'choices'")
+    """(text, finish reason, usage) of one chunk; a chunk not shaped like OpenAI's raises
+    AttributeError, IndexError, KeyError or TypeError."""
+    if isinstance(chunk, dict) and "error" in chunk:  # an error event mid-stream
+        raise RemoteError(f"the server reported an error mid-stream: "
+                          f"{_message(json.dumps(chunk).encode())}")
+    usage = chunk.get("usage")
+    choices = chunk["choices"]
+    if not isinstance(choices, list):
+        raise TypeError("'choices' is not a list")
     if not choices:
         return "", None, usage
     ch = choices[0]
-    text = (ch.delta.content if chat else ch.text) or ""
+    text = (ch["delta"].get("content") if chat else ch.get("text")) or ""
     if not isinstance(text, str):
         raise TypeError("content is not text")
-    return text, ch.finish_reason, usage
+    return text, ch.get("finish_reason"), usage
 
 
 def _is_connection_loss(e: BaseException) -> bool:
-    """httpx2 reports a peer gone mid-body as a RemoteProtocolError / ReadError."""
-    names = {type(x).__name__ for x in (e, e.__cause__, e.__context__) if x is not None}
-    return bool(names & {"RemoteProtocolError", "ReadError", "ReadTimeout",
-                         "IncompleteRead", "ConnectionResetError"})
+    """The peer gone mid-body: httpx2 reports a RemoteProtocolError, ReadError or timeout."""
+    import httpx2
+
+    return isinstance(e, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.ReadTimeout,
+                          ConnectionError))
 
 
 class RemoteEncoder(_Remote):
@@ -252,17 +332,18 @@ class RemoteEncoder(_Remote):
         self.dim = int(self._embed(["dimension probe"]).shape[1])
 
     def _embed(self, batch: list[str]) -> np.ndarray:
-        import openai
-
         try:
-            r = self.conn.client.embeddings.create(model=self.conn.model_id, input=batch,
-                                                   encoding_format="float")
-            rows = sorted(r.data, key=lambda d: d.index)
-            out = np.asarray([d.embedding for d in rows], dtype=np.float32)
-        except openai.OpenAIError as e:
-            raise _openai_error(e, self.conn.url) from None
-        except (AttributeError, TypeError, ValueError) as e:
+            r = self.conn.client.post("/embeddings", {"model": self.conn.model_id,
+                                                      "input": batch,
+                                                      "encoding_format": "float"})
+            rows = sorted(r["data"], key=lambda d: d["index"])
+            out = np.asarray([d["embedding"] for d in rows], dtype=np.float32)
+        except InferdeskError:
+            raise
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise RemoteError(f"{self.conn.url} sent malformed embeddings ({e}).") from None
+        except Exception as e:  # noqa: BLE001 - a status, or the transport failing
+            raise _http_error(e, self.conn.url) from None
         if out.ndim != 2 or out.shape[0] != len(batch):
             raise RemoteError(f"{self.conn.url} sent {out.shape[0]} embeddings for "
                               f"{len(batch)} inputs.")
@@ -300,26 +381,23 @@ def _base_url(url: str) -> str:
     return base if urlsplit(base).path.endswith("/v1") else base + "/v1"
 
 
-def _client(base: str, api_key: str | None, timeout: float) -> Any:
-    import openai
-
-    return openai.OpenAI(base_url=base, api_key=api_key or "none", max_retries=0,
-                         timeout=openai.Timeout(timeout, connect=min(timeout, CONNECT_S)))
+def _client(base: str, api_key: str | None, timeout: float) -> _Client:
+    return _Client(base, api_key, timeout)
 
 
-def _listed(client: Any, base: str) -> list[RemoteModel]:
+def _listed(client: _Client, base: str) -> list[RemoteModel]:
     """The models ``base`` serves, each with its kind: Inferdesk's ``kind`` field, else
-    chat unless the id says "embed". The answer is checked here, since the client
-    accepts any JSON as an empty page."""
-    import openai
-
+    chat unless the id says "embed". The answer is checked here: a web page or any other
+    JSON is not a list of models."""
     try:
-        body = client.get("/models", cast_to=object)
-    except openai.NotFoundError:
-        raise RemoteError(f"{base}/models does not exist: this is not an OpenAI-compatible "
-                          "server (check the URL and its /v1).") from None
-    except openai.OpenAIError as e:
-        raise _openai_error(e, base) from None
+        body = client.get("/models")
+    except _StatusError as e:
+        if e.status == 404:
+            raise RemoteError(f"{base}/models does not exist: this is not an OpenAI-compatible "
+                              "server (check the URL and its /v1).") from None
+        raise _http_error(e, base) from None
+    except Exception as e:  # noqa: BLE001 - the transport failing
+        raise _http_error(e, base) from None
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list) or not all(
             isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"] for m in data):

@@ -13,15 +13,17 @@ import dataclasses
 import math
 import numbers
 import re
+import threading
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from inference.errors import CorruptModelError, InvalidInputError, NumericalError
+from inference.events import GenerationEvent
 from inference.formats.tensor import MAX_LAYERS
 from inference.sampling import SamplingParams, check_params
 
@@ -407,12 +409,20 @@ class GenerateArgs:
     max_tokens: int
     sampling: SamplingParams
     stop: list[str]
+    cancel: threading.Event | None = None
+    prompt_ids: Sequence[int] | None = None  # the model checks them against its vocabulary
+    continue_final: bool = False
+    profile: bool = False
+    ignore_eos: bool = False
 
 
 def generate_args(prompt: Any, messages: Any, max_tokens: Any, sampling: Any, stop: Any,
-                  cancel: Any) -> GenerateArgs:
+                  cancel: Any, prompt_ids: Any = None, continue_final: bool = False,
+                  profile: bool = False, ignore_eos: bool = False) -> GenerateArgs:
     """The checks before any generation starts, local or remote: one sentence for each
     wrong type, empty input, bad sampling parameter or bad stop list."""
+    if prompt_ids is not None and (prompt is not None or messages is not None):
+        raise InvalidInputError("Pass one of prompt, messages or prompt_ids.")
     sampling = check_params(SamplingParams() if sampling is None else sampling)
     if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
         raise InvalidInputError("stop must be a list of strings.")
@@ -421,11 +431,50 @@ def generate_args(prompt: Any, messages: Any, max_tokens: Any, sampling: Any, st
     if prompt is not None and messages is not None:
         raise InvalidInputError("Pass either prompt or messages, not both.")
     max_tokens = int_arg(max_tokens, "max_tokens", 1)
+    flags = dict(cancel=cancel, continue_final=bool(continue_final), profile=bool(profile),
+                 ignore_eos=bool(ignore_eos))
+    if prompt_ids is not None:
+        return GenerateArgs(None, None, max_tokens, sampling, list(stop),
+                            prompt_ids=prompt_ids, **flags)
     if messages is not None:
         chat = messages_arg(messages)
         if not any(m["content"].strip() for m in chat):
             raise InvalidInputError("The conversation is empty: write a message first.")
-        return GenerateArgs(None, chat, max_tokens, sampling, list(stop))
+        return GenerateArgs(None, chat, max_tokens, sampling, list(stop), **flags)
     if prompt is None or not text_arg(prompt, "prompt").strip():
         raise InvalidInputError("The prompt is empty: write something to continue.")
-    return GenerateArgs(prompt, None, max_tokens, sampling, list(stop))
+    if continue_final:
+        raise InvalidInputError("continue_final needs messages, not a prompt.")
+    return GenerateArgs(prompt, None, max_tokens, sampling, list(stop), **flags)
+
+
+class Generates:
+    """The one ``generate`` of every causal engine (local :class:`CausalLM`, remote
+    :class:`RemoteLM`): its arguments are checked here, in the same words for both, and
+    the engine's ``_generate`` receives them as :class:`GenerateArgs`."""
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        messages: Sequence[dict[str, str]] | None = None,
+        max_tokens: int = 256,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        cancel: threading.Event | None = None,
+        profile: bool = False,
+        continue_final: bool = False,
+        ignore_eos: bool = False,
+        prompt_ids: Sequence[int] | None = None,
+    ) -> Iterator[GenerationEvent]:
+        """Stream TokenEvents then one DoneEvent. Raises InvalidInputError up front.
+        ``continue_final``: the last message is a reply to extend, not to answer.
+        ``profile``: per-op times in the DoneEvent, where the engine can see them.
+        ``ignore_eos``: end-of-sequence tokens do not end it (benchmarks: a fixed count).
+        ``prompt_ids``: the prompt already tokenized (``CausalLM.plan``'s ids, e.g. those
+        :func:`inference.context.fit` counted), instead of ``prompt`` or ``messages``."""
+        return self._generate(generate_args(
+            prompt, messages, max_tokens, sampling, stop, cancel, prompt_ids=prompt_ids,
+            continue_final=continue_final, profile=profile, ignore_eos=ignore_eos))
+
+    def _generate(self, a: GenerateArgs) -> Iterator[GenerationEvent]:
+        raise NotImplementedError
