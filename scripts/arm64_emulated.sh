@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The cpu backend's tests on arm64 (aarch64 Linux), emulated by qemu on an x86-64 Linux host:
 # a Debian bookworm arm64 userland (its python3 is 3.11) made once by debootstrap, a venv in
-# it with the runtime dependencies from PyPI's aarch64 wheels (pinned to this repo's .venv
-# where it has them), and pytest on a copy of this tree's files. Correctness only: under qemu
-# every instruction is emulated, so its timings say nothing about speed on an ARM CPU.
+# it with the runtime dependencies from PyPI's aarch64 wheels (at the versions of the lock
+# file make installs from, requirements/default.txt), and pytest on a copy of this tree's
+# files. Correctness only: under qemu every instruction is emulated, so its timings say
+# nothing about speed on an ARM CPU.
 #
 #   sudo scripts/arm64_emulated.sh [pytest arguments]
 #
@@ -97,16 +98,15 @@ in_arm() {
         PIP_CERT=/etc/ssl/host-ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 "$@"
 }
 
-# Pin each dependency to the version in this repo's .venv when it has one.
-reqs=()
-for p in "${DEPS[@]}"; do
-    v=$("$REPO/.venv/bin/python" -m pip show "$p" 2>/dev/null | sed -n 's/^Version: //p' || true)
-    reqs+=("$p${v:+==$v}")
-done
-want="${reqs[*]} ${MODELS[*]}"
+# Versions from the lock file make installs with (its environment markers pick the lines
+# for the rootfs's Python and aarch64); the venv is redone when the lock or the list changes.
+LOCK=$REPO/requirements/default.txt
+want="${DEPS[*]} ${MODELS[*]} lock:$(sha256sum <"$LOCK" | cut -c1-16)"
 if [ "$(cat "$FS/opt/venv/.inferdesk-reqs" 2>/dev/null)" != "$want" ]; then
     [ -x "$FS/opt/venv/bin/python" ] || in_arm python3 -m venv /opt/venv
-    in_arm nice -n 19 /opt/venv/bin/pip install -q --only-binary=:all: "${reqs[@]}"
+    cp "$LOCK" "$FS/opt/venv/constraints.txt"
+    in_arm nice -n 19 /opt/venv/bin/pip install -q --only-binary=:all: \
+        -c /opt/venv/constraints.txt "${DEPS[@]}"
     in_arm nice -n 19 /opt/venv/bin/pip install -q --no-deps "${MODELS[@]}"
     echo "$want" >"$FS/opt/venv/.inferdesk-reqs"
 fi
