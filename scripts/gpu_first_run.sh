@@ -1,7 +1,7 @@
 #!/bin/sh
 # The first run on an NVIDIA GPU: everything the CUDA backend could only estimate without one,
 # measured in one go, with every figure in one JSON file (each part's seconds included).
-# Running time on paper (docs/cuda.md, "The first GPU run"): about 3-5 minutes, under 8.
+# Running time on paper (docs/cuda.md, "Not yet checked on a GPU"): about 2.5-4 minutes.
 #
 #   sh scripts/gpu_first_run.sh [out.json]        # default: gpu-first-run-<commit>.json
 #
