@@ -49,6 +49,10 @@ class WrongNumbersDevice(EmulatedDevice):
 
 
 def _fake_gpu(monkeypatch: pytest.MonkeyPatch, device: type) -> None:
+    import inference.backends as backends
+
+    real = backends._loads
+    monkeypatch.setattr(backends, "_loads", lambda lib: lib == "libcuda.so.1" or real(lib))
     monkeypatch.setattr(cuda_backend, "cuda_unavailable_reason", lambda: None)
     monkeypatch.setattr(cuda_backend, "CupyDevice", device)
 
