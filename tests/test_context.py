@@ -52,3 +52,12 @@ def test_bad_prompt_ids_are_one_sentence(smollm2, ids) -> None:
 def test_prompt_ids_with_messages_is_refused(smollm2) -> None:
     with pytest.raises(InvalidInputError, match="one of prompt, messages or prompt_ids"):
         list(smollm2.generate(messages=CHAT, prompt_ids=[1, 2], max_tokens=2))
+
+
+@pytest.mark.parametrize("kw, says", [({"max_tokens": 0}, "max_tokens"),
+                                      ({"stop": "x"}, "stop must be a list"),
+                                      ({"cancel": 1}, "cancel must be")])
+def test_prompt_ids_get_the_same_run_checks(smollm2, kw, says) -> None:
+    """The token limit, stop list and cancel event are checked for ids as for text."""
+    with pytest.raises(InvalidInputError, match=says):
+        list(smollm2.generate(prompt_ids=[1, 2], **{"max_tokens": 2, **kw}))
