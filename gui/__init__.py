@@ -1,4 +1,5 @@
-"""Inferdesk's desktop app (PySide6). Widgets only: all model work goes through gui.worker.
+"""Inferdesk's desktop app (PySide6). Widgets only: all model work is a job on gui.jobs'
+runner (the functions in gui.worker), on the models gui.registry owns.
 
 Dependencies point one way: gui -> inference. Nothing in inference/ imports Qt.
 """

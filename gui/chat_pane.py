@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui import worker
 from gui.conversations import (
     ConversationStore,
     DeletedConversation,
@@ -44,11 +45,12 @@ from gui.conversations import (
 )
 from gui.error_banner import ErrorBanner
 from gui.flow_layout import FlowLayout
+from gui.jobs import JobRunner
 from gui.message_view import MessageView
 from gui.sampling_panel import SamplingPanel
 from gui.settings import DEFAULT_SYSTEM_PROMPT, Settings
 from gui.theme import icon
-from gui.worker import GenerateRequest, WorkerHandle, prefill_of
+from gui.worker import GenerateRequest, prefill_of
 from inference.context import DEFAULT_POLICY, POLICIES, POLICY_TIPS
 
 RENDER_MS = 50
@@ -79,11 +81,11 @@ class ChatPane(QWidget):
     load_requested = Signal()  # the banner's "Load SmolLM2…" action
     deleted = Signal(str)  # title of a conversation just deleted (undo is offered)
 
-    def __init__(self, handle: WorkerHandle, store: ConversationStore, settings: Settings,
+    def __init__(self, jobs: JobRunner, store: ConversationStore, settings: Settings,
                  parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("Pane")
-        self.handle, self.store, self.settings = handle, store, settings
+        self.jobs, self.store, self.settings = jobs, store, settings
         self.conv_id: int | None = None
         self.model_name = ""
         self.remote = False  # the chat model is a remote engine (it counts tokens itself)
@@ -103,12 +105,6 @@ class ChatPane(QWidget):
         self._render_timer = QTimer(self, interval=RENDER_MS)
         self._render_timer.timeout.connect(self._render_reply)
         self._build()
-        handle.planned.connect(self._on_planned)
-        handle.measured.connect(self._on_measured)
-        handle.token.connect(self._on_token)
-        handle.generated.connect(self._on_done)
-        handle.failed.connect(self._on_failed)
-        handle.cancelled.connect(self._on_cancelled)
         self.refresh_list()
         convs = self._safe(store.conversations) or []
         if convs:
@@ -222,6 +218,13 @@ class ChatPane(QWidget):
         mv.addWidget(self.store_banner)
         mv.addWidget(self.banner)
         mv.addWidget(self.scroll, 1)
+        # What a reply waits for before its first token (kernels compiling), as it happens.
+        self.wait_label = QLabel("")
+        self.wait_label.setObjectName("Hint")
+        self.wait_label.setWordWrap(True)
+        self.wait_label.setMinimumWidth(20)
+        self.wait_label.setVisible(False)
+        mv.addWidget(self.wait_label)
         mv.addLayout(info)
         mv.addWidget(self.input)
         mv.addWidget(button_row)
@@ -650,12 +653,30 @@ class ChatPane(QWidget):
                                        continue_reply)
         if not self.pending:
             self.banner.hide()
-        self.handle.generate(GenerateRequest(
+        self.request_reply(GenerateRequest(
             messages, max_tokens, sampling, self.profile, context_limit=self.context_limit(),
             policy=self.policy(), continue_final=continue_reply is not None))
         self._render_timer.start()
         self._update_buttons()
         self.generation_started.emit()
+
+    def request_reply(self, req: GenerateRequest) -> None:
+        """Queue the reply job; its plan, tokens and end come back to this pane."""
+        from inference.context import Fitted
+        from inference.events import TokenEvent
+
+        def progress(payload: object) -> None:
+            if isinstance(payload, TokenEvent):
+                self._on_token(payload)
+            elif isinstance(payload, Fitted):
+                self._on_planned(payload)
+
+        job = self.jobs.submit("generate", worker.generate, req)
+        job.progress.connect(progress)
+        job.result.connect(lambda done: self._end_without_reply() if done is None
+                           else self._on_done(done))
+        job.error.connect(self._end_without_reply)
+        job.cancelled.connect(self._end_without_reply)
 
     def continue_reply(self) -> bool:
         """Write more of a reply that stopped at its token limit (finish reason "length")."""
@@ -669,7 +690,7 @@ class ChatPane(QWidget):
     def stop(self) -> None:
         """Stop the running generation; the engine ends it within one token."""
         if self.generating:
-            self.handle.cancel("generate")
+            self.jobs.cancel("generate")
 
     def regenerate(self) -> None:
         """A new version of the last reply; the earlier versions stay (‹ 1/2 ›)."""
@@ -758,9 +779,17 @@ class ChatPane(QWidget):
         self._show_note(fitted.note())
         self._show_used(self._n_prompt, fitted.limit)
 
+    def show_waiting(self, text: str) -> None:
+        """Say what the reply waits for before its first token ("": nothing now)."""
+        waiting = bool(text) and self.generating and self._n_gen == 0
+        self.wait_label.setText(text if waiting else "")
+        self.wait_label.setVisible(waiting)
+
     def _on_token(self, ev: object) -> None:
         if not self.generating:
             return
+        if self.wait_label.isVisible():
+            self.show_waiting("")
         self._ensure_reply()
         self._reply.content += ev.text
         self._n_gen = ev.index + 1
@@ -812,29 +841,23 @@ class ChatPane(QWidget):
                     self._persist(r)
         finally:
             self.generating = False
+            self.show_waiting("")
             if self._n_prompt or done.n_prompt:
                 self._show_used(done.n_prompt + done.n_generated)
             self._update_versions()
             self._update_buttons()
             self.generation_finished.emit(done)
 
-    def _end_without_reply(self) -> None:
+    def _end_without_reply(self, *_: object) -> None:
         if self.generating:
             try:
                 self._render_timer.stop()
                 self._render_reply()
             finally:
                 self.generating = False
+                self.show_waiting("")
                 self._update_buttons()
                 self.generation_finished.emit(None)
-
-    def _on_failed(self, kind: str, _message: str) -> None:
-        if kind == "generate":
-            self._end_without_reply()
-
-    def _on_cancelled(self, kind: str) -> None:
-        if kind == "generate":
-            self._end_without_reply()
 
     def _update_buttons(self) -> None:
         has_msgs = bool(self.views())
@@ -888,14 +911,16 @@ class ChatPane(QWidget):
         if draft.strip():
             messages.append({"role": "user", "content": draft})
         if any(m["role"] != "system" for m in messages):
-            self.handle.measure(messages, self.context_limit(), self.policy())
+            self.jobs.submit("measure", worker.measure, messages, int(self.context_limit() or 0),
+                             self.policy(), quiet=True).result.connect(self._on_measured)
         else:
             self._show_used(0)
 
-    def _on_measured(self, used: int, limit: int, note: str) -> None:
-        """The worker's count of the chat plus the draft, under the chat's policy: what it
-        would leave out, or (Stop at limit) the refusal a send would get."""
-        if not self.generating:
+    def _on_measured(self, got: worker.Measured | None) -> None:
+        """The count of the chat plus the draft, under the chat's policy: what it would
+        leave out, or (Stop at limit) the refusal a send would get."""
+        if got is not None and not self.generating:
+            used, limit, note = got.used, got.limit, got.note
             self._show_used(used, limit or None)
             self._show_note(note)
 

@@ -6,20 +6,20 @@ catches up; the plot shows the largest logit difference per step; the summary li
 each side's decode tok/s and memory as measured, the largest difference and how often
 the top-1 tokens agree.
 
-The work runs on this pane's own thread (a QObject moved to a QThread, as gui.worker's
-Worker): the runner emits the engine's events and never touches a widget.
+The work is a job on the app's job runner (:mod:`gui.jobs`), queued behind a chat reply
+rather than beside it: its function reports the engine's events and never touches a
+widget.
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -37,8 +37,9 @@ from PySide6.QtWidgets import (
 )
 
 from gui.format import human_bytes
+from gui.jobs import Job, JobContext, JobRunner, on_result
 from gui.theme import plot_colors
-from gui.worker import BackendInfo, LoadedInfo, _detach, user_message
+from gui.worker import BackendInfo, LoadedInfo
 
 log = logging.getLogger(__name__)
 MAX_TOKENS = 512  # A's logits rows are held until B reaches them: tokens x vocab floats
@@ -54,34 +55,15 @@ class CompareJob:
     backend_b: str
     prompt: str
     max_tokens: int
-    cancel: threading.Event = field(default_factory=threading.Event)
 
 
-class CompareRunner(QObject):
-    """Runs one :class:`CompareJob` at a time on its thread; results as signals."""
+def run_compare(ctx: JobContext, job: CompareJob) -> None:
+    """The comparison's events as progress (on the runner's thread)."""
+    from inference.compare import compare
 
-    event = Signal(object)  # an inference.compare event
-    failed = Signal(str)  # one sentence
-    cancelled = Signal()
-    finished = Signal()
-
-    @Slot(object)
-    def run(self, job: CompareJob) -> None:
-        from inference.compare import compare
-        from inference.errors import CancelledError, InferdeskError
-
-        try:
-            for ev in compare(job.path, job.backend_a, job.backend_b, job.prompt,
-                              job.max_tokens, cancel=job.cancel):
-                self.event.emit(ev)
-        except CancelledError:
-            self.cancelled.emit()
-        except Exception as exc:  # noqa: BLE001 - every failure becomes one sentence
-            if not isinstance(exc, InferdeskError):
-                log.exception("compare failed")
-            self.failed.emit(user_message(exc))
-        finally:
-            self.finished.emit()
+    for ev in compare(job.path, job.backend_a, job.backend_b, job.prompt, job.max_tokens,
+                      cancel=ctx.cancel):
+        ctx.progress(ev)
 
 
 def _ms(s: float) -> str:
@@ -122,35 +104,26 @@ def diff_line(summary: Any) -> str:
 
 
 class ComparePane(QWidget):
-    def __init__(self, handle: Any = None, parent: QWidget | None = None):
+    def __init__(self, jobs: JobRunner | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("Pane")
         self.model_path: str | None = None
         self.model_name = ""
         self.model_remote = False
         self.backend_infos: dict[str, BackendInfo] = {}
-        self.job: CompareJob | None = None
+        self.job: Job | None = None
         self.summary: Any = None
         self.generated = 0  # A's steps so far in the running job
         self.compared = 0
         self.diffs: list[float] = []
         self._build()
-        self.thread = QThread()
-        self.thread.setObjectName("inferdesk-compare")
-        self.runner = CompareRunner()
-        self.runner.moveToThread(self.thread)
-        self._start.connect(self.runner.run)
-        self.runner.event.connect(self._on_event)
-        self.runner.failed.connect(self._on_failed)
-        self.runner.cancelled.connect(self._on_cancelled)
-        self.runner.finished.connect(self._on_finished)
-        self.thread.start()
-        if handle is not None:
-            handle.backends.connect(self.set_backends)
-            handle.loaded.connect(self._on_loaded)
-            handle.unloaded.connect(self._on_unloaded)
+        self.jobs = jobs if jobs is not None else JobRunner("inferdesk-compare", parent=self)
+        self._own_runner = jobs is None
+        if jobs is not None:
+            on_result(jobs, "probe", self.set_backends)
+            on_result(jobs, "load", self._on_loaded)
+            on_result(jobs, "unload", self._on_unloaded)
 
-    _start = Signal(object)
 
     # --- layout ----------------------------------------------------------------------
     def _build(self) -> None:
@@ -305,9 +278,9 @@ class ComparePane(QWidget):
         if problem is not None:
             self.message.setText(problem)
             return
-        self.job = CompareJob(self.model_path or "", self.combo_a.currentData(),
-                              self.combo_b.currentData(), self.prompt.toPlainText(),
-                              self.tokens.value())
+        spec = CompareJob(self.model_path or "", self.combo_a.currentData(),
+                          self.combo_b.currentData(), self.prompt.toPlainText(),
+                          self.tokens.value())
         self.summary = None
         self.generated = self.compared = 0
         self.diffs = []
@@ -315,14 +288,18 @@ class ComparePane(QWidget):
         self.curve.setData([], [])
         for lab in self.summary_labels:
             lab.setText("")
-        self.message.setText(f"Loading on {self.job.backend_a}…")
+        self.message.setText(f"Loading on {spec.backend_a}…")
         self.run_button.setEnabled(False)
         self.stop_button.setEnabled(True)
-        self._start.emit(self.job)
+        self.job = job = self.jobs.submit("compare", run_compare, spec)
+        job.progress.connect(self._on_event)
+        job.error.connect(self._on_failed)
+        job.cancelled.connect(self._on_cancelled)
+        job.finished.connect(self._on_finished)
 
     def stop(self) -> None:
         if self.job is not None:
-            self.job.cancel.set()
+            self.job.cancel()
             self.message.setText("Stopping…")
 
     def _set(self, row: int, col: int, text: str, tip: str = "") -> None:
@@ -402,15 +379,8 @@ class ComparePane(QWidget):
         self.stop_button.setEnabled(False)
 
     def shutdown(self, timeout_ms: int = 20000) -> bool:
-        """Stop the running comparison and the thread, waiting at most ``timeout_ms``; a
-        job that does not stop in time is detached (False)."""
+        """Stop the running comparison (and the pane's own runner, if it has one); False
+        if that runner's job did not stop within ``timeout_ms``."""
         if self.job is not None:
-            self.job.cancel.set()
-        if not self.thread.isRunning():
-            return True
-        self.thread.quit()
-        if not self.thread.wait(timeout_ms):
-            log.warning("compare thread did not stop within %d ms; detached", timeout_ms)
-            _detach(self.thread, self.runner)
-            return False
-        return True
+            self.job.cancel()
+        return self.jobs.shutdown(timeout_ms) if self._own_runner else True

@@ -23,24 +23,26 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui import worker
+from gui.jobs import JobRunner, on_result
 from gui.settings import Settings
-from gui.worker import RemoteTarget, WorkerHandle
+from gui.worker import RemoteTarget
 
 DEFAULT_URL = "http://127.0.0.1:8080/v1"
 KIND_TEXT = {"causal": "chat", "encoder": "embedding"}
 
 
 class ConnectDialog(QDialog):
-    def __init__(self, handle: WorkerHandle, settings: Settings, parent: QWidget | None = None):
+    def __init__(self, jobs: JobRunner, settings: Settings, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Connect to server")
         self.setModal(False)  # the app keeps working (and reporting errors) behind it
-        self.handle, self.settings = handle, settings
+        self.jobs, self.settings = jobs, settings
         self.listed_url = ""  # the server the list below comes from
         self._build()
-        handle.remote_listed.connect(self._on_listed)
-        handle.failed.connect(self._on_failed)
-        handle.loaded.connect(self._on_loaded)
+        on_result(jobs, "connect", self._on_listed)
+        jobs.failed.connect(self._on_failed)
+        on_result(jobs, "load", self._on_loaded)
 
     def _build(self) -> None:
         layout = QVBoxLayout(self)
@@ -108,7 +110,7 @@ class ConnectDialog(QDialog):
         self.listed_url = ""
         self.status.setText(f"Asking {url} for its models…")
         self.list_button.setEnabled(False)
-        self.handle.list_remote(url, self.api_key())
+        self.jobs.submit("connect", worker.list_remote, url, self.api_key())
         self._update_buttons()
 
     def use(self, kind: str) -> None:
@@ -118,9 +120,11 @@ class ConnectDialog(QDialog):
             return
         model_id = item.data(Qt.ItemDataRole.UserRole)
         self.status.setText(f"Connecting to {model_id} as the {KIND_TEXT[kind]} model…")
-        self.handle.load(RemoteTarget(self.listed_url, model_id, kind, self.api_key() or None))
+        self.jobs.submit("load", worker.load,
+                         RemoteTarget(self.listed_url, model_id, kind, self.api_key() or None))
 
-    def _on_listed(self, url: str, models: list) -> None:
+    def _on_listed(self, listed: tuple[str, list]) -> None:
+        url, models = listed
         if url != self.url():
             return  # an answer for a URL since edited
         self.list_button.setEnabled(True)

@@ -19,17 +19,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui import worker
 from gui.format import human_bytes, human_count
+from gui.jobs import JobRunner
 from gui.theme import icon
-from gui.worker import WorkerHandle
 
 
 class DownloadBox(QGroupBox):
     downloaded = Signal(str)  # local path
 
-    def __init__(self, handle: WorkerHandle, parent: QWidget | None = None):
+    def __init__(self, jobs: JobRunner, parent: QWidget | None = None):
         super().__init__("Download from the Hugging Face Hub", parent)
-        self.handle = handle
+        self.jobs = jobs
         self.active = False
         self.repo = QLineEdit()
         self.repo.setPlaceholderText("repo id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct-GGUF")
@@ -53,14 +54,10 @@ class DownloadBox(QGroupBox):
         layout.addLayout(row)
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
-        handle.download_progress.connect(self._on_progress)
-        handle.downloaded.connect(self._on_done)
-        handle.failed.connect(self._on_failed)
-        handle.cancelled.connect(self._on_cancelled)
+        jobs.failed.connect(self._on_failed)
+        jobs.cancelled.connect(self._on_cancelled)
         self.repo.returnPressed.connect(self.start)
         self._build_search(layout)
-        handle.found.connect(self._on_found)
-        handle.repo_listed.connect(self._on_listed)
         self._set_active(False)
 
     # --- search --------------------------------------------------------------------
@@ -105,10 +102,11 @@ class DownloadBox(QGroupBox):
             return False
         self.query.setText(query)
         self.status.setText(f"Searching the Hub for “{query}”…")
-        self.handle.search(query)
+        self.jobs.submit("search", worker.search, query).result.connect(self._on_found)
         return True
 
-    def _on_found(self, query: str, models: list) -> None:
+    def _on_found(self, found: tuple[str, list]) -> None:
+        query, models = found
         self.found_models = models
         self.results.setRowCount(len(models))
         for r, m in enumerate(models):
@@ -128,9 +126,11 @@ class DownloadBox(QGroupBox):
             self.repo.setText(repo)
             self.filename.clear()
             self.status.setText(f"Listing the files of {repo}…")
-            self.handle.list_repo(repo)
+            self.jobs.submit("list_repo", worker.list_repo, repo).result.connect(
+                self._on_listed)
 
-    def _on_listed(self, repo: str, files: list) -> None:
+    def _on_listed(self, listed: tuple[str, list]) -> None:
+        repo, files = listed
         if repo != self.repo.text().strip():
             return  # an answer for a repository no longer chosen
         self.repo_files = files
@@ -155,11 +155,13 @@ class DownloadBox(QGroupBox):
         self._set_active(True)
         self.progress.setRange(0, 0)  # busy until the first byte count arrives
         self.status.setText(f"Downloading {repo}…")
-        self.handle.download(repo, self.filename.text().strip())
+        job = self.jobs.submit("download", worker.download, repo, self.filename.text().strip())
+        job.progress.connect(self._on_progress)
+        job.result.connect(self._on_done)
 
     def cancel(self) -> None:
         if self.active:
-            self.handle.cancel("download")
+            self.jobs.cancel("download")
             self.status.setText("Cancelling…")
 
     def _set_active(self, active: bool) -> None:
@@ -168,7 +170,8 @@ class DownloadBox(QGroupBox):
         self.cancel_button.setEnabled(active)
         self.progress.setVisible(active)
 
-    def _on_progress(self, done: int, total: int) -> None:
+    def _on_progress(self, p: worker.Progress) -> None:
+        done, total = p.done, p.total
         if total > 0:
             self.progress.setRange(0, 1000)
             self.progress.setValue(int(1000 * done / total))

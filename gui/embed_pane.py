@@ -25,9 +25,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui import theme
+from gui import theme, worker
+from gui.jobs import JobRunner
 from gui.theme import icon, plot_colors, style_plot
-from gui.worker import EmbedResult, WorkerHandle
+from gui.worker import EmbedResult
 
 SNIPPET = 60
 
@@ -68,19 +69,15 @@ def _snip(s: str, n: int = SNIPPET) -> str:
 
 
 class EmbedPane(QWidget):
-    def __init__(self, handle: WorkerHandle, parent: QWidget | None = None):
+    def __init__(self, jobs: JobRunner, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("Pane")
-        self.handle = handle
+        self.jobs = jobs
         self.result: EmbedResult | None = None
         self.embedding = False
         self._build()
-        handle.embed_progress.connect(self._on_progress)
-        handle.embedded.connect(self._on_embedded)
-        handle.neighbours.connect(self._on_neighbours)
-        handle.failed.connect(self._on_failed)
-        handle.cancelled.connect(self._on_cancelled)
-        handle.exported.connect(lambda p: self.status.setText(f"Saved {p}"))
+        jobs.failed.connect(self._on_failed)
+        jobs.cancelled.connect(self._on_cancelled)
         self._restyle_due = False  # made in the current scheme's colours
         theme.on_change(self.restyle)
 
@@ -244,12 +241,14 @@ class EmbedPane(QWidget):
         self.progress.setRange(0, len(sentences))
         self.progress.setValue(0)
         self.status.setText(f"Embedding {len(sentences)} lines…")
-        self.handle.embed(sentences, batch_size)
+        job = self.jobs.submit("embed", worker.embed, list(sentences), batch_size)
+        job.progress.connect(self._on_progress)
+        job.result.connect(self._on_embedded)
         return True
 
     def cancel(self) -> None:
         if self.embedding:
-            self.handle.cancel("embed")
+            self.jobs.cancel("embed")
 
     def query(self, text: str | None = None, k: int | None = None) -> bool:
         """Search the embedded sentences; ``k`` defaults to the box (at most n - 1)."""
@@ -257,12 +256,15 @@ class EmbedPane(QWidget):
         if not text or self.result is None:
             return False
         n = len(self.result.sentences)
-        self.handle.query(text, max(1, min(k or self.k_box.value(), n - 1)))
+        self.jobs.submit("query", worker.query, text,
+                         max(1, min(k or self.k_box.value(), n - 1))
+                         ).result.connect(self._on_neighbours)
         return True
 
     def export(self, path: str) -> None:
         """Save the last vectors: ``.csv`` with sentences, anything else as ``.npy``."""
-        self.handle.export(path)
+        self.jobs.submit("export", worker.export, path).result.connect(
+            lambda p: self.status.setText(f"Saved {p}"))
 
     def _export_dialog(self, fmt: str) -> None:
         filt = "NumPy array (*.npy)" if fmt == "npy" else "CSV (*.csv)"
@@ -286,9 +288,10 @@ class EmbedPane(QWidget):
                                  + (f" ({blank} blank)" if blank else ""))
 
     # --- results ---------------------------------------------------------------------
-    def _on_progress(self, done: int, total: int) -> None:
-        self.progress.setRange(0, max(total, 1))
-        self.progress.setValue(done)
+    def _on_progress(self, p: object) -> None:
+        if isinstance(p, worker.Progress):
+            self.progress.setRange(0, max(p.total, 1))
+            self.progress.setValue(p.done)
 
     def _on_embedded(self, result: EmbedResult) -> None:
         self.result = result
@@ -328,7 +331,8 @@ class EmbedPane(QWidget):
                             + "".join(f"\n{note}" for note in notes))
         self._set_embedding(False)
 
-    def _on_neighbours(self, hits: list) -> None:
+    def _on_neighbours(self, found: worker.Neighbours) -> None:
+        hits = found.hits
         self.results.clear()
         for sentence, score, i in hits:
             self.results.addItem(f"{score:.3f}   {_label(sentence, i)}")

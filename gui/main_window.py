@@ -22,17 +22,19 @@ from gui.conversations import ConversationStore, default_db_path
 from gui.embed_pane import EmbedPane
 from gui.error_banner import ErrorBanner
 from gui.format import human_bytes
+from gui.jobs import JobRunner, on_progress, on_result
 from gui.model_picker import ModelPicker
 from gui.perf_pane import PerfPane
 from gui.server_pane import ServerPane
 from gui.settings import Settings
 from gui.theme import icon
-from gui.worker import LoadedInfo, WorkerHandle
+from gui.worker import Compiling, LoadedInfo
 
 BUSY_TEXT = {"load": "Loading model…", "generate": "Generating…", "embed": "Embedding…",
              "discover": "Looking for models…", "probe": "Checking backends…",
              "query": "Searching…", "export": "Saving…",
-             "connect": "Asking the server for its models…"}
+             "connect": "Asking the server for its models…", "compare": "Comparing…",
+             "serve": "Starting the server…", "unload": "Unloading…"}
 
 
 CLOSE_WAIT_MS = 2000
@@ -53,17 +55,19 @@ class MainWindow(QMainWindow):
         self.autoload = autoload
         self._autoloaded = False
         self._closed = False
-        self.handle = WorkerHandle("inferdesk-models", self)
-        self.downloads = WorkerHandle("inferdesk-downloads", self)
-        gc_guard.install(busy=lambda: self.handle.job in ("generate", "embed")
-                         or self.compare.running)  # no full collection inside a timed step
+        # One runner for everything that uses the models (their owner: self.jobs.models);
+        # downloads queue apart, so a large one does not hold a chat reply back.
+        self.jobs = JobRunner("inferdesk-models", parent=self)
+        self.downloads = JobRunner("inferdesk-downloads", parent=self)
+        gc_guard.install(busy=lambda: self.jobs.job in ("generate", "embed", "compare")
+                         )  # no full collection inside a timed step
 
-        self.picker = ModelPicker(self.handle, self.downloads, self.settings)
-        self.chat = ChatPane(self.handle, self.store, self.settings)
-        self.embed = EmbedPane(self.handle)
-        self.perf = PerfPane(self.handle)
-        self.server = ServerPane(self.settings)
-        self.compare = ComparePane(self.handle)
+        self.picker = ModelPicker(self.jobs, self.downloads, self.settings)
+        self.chat = ChatPane(self.jobs, self.store, self.settings)
+        self.embed = EmbedPane(self.jobs)
+        self.perf = PerfPane(self.jobs)
+        self.server = ServerPane(self.jobs, self.settings)
+        self.compare = ComparePane(self.jobs)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for pane, name, ico in ((self.picker, "Models", "models"), (self.chat, "Chat", "chat"),
@@ -99,14 +103,20 @@ class MainWindow(QMainWindow):
         self._mem_timer.start()
         self._build_actions()
 
-        for h in (self.handle, self.downloads):
-            h.failed.connect(self._on_failed)
-            h.cancelled.connect(lambda kind: self.statusBar().showMessage(
+        for runner in (self.jobs, self.downloads):
+            runner.failed.connect(self._on_failed)
+            runner.cancelled.connect(lambda kind: self.statusBar().showMessage(
                 f"{kind.capitalize()} cancelled.", 4000))
-        self.handle.busy.connect(self._on_busy)
-        self.handle.loaded.connect(self._on_loaded)
-        self.handle.unloaded.connect(lambda _k: self._update_models())
-        self.handle.discovered.connect(self._maybe_autoload)
+        self.jobs.busy.connect(self._on_busy)
+        # Kernels compiling or loading at model load: said, with the time, as it goes.
+        self.compiling: Compiling | None = None
+        self._compile_timer = QTimer(self, interval=1000)
+        self._compile_timer.timeout.connect(self._show_compiling)
+        on_progress(self.jobs, Compiling, self._on_compiling)
+        self.chat.generation_started.connect(self._show_compiling)
+        on_result(self.jobs, "load", self._on_loaded)
+        on_result(self.jobs, "unload", lambda _k: self._update_models())
+        on_result(self.jobs, "discover", self._maybe_autoload)
         self.chat.load_requested.connect(self.load_bundled_chat)
         self.picker.problem.connect(self.banner.show_error)
         self.picker.context_changed.connect(lambda _n: self.chat.set_context_length(
@@ -117,7 +127,7 @@ class MainWindow(QMainWindow):
         self._restore()
         if self.store.notice:  # the chat's banner says what happened to the conversations
             self.tabs.setCurrentWidget(self.chat)
-        self.handle.probe()
+        self.picker.probe()
         self.picker.refresh()
 
     # --- actions ---------------------------------------------------------------------
@@ -225,14 +235,39 @@ class MainWindow(QMainWindow):
         self.banner.show_error(message)
         self.statusBar().showMessage(f"{kind.capitalize()} failed.", 6000)
 
+    def _on_compiling(self, c: Compiling) -> None:
+        self.compiling = None if c.ended else c
+        if c.ended:
+            self._compile_timer.stop()
+            self.chat.show_waiting("")
+            self._on_busy(self.jobs.job)
+        else:
+            self._compile_timer.start()
+            self._show_compiling()
+
+    def _show_compiling(self) -> None:
+        """The status bar, and a reply waiting for its first token, say what compiles."""
+        if self.compiling is None:
+            self._compile_timer.stop()
+            return
+        text = self.compiling.text()
+        self.statusBar().showMessage(text)
+        self.chat.show_waiting(text)
+
     def _on_busy(self, kind: str) -> None:
+        if self.compiling is not None:
+            if kind != "":
+                return  # the compile's line stays until it ends
+            self.compiling = None  # the load ended (or failed) before its last report
+            self._compile_timer.stop()
+            self.chat.show_waiting("")
         if kind in BUSY_TEXT:
             self.statusBar().showMessage(BUSY_TEXT[kind])
         else:
             self.statusBar().clearMessage()
 
     def _on_loaded(self, info: LoadedInfo) -> None:
-        if self.handle.job not in ("generate", "embed"):
+        if self.jobs.job not in ("generate", "embed"):
             gc_guard.freeze_heap()
         if info.kind == "causal":
             self.chat.set_model(info.name, info.remote)
@@ -294,9 +329,9 @@ class MainWindow(QMainWindow):
         self._mem_timer.stop()
         self.chat._render_reply()  # flush the streaming reply before the worker stops
         # A job that ignores its cancel must not hold the window: 2 s each, then detach.
-        self.handle.shutdown(CLOSE_WAIT_MS)
-        self.downloads.shutdown(CLOSE_WAIT_MS)
-        self.server.shutdown()
         self.compare.shutdown(CLOSE_WAIT_MS)
+        self.server.shutdown()  # before the models it serves close
+        self.jobs.shutdown(CLOSE_WAIT_MS)
+        self.downloads.shutdown(CLOSE_WAIT_MS)
         self.store.close()
         super().closeEvent(event)

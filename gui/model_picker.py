@@ -25,12 +25,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from gui import worker
 from gui.connect_dialog import ConnectDialog
 from gui.download_box import DownloadBox
 from gui.format import human_bytes, human_count
+from gui.jobs import JobRunner, on_progress, on_result
 from gui.settings import CONTEXT_RANGE, Settings
 from gui.theme import icon
-from gui.worker import BackendInfo, LoadedInfo, WorkerHandle
+from gui.worker import BackendInfo, LoadedInfo
 
 # The KV cache types a user may ask for: (label, load_model's kv_dtype; "" the backend's own).
 KV_CHOICES = (("backend default", ""), ("float32", "float32"), ("float16", "float16"))
@@ -89,12 +91,12 @@ class ModelPicker(QWidget):
     context_changed = Signal(int)  # tokens a chat may use
     problem = Signal(str)  # an added file that cannot be a model, in one sentence
 
-    def __init__(self, handle: WorkerHandle, downloads: WorkerHandle, settings: Settings,
+    def __init__(self, jobs: JobRunner, downloads: JobRunner, settings: Settings,
                  parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("Pane")
         self.setAcceptDrops(True)
-        self.handle, self.settings = handle, settings
+        self.jobs, self.settings = jobs, settings
         self.connect_dialog: ConnectDialog | None = None
         self.specs: list[Any] = []
         self.backend_infos: list[BackendInfo] = []
@@ -104,17 +106,18 @@ class ModelPicker(QWidget):
         # {path: MemoryEstimate} for the backend and context now chosen.
         self.estimates: dict[str, Any] = {}
         self._build(downloads)
-        handle.estimated.connect(self._on_estimated)
-        handle.discovered.connect(self._on_discovered)
-        handle.backends.connect(self._on_backends)
-        handle.load_started.connect(self._on_load_started)
-        handle.load_progress.connect(self._on_load_progress)
-        handle.loaded.connect(self._on_loaded)
-        handle.unloaded.connect(self._on_unloaded)
-        handle.failed.connect(self._on_failed)
-        handle.cancelled.connect(self._on_cancelled)
+        # Any load (this tab's, the connect dialog's, the window's autoload) shows here.
+        on_result(jobs, "discover", self._on_discovered)
+        on_result(jobs, "probe", self._on_backends)
+        on_progress(jobs, list, self._on_discovered, "discover")  # the bundled ones at least
+        on_progress(jobs, worker.LoadStarted, self._on_load_started, "load")
+        on_progress(jobs, worker.LoadProgress, self._on_load_progress, "load")
+        on_result(jobs, "load", self._on_loaded)
+        on_result(jobs, "unload", self._on_unloaded)
+        jobs.failed.connect(self._on_failed)
+        jobs.cancelled.connect(self._on_cancelled)
 
-    def _build(self, downloads: WorkerHandle) -> None:
+    def _build(self, downloads: JobRunner) -> None:
         layout = QVBoxLayout(self)
         top = QHBoxLayout()
         top.addWidget(QLabel("Backend:"))
@@ -190,9 +193,9 @@ class ModelPicker(QWidget):
         self.load_button.setObjectName("Primary")
         self.load_button.clicked.connect(self.load_selected)
         self.unload_chat = QPushButton("Unload chat model")
-        self.unload_chat.clicked.connect(lambda: self.handle.unload("causal"))
+        self.unload_chat.clicked.connect(lambda: self.unload("causal"))
         self.unload_embed = QPushButton("Unload embedding model")
-        self.unload_embed.clicked.connect(lambda: self.handle.unload("encoder"))
+        self.unload_embed.clicked.connect(lambda: self.unload("encoder"))
         self.load_progress = QProgressBar()
         self.load_progress.setRange(0, 0)  # busy until the first weight-bytes report
         self.load_progress.setVisible(False)
@@ -201,7 +204,7 @@ class ModelPicker(QWidget):
         self.load_status.setWordWrap(True)
         self.cancel_load = QPushButton("Cancel")
         self.cancel_load.setVisible(False)
-        self.cancel_load.clicked.connect(lambda: self.handle.cancel("load"))
+        self.cancel_load.clicked.connect(lambda: self.jobs.cancel("load"))
         for w in (self.load_button, self.unload_chat, self.unload_embed):
             row.addWidget(w)
         row.addWidget(self.load_progress, 1)
@@ -225,10 +228,10 @@ class ModelPicker(QWidget):
 
     # --- requests --------------------------------------------------------------------
     def refresh(self) -> None:
-        self.handle.discover(self.settings.extra_paths())
+        self.jobs.submit("discover", worker.discover, self.settings.extra_paths())
 
     def probe(self) -> None:
-        self.handle.probe()
+        self.jobs.submit("probe", worker.probe)
 
     def backend(self) -> str:
         return self.backend_combo.currentData() or "auto"
@@ -253,12 +256,15 @@ class ModelPicker(QWidget):
     def request_estimates(self) -> None:
         """Estimates for the chosen backend and context (computed by the worker)."""
         if self.specs:
-            self.handle.estimate(self.specs, self.backend(), self.context(), self.kv_dtype())
+            self.jobs.submit("estimate", worker.estimate, list(self.specs), self.backend(),
+                             int(self.context()), self.kv_dtype(), quiet=True
+                             ).result.connect(self._on_estimated)
 
-    def _on_estimated(self, backend: str, context: int, kv_dtype: str, estimates: dict) -> None:
-        if (backend, context, kv_dtype) != (self.backend(), self.context(), self.kv_dtype()):
+    def _on_estimated(self, got: worker.Estimates) -> None:
+        if (got.backend, got.context, got.kv_dtype) != (self.backend(), self.context(),
+                                                        self.kv_dtype()):
             return  # an answer to an earlier choice
-        self.estimates = estimates
+        self.estimates = estimates = got.by_path
         col = COLUMNS.index("Est. memory")
         for r, s in enumerate(self.specs):
             e = estimates.get(str(s.path))
@@ -281,7 +287,10 @@ class ModelPicker(QWidget):
 
     def load(self, target: Any) -> None:
         """Load a ModelSpec, a model name or a path on the chosen backend."""
-        self.handle.load(target, self.backend(), self.kv_dtype())
+        self.jobs.submit("load", worker.load, target, self.backend(), self.kv_dtype())
+
+    def unload(self, kind: str) -> None:
+        self.jobs.submit("unload", worker.unload, kind)
 
     def selected_spec(self) -> Any | None:
         row = self.table.currentRow()
@@ -326,7 +335,7 @@ class ModelPicker(QWidget):
     def show_connect(self) -> ConnectDialog:
         """The Connect to server… dialog (one, kept: it remembers the listed models)."""
         if self.connect_dialog is None:
-            self.connect_dialog = ConnectDialog(self.handle, self.settings, self)
+            self.connect_dialog = ConnectDialog(self.jobs, self.settings, self)
         self.connect_dialog.show()
         self.connect_dialog.raise_()
         return self.connect_dialog
@@ -434,18 +443,18 @@ class ModelPicker(QWidget):
             item.setToolTip(f"needs about {human_bytes(need)}; {human_bytes(free)} {where} "
                             f"for {info.name}")
 
-    def _on_load_started(self, name: str) -> None:
-        self.loading = name
+    def _on_load_started(self, started: worker.LoadStarted) -> None:
+        self.loading = name = started.name
         self.load_status.setText(f"Loading {name}…")
         self.load_progress.setRange(0, 0)
         self.load_progress.setVisible(True)
         self.cancel_load.setVisible(True)
         self._update_buttons()
 
-    def _on_load_progress(self, done: int, total: int) -> None:
+    def _on_load_progress(self, p: worker.LoadProgress) -> None:
         # Bytes can pass 2**31: show per mille, not raw counts, in the int-ranged bar.
         self.load_progress.setRange(0, 1000)
-        self.load_progress.setValue(int(1000 * done / max(total, 1)))
+        self.load_progress.setValue(int(1000 * p.done / max(p.total, 1)))
 
     def _load_ended(self, text: str = "") -> None:
         self.loading = ""

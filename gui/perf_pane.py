@@ -44,8 +44,10 @@ from PySide6.QtWidgets import (
 )
 
 from gui import theme
+from gui.jobs import JobRunner, on_progress, on_result
+from gui.registry import MemoryReading
 from gui.theme import plot_colors, style_plot
-from gui.worker import LoadedInfo, Prefill, WorkerHandle, prefill_of
+from gui.worker import LoadedInfo, Prefill, prefill_of
 
 SAMPLE_MS = 200  # 5 Hz: live graphs need at least 4 samples a second
 HISTORY_S = 600  # seconds of samples kept (ten minutes)
@@ -91,7 +93,7 @@ def nice_ceiling(x: float) -> float:
 class PerfPane(QWidget):
     profile_changed = Signal(bool)
 
-    def __init__(self, handle: WorkerHandle, parent: QWidget | None = None):
+    def __init__(self, jobs: JobRunner, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("Pane")
         self.t0 = time.monotonic()
@@ -112,13 +114,15 @@ class PerfPane(QWidget):
         self.loaded: dict[str, LoadedInfo] = {}
         self.local = True  # a model runs in this process: its memory and CPU are ours to show
         self._build()
-        handle.busy.connect(self._on_busy)
-        handle.token.connect(self._on_token)
-        handle.generated.connect(self._on_done)
-        handle.prefilled.connect(self._on_prefilled)
-        handle.memory.connect(self._on_memory)
-        handle.loaded.connect(self._on_loaded)
-        handle.unloaded.connect(self._on_unloaded)
+        from inference.events import TokenEvent
+
+        jobs.busy.connect(self._on_busy)
+        on_progress(jobs, TokenEvent, self._on_token, "generate")
+        on_progress(jobs, Prefill, self._on_prefilled, "generate")
+        on_progress(jobs, MemoryReading, self._on_memory)
+        on_result(jobs, "generate", self._on_done)
+        on_result(jobs, "load", self._on_loaded)
+        on_result(jobs, "unload", self._on_unloaded)
         self.timer = QTimer(self, interval=SAMPLE_MS)
         self.timer.timeout.connect(self.sample)
         self.timer.start()
@@ -395,6 +399,8 @@ class PerfPane(QWidget):
                 self.redraw()
 
     def _on_done(self, done: object) -> None:
+        if done is None:  # the engine ended without a summary
+            return
         self.n_messages += 1
         p = prefill_of(done)
         cached = f", {p.n_cached} of them cached" if p.n_cached else ""
@@ -426,8 +432,8 @@ class PerfPane(QWidget):
                                           | Qt.AlignmentFlag.AlignVCenter)
                 self.op_table.setItem(r, c, item)
 
-    def _on_memory(self, _backend: str, sample: object) -> None:
-        self.device = (sample.device_used, sample.device_peak)
+    def _on_memory(self, reading: MemoryReading) -> None:
+        self.device = (reading.sample.device_used, reading.sample.device_peak)
 
     def _on_loaded(self, info: LoadedInfo) -> None:
         self.loaded[info.kind] = info

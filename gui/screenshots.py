@@ -76,7 +76,7 @@ def _drive(w, out_dir: Path) -> list[Path]:  # noqa: ANN001 - a MainWindow
         raise RuntimeError(w.banner.text())
 
     done: list[object] = []
-    w.handle.generated.connect(done.append)
+    w.chat.generation_finished.connect(done.append)
 
     def ask(text: str, max_tokens: int) -> None:
         n = len(done)

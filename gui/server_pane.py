@@ -1,12 +1,17 @@
-"""The Server tab: serve models over the OpenAI API from the app (start/stop, the URL, a
-live request log), with the options of `inferdesk serve` a user tunes (parallel requests,
-KV cache type, prompt cache size), remembered from one start to the next (the API key is
-not stored). Loading and serving run off the GUI thread; a QObject carries their results
-back as signals, so no widget is touched from another thread."""
+"""The Server tab: serve the app's loaded models over the OpenAI API (start/stop, the URL,
+a live request log), with the options of `inferdesk serve` a user tunes (parallel requests,
+prompt cache size), remembered from one start to the next (the API key is not stored).
+
+The server uses the very models the Models tab loaded (the registry's objects, never a
+second copy); its batching threads hold each model's forward lock per step, so a chat reply
+and a server request take turns on the model. Starting and stopping are jobs on the app's
+runner; the server's own threads (uvicorn, the batcher) report through a QObject's signals,
+so no widget is touched from another thread. Loading another model or unloading one the
+server serves stops the server first.
+"""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -23,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from gui.model_picker import kv_choice_box
+from gui.jobs import JobContext, JobRunner
 from gui.settings import Settings
 
 LOG_LINES = 500  # the log keeps the last requests only
@@ -35,49 +40,88 @@ class ServerBridge(QObject):
 
     started = Signal(str)  # url
     failed = Signal(str)  # one sentence
-    stopped = Signal()
+    stopped = Signal(str)  # why ("": asked to)
     request = Signal(dict)  # method, path, status, seconds
 
 
+class Serving:
+    """The running server, if any (set and cleared on the runner's thread, where models
+    are loaded and unloaded, so an unload never misses a server just started)."""
+    server: Any = None
+
+
+def start_server(ctx: JobContext, slot: Serving, host: str, port: int, key: str | None,
+                 parallel: int, prompt_cache_mb: int, log: Any) -> Any:
+    """Serve the registry's models (on the runner's thread); the running ServerThread."""
+    from inference.errors import InvalidInputError
+    from inference.server import app
+    from inference.server.run import ServerThread, check_exposure
+
+    check_exposure(host, key)
+    llm, enc = ctx.models.get("causal"), ctx.models.get("encoder")
+    local = [m for m in (llm, enc) if m is not None and m.backend.name != "remote"]
+    if not local:
+        raise InvalidInputError("Load a chat or embedding model first (Models tab); the "
+                                "server serves the models loaded there.")
+    llm = llm if llm in local else None
+    enc = enc if enc in local else None
+    engine = app.Engine(llm, enc, parallel=parallel, prompt_cache_mb=prompt_cache_mb,
+                        locks=ctx.models.locks)
+    try:
+        server = ServerThread(engine, host, port, key, log=log)
+        server.start()
+    except BaseException:
+        engine.close()
+        raise
+    slot.server = server
+    return server
+
+
+def stop_server(ctx: JobContext, slot: Serving) -> str:
+    server, slot.server = slot.server, None
+    if server is not None:
+        server.stop()  # closes the batching threads; the models stay the app's
+    return ""
+
+
 class ServerPane(QWidget):
-    def __init__(self, settings: Settings | None = None, parent: QWidget | None = None):
+    def __init__(self, jobs: JobRunner, settings: Settings | None = None,
+                 parent: QWidget | None = None):
         from inference.server.prefix_pool import PROMPT_CACHE_MB
 
         super().__init__(parent)
+        self.jobs = jobs
         self.settings = settings  # None: nothing remembered (tests, embedding the pane)
         self.bridge = ServerBridge(self)
-        self.server: Any = None  # inference.server.run.ServerThread while serving
+        self.slot = Serving()
         self._busy = False
+        jobs.models.on_release(self._model_released)
 
         def saved(key: str, default: Any, type_: type) -> Any:
             return default if settings is None else settings.get(f"server/{key}", default,
                                                                  type_)
 
-        self.model = QLineEdit(saved("model", "smollm2", str),
-                               placeholderText="chat model (store name or path)")
-        self.embed_model = QLineEdit(saved("embed_model", "minilm", str),
-                                     placeholderText="embedding model (optional)")
-        self.host = QLineEdit(saved("host", "127.0.0.1", str))
         def number(key: str, default: int, lo: int, hi: int) -> int:
             """A saved count within its box's range (a hand-edited file cannot overflow it)."""
             return default if settings is None else int(settings.number(f"server/{key}",
                                                                         default, lo, hi))
 
+        self.serves = QLabel("Serves the models loaded in the Models tab.")
+        self.serves.setWordWrap(True)
+        self.host = QLineEdit(saved("host", "127.0.0.1", str))
         self.port = QSpinBox(minimum=0, maximum=65535, value=number("port", 8080, 0, 65535))
         self.api_key = QLineEdit(placeholderText="required off loopback",
                                  echoMode=QLineEdit.EchoMode.Password)
         self.parallel = QSpinBox(minimum=1, maximum=8, value=number("parallel", 4, 1, 8))
-        self.kv_dtype = kv_choice_box(saved("kv_dtype", "", str))
         self.prompt_cache = QSpinBox(minimum=0, maximum=PROMPT_CACHE_MAX_MB, suffix=" MB",
                                      value=number("prompt_cache_mb", PROMPT_CACHE_MB, 0,
-                                                        PROMPT_CACHE_MAX_MB))
+                                                  PROMPT_CACHE_MAX_MB))
         self.prompt_cache.setToolTip("Memory for finished requests' prompt starts (a system "
                                      "prompt or document sent again is not prefilled again); "
                                      "0 keeps none")
         form = QFormLayout()
-        for label, w in (("Chat model", self.model), ("Embedding model", self.embed_model),
-                         ("Host", self.host), ("Port", self.port), ("API key", self.api_key),
-                         ("Parallel requests", self.parallel), ("KV cache", self.kv_dtype),
+        for label, w in (("Host", self.host), ("Port", self.port), ("API key", self.api_key),
+                         ("Parallel requests", self.parallel),
                          ("Prompt cache", self.prompt_cache)):
             form.addRow(label, w)
         self.button = QPushButton("Start server")
@@ -90,12 +134,12 @@ class ServerPane(QWidget):
         self.log = QPlainTextEdit(readOnly=True)
         self.log.setMaximumBlockCount(LOG_LINES)
         lay = QVBoxLayout(self)
+        lay.addWidget(self.serves)
         lay.addLayout(form)
         lay.addLayout(row)
         lay.addWidget(QLabel("Requests"))
         lay.addWidget(self.log, 1)
 
-        self.bridge.started.connect(self._on_started)
         self.bridge.failed.connect(self._on_failed)
         self.bridge.stopped.connect(self._on_stopped)
         self.bridge.request.connect(self._on_request)
@@ -107,83 +151,69 @@ class ServerPane(QWidget):
         self._busy = True
         self.button.setEnabled(False)
         if self.server is None:
-            self.url.setText("Loading models…")
+            self.url.setText("Starting…")
             self._remember()
-            args = (self.model.text().strip() or None, self.embed_model.text().strip() or None,
-                    self.host.text().strip(), self.port.value(),
-                    self.api_key.text() or None, self.parallel.value(),
-                    self.kv_dtype.currentData() or None, self.prompt_cache.value())
-            threading.Thread(target=self._start, args=args, name="inferdesk-serve-start",
-                             daemon=True).start()
+            job = self.jobs.submit("serve", start_server, self.slot, self.host.text().strip(),
+                                   self.port.value(), self.api_key.text() or None,
+                                   self.parallel.value(), self.prompt_cache.value(),
+                                   self.bridge.request.emit)
+            job.result.connect(self._on_started)
+            job.error.connect(self.bridge.failed.emit)
         else:
             self.url.setText("Stopping…")
-            server, self.server = self.server, None
-            threading.Thread(target=self._stop, args=(server,), name="inferdesk-serve-stop",
-                             daemon=True).start()
+            self.jobs.submit("serve", stop_server, self.slot).finished.connect(
+                lambda: self.bridge.stopped.emit(""))
 
     def _remember(self) -> None:
         if self.settings is None:
             return
-        for key, value in (("model", self.model.text()), ("embed_model", self.embed_model.text()),
-                           ("host", self.host.text()), ("port", self.port.value()),
+        for key, value in (("host", self.host.text()), ("port", self.port.value()),
                            ("parallel", self.parallel.value()),
-                           ("kv_dtype", self.kv_dtype.currentData()),
                            ("prompt_cache_mb", self.prompt_cache.value())):
             self.settings.set(f"server/{key}", value)
 
+    @property
+    def server(self) -> Any:
+        """The running ServerThread, or None."""
+        return self.slot.server
+
     def shutdown(self) -> None:
         """Stop serving now (the window is closing)."""
-        if self.server is not None:
-            server, self.server = self.server, None
+        server, self.slot.server = self.slot.server, None
+        if server is not None:
             server.stop()
 
-    # --- worker threads (no widgets here) --------------------------------------------------
-    def _start(self, model: str | None, embed: str | None, host: str, port: int,
-               key: str | None, parallel: int, kv_dtype: str | None,
-               prompt_cache_mb: int) -> None:
-        from inference.errors import InferdeskError
-        from inference.server.run import ServerThread, check_exposure, load_engine
-
-        try:
-            check_exposure(host, key)
-            engine = load_engine(model, embed, parallel=parallel, kv_dtype=kv_dtype,
-                                 prompt_cache_mb=prompt_cache_mb)
-            try:
-                server = ServerThread(engine, host, port, key, log=self.bridge.request.emit)
-                server.start()
-            except BaseException:
-                engine.close()
-                raise
-        except InferdeskError as e:
-            self.bridge.failed.emit(str(e))
+    def _model_released(self, kind: str) -> None:
+        """On the runner's thread, before a model closes: stop a server that serves it."""
+        server = self.slot.server
+        if server is None or server.engine is None:
             return
-        except Exception as e:  # noqa: BLE001 - shown in the pane, the app stays up
-            self.bridge.failed.emit(f"The server could not start: {e}")
+        if kind == "causal" and server.engine.llm is None \
+                or kind == "encoder" and server.engine.encoder is None:
             return
-        self.server = server
-        self.bridge.started.emit(server.url)
-
-    def _stop(self, server: Any) -> None:
+        self.slot.server = None
         server.stop()
-        self.bridge.stopped.emit()
+        self.bridge.stopped.emit("Stopped: the model it served was unloaded or replaced.")
 
     # --- slots (GUI thread) ----------------------------------------------------------------
-    def _on_started(self, url: str) -> None:
+    def _on_started(self, server: Any) -> None:
         self._busy = False
         self.button.setEnabled(True)
         self.button.setText("Stop server")
-        self.url.setText(f"Serving at {url}")
+        names = ", ".join(m.name for m in server.engine.models())
+        self.url.setText(f"Serving {names} at {server.url}")
+        self.bridge.started.emit(server.url)
 
     def _on_failed(self, message: str) -> None:
         self._busy = False
         self.button.setEnabled(True)
         self.url.setText(message)
 
-    def _on_stopped(self) -> None:
+    def _on_stopped(self, why: str) -> None:
         self._busy = False
         self.button.setEnabled(True)
         self.button.setText("Start server")
-        self.url.setText("Stopped.")
+        self.url.setText(why or "Stopped.")
 
     def _on_request(self, entry: dict) -> None:
         stamp = time.strftime("%H:%M:%S")

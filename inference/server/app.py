@@ -51,16 +51,21 @@ class Engine:
     def __init__(self, llm: Any = None, encoder: Any = None, parallel: int = 4,
                  max_waiting: int = 16, aliases: dict[str, str] | None = None,
                  prompt_cache_mb: int = PROMPT_CACHE_MB,
-                 prompt_cache_idle: float = PROMPT_CACHE_IDLE):
+                 prompt_cache_idle: float = PROMPT_CACHE_IDLE,
+                 locks: dict[str, Any] | None = None):
+        # locks: {"causal"|"encoder": lock} held per forward pass, for models an app shares.
+        locks = locks or {}
         if llm is None and encoder is None:
             raise APIError(400, "The server needs a model or an embedding model.")
         self.llm, self.encoder = llm, encoder
         self.created = int(time.time())
         self.scheduler = (Scheduler(llm, parallel, max_waiting,
                                     prompt_cache_bytes=prompt_cache_mb << 20,
-                                    prompt_cache_idle=prompt_cache_idle, deliver=_deliver)
+                                    prompt_cache_idle=prompt_cache_idle, deliver=_deliver,
+                                    step_lock=locks.get("causal"))
                           if llm is not None else None)
-        self.embedder = EmbedBatcher(encoder) if encoder is not None else None
+        self.embedder = (EmbedBatcher(encoder, lock=locks.get("encoder"))
+                         if encoder is not None else None)
         self.aliases = dict(aliases or {})
         self.prep = ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="inferdesk-prep")
         ready = threading.Barrier(PREP_THREADS)  # all threads now: a fixed count under load

@@ -10,6 +10,7 @@ abandoned request costs the ones behind it at most one forward pass."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -52,8 +53,9 @@ class _AnyOf:
 
 
 class EmbedBatcher:
-    def __init__(self, encoder: Any, max_waiting: int = 64):
+    def __init__(self, encoder: Any, max_waiting: int = 64, lock: Any = None):
         self.encoder = encoder
+        self.lock = lock if lock is not None else contextlib.nullcontext()  # held per call
         self.max_waiting = max_waiting
         self.calls = 0  # embed() calls completed (tests read it)
         self.abandoned = 0  # calls stopped because a request in them was abandoned
@@ -136,8 +138,9 @@ class EmbedBatcher:
                 continue
             self._dirty = True
             try:
-                vecs = self.encoder.embed([s for job in batch for s in job.sentences],
-                                          cancel=_AnyOf([job.cancel for job in batch]))
+                with self.lock:
+                    vecs = self.encoder.embed([s for job in batch for s in job.sentences],
+                                              cancel=_AnyOf([job.cancel for job in batch]))
                 self.calls += 1
             except CancelledError:  # a client left: the others go again, first in line
                 self.abandoned += 1

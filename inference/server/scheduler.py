@@ -65,6 +65,7 @@ to within such rounding, not bit for bit (docs/server.md).
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -223,7 +224,7 @@ class Scheduler:
                  clock: Callable[[], float] = time.perf_counter,
                  prompt_cache_bytes: int = PROMPT_CACHE_MB << 20,
                  burst_hold: int = BURST_HOLD, prompt_cache_idle: float = PROMPT_CACHE_IDLE,
-                 deliver: Deliver = emit_each):
+                 deliver: Deliver = emit_each, step_lock: Any = None):
         if not 1 <= parallel <= MAX_PARALLEL:
             raise InferdeskError(f"parallel must be between 1 and {MAX_PARALLEL}.")
         self.model = model  # a CausalLM
@@ -245,6 +246,8 @@ class Scheduler:
         self._waiting: collections.deque[Request] = collections.deque()
         self._active: list[_Seq] = []
         self.deliver = deliver
+        # Held for each step: an app that also generates on this model takes turns with it.
+        self.step_lock = step_lock if step_lock is not None else contextlib.nullcontext()
         self._out: Outbox = []  # this iteration's events, delivered at its end
         self._decode = model.backend.decode_steps()  # replays captured steps where it can
         # A backend that samples on the device: tokens are read one step behind (module).
@@ -328,7 +331,8 @@ class Scheduler:
                     except Exception as e:  # noqa: BLE001 - this request fails, not the thread
                         self._out.append((req, e, None))
             try:
-                self._step()
+                with self.step_lock:
+                    self._step()
             except MemoryError:
                 self.pool.clear()
                 self._fail_all(OutOfMemoryError("Out of memory while generating; "

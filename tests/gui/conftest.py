@@ -21,7 +21,10 @@ with open(_SCREEN, "w") as f:
 os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={_SCREEN}"
 
 from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
@@ -60,6 +63,48 @@ def wait_until(cond: Callable[[], bool], timeout_ms: int = 30_000, what: str = "
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what or cond}")
         spin(10)
+
+
+@contextmanager
+def job_result(qtbot, runner, kind: str, timeout: int = 30_000,  # noqa: ANN001
+               check: Callable[[Any], bool] | None = None) -> Iterator[SimpleNamespace]:
+    """Wait (on leaving the block) for the next job of ``kind`` on ``runner`` to finish;
+    ``got.args[0]``: its result (or its error's sentence), ``got.job``: the job.
+    Jobs queued before the block are not waited for; ``check(value)``: skip results it
+    refuses (an answer to an earlier request)."""
+    got = SimpleNamespace(args=None, job=None)
+    earlier = set(runner.active())  # queued before the block: not its answer
+
+    def mine(job) -> bool:  # noqa: ANN001
+        return job.kind == kind and job not in earlier and (
+            check is None or (job.ok and check(job.value)))
+
+    with qtbot.waitSignal(runner.done, timeout=timeout, check_params_cb=mine) as blocker:
+        yield got
+    got.job = blocker.args[0]
+    got.args = [got.job.value if got.job.ok else got.job.message]
+
+
+def on_tokens(w, fn: Callable[[Any], None]) -> Callable:  # noqa: ANN001
+    """Call ``fn(TokenEvent)`` for every token a reply job streams; returns what to
+    ``w.jobs.progress.disconnect``."""
+    from gui.jobs import on_progress
+    from inference.events import TokenEvent
+
+    return on_progress(w.jobs, TokenEvent, fn, "generate")
+
+
+def drain(w) -> None:  # noqa: ANN001
+    """Wait until the window's runner has no job left, including those the results of
+    earlier ones queued (quiet jobs report no busy state, so ``jobs.job`` cannot tell)."""
+    wait_until(lambda: not w.jobs.active(), 60_000, "the runner's queued jobs")
+
+
+def report(w, kind: str, value: Any) -> None:  # noqa: ANN001
+    """As if a job of ``kind`` on the window's runner had returned ``value``: it runs
+    through the runner, so every pane hears of it as of a real one."""
+    job = w.jobs.submit(kind, lambda _ctx: value)
+    wait_until(lambda: job.done, 10_000, f"the reported {kind}")
 
 
 @pytest.fixture
@@ -121,7 +166,7 @@ def loaded_window(app: QApplication, tmp_path_factory) -> Iterator[MainWindow]:
         return {"causal", "encoder"} <= set(w.picker.loaded)
 
     wait_until(ready, LOAD_TIMEOUT_MS, "the bundled models to load")
-    wait_until(lambda: w.handle.job == "", 10_000, "the worker to go idle")
+    wait_until(lambda: w.jobs.job == "", 10_000, "the runner to go idle")
     yield w
     w.close()
     w.deleteLater()

@@ -1,5 +1,5 @@
-"""Process memory (RSS) across the app worker's load, one reply and one embedding, unload
-of both bundled models, and a reload; ``off`` replaces the worker's release_memory (cycle
+"""Process memory (RSS) across the app's load jobs, one reply and one embedding, unload
+of both bundled models, and a reload; ``off`` replaces the registry's release_memory (cycle
 collection and malloc_trim after an unload) by nothing, for an A/B in separate processes.
 
     python tests/gui/measure_unload_memory.py on|off     # one JSON line
@@ -10,34 +10,36 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from types import SimpleNamespace
 
 import psutil
-from PySide6.QtCore import QCoreApplication
 
 
 def main(mode: str) -> dict:
-    app = QCoreApplication([])  # noqa: F841 - the worker's signals need an application
+    """The jobs run in this thread, on a context of their own (no runner, no Qt)."""
+    from gui import registry
     from gui import worker as W
 
     if mode == "off":
-        W.release_memory = lambda: None
+        registry.release_memory = lambda: None
 
     def rss() -> int:
         return psutil.Process().memory_info().rss
 
-    w, ev = W.Worker(), threading.Event()
+    ctx = SimpleNamespace(models=registry.ModelRegistry(), cancel=threading.Event(),
+                          progress=lambda _p: None)
     out = {"mode": mode, "start": rss()}
-    w.load("smollm2", "cpu", "", ev)
-    w.load("minilm", "cpu", "", ev)
+    W.load(ctx, "smollm2", "cpu", "")
+    W.load(ctx, "minilm", "cpu", "")
     out["loaded"] = rss()
-    w.generate(W.GenerateRequest([{"role": "user", "content": "Name three fruits."}], 16,
-                                 {"temperature": 0.0, "seed": 1}, policy="rolling"))
-    w.embed(["a cat", "a dog"] * 50, 32, threading.Event())
+    W.generate(ctx, W.GenerateRequest([{"role": "user", "content": "Name three fruits."}], 16,
+                                      {"temperature": 0.0, "seed": 1}, policy="rolling"))
+    W.embed(ctx, ["a cat", "a dog"] * 50, 32)
     out["after_use"] = rss()
-    w.unload("causal")
-    w.unload("encoder")
+    W.unload(ctx, "causal")
+    W.unload(ctx, "encoder")
     out["unloaded"] = rss()
-    w.load("smollm2", "cpu", "", ev)
+    W.load(ctx, "smollm2", "cpu", "")
     out["reloaded"] = rss()
     return out
 

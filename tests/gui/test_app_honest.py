@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import sqlite3
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,7 +16,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
 from gui import theme
-from tests.gui.conftest import make_settings, spin, wait_until
+from tests.gui.conftest import drain, job_result, make_settings, report, spin, wait_until
 from tests.gui.layout_probe import cut_off, plots_cut_off
 
 GEN_TIMEOUT_MS = 120_000
@@ -24,8 +25,7 @@ GEN_TIMEOUT_MS = 120_000
 def _offline_chat(w, monkeypatch) -> list:  # noqa: ANN001
     """A chat that believes a model is loaded; generation requests are recorded, not run."""
     sent: list = []
-    monkeypatch.setattr(w.handle, "generate", sent.append)
-    monkeypatch.setattr(w.handle, "measure", lambda *a: None)
+    monkeypatch.setattr(w.chat, "request_reply", sent.append)
     w.chat.set_model("SmolLM2-135M-Instruct")
     w.tabs.setCurrentWidget(w.chat)
     return sent
@@ -83,8 +83,8 @@ def test_3_every_tab_is_usable_at_800x600(make_window, monkeypatch) -> None:
     for kind, name in (("causal", "SmolLM2-135M-Instruct.Q4_1"), ("encoder", "all-MiniLM-L6-v2")):
         info = LoadedInfo(kind, name, f"/{name}", "cpu", why, 2**28, 2**27, 8192)
         info.template = "the file's own" if kind == "causal" else ""
-        w.handle.loaded.emit(info)
-    w.handle.generated.emit(_CachedLM().done())
+        report(w, "load", info)
+    report(w, "generate", _CachedLM().done())
     w.chat.set_context_length(2048)
     w.chat.continue_button.setVisible(True)  # the widest button row there is
     w.resize(800, 600)
@@ -126,7 +126,7 @@ def test_6_ctrl_z_in_the_message_box_undoes_a_deletion(make_window, qtbot, monke
     _offline_chat(w, monkeypatch)
     w.resize(800, 600)  # the narrowest window, with both models' names in the status bar
     for kind, name in (("causal", "SmolLM2-135M-Instruct.Q4_1"), ("encoder", "all-MiniLM-L6-v2")):
-        w.handle.loaded.emit(LoadedInfo(kind, name, f"/{name}", "cpu", "", None, None))
+        report(w, "load", LoadedInfo(kind, name, f"/{name}", "cpu", "", None, None))
     keep = w.store.create("Give me three tips for writing clear code, as a Markdown list")
     w.store.add_message(keep, "user", "hello")
     w.chat.refresh_list()
@@ -157,8 +157,12 @@ def test_6_ctrl_z_in_the_message_box_undoes_a_deletion(make_window, qtbot, monke
 class _CachedLM:
     """A chat model whose prompt cache served 308 of 316 prompt tokens."""
 
+    kind = "causal"
     context_length = 2048
     prompt_cache = SimpleNamespace(reused=308)
+
+    def close(self) -> None:
+        pass
 
     def plan(self, messages, max_tokens, cancel=None, continue_final=False):  # noqa: ANN001, ANN201
         return list(range(316)), None
@@ -179,24 +183,35 @@ class _CachedLM:
 
 
 def test_7_prefill_counts_prefilled_tokens_and_appears_when_prefill_ends(make_window) -> None:
+    from gui import worker
     from gui.format import message_stats
-    from gui.worker import GenerateRequest, Worker
+    from gui.registry import ModelRegistry
+    from gui.worker import GenerateRequest, Prefill
+    from inference.events import TokenEvent
 
-    worker, order = Worker(), []
-    worker.models["causal"] = _CachedLM()
-    worker.prefilled.connect(lambda p: order.append(("prefilled", p)))
-    worker.token.connect(lambda ev: order.append(("token", ev.index)))
-    worker.generated.connect(lambda d: order.append(("done", d)))
-    worker.generate(GenerateRequest([{"role": "user", "content": "hi"}], 3, policy="rolling"))
+    models, order = ModelRegistry(), []
+    models.put(_CachedLM())
+
+    def progress(p: object) -> None:
+        if isinstance(p, Prefill):
+            order.append(("prefilled", p))
+        elif isinstance(p, TokenEvent):
+            order.append(("token", p.index))
+
+    ctx = SimpleNamespace(models=models, cancel=threading.Event(), progress=progress)
+    done = worker.generate(ctx, GenerateRequest([{"role": "user", "content": "hi"}], 3,
+                                                policy="rolling"))
+    order.append(("done", done))
     assert [k for k, _ in order] == ["prefilled", "token", "token", "token", "done"]
     prefill = order[0][1]
     assert (prefill.n_prompt, prefill.n_cached, prefill.n_prefilled) == (316, 308, 8)
     assert prefill.tok_s == pytest.approx(8 / 0.25)  # not 316 / 0.25
 
     w = make_window()
-    w.handle.prefilled.emit(prefill)  # the point is drawn now, before any reply ends
+    job = w.jobs.submit("generate", lambda ctx: ctx.progress(prefill))  # before the end
+    wait_until(lambda: job.done, 10_000, "the prefill report")
     assert len(w.perf.prefills) == 1 and w.perf.prefills[-1][1] == pytest.approx(32.0)
-    w.handle.generated.emit(order[-1][1])
+    report(w, "generate", order[-1][1])
     assert "316 prompt tokens, 308 of them cached, 8 prefilled at 32 tok/s" \
         in w.perf.last_label.text()
     assert len(w.perf.prefills) == 1  # one point per message
@@ -256,10 +271,11 @@ def test_9_unloading_gives_memory_back_and_the_estimate_says_at_full_context(mak
     del pin
 
     w = make_window()
+    drain(w)  # the window's own discovery and estimates are in
     info = LoadedInfo("causal", "m", "/m.gguf", "cpu", "fast", 10, 5 * 2**20, 4096)
     w.picker.estimates = {"/m.gguf": SimpleNamespace(total=300 * 2**20, context=4096,
                                                       backend="cpu")}
-    w.handle.loaded.emit(info)
+    report(w, "load", info)
     text = w.picker.loaded_labels["causal"].text()
     assert "300.0 MiB at full context (4,096 tokens)" in text and "5.0 MiB" in text
 
@@ -272,7 +288,7 @@ def test_10_embeddings_keep_blank_lines_as_rows_and_say_what_was_cut(loaded_wind
     lines = ["a cat sleeps", "", "a dog barks", "   ", "word " * 4_000] + \
         [f"sentence {i}" for i in range(7)]
     pane.input.setPlainText("\n".join(lines) + "\n")
-    with qtbot.waitSignal(w.handle.embedded, timeout=GEN_TIMEOUT_MS) as got:
+    with job_result(qtbot, w.jobs, "embed", timeout=GEN_TIMEOUT_MS) as got:
         assert pane.embed()
     result = got.args[0]
     assert result.sentences == lines and result.vectors.shape[0] == len(lines)
@@ -280,7 +296,7 @@ def test_10_embeddings_keep_blank_lines_as_rows_and_say_what_was_cut(loaded_wind
     assert "Lines 2 and 4 are blank" in status
     assert "Line 5 was longer than the model's window" in status
     assert pane.k_box.value() == 10  # more than five neighbours by default
-    with qtbot.waitSignal(w.handle.exported, timeout=30_000):
+    with job_result(qtbot, w.jobs, "export", timeout=30_000):
         pane.export(str(tmp_path / "rows.csv"))
     rows = list(csv.reader((tmp_path / "rows.csv").open(encoding="utf-8")))
     assert [r[0] for r in rows[1:]] == lines

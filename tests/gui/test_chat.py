@@ -8,7 +8,7 @@ import sqlite3
 from PySide6.QtCore import QCoreApplication, Qt, QThread
 from PySide6.QtTest import QTest
 
-from tests.gui.conftest import LOAD_TIMEOUT_MS, spec_of, wait_until
+from tests.gui.conftest import LOAD_TIMEOUT_MS, job_result, on_tokens, spec_of, wait_until
 
 GEN_TIMEOUT_MS = 120_000
 
@@ -23,11 +23,11 @@ def test_send_streams_tokens_on_the_gui_thread(loaded_window, qtbot) -> None:
     w.chat.new_conversation()
     _quick(w)
     threads = []
-    w.handle.token.connect(lambda _ev: threads.append(QThread.currentThread()))
+    on_tokens(w, lambda _ev: threads.append(QThread.currentThread()))
     with qtbot.waitActive(w):
         w.activateWindow()
     w.chat.input.setPlainText("Say hello in three words.")
-    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS) as done:
+    with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS) as done:
         QTest.keyClick(w.chat.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
     ev = done.args[0]
     assert ev.n_generated >= 1 and threads
@@ -49,12 +49,12 @@ def test_stop_halts_within_one_token(loaded_window, qtbot) -> None:
     w.chat.new_conversation()
     w.chat.sampling.set_values({"max_tokens": 400, "temperature": 0.8, "seed": 3})
     tokens = []
-    w.handle.token.connect(tokens.append)
+    on_tokens(w, tokens.append)
     assert w.chat.send("Write a very long story about a dragon who learns to cook.")
     wait_until(lambda: len(tokens) >= 3, GEN_TIMEOUT_MS)
     with qtbot.waitActive(w):
         w.activateWindow()
-    with qtbot.waitSignal(w.handle.generated, timeout=30_000) as done:
+    with job_result(qtbot, w.jobs, "generate", timeout=30_000) as done:
         at_stop = w.chat.views()[-1]
         n_at_stop = len(tokens)
         QTest.keyClick(w, Qt.Key.Key_Escape)  # Esc = Stop
@@ -70,11 +70,11 @@ def test_regenerate_edit_last_and_export(loaded_window, qtbot, tmp_path) -> None
     w = loaded_window
     w.chat.new_conversation()
     _quick(w, 6)
-    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS):
+    with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS):
         w.chat.send("Name a colour.")
     first = w.store.messages(w.chat.conv_id)
     w.chat.sampling.set_values({"temperature": 1.0, "seed": 99})
-    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS):
+    with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS):
         w.chat.regenerate()
     again = w.store.messages(w.chat.conv_id)
     assert [m.role for m in again] == ["user", "assistant"]
@@ -95,7 +95,7 @@ def test_regenerate_edit_last_and_export(loaded_window, qtbot, tmp_path) -> None
     w.chat.edit_last()
     w.chat.input.setPlainText("Name a fruit.")
     _quick(w, 6)
-    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS):
+    with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS):
         assert w.chat.send()
     assert [v.text for v in w.chat.views()][0] == "Name a fruit."
     assert len(w.store.messages(w.chat.conv_id)) == 2
@@ -120,7 +120,7 @@ def test_streamed_reply_is_on_disk_as_soon_as_it_is_shown(loaded_window, qtbot) 
     (content,) = db.execute("SELECT content FROM messages WHERE id = ?",
                             (shown.msg_id,)).fetchone()
     assert content == shown.text
-    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS):
+    with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS):
         w.chat.stop()
     db.close()
 
@@ -129,12 +129,12 @@ def test_conversation_survives_closing_and_reopening(make_window, qtbot, tmp_pat
     d = tmp_path / "reopen"
     w = make_window(d)
     wait_until(lambda: bool(w.picker.specs), 30_000)
-    with qtbot.waitSignal(w.handle.loaded, timeout=LOAD_TIMEOUT_MS):
+    with job_result(qtbot, w.jobs, "load", timeout=LOAD_TIMEOUT_MS):
         w.picker.load(spec_of(w, "causal"))
     w.chat.new_conversation()
     w.chat.system_prompt.setPlainText("Answer briefly.")
     _quick(w, 6)
-    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS) as done:
+    with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS) as done:
         w.chat.send("What is two plus two?")
     reply, conv_id = done.args[0].text, w.chat.conv_id
     w.close()

@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from gui.compare_pane import COLUMNS, MAX_TOKENS, ComparePane
-from gui.worker import BackendInfo
+from gui.worker import BackendInfo, load
 from tests.gui.conftest import wait_until
 
 TINY = Path(__file__).resolve().parents[1] / "goldens" / "tiny" / "qwen3_q4_0.gguf"
@@ -37,7 +37,7 @@ def test_compare_tab_runs_end_to_end(window, qtbot):
     qtbot.mouseClick(pane.run_button, Qt.MouseButton.LeftButton)
     assert "Load a chat model first" in pane.message.text() and not pane.running
 
-    window.handle.load(str(TINY), "numpy")  # the Models tab's load: the pane hears of it
+    window.jobs.submit("load", load, str(TINY), "numpy")  # any load: the pane hears of it
     wait_until(lambda: pane.model_path == str(TINY), 30_000, "the tiny model to load")
     choose(pane, "numpy", "cpu")
     pane.tokens.setValue(6)
@@ -117,7 +117,7 @@ def test_shutdown_during_a_run_and_the_plot_follows_the_theme(app, qtbot):
     pane.tokens.setValue(MAX_TOKENS)
     pane.run()
     wait_until(lambda: pane.generated > 0, 30_000, "A's first step")
-    assert pane.shutdown(5000) and not pane.thread.isRunning()  # the close path
+    assert pane.shutdown(5000) and not pane.jobs.alive()  # the close path
 
     before = theme.choice()
     try:

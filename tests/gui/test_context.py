@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from PySide6.QtCore import QObject, Signal, Slot
 
-from inference.context import ContextFullError, fit
-from tests.gui.conftest import wait_until
+from gui.jobs import on_progress
+from inference.context import ContextFullError, Fitted, fit
+from tests.gui.conftest import drain, job_result, wait_until
 
 GEN_TIMEOUT_MS = 240_000
 SMALL_CONTEXT = 512
@@ -25,8 +23,8 @@ def small_context(loaded_window):
 
 
 def _chat_model(w):  # noqa: ANN001, ANN202
-    wait_until(lambda: w.handle.job == "", 30_000, "the worker to go idle")
-    return w.handle.worker.models["causal"]  # used while the worker is idle
+    wait_until(lambda: w.jobs.job == "", 30_000, "the worker to go idle")
+    return w.jobs.models.get("causal")  # used while the worker is idle
 
 
 def _long_chat(w, turns: int = 8) -> int:  # noqa: ANN001
@@ -80,19 +78,19 @@ def test_rolling_window_in_the_window_and_stop_says_what_to_change(small_context
     w.chat.sampling.set_values({"max_tokens": 4, "temperature": 0.0, "seed": 1})
     w.chat.policy_combo.setCurrentIndex(w.chat.policy_combo.findData("stop"))
     assert w.store.context_policy(conv) == "stop"
-    with qtbot.waitSignal(w.handle.failed, timeout=GEN_TIMEOUT_MS) as failed:
+    with qtbot.waitSignal(w.jobs.failed, timeout=GEN_TIMEOUT_MS) as failed:
         assert w.chat.send("Which island is best?")
     assert "Rolling window" in failed.args[1] and not w.chat.generating
     assert w.banner.isVisible() and "context" in w.banner.text()
     # Switch this chat to the rolling window and regenerate: it fits now.
     w.chat.policy_combo.setCurrentIndex(w.chat.policy_combo.findData("rolling"))
     planned: list = []
-    w.handle.planned.connect(planned.append)
+    conn = on_progress(w.jobs, Fitted, planned.append, "generate")
     try:
-        with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS) as done:
+        with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS) as done:
             w.chat.regenerate()
     finally:
-        w.handle.planned.disconnect(planned.append)
+        w.jobs.progress.disconnect(conn)
     fitted, ev = planned[-1], done.args[0]
     assert fitted.messages[0] == {"role": "system", "content": "You are a pirate."}
     assert fitted.dropped > 0 and fitted.limit == SMALL_CONTEXT
@@ -105,37 +103,6 @@ def test_rolling_window_in_the_window_and_stop_says_what_to_change(small_context
     assert w.chat.policy_combo.currentData() == "rolling"  # remembered per chat
 
 
-class _Drain(QObject):
-    """Lives on the worker's thread: its slot runs after every request queued before it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.done = threading.Event()
-
-    @Slot()
-    def mark(self) -> None:
-        self.done.set()
-
-
-class _Ping(QObject):
-    sent = Signal()
-
-
-_DRAINS: list[_Drain] = []  # never deleted from this thread while the worker may touch one
-
-
-def _drain_worker(w) -> None:  # noqa: ANN001
-    """Wait until the worker has finished every request queued so far. A quiet measure
-    reports no busy state, so ``handle.job`` cannot tell; queued requests run in order."""
-    drain, ping = _Drain(), _Ping()
-    _DRAINS.append(drain)
-    drain.moveToThread(w.handle.thread)
-    ping.sent.connect(drain.mark)  # queued: the receiver lives on the worker's thread
-    ping.sent.emit()
-    wait_until(drain.done.is_set, 60_000, "the worker's queued requests")
-    ping.sent.disconnect(drain.mark)
-
-
 def test_idle_indicator_counts_the_draft(small_context, qtbot) -> None:
     w = small_context
     w.tabs.setCurrentWidget(w.chat)
@@ -145,7 +112,7 @@ def test_idle_indicator_counts_the_draft(small_context, qtbot) -> None:
     # is used only while the worker is idle) and wait for the indicator to show exactly
     # that, not for the next signal. The drafts fit whole, so every policy counts alike.
     wait_until(lambda: not w.chat._measure_timer.isActive(), 30_000, "the measure timer")
-    _drain_worker(w)
+    drain(w)
     model = _chat_model(w)
     drafts = ["Hello there", "Hello there, " + "and a much longer draft " * 20]
     want = [fit(model, w.chat._history() + [{"role": "user", "content": d}],
@@ -163,13 +130,13 @@ def test_continue_after_a_reply_ends_on_its_limit(loaded_window, qtbot) -> None:
     w.tabs.setCurrentWidget(w.chat)
     w.chat.new_conversation()
     w.chat.sampling.set_values({"max_tokens": 6, "temperature": 0.0, "seed": 1})
-    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS) as first:
+    with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS) as first:
         assert w.chat.send("Write a long story about a lighthouse keeper.")
     assert first.args[0].finish_reason == "length"
     reply = w.chat.views()[-1]
     before, msg_id = reply.text, reply.msg_id
     assert w.chat.continue_button.isVisibleTo(w)
-    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS) as second:
+    with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS) as second:
         w.chat.continue_button.click()
     ev = second.args[0]
     views = w.chat.views()

@@ -9,7 +9,9 @@ import time
 import numpy as np
 
 from gui import analysis
-from gui.worker import EmbedResult
+from gui.jobs import on_progress
+from gui.worker import EmbedResult, Progress
+from tests.gui.conftest import job_result
 
 EMBED_TIMEOUT_MS = 120_000
 SUBJECTS = ["The cat", "A dog", "My neighbour", "The pilot", "A small robot", "The chef",
@@ -31,8 +33,8 @@ def test_embed_200_sentences_fills_heatmap_projection_and_search(loaded_window, 
     pane.set_sentences(sentences(200))
     assert len(pane.sentences()) == 200
     progress = []
-    w.handle.embed_progress.connect(lambda done, total: progress.append((done, total)))
-    with qtbot.waitSignal(w.handle.embedded, timeout=EMBED_TIMEOUT_MS) as got:
+    on_progress(w.jobs, Progress, lambda p: progress.append((p.done, p.total)), "embed")
+    with job_result(qtbot, w.jobs, "embed", timeout=EMBED_TIMEOUT_MS) as got:
         assert pane.embed()
         assert not pane.embed_button.isEnabled() and pane.cancel_button.isEnabled()
     result = got.args[0]
@@ -48,13 +50,13 @@ def test_embed_200_sentences_fills_heatmap_projection_and_search(loaded_window, 
     other = image[0, 100:200].mean()
     assert same > other
 
-    with qtbot.waitSignal(w.handle.neighbours, timeout=30_000) as hits:
+    with job_result(qtbot, w.jobs, "query", timeout=30_000) as hits:
         assert pane.query("A cat is sleeping near the garden", k=5)
-    assert hits.args[0][0][0] == "The cat sleeps near the garden."
+    assert hits.args[0].hits[0][0] == "The cat sleeps near the garden."
     assert pane.results.count() == 5 and len(pane.hits.data) == 5
 
     for name in ("vectors.npy", "vectors.csv"):
-        with qtbot.waitSignal(w.handle.exported, timeout=30_000):
+        with job_result(qtbot, w.jobs, "export", timeout=30_000):
             pane.export(str(tmp_path / name))
     np.testing.assert_allclose(np.load(tmp_path / "vectors.npy"), result.vectors)
     rows = list(csv.reader((tmp_path / "vectors.csv").open(encoding="utf-8")))
@@ -65,14 +67,14 @@ def test_cancel_embedding_keeps_the_worker_usable(loaded_window, qtbot) -> None:
     w = loaded_window
     pane = w.embed
     pane.set_sentences(sentences(200) * 5)
-    w.handle.embed_progress.connect(lambda *_: pane.cancel())  # cancel after the first batch
-    with qtbot.waitSignal(w.handle.cancelled, timeout=EMBED_TIMEOUT_MS) as got:
+    cancel = on_progress(w.jobs, Progress, lambda _p: pane.cancel(), "embed")  # after a batch
+    with qtbot.waitSignal(w.jobs.cancelled, timeout=EMBED_TIMEOUT_MS) as got:
         assert pane.embed()
-    w.handle.embed_progress.disconnect()
+    w.jobs.progress.disconnect(cancel)
     assert got.args == ["embed"] and "cancelled" in pane.status.text()
     assert pane.embed_button.isEnabled() and not pane.cancel_button.isEnabled()
     pane.set_sentences(sentences(8))
-    with qtbot.waitSignal(w.handle.embedded, timeout=EMBED_TIMEOUT_MS):
+    with job_result(qtbot, w.jobs, "embed", timeout=EMBED_TIMEOUT_MS):
         pane.embed()
     assert pane.heat_item.image.shape == (8, 8)
 
@@ -113,7 +115,7 @@ def test_a_thousand_real_sentences_stay_readable(loaded_window, qtbot) -> None:
     w.tabs.setCurrentWidget(pane)
     topics = ("cats", "stocks", "bread", "football", "rain")
     pane.set_sentences([f"Sentence {i} is about {topics[i % 5]}." for i in range(1000)])
-    with qtbot.waitSignal(w.handle.embedded, timeout=EMBED_TIMEOUT_MS):
+    with job_result(qtbot, w.jobs, "embed", timeout=EMBED_TIMEOUT_MS):
         assert pane.embed()
     r = pane.result
     assert len(r.sentences) == 1000 and r.block == 3

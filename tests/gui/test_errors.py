@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import struct
 
-from tests.gui.conftest import spin
+from gui.jobs import on_progress
+from gui.worker import LoadProgress
+from tests.gui.conftest import job_result, spin
 
 
 def test_corrupt_gguf_shows_a_message_and_the_app_keeps_working(loaded_window, qtbot,
@@ -23,10 +25,10 @@ def test_corrupt_gguf_shows_a_message_and_the_app_keeps_working(loaded_window, q
     assert str(bad) not in w.settings.extra_paths()  # a file that failed is not kept
     assert {"causal", "encoder"} <= set(w.picker.loaded)  # what was loaded stays loaded
     spin(200)
-    assert w.handle.thread.isRunning()
+    assert w.jobs.alive()
     w.chat.new_conversation()
     w.chat.sampling.set_values({"max_tokens": 4, "temperature": 0.0})
-    with qtbot.waitSignal(w.handle.generated, timeout=120_000) as done:
+    with job_result(qtbot, w.jobs, "generate", timeout=120_000) as done:
         w.chat.send("Hi")
     assert done.args[0].n_generated >= 1
     w.banner.hide()
@@ -74,17 +76,17 @@ def test_dropping_a_non_model_file_says_why(make_window, qtbot, tmp_path) -> Non
 def test_unload_then_use_says_so_and_reload_works(loaded_window, qtbot) -> None:
     w = loaded_window
     encoder = w.picker.loaded["encoder"]
-    with qtbot.waitSignal(w.handle.unloaded, timeout=30_000):
+    with job_result(qtbot, w.jobs, "unload", timeout=30_000):
         w.picker.unload_embed.click()
     assert "encoder" not in w.picker.loaded and not w.picker.unload_embed.isEnabled()
     w.embed.set_sentences(["one", "two"])
-    with qtbot.waitSignal(w.handle.failed, timeout=30_000) as failed:
+    with qtbot.waitSignal(w.jobs.failed, timeout=30_000) as failed:
         w.embed.embed()
     assert "Load an embedding model" in failed.args[1] == w.embed.status.text()
     spec = next(s for s in w.picker.specs if str(s.path) == encoder.path)
     fractions: list[int] = []
-    w.handle.load_progress.connect(lambda done, total: fractions.append(done * 1000 // total))
-    with qtbot.waitSignal(w.handle.loaded, timeout=60_000):
+    on_progress(w.jobs, LoadProgress, lambda p: fractions.append(p.done * 1000 // p.total))
+    with job_result(qtbot, w.jobs, "load", timeout=60_000):
         w.picker.load(spec)
     assert w.picker.loaded["encoder"].name == encoder.name
     assert fractions and fractions[-1] == 1000  # the bar followed the weights to the end

@@ -7,7 +7,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
-from tests.gui.conftest import wait_until
+from tests.gui.conftest import job_result, wait_until
 from tests.gui.test_render import CPP, shown
 
 GEN_TIMEOUT_MS = 240_000
@@ -23,7 +23,7 @@ def test_angle_brackets_sent_to_the_real_model_are_shown_in_full(loaded_window, 
     w.chat.new_conversation()
     _quick(w, 4)
     w.chat.input.setPlainText(CPP)
-    with qtbot.waitSignal(w.handle.generated, timeout=GEN_TIMEOUT_MS):
+    with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS):
         QTest.keyClick(w.chat.input, Qt.Key.Key_Return)  # Enter sends (the default)
     user = w.chat.views()[0]
     assert user.text == CPP and CPP in shown(user)
@@ -135,12 +135,12 @@ def test_neighbours_count_adapts_and_counts_read_right(loaded_window, qtbot) -> 
     assert pane.count_label.text() == "1 sentence"
     pane.set_sentences(["a cat sleeps", "a dog barks", "stock prices fell"])
     assert pane.count_label.text() == "3 sentences"
-    with qtbot.waitSignal(w.handle.embedded, timeout=GEN_TIMEOUT_MS):
+    with job_result(qtbot, w.jobs, "embed", timeout=GEN_TIMEOUT_MS):
         pane.embed()
     assert pane.k_box.maximum() == 2  # k <= n - 1: never every point circled
-    with qtbot.waitSignal(w.handle.neighbours, timeout=GEN_TIMEOUT_MS) as got:
+    with job_result(qtbot, w.jobs, "query", timeout=GEN_TIMEOUT_MS) as got:
         assert pane.query("a kitten naps", k=10)
-    assert len(got.args[0]) == 2
+    assert len(got.args[0].hits) == 2
 
 
 def test_adding_a_file_asks_before_replacing_a_loaded_model(loaded_window, monkeypatch
@@ -152,7 +152,7 @@ def test_adding_a_file_asks_before_replacing_a_loaded_model(loaded_window, monke
     asked: list[str] = []
     monkeypatch.setattr(w.picker, "confirm_replace", lambda name: asked.append(name) or False)
     loads: list[object] = []
-    monkeypatch.setattr(w.handle, "load", lambda *a: loads.append(a))
+    monkeypatch.setattr(w.picker, "load", lambda *a: loads.append(a))
     try:
         w.picker.add_files([path])
         assert asked and not loads  # "No": listed, not loaded

@@ -10,6 +10,7 @@ import pytest
 
 from gui import hub
 from gui.hub import OFFLINE, quant_of
+from tests.gui.conftest import job_result
 
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
 
@@ -61,14 +62,14 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> type[FakeApi]:
 def test_search_pick_a_repo_and_a_file_in_the_window(make_window, qtbot, fake_hub) -> None:
     w = make_window()
     box = w.picker.download_box
-    with qtbot.waitSignal(w.downloads.found, timeout=30_000):
+    with job_result(qtbot, w.downloads, "search", timeout=30_000):
         box.query.setText("  smollm2   gguf ")
         box.search_button.click()
     assert fake_hub.calls[0] == ("list_models", "smollm2 gguf", "downloads", hub.SEARCH_LIMIT)
     assert box.results.rowCount() == 2 and box.search_split.isVisibleTo(w)
     assert [box.results.item(0, c).text() for c in range(3)] == [REPO, "123K", "gguf"]
     assert box.results.item(1, 2).text() == "—"
-    with qtbot.waitSignal(w.downloads.repo_listed, timeout=30_000):
+    with job_result(qtbot, w.downloads, "list_repo", timeout=30_000):
         box.results.selectRow(0)
     assert fake_hub.calls[-1] == ("model_info", REPO, True)
     assert box.repo.text() == REPO

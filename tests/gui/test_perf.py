@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gui.perf_pane import TTFT_KEEP, _threads_note
-from tests.gui.conftest import spin
+from tests.gui.conftest import job_result, spin
 
 
 def test_graphs_receive_points_while_generating(loaded_window, qtbot) -> None:
@@ -19,7 +19,7 @@ def test_graphs_receive_points_while_generating(loaded_window, qtbot) -> None:
     w.chat.sampling.set_values({"max_tokens": 24, "temperature": 0.0})
     before = p.points()
     n0 = p.n_samples
-    with qtbot.waitSignal(w.handle.generated, timeout=120_000) as done:
+    with job_result(qtbot, w.jobs, "generate", timeout=120_000) as done:
         assert w.chat.send("Count from one to twenty.")
     spin(600)
     after = p.points()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.gui.conftest import spec_of, wait_until
+from tests.gui.conftest import job_result, spec_of, wait_until
 
 
 def _choose(combo, value: str) -> None:  # noqa: ANN001
@@ -17,17 +17,17 @@ def test_half_cache_is_estimated_loaded_and_remembered(make_window, qtbot) -> No
     p = w.picker
     wait_until(lambda: bool(p.specs) and p.backend_infos, 60_000, "models and backends")
     _choose(p.backend_combo, "cpu")
-    with qtbot.waitSignal(w.handle.estimated, timeout=120_000,
-                          check_params_cb=lambda b, _c, k, _e: (b, k) == ("cpu", "float16")):
+    with job_result(qtbot, w.jobs, "estimate", timeout=120_000,
+                    check=lambda e: (e.backend, e.kv_dtype) == ("cpu", "float16")):
         _choose(p.kv_combo, "float16")
     assert w.settings.get("models/kv_dtype", "", str) == "float16"
     spec = spec_of(w, "causal")
     e = p.estimates[str(spec.path)]
     assert e.kv == 2 * 30 * 3 * 64 * e.context * 2  # SmolLM2's layers, kv heads, dims; 2 bytes
-    with qtbot.waitSignal(w.handle.loaded, timeout=120_000):
+    with job_result(qtbot, w.jobs, "load", timeout=120_000):
         p.load(spec)
-    wait_until(lambda: w.handle.job == "", 30_000, "the worker to go idle")
-    assert w.handle.worker.models["causal"].backend.kv_dtype == np.float16
+    wait_until(lambda: w.jobs.job == "", 30_000, "the worker to go idle")
+    assert w.jobs.models.get("causal").backend.kv_dtype == np.float16
 
 
 def test_a_backend_without_the_type_says_so(make_window, qtbot) -> None:
@@ -36,12 +36,12 @@ def test_a_backend_without_the_type_says_so(make_window, qtbot) -> None:
     wait_until(lambda: bool(p.specs) and p.backend_infos, 60_000, "models and backends")
     _choose(p.backend_combo, "numpy")
     _choose(p.kv_combo, "float16")
-    with qtbot.waitSignal(w.handle.failed, timeout=60_000) as failed:
+    with qtbot.waitSignal(w.jobs.failed, timeout=60_000) as failed:
         p.load(spec_of(w, "causal"))
     kind, message = failed.args
     assert kind == "load" and message == ("The numpy backend keeps its KV cache in float32, "
                                           "not float16.")
-    assert w.banner.isVisible() and w.handle.thread.isRunning()
+    assert w.banner.isVisible() and w.jobs.alive()
     _choose(p.kv_combo, "")
-    with qtbot.waitSignal(w.handle.loaded, timeout=120_000):
+    with job_result(qtbot, w.jobs, "load", timeout=120_000):
         p.load(spec_of(w, "causal"))

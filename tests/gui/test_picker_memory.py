@@ -36,7 +36,7 @@ from inference.backends import create
 from inference.events import MemorySample
 from inference.memory_estimate import estimate
 from inference.store import resolve
-from tests.gui.conftest import wait_until
+from tests.gui.conftest import job_result, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "tests/goldens/tiny/"
@@ -141,8 +141,8 @@ def test_the_picker_passes_the_users_context(make_window, qtbot) -> None:
     w = make_window()
     p = w.picker
     wait_until(lambda: bool(p.specs) and p.backend_infos, 60_000, "models and backends")
-    with qtbot.waitSignal(w.handle.estimated, timeout=120_000,
-                          check_params_cb=lambda _b, c, _k, _e: c == 2048):
+    with job_result(qtbot, w.jobs, "estimate", timeout=120_000,
+                    check=lambda e: e.context == 2048):
         p.context_box.setValue(2048)
     assert w.settings.context() == 2048
     row = next(r for r, s in enumerate(p.specs) if s.kind == "causal")

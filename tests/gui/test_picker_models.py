@@ -84,7 +84,7 @@ def test_a_model_that_cannot_run_says_why_and_cannot_be_loaded(listed, monkeypat
     w, _, refused = listed
     p = w.picker
     loads: list[tuple] = []
-    monkeypatch.setattr(w.handle, "load", lambda *a: loads.append(a))
+    monkeypatch.setattr(w.picker, "load", lambda *a: loads.append(a))
     for path in refused:
         r = _row(p, path)
         spec = p.specs[r]

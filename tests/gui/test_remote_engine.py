@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from inference.server.run import ServerThread
-from tests.gui.conftest import LOAD_TIMEOUT_MS, wait_until
+from tests.gui.conftest import LOAD_TIMEOUT_MS, on_tokens, wait_until
 from tests.server_support import engine, server  # noqa: F401 - session fixtures
 from tests.test_remote import GOOD, _abort_connections, _broken_server
 
@@ -80,10 +80,10 @@ def test_chat_embeddings_and_perf_on_a_remote_inferdesk(make_window, engine, ser
             decode_seen.append(w.perf.decode)
 
     before = w.perf.points()  # what was sampled before the remote engine came
-    w.handle.token.connect(sample_on_token)
+    conn = on_tokens(w, sample_on_token)
     prompt = "Count from one to twenty in words."
     view = _reply(w, prompt, max_tokens=12)
-    w.handle.token.disconnect(sample_on_token)
+    w.jobs.progress.disconnect(conn)
     system = w.chat.system_prompt.toPlainText()
     with openai.OpenAI(base_url=server.url, api_key="x", max_retries=0,
                        timeout=300) as client:
@@ -145,9 +145,9 @@ def test_connection_lost_mid_reply_keeps_the_partial_answer(make_window, engine)
                 lost.append(ev.index)
                 _abort_connections(srv)
 
-        w.handle.token.connect(drop)
+        conn = on_tokens(w, drop)
         view = _reply(w, "Count from one to one hundred in words.", max_tokens=200)
-        w.handle.token.disconnect(drop)
+        w.jobs.progress.disconnect(conn)
     finally:
         srv.stop(close_engine=False)
     assert lost
@@ -209,7 +209,7 @@ def test_connection_errors_are_one_sentence(make_window, engine):  # noqa: F811
     finally:
         keyed.stop(close_engine=False)
         html.stop()
-    assert w.isVisible() and w.handle.thread.isRunning()
+    assert w.isVisible() and w.jobs.alive()
 
 
 def test_malformed_chunks_are_a_clear_error(make_window):
@@ -227,4 +227,4 @@ def test_malformed_chunks_are_a_clear_error(make_window):
     assert w.banner.isVisible() and "malformed stream chunk" in w.banner.text()
     assert srv.url in w.banner.text()
     assert view.text == "Hel" and w.store.messages(w.chat.conv_id)[-1].content == "Hel"
-    assert w.handle.thread.isRunning()
+    assert w.jobs.alive()

@@ -18,7 +18,7 @@ import time
 
 from PySide6.QtCore import QObject, Qt, QTimer
 
-from tests.gui.conftest import spin
+from tests.gui.conftest import job_result, spin
 from tests.gui.test_embed import sentences
 
 SANITY_MS = 1000.0  # a stall this long means work ran on the GUI thread
@@ -72,18 +72,18 @@ def test_event_loop_never_stalls_during_generation_and_embedding(loaded_window, 
         spin(300)
 
     show(w.chat)  # streaming Markdown on screen
-    with StallMeter() as chat_meter, qtbot.waitSignal(w.handle.generated, timeout=120_000):
+    with StallMeter() as chat_meter, job_result(qtbot, w.jobs, "generate", timeout=120_000):
         w.chat.send("Write a short poem about autumn leaves, with a title in bold.")
     results["generation (chat visible)"] = chat_meter
 
     show(w.perf)  # live graphs on screen
-    with StallMeter() as perf_meter, qtbot.waitSignal(w.handle.generated, timeout=120_000):
+    with StallMeter() as perf_meter, job_result(qtbot, w.jobs, "generate", timeout=120_000):
         w.chat.regenerate()
     results["generation (graphs visible)"] = perf_meter
 
     show(w.embed)  # progress bar, then heatmap and scatter drawn
     w.embed.set_sentences(sentences(200))
-    with StallMeter() as embed_meter, qtbot.waitSignal(w.handle.embedded, timeout=120_000):
+    with StallMeter() as embed_meter, job_result(qtbot, w.jobs, "embed", timeout=120_000):
         w.embed.embed()
     results["embedding 200 sentences"] = embed_meter
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gui.conversations import ConversationStore
-from tests.gui.conftest import make_settings, spin, wait_until
+from tests.gui.conftest import job_result, make_settings, spin, wait_until
 
 GEN_TIMEOUT_MS = 240_000
 REPO = Path(__file__).resolve().parents[2]
@@ -141,7 +141,7 @@ def chat_window(make_window, tmp_path, qtbot):  # noqa: ANN001, ANN201
     def make(data: Path):  # noqa: ANN202
         w = make_window(data)
         wait_until(lambda: bool(w.picker.specs), 60_000)
-        with qtbot.waitSignal(w.handle.loaded, timeout=LOAD_TIMEOUT_MS):
+        with job_result(qtbot, w.jobs, "load", timeout=LOAD_TIMEOUT_MS):
             w.picker.load(spec_of(w, "causal"))
         w.tabs.setCurrentWidget(w.chat)
         w.chat.new_conversation()
@@ -312,4 +312,4 @@ def test_closing_while_a_job_ignores_cancel_exits_cleanly(tmp_path) -> None:
     # Not 134 (SIGABRT from "QThread: Destroyed while thread is still running").
     assert r.returncode == 0, r.stderr[-2000:]
     assert "closed in" in r.stdout and "Destroyed while thread" not in r.stderr
-    assert "detached" in r.stderr
+    assert "did not stop within" in r.stderr  # left to end with the process

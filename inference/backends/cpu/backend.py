@@ -123,6 +123,8 @@ def _activations(requested: str | None) -> str:
 
 class CpuBackend(NumpyBackend):
     name = "cpu"
+    # (done, total, what) as prepare() readies kernels (numba compiles any not yet cached)
+    compile_progress: Callable[[int, int, str], None] | None = None
     device = "CPU (numba kernels, quantized weights)"
     score_copies = 1  # the fused softmax works in place
     own_threads = True  # shares work out between its threads; BLAS runs one (_share)
@@ -233,8 +235,12 @@ class CpuBackend(NumpyBackend):
         key = (frozenset(self._qtypes), self.activations, str(self.kv_dtype))
         if key in _PREPARED:
             return
-        for qtype in sorted(filter(has_zero_weight, self._qtypes)):
+        qtypes = sorted(filter(has_zero_weight, self._qtypes))
+        say = self.compile_progress or (lambda *_: None)
+        say(0, len(qtypes) + 1, "")
+        for i, qtype in enumerate(qtypes):
             products(self, qtype)
+            say(i + 1, len(qtypes) + 1, f"{qtype} products")
         x = np.ones((1, 2, 3, 64), np.float32)
         self.rms_norm(x, np.ones(64, np.float32), 1e-6)
         self.silu_mul(x, x)
@@ -248,6 +254,7 @@ class CpuBackend(NumpyBackend):
         self.attend_rows(heads, heads[:, :1], heads[:, :1], [KVCache(self, 1)], 0,
                          theta=10000.0, freq_factors=None, scale=0.125, window=None,
                          softcap=None)
+        say(len(qtypes) + 1, len(qtypes) + 1, "norms, RoPE, attention")
         _PREPARED.add(key)
 
     # --- a decode step's replay calls (replay) ----------------------------------------
@@ -1131,6 +1138,8 @@ def probe() -> tuple[bool, str]:
                   f"{features.float16_converts()}, {dot}")
 
 
-def create() -> CpuBackend:
-    return CpuBackend()
+def create(compile_progress: Callable[[int, int, str], None] | None = None) -> CpuBackend:
+    b = CpuBackend()
+    b.compile_progress = compile_progress
+    return b
 
