@@ -1,4 +1,6 @@
-"""Chat: conversations list, streamed Markdown replies, system prompt and sampling.
+"""Chat: the conversation list (gui.conversation_list), the streamed Markdown replies,
+the composer and settings column (gui.composer), and the messages' way to the database
+(gui.reply_store), composed into one pane that runs the replies.
 
 Tokens arrive as queued signals; the reply is re-rendered and saved at most every
 RENDER_MS, not per token, so a fast model cannot flood the event loop with layouts.
@@ -10,24 +12,14 @@ what is unsaved with Retry / Save as…, and a chat that keeps working.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
-    QComboBox,
     QFileDialog,
-    QGroupBox,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
-    QListWidget,
-    QListWidgetItem,
-    QMenu,
-    QPlainTextEdit,
-    QPushButton,
     QScrollArea,
     QSplitter,
     QVBoxLayout,
@@ -35,6 +27,8 @@ from PySide6.QtWidgets import (
 )
 
 from gui import worker
+from gui.composer import ChatSettings, Composer
+from gui.conversation_list import ConversationList
 from gui.conversations import (
     ConversationStore,
     DeletedConversation,
@@ -44,35 +38,18 @@ from gui.conversations import (
     write_atomic,
 )
 from gui.error_banner import ErrorBanner
-from gui.flow_layout import FlowLayout
 from gui.jobs import JobRunner
 from gui.message_view import MessageView
-from gui.sampling_panel import SamplingPanel
+from gui.reply_store import PendingWrite, ReplyStore
 from gui.settings import DEFAULT_SYSTEM_PROMPT, Settings
-from gui.theme import icon
 from gui.worker import GenerateRequest, prefill_of
-from inference.context import DEFAULT_POLICY, POLICIES, POLICY_TIPS
+from inference.context import DEFAULT_POLICY, POLICIES
 
 RENDER_MS = 50
 MEASURE_MS = 400  # the idle context indicator re-counts this long after the last keystroke
 TITLE_CHARS = 48
 NEW_TITLE = "New chat"
 NEAR_COLOR, OVER_COLOR = "#d97706", "#dc2626"  # readable on the light and the dark theme
-
-
-@dataclass
-class PendingWrite:
-    """A message the window shows that the database does not hold (yet)."""
-    conv_id: int
-    role: str
-    content: str
-    stats: dict | None = None
-    msg_id: int | None = None  # None: its row was never inserted
-    view: MessageView | None = None
-
-    def describe(self) -> str:
-        who = "your message" if self.role == "user" else "the reply"
-        return f"{who} ({len(self.content):,} characters)"
 
 
 class ChatPane(QWidget):
@@ -91,7 +68,7 @@ class ChatPane(QWidget):
         self.remote = False  # the chat model is a remote engine (it counts tokens itself)
         self.profile = False
         self.generating = False
-        self.pending: list[PendingWrite] = []
+        self.replies = ReplyStore(store, on_failure=self._storage_failed)
         self._undo: list[DeletedConversation] = []
         self._editing: tuple[int, str] | None = None  # (user message id, draft it replaced)
         self._reply: PendingWrite | None = None  # the streaming reply (text kept in memory)
@@ -124,30 +101,14 @@ class ChatPane(QWidget):
         outer.setContentsMargins(6, 6, 6, 6)
         outer.addWidget(split)
 
-        left = QWidget()
-        lv = QVBoxLayout(left)
-        lv.setContentsMargins(0, 0, 0, 0)
-        self.new_button = QPushButton(icon("new-chat"), "New chat")
-        self.new_button.setToolTip("New chat (Ctrl+N)")
-        self.new_button.clicked.connect(self.new_conversation)
-        self.search = QLineEdit()
-        self.search.setPlaceholderText("Search chats…")
-        self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(lambda _t: self.refresh_list())
-        self.conv_list = QListWidget()
-        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.conv_list.setEditTriggers(QListWidget.EditTrigger.EditKeyPressed
-                                       | QListWidget.EditTrigger.DoubleClicked)
-        self.conv_list.currentItemChanged.connect(self._on_pick)
-        self.conv_list.itemChanged.connect(self._on_renamed)
-        self.delete_button = QPushButton(icon("trash"), "Delete")
-        self.delete_button.setToolTip("Delete this chat (Ctrl+Z undoes it)")
-        self.delete_button.clicked.connect(self.delete_conversation)
-        lv.addWidget(self.new_button)
-        lv.addWidget(self.search)
-        lv.addWidget(self.conv_list, 1)
-        lv.addWidget(self.delete_button)
+        self.conversations = left = ConversationList()
+        self.new_button, self.search = left.new_button, left.search
+        self.conv_list, self.delete_button = left.list, left.delete_button
+        left.new_button.clicked.connect(lambda: self.new_conversation())
+        left.delete_button.clicked.connect(self.delete_conversation)
+        left.search_changed.connect(lambda _t: self.refresh_list())
+        left.picked.connect(self.open_conversation)
+        left.renamed.connect(self.rename_conversation)
 
         middle = QWidget()
         mv = QVBoxLayout(middle)
@@ -170,102 +131,36 @@ class ChatPane(QWidget):
         self._at_bottom = True
         bar.valueChanged.connect(
             lambda v: setattr(self, "_at_bottom", v >= bar.maximum() - 4))
-        self.input = QPlainTextEdit()
-        self.input.setMaximumHeight(110)
+        self.composer = composer = Composer()
+        self.wait_label, self.input = composer.wait_label, composer.input
+        self.send_button, self.stop_button = composer.send_button, composer.stop_button
+        self.regen_button, self.edit_button = composer.regen_button, composer.edit_button
+        self.continue_button, self.export_button = (composer.continue_button,
+                                                    composer.export_button)
+        self.context_label, self.model_label = composer.context_label, composer.model_label
+        self.context_length: int | None = None  # the loaded model's context
         self.input.installEventFilter(self)
         self.input.textChanged.connect(self._measure_timer.start)
-        button_row = QWidget()
-        buttons = FlowLayout(button_row)  # wraps in a narrow window instead of cutting labels
-        self.send_button = QPushButton(icon("send"), "Send")
-        self.send_button.setObjectName("Primary")
         self.send_button.clicked.connect(lambda: self.send())
-        self.stop_button = QPushButton(icon("stop"), "Stop")
-        self.stop_button.setToolTip("Stop generating (Esc)")
         self.stop_button.clicked.connect(self.stop)
-        self.regen_button = QPushButton(icon("regenerate"), "Regenerate")
-        self.regen_button.setToolTip("A new version of the last reply (earlier ones are kept)")
         self.regen_button.clicked.connect(self.regenerate)
-        self.edit_button = QPushButton(icon("edit"), "Edit last")
-        self.edit_button.setToolTip("Edit your last message: it is replaced when you send "
-                                    "(Esc puts things back)")
         self.edit_button.clicked.connect(self.edit_last)
-        self.continue_button = QPushButton(icon("send"), "Continue")
-        self.continue_button.setToolTip("The reply stopped at its token limit: write more "
-                                        "of it")
         self.continue_button.clicked.connect(self.continue_reply)
-        self.export_button = QPushButton(icon("export"), "Export")
-        menu = QMenu(self.export_button)
-        menu.addAction("Markdown…", lambda: self._export_dialog("md"))
-        menu.addAction("JSON…", lambda: self._export_dialog("json"))
-        self.export_button.setMenu(menu)
-        self.context_label = QLabel("")
-        self.context_label.setObjectName("Hint")
-        self.context_label.setToolTip("Tokens this chat sends the model, against the "
-                                      "context it may use")
-        self.context_length: int | None = None  # the loaded model's context
-        self.model_label = QLabel("No chat model loaded")
-        self.model_label.setObjectName("Hint")
-        self.model_label.setMinimumWidth(40)
-        self.model_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        for b in (self.send_button, self.stop_button, self.continue_button, self.regen_button,
-                  self.edit_button):
-            buttons.addWidget(b)
-        buttons.add_stretch()
-        buttons.addWidget(self.export_button)
-        info = QHBoxLayout()  # the model and the indicator: a row of their own, never squeezed
-        info.addWidget(self.model_label, 1)
-        info.addWidget(self.context_label)
+        composer.export_menu.addAction("Markdown…", lambda: self._export_dialog("md"))
+        composer.export_menu.addAction("JSON…", lambda: self._export_dialog("json"))
         mv.addWidget(self.store_banner)
         mv.addWidget(self.banner)
         mv.addWidget(self.scroll, 1)
-        # What a reply waits for before its first token (kernels compiling), as it happens.
-        self.wait_label = QLabel("")
-        self.wait_label.setObjectName("Hint")
-        self.wait_label.setWordWrap(True)
-        self.wait_label.setMinimumWidth(20)
-        self.wait_label.setVisible(False)
-        mv.addWidget(self.wait_label)
-        mv.addLayout(info)
-        mv.addWidget(self.input)
-        mv.addWidget(button_row)
+        mv.addWidget(composer)
 
-        right = QWidget()
-        rv = QVBoxLayout(right)
-        rv.setContentsMargins(0, 0, 0, 0)
-        sys_box = QGroupBox("System prompt (this chat)")
-        sv = QVBoxLayout(sys_box)
-        self.system_prompt = QPlainTextEdit()
-        self.system_prompt.setMaximumHeight(120)
+        self.chat_settings = right = ChatSettings(self.settings.sampling())
+        self.system_prompt, self.default_button = right.system_prompt, right.default_button
+        self.policy_combo, self.fit_note = right.policy_combo, right.fit_note
+        self.sampling = right.sampling
         self.system_prompt.textChanged.connect(self._save_system_prompt)
-        self.default_button = QPushButton("Make this the default")
-        self.default_button.setToolTip("New chats start with this system prompt")
         self.default_button.clicked.connect(self.make_default_prompt)
-        sv.addWidget(self.system_prompt)
-        sv.addWidget(self.default_button)
-        ctx_box = QGroupBox("Context (this chat)")
-        cv = QVBoxLayout(ctx_box)
-        self.policy_combo = QComboBox()
-        for key, name in POLICIES.items():
-            self.policy_combo.addItem(name, key)
-            self.policy_combo.setItemData(self.policy_combo.count() - 1, POLICY_TIPS[key],
-                                          Qt.ItemDataRole.ToolTipRole)
-        self.policy_combo.setToolTip("What happens when the chat outgrows the context")
         self.policy_combo.currentIndexChanged.connect(self._on_policy_changed)
-        self.fit_note = QLabel("")
-        self.fit_note.setObjectName("Hint")
-        self.fit_note.setWordWrap(True)
-        self.fit_note.setVisible(False)
-        cv.addWidget(self.policy_combo)
-        cv.addWidget(self.fit_note)
-        samp_box = QGroupBox("Sampling")
-        sb = QVBoxLayout(samp_box)
-        self.sampling = SamplingPanel(self.settings.sampling())
         self.sampling.changed.connect(self.settings.set_sampling)
-        sb.addWidget(self.sampling)
-        rv.addWidget(sys_box)
-        rv.addWidget(ctx_box)
-        rv.addWidget(samp_box)
-        rv.addStretch(1)
 
         for w in (left, right):
             w.setMinimumWidth(150)
@@ -358,40 +253,18 @@ class ChatPane(QWidget):
             self._storage_failed(exc, what)
             return False
 
-    def _persist(self, pw: PendingWrite) -> bool:
-        """Write one message (insert or update). On failure it joins :attr:`pending`;
-        while anything is pending, later writes queue behind it to keep their order."""
-        if pw in self.pending:
-            return False
-        if self.pending:
-            self.pending.append(pw)
-            self._show_pending()
-            return False
-        try:
-            self._write(pw)
-            return True
-        except StorageError as exc:
-            self.pending.append(pw)
-            self._storage_failed(exc)
-            return False
+    @property
+    def pending(self) -> list[PendingWrite]:
+        """Messages shown but not saved yet, oldest first (the reply store's)."""
+        return self.replies.pending
 
-    def _write(self, pw: PendingWrite) -> None:
-        if pw.msg_id is None:
-            pw.msg_id = self.store.add_message(pw.conv_id, pw.role, pw.content, pw.stats)
-            if pw.view is not None:
-                pw.view.msg_id = pw.msg_id
-        else:
-            self.store.update_message(pw.msg_id, pw.content, pw.stats)
+    def _persist(self, pw: PendingWrite) -> bool:
+        return self.replies.persist(pw)
 
     def retry_pending(self) -> bool:
         """Write what is pending, in order; True when nothing is left unsaved."""
-        while self.pending:
-            try:
-                self._write(self.pending[0])
-            except StorageError as exc:
-                self._storage_failed(exc)
-                return False
-            self.pending.pop(0)
+        if not self.replies.retry():
+            return False
         self.banner.hide()
         self.refresh_list()
         return True
@@ -407,7 +280,7 @@ class ChatPane(QWidget):
     def _show_pending(self) -> None:
         if not self.pending:
             return
-        items = ", ".join(pw.describe() for pw in self.pending)
+        items = self.replies.unsaved()
         reason = getattr(self, "_last_storage_error", "")
         self.banner.show_error(
             f"{reason} Not saved: {items}. It is kept in this window until you quit: "
@@ -434,24 +307,8 @@ class ChatPane(QWidget):
 
     # --- conversations ---------------------------------------------------------------
     def refresh_list(self) -> None:
-        convs = self._safe(self.store.conversations, self.search.text().strip()) or []
-        self.conv_list.blockSignals(True)
-        self.conv_list.clear()
-        for conv in convs:
-            item = QListWidgetItem(conv.title)
-            item.setData(Qt.ItemDataRole.UserRole, conv.id)
-            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(conv.updated))
-            item.setToolTip(f"{conv.title}\n{when} (F2 or double-click renames)")
-            self.conv_list.addItem(item)
-            if conv.id == self.conv_id:
-                self.conv_list.setCurrentItem(item)
-        self.conv_list.blockSignals(False)
-
-    def _on_renamed(self, item: QListWidgetItem) -> None:
-        title = " ".join(item.text().split())
-        if title:
-            self.rename_conversation(int(item.data(Qt.ItemDataRole.UserRole)), title)
+        convs = self._safe(self.store.conversations, self.conversations.query()) or []
+        self.conversations.show_conversations(convs, self.conv_id)
 
     def rename_conversation(self, conv_id: int, title: str) -> None:
         self._ok(self.store.rename, conv_id, title, what=f'the new name "{title}"')
@@ -539,10 +396,6 @@ class ChatPane(QWidget):
         self._undo.pop()
         self.open_conversation(conv_id)
         return conv_id
-
-    def _on_pick(self, item: QListWidgetItem | None, _prev: object = None) -> None:
-        if item is not None:
-            self.open_conversation(int(item.data(Qt.ItemDataRole.UserRole)))
 
     def _save_system_prompt(self) -> None:
         """The prompt belongs to this chat only; the default changes only on request."""
