@@ -70,14 +70,11 @@ def job_result(qtbot, runner, kind: str, timeout: int = 30_000,  # noqa: ANN001
                check: Callable[[Any], bool] | None = None) -> Iterator[SimpleNamespace]:
     """Wait (on leaving the block) for the next job of ``kind`` on ``runner`` to finish;
     ``got.args[0]``: its result (or its error's sentence), ``got.job``: the job.
-    Jobs queued before the block are not waited for; ``check(value)``: skip results it
-    refuses (an answer to an earlier request)."""
+    ``check(value)``: skip results it refuses (an answer to an earlier request)."""
     got = SimpleNamespace(args=None, job=None)
-    earlier = set(runner.active())  # queued before the block: not its answer
 
     def mine(job) -> bool:  # noqa: ANN001
-        return job.kind == kind and job not in earlier and (
-            check is None or (job.ok and check(job.value)))
+        return job.kind == kind and (check is None or (job.ok and check(job.value)))
 
     with qtbot.waitSignal(runner.done, timeout=timeout, check_params_cb=mine) as blocker:
         yield got

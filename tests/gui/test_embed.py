@@ -11,7 +11,7 @@ import numpy as np
 from gui import analysis
 from gui.jobs import on_progress
 from gui.worker import EmbedResult, Progress
-from tests.gui.conftest import job_result
+from tests.gui.conftest import drain, job_result
 
 EMBED_TIMEOUT_MS = 120_000
 SUBJECTS = ["The cat", "A dog", "My neighbour", "The pilot", "A small robot", "The chef",
@@ -71,6 +71,7 @@ def test_cancel_embedding_keeps_the_worker_usable(loaded_window, qtbot) -> None:
     with qtbot.waitSignal(w.jobs.cancelled, timeout=EMBED_TIMEOUT_MS) as got:
         assert pane.embed()
     w.jobs.progress.disconnect(cancel)
+    drain(w)  # the cancelled job has finished: the next result is the next embedding's
     assert got.args == ["embed"] and "cancelled" in pane.status.text()
     assert pane.embed_button.isEnabled() and not pane.cancel_button.isEnabled()
     pane.set_sentences(sentences(8))
