@@ -21,8 +21,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from inference.bench.embed import bench_embed
-from inference.bench.llm import bench_llm
 from inference.bench.record import git_commit, machine
 from inference.bench.workloads import DECODE_TOKENS, EMBED_MODEL, LLM_MODEL
 from inference.cli_args import add_kv_dtype
@@ -99,6 +97,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         print("\n".join(summary(out["e2e"])), file=sys.stderr)
         return 0
+    from inference.bench.embed import bench_embed  # here: every CLI command builds this
+    from inference.bench.llm import bench_llm  # parser, and only a bench runs them
+
     if args.serve:
         from inference.server.bench_serve import bench_serve
 
