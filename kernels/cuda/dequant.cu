@@ -179,24 +179,53 @@ static __device__ __forceinline__ void dequantize_rows(
     }
 }
 
-// block = DQ_THREADS threads: see plan.plan_dequantize.
-#define DEQUANT_KERNELS(Q, name)                                                                \
-    extern "C" __global__ void __launch_bounds__(256) dequantize_##name##_f32(                  \
-            const uint8_t * w, const int * ids, float * y, const int ncols, const int nrows,     \
+// The kernels: dequantize_<type>_<out>, out f32, f16 or bf16; block = DQ_THREADS threads
+// (plan.plan_dequantize). DEQUANT(tag, T, name) defines `name` as dequantize_rows<tag, T>.
+#define DEQUANT(Q, T, name)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) name(                                     \
+            const uint8_t * w, const int * ids, T * y, const int ncols, const int nrows,         \
             const int nsrc, const long long row_bytes) {                                         \
-        dequantize_rows<Q, float>(w, ids, y, ncols, nrows, nsrc, row_bytes);                     \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256) dequantize_##name##_f16(                  \
-            const uint8_t * w, const int * ids, __half * y, const int ncols, const int nrows,    \
-            const int nsrc, const long long row_bytes) {                                         \
-        dequantize_rows<Q, __half>(w, ids, y, ncols, nrows, nsrc, row_bytes);                    \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256) dequantize_##name##_bf16(                 \
-            const uint8_t * w, const int * ids, bf16_t * y, const int ncols, const int nrows,    \
-            const int nsrc, const long long row_bytes) {                                         \
-        dequantize_rows<Q, bf16_t>(w, ids, y, ncols, nrows, nsrc, row_bytes);                    \
+        dequantize_rows<Q, T>(w, ids, y, ncols, nrows, nsrc, row_bytes);                         \
     }
-FOR_EACH_TYPE(DEQUANT_KERNELS)
+DEQUANT(t_f32, float, dequantize_f32_f32)
+DEQUANT(t_f32, __half, dequantize_f32_f16)
+DEQUANT(t_f32, bf16_t, dequantize_f32_bf16)
+DEQUANT(t_f16, float, dequantize_f16_f32)
+DEQUANT(t_f16, __half, dequantize_f16_f16)
+DEQUANT(t_f16, bf16_t, dequantize_f16_bf16)
+DEQUANT(t_bf16, float, dequantize_bf16_f32)
+DEQUANT(t_bf16, __half, dequantize_bf16_f16)
+DEQUANT(t_bf16, bf16_t, dequantize_bf16_bf16)
+DEQUANT(t_q4_0, float, dequantize_q4_0_f32)
+DEQUANT(t_q4_0, __half, dequantize_q4_0_f16)
+DEQUANT(t_q4_0, bf16_t, dequantize_q4_0_bf16)
+DEQUANT(t_q4_1, float, dequantize_q4_1_f32)
+DEQUANT(t_q4_1, __half, dequantize_q4_1_f16)
+DEQUANT(t_q4_1, bf16_t, dequantize_q4_1_bf16)
+DEQUANT(t_q5_0, float, dequantize_q5_0_f32)
+DEQUANT(t_q5_0, __half, dequantize_q5_0_f16)
+DEQUANT(t_q5_0, bf16_t, dequantize_q5_0_bf16)
+DEQUANT(t_q5_1, float, dequantize_q5_1_f32)
+DEQUANT(t_q5_1, __half, dequantize_q5_1_f16)
+DEQUANT(t_q5_1, bf16_t, dequantize_q5_1_bf16)
+DEQUANT(t_q8_0, float, dequantize_q8_0_f32)
+DEQUANT(t_q8_0, __half, dequantize_q8_0_f16)
+DEQUANT(t_q8_0, bf16_t, dequantize_q8_0_bf16)
+DEQUANT(t_q2_k, float, dequantize_q2_k_f32)
+DEQUANT(t_q2_k, __half, dequantize_q2_k_f16)
+DEQUANT(t_q2_k, bf16_t, dequantize_q2_k_bf16)
+DEQUANT(t_q3_k, float, dequantize_q3_k_f32)
+DEQUANT(t_q3_k, __half, dequantize_q3_k_f16)
+DEQUANT(t_q3_k, bf16_t, dequantize_q3_k_bf16)
+DEQUANT(t_q4_k, float, dequantize_q4_k_f32)
+DEQUANT(t_q4_k, __half, dequantize_q4_k_f16)
+DEQUANT(t_q4_k, bf16_t, dequantize_q4_k_bf16)
+DEQUANT(t_q5_k, float, dequantize_q5_k_f32)
+DEQUANT(t_q5_k, __half, dequantize_q5_k_f16)
+DEQUANT(t_q5_k, bf16_t, dequantize_q5_k_bf16)
+DEQUANT(t_q6_k, float, dequantize_q6_k_f32)
+DEQUANT(t_q6_k, __half, dequantize_q6_k_f16)
+DEQUANT(t_q6_k, bf16_t, dequantize_q6_k_bf16)
 
 // The per-type constants as the kernels see them, for the test against table.py:
 // out[4*i + {0,1,2,3}] = QK, BYTES, EPT, DP4A of the i-th type of FOR_EACH_TYPE.

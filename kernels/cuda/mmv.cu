@@ -4,19 +4,27 @@
 
 // The end of every mat-vec below: a warp's sums for the NY batch rows of its tile, each
 // reduced over the warp (every lane takes part, whatever its row), and lane 0 of a warp
-// with a row stores the first ny of them; y points at the tile's first batch row.
+// with a row stores the first ny of them; y points at the tile's first batch row. The
+// epilogue adds what a decoder layer adds to a projection, where given (else null): a bias
+// per output row (Qwen2's q/k/v) and a residual of y's shape (res, at the tile's first
+// batch row: the o_proj and down projections' skip connections), as (sum + bias) + res,
+// the rounding of the separate adds, so the fused step equals the unfused one bit for bit.
 template <int NY>
 static __device__ __forceinline__ void mmv_store_tile(
-        float (&acc)[NY], float * __restrict__ y, const int row, const int nrows, const int ny) {
+        float (&acc)[NY], float * __restrict__ y, const int row, const int nrows, const int ny,
+        const float * __restrict__ bias, const float * __restrict__ res) {
 #pragma unroll
     for (int b = 0; b < NY; ++b) {
         acc[b] = warp_reduce_sum(acc[b]);
     }
     if (row < nrows && threadIdx.x == 0) {
+        const float add = bias ? ld_global(bias + row) : 0.0f;
 #pragma unroll
         for (int b = 0; b < NY; ++b) {
             if (b < ny) {
-                st_global(y + (long long) b * nrows + row, acc[b]);
+                const long long i = (long long) b * nrows + row;
+                const float v = bias ? acc[b] + add : acc[b];
+                st_global(y + i, res ? v + ld_global(res + i) : v);
             }
         }
     }
@@ -34,13 +42,15 @@ static __device__ __forceinline__ void mmv_store_tile(
 template <typename Q, int NY>
 static __device__ __forceinline__ void mul_mat_vec(
         const uint8_t * __restrict__ w, const float * __restrict__ x, float * __restrict__ y,
-        const int ncols, const int nrows, const long long row_bytes, const int batch) {
+        const int ncols, const int nrows, const long long row_bytes, const int batch,
+        const float * __restrict__ bias, const float * __restrict__ res) {
     static_assert(Q::EPT == 1 || Q::EPT % 4 == 0, "x is read as float4 or single floats");
     constexpr int per_block = Q::QK / Q::EPT;
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     const int b0 = blockIdx.y * NY, ny = min(NY, batch - b0);
     x += (long long) b0 * ncols;
     y += (long long) b0 * nrows;
+    res = res ? res + (long long) b0 * nrows : nullptr;
 
     float acc[NY];
 #pragma unroll
@@ -72,23 +82,71 @@ static __device__ __forceinline__ void mul_mat_vec(
             }
         }
     }
-    mmv_store_tile(acc, y, row, nrows, ny);
+    mmv_store_tile(acc, y, row, nrows, ny, bias, res);
 }
 
 // block = (32, rows per block <= 8): see plan.plan_mul_mat_vec. mul_mat_vec_<type> (NY = 1)
 // and mul_mat_vec_b<NY>_<type>: the NY of table.MMV_TILES.
-#define MMV_KERNEL_NY(Q, NY, kname)                                                             \
-    extern "C" __global__ void __launch_bounds__(256) kname(                                    \
+// The kernels: mul_mat_vec_<type> (NY = 1) and mul_mat_vec_b<NY>_<type>, NY of
+// table.MMV_TILES. MMV(tag, NY, name) defines `name` as mul_mat_vec<tag, NY>.
+#define MMV(Q, NY, name)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) name(                                     \
             const uint8_t * w, const float * x, float * y, const int ncols, const int nrows,     \
-            const long long row_bytes, const int batch) {                                        \
-        mul_mat_vec<Q, NY>(w, x, y, ncols, nrows, row_bytes, batch);                             \
+            const long long row_bytes, const int batch, const float * bias, const float * res) { \
+        mul_mat_vec<Q, NY>(w, x, y, ncols, nrows, row_bytes, batch, bias, res);                  \
     }
-#define MMV_KERNEL(Q, name)                                                                     \
-    MMV_KERNEL_NY(Q, 1, mul_mat_vec_##name)                                                      \
-    MMV_KERNEL_NY(Q, 2, mul_mat_vec_b2_##name)                                                   \
-    MMV_KERNEL_NY(Q, 4, mul_mat_vec_b4_##name)                                                   \
-    MMV_KERNEL_NY(Q, 8, mul_mat_vec_b8_##name)
-FOR_EACH_TYPE(MMV_KERNEL)
+MMV(t_f32, 1, mul_mat_vec_f32)
+MMV(t_f32, 2, mul_mat_vec_b2_f32)
+MMV(t_f32, 4, mul_mat_vec_b4_f32)
+MMV(t_f32, 8, mul_mat_vec_b8_f32)
+MMV(t_f16, 1, mul_mat_vec_f16)
+MMV(t_f16, 2, mul_mat_vec_b2_f16)
+MMV(t_f16, 4, mul_mat_vec_b4_f16)
+MMV(t_f16, 8, mul_mat_vec_b8_f16)
+MMV(t_bf16, 1, mul_mat_vec_bf16)
+MMV(t_bf16, 2, mul_mat_vec_b2_bf16)
+MMV(t_bf16, 4, mul_mat_vec_b4_bf16)
+MMV(t_bf16, 8, mul_mat_vec_b8_bf16)
+MMV(t_q4_0, 1, mul_mat_vec_q4_0)
+MMV(t_q4_0, 2, mul_mat_vec_b2_q4_0)
+MMV(t_q4_0, 4, mul_mat_vec_b4_q4_0)
+MMV(t_q4_0, 8, mul_mat_vec_b8_q4_0)
+MMV(t_q4_1, 1, mul_mat_vec_q4_1)
+MMV(t_q4_1, 2, mul_mat_vec_b2_q4_1)
+MMV(t_q4_1, 4, mul_mat_vec_b4_q4_1)
+MMV(t_q4_1, 8, mul_mat_vec_b8_q4_1)
+MMV(t_q5_0, 1, mul_mat_vec_q5_0)
+MMV(t_q5_0, 2, mul_mat_vec_b2_q5_0)
+MMV(t_q5_0, 4, mul_mat_vec_b4_q5_0)
+MMV(t_q5_0, 8, mul_mat_vec_b8_q5_0)
+MMV(t_q5_1, 1, mul_mat_vec_q5_1)
+MMV(t_q5_1, 2, mul_mat_vec_b2_q5_1)
+MMV(t_q5_1, 4, mul_mat_vec_b4_q5_1)
+MMV(t_q5_1, 8, mul_mat_vec_b8_q5_1)
+MMV(t_q8_0, 1, mul_mat_vec_q8_0)
+MMV(t_q8_0, 2, mul_mat_vec_b2_q8_0)
+MMV(t_q8_0, 4, mul_mat_vec_b4_q8_0)
+MMV(t_q8_0, 8, mul_mat_vec_b8_q8_0)
+MMV(t_q2_k, 1, mul_mat_vec_q2_k)
+MMV(t_q2_k, 2, mul_mat_vec_b2_q2_k)
+MMV(t_q2_k, 4, mul_mat_vec_b4_q2_k)
+MMV(t_q2_k, 8, mul_mat_vec_b8_q2_k)
+MMV(t_q3_k, 1, mul_mat_vec_q3_k)
+MMV(t_q3_k, 2, mul_mat_vec_b2_q3_k)
+MMV(t_q3_k, 4, mul_mat_vec_b4_q3_k)
+MMV(t_q3_k, 8, mul_mat_vec_b8_q3_k)
+MMV(t_q4_k, 1, mul_mat_vec_q4_k)
+MMV(t_q4_k, 2, mul_mat_vec_b2_q4_k)
+MMV(t_q4_k, 4, mul_mat_vec_b4_q4_k)
+MMV(t_q4_k, 8, mul_mat_vec_b8_q4_k)
+MMV(t_q5_k, 1, mul_mat_vec_q5_k)
+MMV(t_q5_k, 2, mul_mat_vec_b2_q5_k)
+MMV(t_q5_k, 4, mul_mat_vec_b4_q5_k)
+MMV(t_q5_k, 8, mul_mat_vec_b8_q5_k)
+MMV(t_q6_k, 1, mul_mat_vec_q6_k)
+MMV(t_q6_k, 2, mul_mat_vec_b2_q6_k)
+MMV(t_q6_k, 4, mul_mat_vec_b4_q6_k)
+MMV(t_q6_k, 8, mul_mat_vec_b8_q6_k)
 
 // ---- the integer mat-vec: q8_1 activations, __dp4a ---------------------------------------
 // Decode reads each weight once per token, so the mat-vec runs at memory bandwidth only if
@@ -111,17 +169,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_1(
         return;  // the whole warp: no lane of it reaches the shuffles below
     }
     const float v = ld_global(x + (long long) blockIdx.y * ncols + blk * 32 + threadIdx.x);
-    const float amax = warp_reduce_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const int q = amax == 0.0f ? 0 : (int) roundf(v / d);
-    const float sum = warp_reduce_sum((float) q);  // |sum| <= 4064: exact in float
-    uint8_t * out = xq + blockIdx.y * xq_stride + blk * Q8_1_BYTES;
-    st_global((int8_t *) out + 4 + threadIdx.x, (int8_t) q);
-    if (threadIdx.x == 0) {
-        const uint32_t ds = __half_as_ushort(__float2half_rn(d)) |
-                            ((uint32_t) __half_as_ushort(__float2half_rn(d * sum)) << 16);
-        st_global((uint32_t *) out, ds);
-    }
+    store_q8_1_block(v, xq + blockIdx.y * xq_stride + blk * Q8_1_BYTES);
 }
 
 // A warp step covers MMVQ_COLS columns: lane l takes the l-th 32-element group (a whole
@@ -160,7 +208,8 @@ template <typename Q, int NY>
 static __device__ __forceinline__ void mul_mat_vec_q(
         const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, float * __restrict__ y,
         const int ncols, const int nrows, const long long row_bytes, const long long xq_stride,
-        const int batch, uint4 * smem) {
+        const int batch, const float * __restrict__ bias, const float * __restrict__ res,
+        uint4 * smem) {
     constexpr int GROUPS = Q::QK / 32;  // lanes per weight block
     constexpr int STEP_BYTES = MMVQ_COLS / Q::QK * Q::BYTES;
     static_assert(Q::QK % 32 == 0 && MMVQ_COLS % Q::QK == 0, "a step holds whole blocks");
@@ -211,23 +260,60 @@ static __device__ __forceinline__ void mul_mat_vec_q(
         }
         __syncthreads();  // the next step overwrites the stage
     }
-    mmv_store_tile(acc, y + (long long) b0 * nrows, row, nrows, ny);
+    mmv_store_tile(acc, y + (long long) b0 * nrows, row, nrows, ny, bias,
+                   res ? res + (long long) b0 * nrows : nullptr);
 }
 
-// mul_mat_vec_q_<type> (NY = 1) and mul_mat_vec_q_b<NY>_<type>: the NY of table.MMV_TILES.
-#define MMVQ_KERNEL_NY(Q, name, NY, kname)                                                      \
-    extern "C" __global__ void __launch_bounds__(MMVQ_ROWS * WARP_SIZE) kname(                  \
+// The kernels: mul_mat_vec_q_<type> (NY = 1) and mul_mat_vec_q_b<NY>_<type>, NY of
+// table.MMV_TILES. MMVQ(tag, NY, name) defines `name` as mul_mat_vec_q<tag, NY>.
+#define MMVQ(Q, NY, name)                                                                       \
+    extern "C" __global__ void __launch_bounds__(MMVQ_ROWS * WARP_SIZE) name(                   \
             const uint8_t * w, const uint8_t * xq, float * y, const int ncols, const int nrows,  \
-            const long long row_bytes, const long long xq_stride, const int batch) {             \
-        mul_mat_vec_q<Q, NY>(w, xq, y, ncols, nrows, row_bytes, xq_stride, batch,               \
+            const long long row_bytes, const long long xq_stride, const int batch,               \
+            const float * bias, const float * res) {                                             \
+        mul_mat_vec_q<Q, NY>(w, xq, y, ncols, nrows, row_bytes, xq_stride, batch, bias, res,    \
                              mmvq_smem_##NY());                                                 \
     }
-#define MMVQ_KERNEL(Q, name)                                                                    \
-    MMVQ_KERNEL_NY(Q, name, 1, mul_mat_vec_q_##name)                                            \
-    MMVQ_KERNEL_NY(Q, name, 2, mul_mat_vec_q_b2_##name)                                         \
-    MMVQ_KERNEL_NY(Q, name, 4, mul_mat_vec_q_b4_##name)                                         \
-    MMVQ_KERNEL_NY(Q, name, 8, mul_mat_vec_q_b8_##name)
-FOR_EACH_DP4A_TYPE(MMVQ_KERNEL)
+MMVQ(t_q4_0, 1, mul_mat_vec_q_q4_0)
+MMVQ(t_q4_0, 2, mul_mat_vec_q_b2_q4_0)
+MMVQ(t_q4_0, 4, mul_mat_vec_q_b4_q4_0)
+MMVQ(t_q4_0, 8, mul_mat_vec_q_b8_q4_0)
+MMVQ(t_q4_1, 1, mul_mat_vec_q_q4_1)
+MMVQ(t_q4_1, 2, mul_mat_vec_q_b2_q4_1)
+MMVQ(t_q4_1, 4, mul_mat_vec_q_b4_q4_1)
+MMVQ(t_q4_1, 8, mul_mat_vec_q_b8_q4_1)
+MMVQ(t_q5_0, 1, mul_mat_vec_q_q5_0)
+MMVQ(t_q5_0, 2, mul_mat_vec_q_b2_q5_0)
+MMVQ(t_q5_0, 4, mul_mat_vec_q_b4_q5_0)
+MMVQ(t_q5_0, 8, mul_mat_vec_q_b8_q5_0)
+MMVQ(t_q5_1, 1, mul_mat_vec_q_q5_1)
+MMVQ(t_q5_1, 2, mul_mat_vec_q_b2_q5_1)
+MMVQ(t_q5_1, 4, mul_mat_vec_q_b4_q5_1)
+MMVQ(t_q5_1, 8, mul_mat_vec_q_b8_q5_1)
+MMVQ(t_q8_0, 1, mul_mat_vec_q_q8_0)
+MMVQ(t_q8_0, 2, mul_mat_vec_q_b2_q8_0)
+MMVQ(t_q8_0, 4, mul_mat_vec_q_b4_q8_0)
+MMVQ(t_q8_0, 8, mul_mat_vec_q_b8_q8_0)
+MMVQ(t_q2_k, 1, mul_mat_vec_q_q2_k)
+MMVQ(t_q2_k, 2, mul_mat_vec_q_b2_q2_k)
+MMVQ(t_q2_k, 4, mul_mat_vec_q_b4_q2_k)
+MMVQ(t_q2_k, 8, mul_mat_vec_q_b8_q2_k)
+MMVQ(t_q3_k, 1, mul_mat_vec_q_q3_k)
+MMVQ(t_q3_k, 2, mul_mat_vec_q_b2_q3_k)
+MMVQ(t_q3_k, 4, mul_mat_vec_q_b4_q3_k)
+MMVQ(t_q3_k, 8, mul_mat_vec_q_b8_q3_k)
+MMVQ(t_q4_k, 1, mul_mat_vec_q_q4_k)
+MMVQ(t_q4_k, 2, mul_mat_vec_q_b2_q4_k)
+MMVQ(t_q4_k, 4, mul_mat_vec_q_b4_q4_k)
+MMVQ(t_q4_k, 8, mul_mat_vec_q_b8_q4_k)
+MMVQ(t_q5_k, 1, mul_mat_vec_q_q5_k)
+MMVQ(t_q5_k, 2, mul_mat_vec_q_b2_q5_k)
+MMVQ(t_q5_k, 4, mul_mat_vec_q_b4_q5_k)
+MMVQ(t_q5_k, 8, mul_mat_vec_q_b8_q5_k)
+MMVQ(t_q6_k, 1, mul_mat_vec_q_q6_k)
+MMVQ(t_q6_k, 2, mul_mat_vec_q_b2_q6_k)
+MMVQ(t_q6_k, 4, mul_mat_vec_q_b4_q6_k)
+MMVQ(t_q6_k, 8, mul_mat_vec_q_b8_q6_k)
 
 // ---- 16-bit float weights (F16, BF16) ----------------------------------------------------
 // A checkpoint's F16/BF16 weights stay 16-bit on the device: half the bytes of float32.
@@ -243,9 +329,11 @@ FOR_EACH_DP4A_TYPE(MMVQ_KERNEL)
 template <typename Q, int NY>
 static __device__ __forceinline__ void mul_mat_vec_h(
         const uint16_t * __restrict__ w, const float * __restrict__ x, float * __restrict__ y,
-        const int ncols, const int nrows, const int batch) {
+        const int ncols, const int nrows, const int batch, const float * __restrict__ bias,
+        const float * __restrict__ res) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     const int b0 = blockIdx.y * NY, ny = min(NY, batch - b0);
+    res = res ? res + (long long) b0 * nrows : nullptr;
     const float4 * x4 = (const float4 *) (x + (long long) b0 * ncols);
     y += (long long) b0 * nrows;
 
@@ -270,21 +358,23 @@ static __device__ __forceinline__ void mul_mat_vec_h(
             }
         }
     }
-    mmv_store_tile(acc, y, row, nrows, ny);
+    mmv_store_tile(acc, y, row, nrows, ny, bias, res);
 }
 
 // block = (32, rows per block <= 8): see plan.plan_mul_mat_vec. mul_mat_vec_h_<type> (NY = 1)
 // and mul_mat_vec_h_b<NY>_<type>.
-#define MMVH_KERNEL_NY(Q, NY, kname)                                                            \
-    extern "C" __global__ void __launch_bounds__(256) kname(                                    \
+// MMVH(tag, NY, name) defines `name` as mul_mat_vec_h<tag, NY>.
+#define MMVH(Q, NY, name)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) name(                                     \
             const uint16_t * w, const float * x, float * y, const int ncols, const int nrows,    \
-            const int batch) {                                                                   \
-        mul_mat_vec_h<Q, NY>(w, x, y, ncols, nrows, batch);                                      \
+            const int batch, const float * bias, const float * res) {                            \
+        mul_mat_vec_h<Q, NY>(w, x, y, ncols, nrows, batch, bias, res);                           \
     }
-#define MMVH_KERNEL(Q, name)                                                                    \
-    MMVH_KERNEL_NY(Q, 1, mul_mat_vec_h_##name)                                                   \
-    MMVH_KERNEL_NY(Q, 2, mul_mat_vec_h_b2_##name)                                                \
-    MMVH_KERNEL_NY(Q, 4, mul_mat_vec_h_b4_##name)                                                \
-    MMVH_KERNEL_NY(Q, 8, mul_mat_vec_h_b8_##name)
-MMVH_KERNEL(t_f16, f16)
-MMVH_KERNEL(t_bf16, bf16)
+MMVH(t_f16, 1, mul_mat_vec_h_f16)
+MMVH(t_f16, 2, mul_mat_vec_h_b2_f16)
+MMVH(t_f16, 4, mul_mat_vec_h_b4_f16)
+MMVH(t_f16, 8, mul_mat_vec_h_b8_f16)
+MMVH(t_bf16, 1, mul_mat_vec_h_bf16)
+MMVH(t_bf16, 2, mul_mat_vec_h_b2_bf16)
+MMVH(t_bf16, 4, mul_mat_vec_h_b4_bf16)
+MMVH(t_bf16, 8, mul_mat_vec_h_b8_bf16)

@@ -88,9 +88,22 @@ def half_vector_applies(dev: Device, w: QuantMatrix) -> bool:
     return w.qtype in HALF_TYPES and w.cols % 4 == 0 and dev.address(w.data) % 16 == 0
 
 
+def _epilogue(w: QuantMatrix, batch: int, bias: Any | None, residual: Any | None) -> None:
+    if bias is not None:
+        _f32_contig(bias, "bias")
+        _need(bias.shape == (w.rows,), f"bias {bias.shape} does not match {w.rows} rows")
+    if residual is not None:
+        _f32_contig(residual, "residual")
+        _need(residual.size == batch * w.rows,
+              f"residual {residual.shape} does not match ({batch}, {w.rows})")
+
+
 def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True,
-                tile: int | None = None) -> Any:
-    """(batch, cols) float32 -> (batch, rows) float32.
+                tile: int | None = None, *, bias: Any | None = None,
+                residual: Any | None = None) -> Any:
+    """(batch, cols) float32 -> (batch, rows) float32, + bias (rows,) and + residual
+    (batch, rows) where given, added in the kernel's epilogue (mmv.cu mmv_store_tile) with
+    the rounding of separate adds: (x @ w.T + bias) + residual.
 
     With q8_1 (default) and a weight type that has one, x is quantized to q8_1 and the
     integer kernel (mul_mat_vec_q_*) runs: what reaches memory bandwidth on every GPU since
@@ -104,25 +117,43 @@ def mul_mat_vec(dev: Device, w: QuantMatrix, x: Any, q8_1: bool = True,
     _need(x.ndim == 2 and x.shape[1] == w.cols,
           f"x {x.shape} does not match weight {w.cols} columns")
     batch = x.shape[0]
-    tile = plan.mmv_tile(batch) if tile is None else tile
     if q8_1 and dp4a_applies(dev, w):
-        xq = quantize_q8_1(dev, x)
-        y = dev.empty((batch, w.rows), np.float32)
-        launch = plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, batch, dev.limits, tile)
-        dev.launch("mmv", mmv_kernel(w.kt, tile, "q"), launch,
-                   (w.data, xq, y, i32(w.cols), i32(w.rows), i64(w.row_bytes),
-                    i64(xq.shape[1]), i32(batch)))
-        return y
+        return mul_mat_vec_q8_1(dev, w, quantize_q8_1(dev, x), batch, tile,
+                                bias=bias, residual=residual)
+    _epilogue(w, batch, bias, residual)
+    tile = plan.mmv_tile(batch) if tile is None else tile
     if dev.address(x) % 16:  # the quantized and 16-bit kernels read x as float4
         x = x.copy()
     y = dev.empty((batch, w.rows), np.float32)
     launch = plan.plan_mul_mat_vec(w.kt, w.cols, w.rows, batch, dev.limits, tile)
     if half_vector_applies(dev, w):
         dev.launch("mmv", mmv_kernel(w.kt, tile, "h"), launch,
-                   (w.data, x, y, i32(w.cols), i32(w.rows), i32(batch)))
+                   (w.data, x, y, i32(w.cols), i32(w.rows), i32(batch), bias, residual))
     else:
         dev.launch("mmv", mmv_kernel(w.kt, tile), launch,
-                   (w.data, x, y, i32(w.cols), i32(w.rows), i64(w.row_bytes), i32(batch)))
+                   (w.data, x, y, i32(w.cols), i32(w.rows), i64(w.row_bytes), i32(batch),
+                    bias, residual))
+    return y
+
+
+def mul_mat_vec_q8_1(dev: Device, w: QuantMatrix, xq: Any, batch: int,
+                     tile: int | None = None, *, bias: Any | None = None,
+                     residual: Any | None = None) -> Any:
+    """The integer mat-vec (mul_mat_vec_q_*) of x already in q8_1 rows (batch,
+    q8_1_row_bytes(w.cols)) uint8 -- from :func:`quantize_q8_1` or a kernel that ends in
+    q8_1 (:func:`rms_norm_q8_1`, :func:`gated_q8_1`) -- with mul_mat_vec's epilogue.
+    Needs :func:`dp4a_applies`."""
+    _need(dp4a_applies(dev, w), f"{w.qtype} weights here have no integer mat-vec")
+    stride = q8_1_row_bytes(w.cols)
+    _need(xq.dtype == np.uint8 and xq.shape == (batch, stride) and xq.flags.c_contiguous
+          and dev.address(xq) % 16 == 0, f"xq must be ({batch}, {stride}) aligned q8_1 rows")
+    _epilogue(w, batch, bias, residual)
+    tile = plan.mmv_tile(batch) if tile is None else tile
+    y = dev.empty((batch, w.rows), np.float32)
+    launch = plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, batch, dev.limits, tile)
+    dev.launch("mmv", mmv_kernel(w.kt, tile, "q"), launch,
+               (w.data, xq, y, i32(w.cols), i32(w.rows), i64(w.row_bytes), i64(stride),
+                i32(batch), bias, residual))
     return y
 
 
@@ -175,16 +206,33 @@ def get_rows(dev: Device, table: QuantMatrix, ids: Any) -> Any:
     return dequantize(dev, table, np.float32, ids=ids)
 
 
-def rms_norm(dev: Device, x: Any, w: Any, eps: float) -> Any:
+def _norm_rows(x: Any, w: Any) -> tuple[int, int]:
     _f32_contig(x, "x")
     _f32_contig(w, "weight")
     n = x.shape[-1]
     _need(w.shape == (n,), f"weight {w.shape} does not match rows of {n}")
-    rows = x.size // n
+    return n, x.size // n
+
+
+def rms_norm(dev: Device, x: Any, w: Any, eps: float) -> Any:
+    n, rows = _norm_rows(x, w)
     y = dev.empty(x.shape, np.float32)
     dev.launch("norm", "rms_norm_f32", plan.plan_rows(n, rows, dev.limits),
                (x, w, y, i32(n), i32(rows), f32(eps)))
     return y
+
+
+def rms_norm_q8_1(dev: Device, x: Any, w: Any, eps: float) -> Any:
+    """:func:`rms_norm` of (..., n) rows (n % 32 == 0) as the q8_1 rows (rows,
+    q8_1_row_bytes(n)) the next integer mat-vec reads: the bytes of quantize_q8_1(rms_norm(x))
+    in one launch (norm.cu rms_norm_q8_1)."""
+    n, rows = _norm_rows(x, w)
+    _need(n % table.Q8_1_QK == 0, f"q8_1 rows need whole blocks of 32 values, got {n}")
+    stride = q8_1_row_bytes(n)
+    xq = dev.empty((rows, stride), np.uint8)
+    dev.launch("norm", "rms_norm_q8_1", plan.plan_rows(n, rows, dev.limits),
+               (x, w, xq, i32(n), i32(rows), f32(eps), i64(stride)))
+    return xq
 
 
 def layer_norm(dev: Device, x: Any, w: Any, b: Any | None, eps: float) -> Any:
@@ -380,6 +428,28 @@ def silu_mul(dev: Device, gate: Any, up: Any) -> Any:
 
 def gelu_tanh_mul(dev: Device, gate: Any, up: Any) -> Any:
     return _gated(dev, "gelu_tanh_mul_f32", gate, up)
+
+
+# The gated activations that end in q8_1 rows (unary.cu), by the float op's name.
+GATED_Q8_1 = {"silu_mul": "silu_mul_q8_1", "gelu_tanh_mul": "gelu_tanh_mul_q8_1"}
+
+
+def gated_q8_1(dev: Device, act: str, gate_up: Any) -> Any:
+    """act(gate) * up (act: a key of GATED_Q8_1) of a gate/up mat-vec's output (batch, 2n),
+    gate the first n columns and up the last (n % 32 == 0), as the q8_1 rows (batch,
+    q8_1_row_bytes(n)) the down projection reads: quantize_q8_1 of the float op's output,
+    bit for bit, in one launch."""
+    _need(act in GATED_Q8_1, f"no gated activation {act!r} ends in q8_1")
+    _f32_contig(gate_up, "gate_up")
+    _need(gate_up.ndim == 2 and gate_up.shape[1] % (2 * table.Q8_1_QK) == 0,
+          f"gate_up must be (batch, 2n) with n % 32 == 0, got {gate_up.shape}")
+    batch, n = gate_up.shape[0], gate_up.shape[1] // 2
+    stride = q8_1_row_bytes(n)
+    xq = dev.empty((batch, stride), np.uint8)
+    flat = gate_up.reshape(-1)
+    dev.launch("unary", GATED_Q8_1[act], plan.plan_quantize_q8_1(n, batch, dev.limits),
+               (flat, flat[n:], xq, i32(n), i64(2 * n), i64(stride)))
+    return xq
 
 
 def gelu(dev: Device, x: Any) -> Any:

@@ -11,27 +11,8 @@
 // scales applied once at the end. b and xb point to shared memory (mmv.cu stages them).
 // Blocks are only 2-byte aligned (18, 22, 34, 110, 210 bytes): quants load as half-words.
 #pragma once
-#include "half.cuh"
 
-// ---- q8_1: the activation blocks of the integer mat-vec -----------------------------------
-// 32 consecutive x values as int8 q[i] = round(x[i] / d), d = max|x| / 127, with two halves
-// in front: d and s = d * sum(q). 36 bytes, 4-byte aligned (quantize_q8_1 in mmv.cu).
-#define Q8_1_BYTES 36
-
-struct q8_1 {  // a staged q8_1 block: scales and the 8 ints of packed quants
-    float d, s;
-    int u[8];
-    static __device__ __forceinline__ q8_1 read(const uint8_t * xb) {
-        q8_1 r;
-        r.d = load_f16(xb);
-        r.s = load_f16(xb + 2);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            r.u[i] = ld_global((const int *) (xb + 4) + i);
-        }
-        return r;
-    }
-};
+#include "q8_1.cuh"
 
 // Four weight bytes as one int, from an address 2- or 4-byte aligned.
 static __device__ __forceinline__ int int_b2(const uint8_t * p) {
@@ -411,17 +392,4 @@ struct t_q6_k {
     X(t_q3_k, q3_k)      \
     X(t_q4_k, q4_k)      \
     X(t_q5_k, q5_k)      \
-    X(t_q6_k, q6_k)
-
-// X(tag, name): the types with a vdot (the integer mat-vec, mul_mat_vec_q_*).
-#define FOR_EACH_DP4A_TYPE(X) \
-    X(t_q4_0, q4_0)           \
-    X(t_q4_1, q4_1)           \
-    X(t_q5_0, q5_0)           \
-    X(t_q5_1, q5_1)           \
-    X(t_q8_0, q8_0)           \
-    X(t_q2_k, q2_k)           \
-    X(t_q3_k, q3_k)           \
-    X(t_q4_k, q4_k)           \
-    X(t_q5_k, q5_k)           \
     X(t_q6_k, q6_k)

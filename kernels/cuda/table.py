@@ -64,8 +64,8 @@ MMVQ_ROWS = 4
 MMVQ_COLS = 1024
 # Batch rows one block of a decode mat-vec dots with each weight read (llama.cpp's mmvq
 # ncols_y), for the integer, float and 16-bit kernels alike: mul_mat_vec_<path><suffix> for 1,
-# mul_mat_vec_<path>b<n>_<suffix> for the others (MMVQ_KERNEL, MMV_KERNEL, MMVH_KERNEL in
-# mmv.cu). plan.mmv_tile picks one per batch size.
+# mul_mat_vec_<path>b<n>_<suffix> for the others (each written out in mmv.cu).
+# plan.mmv_tile picks one per batch size.
 MMV_TILES = (1, 2, 4, 8)
 MMVQ_X_WORDS = MMVQ_COLS // Q8_1_QK * Q8_1_BYTES // 16  # uint4 of one batch row's x stage
 MMVQ_W_WORDS = 72  # uint4 per warp of the weight stage

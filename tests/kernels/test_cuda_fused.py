@@ -1,0 +1,93 @@
+"""The fused kernels of a decode layer against the unfused launches they replace (and those
+against NumPy elsewhere: test_kernels.py, test_mmvq.py), on the emulated device.
+
+Each fused kernel computes the float32 values the unfused kernel would store, in the same
+order, and then does what the next launch did with them (quantize to q8_1, add a bias and a
+residual). So the results are compared bit for bit: a fused kernel that rounds once more,
+sums in another order or drops an operand fails. Shapes are tiny (the emulator runs every
+thread); each covers a block layout the planner picks (one warp per row and several rows a
+block; several warps per row; batch tiles).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels.cuda import ops
+from kernels.cuda.device import Device
+from kernels.cuda.table import q8_1_row_bytes
+from tests.kernels.quantdata import make_weight
+
+
+def host(dev: Device, a: object) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else dev.to_host(a)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(36)
+
+
+def _used(xq: np.ndarray, cols: int) -> np.ndarray:
+    """The q8_1 blocks of each row (the padding to 16 bytes is never written)."""
+    return xq[:, :cols // 32 * 36]
+
+
+@pytest.mark.parametrize("rows, cols", [(5, 96), (2, 1056)])
+def test_rms_norm_q8_1_is_the_quantized_norm(dev: Device, rng: np.random.Generator,
+                                             rows: int, cols: int) -> None:
+    # 96: one warp per row, 4 rows a block, the last block half empty; 1056: 256 threads
+    # (8 warps) a row, 33 blocks shared out unevenly.
+    x = rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(3)
+    x[0, :32] = 0  # a zero block: d = 0, all codes 0
+    w = rng.standard_normal(cols, dtype=np.float32)
+    dx, dw = dev.to_device(x), dev.to_device(w)
+    got = host(dev, ops.rms_norm_q8_1(dev, dx, dw, 1e-5))
+    want = host(dev, ops.quantize_q8_1(dev, ops.rms_norm(dev, dx, dw, 1e-5)))
+    assert got.shape == (rows, q8_1_row_bytes(cols))
+    assert np.array_equal(_used(got, cols), _used(want, cols))
+
+
+@pytest.mark.parametrize("act", ["silu_mul", "gelu_tanh_mul"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gated_q8_1_is_the_quantized_activation(dev: Device, rng: np.random.Generator,
+                                                act: str, batch: int) -> None:
+    n = 288  # 9 blocks: one block of 8 warps and one of 1
+    gate_up = rng.standard_normal((batch, 2 * n), dtype=np.float32) * np.float32(4)
+    d = dev.to_device(gate_up)
+    got = host(dev, ops.gated_q8_1(dev, act, d))
+    g, u = (dev.to_device(np.ascontiguousarray(a)) for a in (gate_up[:, :n], gate_up[:, n:]))
+    want = host(dev, ops.quantize_q8_1(dev, getattr(ops, act)(dev, g, u)))
+    assert np.array_equal(_used(got, n), _used(want, n))
+
+
+@pytest.mark.parametrize("qtype, q8_1", [("Q4_K", True), ("Q8_0", True), ("Q4_0", False),
+                                         ("F16", False), ("F32", False)])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_mat_vec_epilogue_adds_bias_then_residual(dev: Device, rng: np.random.Generator,
+                                                  qtype: str, q8_1: bool, batch: int) -> None:
+    # The integer kernels (Q4_K, Q8_0), the float kernel (Q4_0 without q8_1, F32) and the
+    # 16-bit one (F16); batch 3 runs a tile of 4 rows with one past the batch.
+    rows, cols = 12, 256
+    w = ops.upload_matrix(dev, make_weight(qtype, rows, cols, rng), qtype, (rows, cols))
+    x = dev.to_device(rng.standard_normal((batch, cols), dtype=np.float32))
+    bias = rng.standard_normal(rows, dtype=np.float32)
+    res = rng.standard_normal((batch, rows), dtype=np.float32)
+    plain = host(dev, ops.mul_mat_vec(dev, w, x, q8_1))
+    got = host(dev, ops.mul_mat_vec(dev, w, x, q8_1, bias=dev.to_device(bias),
+                                    residual=dev.to_device(res)))
+    assert np.array_equal(got, res + (plain + bias))
+    only_res = host(dev, ops.mul_mat_vec(dev, w, x, q8_1, residual=dev.to_device(res)))
+    assert np.array_equal(only_res, res + plain)
+
+
+def test_mat_vec_reads_fused_q8_1_rows(dev: Device, rng: np.random.Generator) -> None:
+    # rms_norm_q8_1 -> the integer mat-vec equals rms_norm -> mul_mat_vec (which quantizes).
+    rows, cols = 8, 512
+    w = ops.upload_matrix(dev, make_weight("Q4_K", rows, cols, rng), "Q4_K", (rows, cols))
+    x = dev.to_device(rng.standard_normal((2, cols), dtype=np.float32))
+    nw = dev.to_device(rng.standard_normal(cols, dtype=np.float32))
+    got = ops.mul_mat_vec_q8_1(dev, w, ops.rms_norm_q8_1(dev, x, nw, 1e-6), 2)
+    want = ops.mul_mat_vec(dev, w, ops.rms_norm(dev, x, nw, 1e-6))
+    assert np.array_equal(host(dev, got), host(dev, want))
