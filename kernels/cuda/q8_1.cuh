@@ -1,28 +1,35 @@
-// q8_1: the activation blocks of the integer mat-vec (mmv.cu mul_mat_vec_q_*).
+// q8_1: the activation blocks of the integer mat-vec (mmv.cu mul_mat_vec_q_*; quants.cuh
+// reads them).
 // 32 consecutive x values as int8 q[i] = round(x[i] / d), d = max|x| / 127, with two halves
 // in front: d and s = d * sum(q). 36 bytes, 4-byte aligned. Written by quantize_q8_1
 // (mmv.cu) and by the kernels that end in it instead of a float row: rms_norm_q8_1
 // (norm.cu), silu_mul_q8_1 and gelu_tanh_mul_q8_1 (unary.cu). A q8_1 row of ncols values is
 // ncols / 32 blocks, padded to 16 bytes (table.q8_1_row_bytes).
 #pragma once
-#include "half.cuh"
+// No cuda_fp16.h: norm.cu and unary.cu compile with NVRTC alone (the scales' half bits are
+// made by f16_bits below); quants.cuh reads the blocks.
+#include "common.cuh"
 
 #define Q8_1_BYTES 36
 
-struct q8_1 {  // a staged q8_1 block: scales and the 8 ints of packed quants
-    float d, s;
-    int u[8];
-    static __device__ __forceinline__ q8_1 read(const uint8_t * xb) {
-        q8_1 r;
-        r.d = load_f16(xb);
-        r.s = load_f16(xb + 2);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            r.u[i] = ld_global((const int *) (xb + 4) + i);
-        }
-        return r;
+// float32 -> IEEE half bits, rounded to nearest even (as CUDA's float-to-half): overflow to inf,
+// subnormal halves exact, NaN to a quiet NaN.
+static __device__ __forceinline__ uint32_t f16_bits(const float f) {
+    const uint32_t x = __float_as_uint(f);
+    const uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) {
+        return sign | 0x7FFFu;
     }
-};
+    if (a >= 0x477FF000u) {  // >= 65520: rounds past 65504, the largest half
+        return sign | 0x7C00u;
+    }
+    if (a >= 0x38800000u) {  // a normal half: drop 13 mantissa bits, rebias 127 -> 15
+        const uint32_t r = a + 0xFFFu + ((a >> 13) & 1u);
+        return sign | ((r >> 13) - (112u << 10));
+    }
+    // a subnormal half (or zero): whole units of 2^-24; the scaling by 2^24 is exact
+    return sign | (uint32_t) rintf(__uint_as_float(a) * 16777216.0f);
+}
 
 // The whole warp writes one q8_1 block at out: lane l holds value l of the 32. Every lane
 // must call it (shuffles); the values are the float32 a float kernel would have stored, so
@@ -34,8 +41,6 @@ static __device__ __forceinline__ void store_q8_1_block(const float v, uint8_t *
     const float sum = warp_reduce_sum((float) q);  // |sum| <= 4064: exact in float
     st_global((int8_t *) out + 4 + threadIdx.x % WARP_SIZE, (int8_t) q);
     if (threadIdx.x % WARP_SIZE == 0) {
-        const uint32_t ds = __half_as_ushort(__float2half_rn(d)) |
-                            ((uint32_t) __half_as_ushort(__float2half_rn(d * sum)) << 16);
-        st_global((uint32_t *) out, ds);
+        st_global((uint32_t *) out, f16_bits(d) | (f16_bits(d * sum) << 16));
     }
 }

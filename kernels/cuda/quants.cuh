@@ -7,12 +7,28 @@
 //         16-element slice always has a single scale), one element for F32/F16.
 // dq(b, sub, y) writes elements [sub*EPT, (sub+1)*EPT) of the block at b into y.
 // Types with DP4A = true also have vdot(b, g, xb): the dot product of their 32-element group
-// g (0 .. QK/32-1) with the q8_1 block xb (below), integer products by __dp4a and the float
+// g (0 .. QK/32-1) with the q8_1 block xb (q8_1.cuh), integer products by __dp4a and the float
 // scales applied once at the end. b and xb point to shared memory (mmv.cu stages them).
 // Blocks are only 2-byte aligned (18, 22, 34, 110, 210 bytes): quants load as half-words.
 #pragma once
 
+#include "half.cuh"
 #include "q8_1.cuh"
+
+struct q8_1 {  // a staged q8_1 block: scales and the 8 ints of packed quants
+    float d, s;
+    int u[8];
+    static __device__ __forceinline__ q8_1 read(const uint8_t * xb) {
+        q8_1 r;
+        r.d = load_f16(xb);
+        r.s = load_f16(xb + 2);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            r.u[i] = ld_global((const int *) (xb + 4) + i);
+        }
+        return r;
+    }
+};
 
 // Four weight bytes as one int, from an address 2- or 4-byte aligned.
 static __device__ __forceinline__ int int_b2(const uint8_t * p) {
