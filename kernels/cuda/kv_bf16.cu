@@ -14,3 +14,4 @@ ATTN_VEC_KERNELS(bf16_t, 2, attn_vec_kv_bf16_e2, attn_vec_kv_bf16_e2_pos)
 ATTN_VEC_KERNELS(bf16_t, 4, attn_vec_kv_bf16_e4, attn_vec_kv_bf16_e4_pos)
 ATTN_VEC_KERNELS(bf16_t, 8, attn_vec_kv_bf16_e8, attn_vec_kv_bf16_e8_pos)
 KV_STORE_KERNEL(bf16_t, kv_store_bf16)  // see kv_store.cuh
+ROPE_KV_KERNEL(bf16_t, rope_kv_bf16)  // see kv_store.cuh: RoPE fused into the KV-cache write

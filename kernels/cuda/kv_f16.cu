@@ -14,3 +14,4 @@ ATTN_VEC_KERNELS(__half, 2, attn_vec_kv_f16_e2, attn_vec_kv_f16_e2_pos)
 ATTN_VEC_KERNELS(__half, 4, attn_vec_kv_f16_e4, attn_vec_kv_f16_e4_pos)
 ATTN_VEC_KERNELS(__half, 8, attn_vec_kv_f16_e8, attn_vec_kv_f16_e8_pos)
 KV_STORE_KERNEL(__half, kv_store_f16)  // see kv_store.cuh
+ROPE_KV_KERNEL(__half, rope_kv_f16)  // see kv_store.cuh: RoPE fused into the KV-cache write

@@ -5,7 +5,7 @@
 // src rounded to nearest even, as the eager step's astype(float16) does.
 #pragma once
 
-#include "common.cuh"
+#include "rope.cuh"
 
 #define KV_STORE_KERNEL(T, name)                                                                   \
     extern "C" __global__ void __launch_bounds__(256) name(                                        \
@@ -21,4 +21,58 @@
         const long long h = bh % heads, b = bh / heads;                                            \
         store_f32(dst + b * stride_b + h * stride_h + (long long) *pos * stride_s + d,             \
                   ld_global(src + i));                                                             \
+    }
+
+// RoPE fused into the KV-cache write, for one new token of each of `batch` sequences (a
+// decode step; grid.y = batch): qkv is the q/k/v mat-vec's output, rows of (heads + 2 *
+// kv_heads) * head_dim floats, q heads then k heads then v heads (bias already added by
+// the mat-vec's epilogue). One thread per pair of a row: the q and k pairs are rotated at
+// position *pos (rope.cu's pairing: neox (i, i + D/2) or normal (2i, 2i + 1)); q goes to
+// q_out (batch, heads, head_dim) contiguous, k to row *row of the K cache, and v's pairs
+// to row *row of the V cache unrotated, stored as T (a half or bfloat16 cache rounds to
+// nearest even). *row is *pos but for a sliding layer's ring (the position past the
+// layer's start). Replaces two ropes and two KV row writes (4 launches) with one; q, k and
+// the cache rows are bit for bit those of rope_f32 and kv_store_*. 1-D grid over a row's
+// (heads + 2 * kv_heads) * head_dim / 2 pairs (plan.plan_rope_kv).
+template <typename T>
+static __device__ __forceinline__ void rope_kv_row(
+        const float * __restrict__ qkv, float * __restrict__ q_out, T * __restrict__ kc,
+        T * __restrict__ vc, const int heads, const int kv_heads, const int head_dim,
+        const long long stride_b, const long long stride_h, const long long stride_s,
+        const int * __restrict__ pos, const int * __restrict__ row, const float theta,
+        const int neox, const float * __restrict__ freq_factors) {
+    const int half = head_dim / 2;
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= (heads + 2 * kv_heads) * half) {
+        return;
+    }
+    const int b = blockIdx.y, h = p / half, i = p % half;
+    const int i0 = neox ? i : 2 * i, i1 = i0 + (neox ? half : 1);
+    const float * src = qkv + (long long) b * (heads + 2 * kv_heads) * head_dim + h * head_dim;
+    float x0 = ld_global(src + i0), x1 = ld_global(src + i1);
+    if (h < heads + kv_heads) {
+        rope_rotate(x0, x1, *pos, i, head_dim, theta, freq_factors);
+    }
+    if (h < heads) {
+        float * o = q_out + ((long long) b * heads + h) * head_dim;
+        st_global(o + i0, x0);
+        st_global(o + i1, x1);
+        return;
+    }
+    const int kh = h < heads + kv_heads ? h - heads : h - heads - kv_heads;
+    T * c = (h < heads + kv_heads ? kc : vc) + b * stride_b + kh * stride_h +
+            (long long) *row * stride_s;
+    store_f32(c + i0, x0);
+    store_f32(c + i1, x1);
+}
+
+#define ROPE_KV_KERNEL(T, name)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) name(                                        \
+            const float * __restrict__ qkv, float * __restrict__ q_out, T * __restrict__ kc,       \
+            T * __restrict__ vc, const int heads, const int kv_heads, const int head_dim,          \
+            const long long stride_b, const long long stride_h, const long long stride_s,          \
+            const int * __restrict__ pos, const int * __restrict__ row, const float theta,         \
+            const int neox, const float * __restrict__ freq_factors) {                             \
+        rope_kv_row<T>(qkv, q_out, kc, vc, heads, kv_heads, head_dim, stride_b, stride_h,          \
+                       stride_s, pos, row, theta, neox, freq_factors);                             \
     }

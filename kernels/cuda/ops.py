@@ -302,6 +302,35 @@ def rope(dev: Device, x: Any, offset: int, theta: float, *, neox: bool = True,
     return y
 
 
+def rope_kv(dev: Device, qkv: Any, k_cache: Any, v_cache: Any, pos: Any, row: Any,
+            theta: float, heads: int, kv_heads: int, *, neox: bool = True,
+            freq_factors: Any | None = None) -> Any:
+    """RoPE fused into the KV-cache write (kv_store.cuh rope_kv_*), for one new token per
+    sequence: qkv (batch, (heads + 2 kv_heads) * head_dim) float32, the q/k/v mat-vec's
+    output. q and k are rotated at position pos[0]; k and v are written into row row[0] of
+    the caches (batch, kv_heads, capacity, head_dim; float32, float16 or bfloat16, see
+    :func:`kv_layout`); returns q rotated, (batch, heads, 1, head_dim). pos and row are
+    (1,) int32 device buffers (a captured step writes them before each replay; row differs
+    from pos only in a sliding layer's ring). One launch for two ropes and two row writes."""
+    for a, what in ((pos, "pos"), (row, "row")):
+        _need(a.dtype == np.int32 and a.shape == (1,), f"{what} must be a (1,) int32 buffer")
+    _f32_contig(qkv, "qkv")
+    _, _, (sb, sh, ss) = kv_layout(k_cache, v_cache)
+    b, kvh, _, d = k_cache.shape
+    _need(kvh == kv_heads and heads % kv_heads == 0 and d % 2 == 0,
+          f"cache {k_cache.shape} does not fit {heads} heads over {kv_heads} kv heads")
+    _need(qkv.ndim == 2 and qkv.shape == (b, (heads + 2 * kv_heads) * d),
+          f"qkv {qkv.shape} is not ({b}, {(heads + 2 * kv_heads) * d})")
+    if freq_factors is not None:
+        _f32_contig(freq_factors, "freq_factors")
+        _need(freq_factors.shape == (d // 2,), f"freq_factors {freq_factors.shape} != ({d // 2},)")
+    q = dev.empty((b, heads, 1, d), np.float32)
+    dev.launch(*ROPE_KV[np.dtype(k_cache.dtype)], plan.plan_rope_kv(heads, kvh, d, b, dev.limits),
+               (qkv, q, k_cache, v_cache, i32(heads), i32(kvh), i32(d), i64(sb), i64(sh),
+                i64(ss), pos, row, f32(theta), i32(1 if neox else 0), freq_factors))
+    return q
+
+
 # A bfloat16 KV cache holds BF16 bit patterns, as BF16 weights do. A uint16 cache is always
 # bfloat16.
 KV_BF16 = BF16
@@ -310,6 +339,12 @@ KV_BF16 = BF16
 KV_KERNELS = {np.dtype(np.float32): ("attention", "attn_f32"),
               np.dtype(np.float16): ("kv_f16", "attn_kv_f16"),
               KV_BF16: ("kv_bf16", "attn_kv_bf16")}
+
+
+# RoPE fused into the KV-cache write, per cache element type: (module, kernel).
+ROPE_KV = {np.dtype(np.float32): ("step", "rope_kv_f32"),
+           np.dtype(np.float16): ("kv_f16", "rope_kv_f16"),
+           KV_BF16: ("kv_bf16", "rope_kv_bf16")}
 
 
 def to_bf16_bits(xp: Any, x: Any) -> Any:

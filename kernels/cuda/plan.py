@@ -175,6 +175,17 @@ def plan_elementwise(n: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
     return Launch((_cdiv(n, ELEMENTWISE_THREADS), 1, 1), (ELEMENTWISE_THREADS, 1, 1)).check(limits)
 
 
+def plan_rope_kv(heads: int, kv_heads: int, head_dim: int, batch: int = 1,
+                 limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
+    """rope_kv_* (kv_store.cuh): one thread per pair of a q/k/v row, ELEMENTWISE_THREADS a
+    block; the batch's rows on grid.y."""
+    if heads < 1 or kv_heads < 1 or head_dim < 2 or head_dim % 2 or batch < 1:
+        raise LaunchError(f"rope_kv of {heads} heads, {kv_heads} kv heads of {head_dim}")
+    pairs = (heads + 2 * kv_heads) * head_dim // 2
+    return Launch((_cdiv(pairs, ELEMENTWISE_THREADS), batch, 1),
+                  (ELEMENTWISE_THREADS, 1, 1)).check(limits)
+
+
 def plan_argmax(ncols: int, nrows: int, limits: DeviceLimits = DEFAULT_LIMITS) -> Launch:
     """One block per row; threads follow the row length like the norms (a vocab row of 32K+
     gets 1024 threads, a 100-wide test row one warp)."""

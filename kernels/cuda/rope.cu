@@ -3,7 +3,8 @@
 // (B, S, H, D) uses seq_div = H. Pair i rotates by pos * theta^(-2i/D) / ff[i], where the
 // optional freq_factors ff (D/2 floats; scaled RoPE such as Llama 3's) default to 1:
 //   neox (Hugging Face): elements (i, i + D/2);  normal (GGML): elements (2i, 2i + 1).
-#include "common.cuh"
+
+#include "rope.cuh"
 
 static __device__ __forceinline__ void rope_pair(
         const float * __restrict__ x, float * __restrict__ y, const int head_dim,
@@ -17,15 +18,12 @@ static __device__ __forceinline__ void rope_pair(
     const long long row = p / half;
     const int i = (int) (p % half);
     const int pos = offset + (int) ((row / seq_div) % seq);
-    const float ff = freq_factors ? freq_factors[i] : 1.0f;
-    const float freq = powf(theta, -2.0f * i / head_dim) / ff;
-    float s, c;
-    sincosf(pos * freq, &s, &c);
     const long long i0 = row * head_dim + (neox ? i : 2 * i);
     const long long i1 = i0 + (neox ? half : 1);
-    const float a = x[i0], b = x[i1];
-    y[i0] = a * c - b * s;
-    y[i1] = a * s + b * c;
+    float a = x[i0], b = x[i1];
+    rope_rotate(a, b, pos, i, head_dim, theta, freq_factors);
+    y[i0] = a;
+    y[i1] = b;
 }
 
 // One thread per rotated pair; 1-D grid (see plan.plan_elementwise).

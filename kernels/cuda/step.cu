@@ -18,6 +18,7 @@ extern "C" __global__ void __launch_bounds__(32) step_inputs_i32(
 }
 
 KV_STORE_KERNEL(float, kv_store_f32)  // see kv_store.cuh
+ROPE_KV_KERNEL(float, rope_kv_f32)  // see kv_store.cuh: RoPE fused into the KV-cache write
 
 // y = a + b[i % period], float32: the residual adds (period = n) and a bias added to each
 // row of a projection (period = the row's width).

@@ -91,3 +91,38 @@ def test_mat_vec_reads_fused_q8_1_rows(dev: Device, rng: np.random.Generator) ->
     got = ops.mul_mat_vec_q8_1(dev, w, ops.rms_norm_q8_1(dev, x, nw, 1e-6), 2)
     want = ops.mul_mat_vec(dev, w, ops.rms_norm(dev, x, nw, 1e-6))
     assert np.array_equal(host(dev, got), host(dev, want))
+
+
+@pytest.mark.parametrize("kv, neox, batch", [(np.float32, True, 1), (np.float16, False, 2),
+                                             (ops.KV_BF16, True, 1)])
+def test_rope_kv_is_two_ropes_and_two_row_writes(dev: Device, rng: np.random.Generator,
+                                                 kv: object, neox: bool, batch: int) -> None:
+    # GQA 2 (4 heads over 2 kv heads), head_dim 16, a cache of 6 rows written at row 3
+    # while rotating at position 7 (a sliding layer's ring), scaled RoPE factors.
+    heads, kvh, d, cap, position, row = 4, 2, 16, 6, 7, 3
+    qkv = rng.standard_normal((batch, (heads + 2 * kvh) * d), dtype=np.float32)
+    ff = rng.uniform(1.0, 4.0, d // 2).astype(np.float32)
+    kc, vc = (dev.to_device(np.zeros((batch, kvh, cap, d), kv)) for _ in range(2))
+    pos, at = (dev.to_device(np.array([n], np.int32)) for n in (position, row))
+    dff = dev.to_device(ff)
+    q = host(dev, ops.rope_kv(dev, dev.to_device(qkv), kc, vc, pos, at, 1e4, heads, kvh,
+                              neox=neox, freq_factors=dff))
+
+    def roped(cols: slice, n: int) -> np.ndarray:  # the unfused rope of a (b, 1, n, d) view
+        x = np.ascontiguousarray(qkv[:, cols]).reshape(batch, 1, n, d)
+        return host(dev, ops.rope(dev, dev.to_device(x), position, 1e4, neox=neox,
+                                  seq_axis=1, freq_factors=dff)).reshape(batch, n, d)
+
+    def stored(x: np.ndarray) -> np.ndarray:  # a cache row as the eager step stores it
+        if kv is ops.KV_BF16:
+            return ops.to_bf16_bits(np, x)
+        return x.astype(kv)
+
+    assert np.array_equal(q.reshape(batch, heads, d), roped(slice(0, heads * d), heads))
+    k_want = stored(roped(slice(heads * d, (heads + kvh) * d), kvh))
+    v_want = stored(qkv[:, (heads + kvh) * d:].reshape(batch, kvh, d))
+    k_got, v_got = host(dev, kc), host(dev, vc)
+    assert np.array_equal(k_got[:, :, row], k_want)
+    assert np.array_equal(v_got[:, :, row], v_want)
+    others = [r for r in range(cap) if r != row]
+    assert not k_got[:, :, others].any() and not v_got[:, :, others].any()
