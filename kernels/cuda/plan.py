@@ -285,3 +285,48 @@ def plan_attention_vec(head_dim: int, rows: int, n_kv: int, kv_blocks: int,
         return AttentionPlan(main, None, 0)
     combine = Launch((1, kv_blocks, 1), (32, rows, 1)).check(limits)
     return AttentionPlan(main, combine, splits * kv_blocks * rows * (head_dim + 2))
+
+
+# --- a decoder layer's decode step: its kernels, in launch order ---------------------------
+# The fused step (ops.py's entry points) for one new token, q8_1 activations on a weight
+# type with an integer mat-vec: what each launch replaces.
+#   rms_norm_q8_1       the input norm and quantize_q8_1 of its output
+#   mul_mat_vec_q_*     q/k/v stacked (Weights.linears), + bias in the epilogue (Qwen2)
+#   rope_kv_*           two ropes and two KV row writes
+#   attn_vec_*          attention; softcap (Gemma 2) and the window are kernel arguments
+#   attn_combine_f32    only when attention splits its keys (plan_attention_vec)
+#   quantize_q8_1       the attention output for o_proj
+#   mul_mat_vec_q_*     o_proj, + the residual in the epilogue
+#   rms_norm_q8_1       the pre-MLP norm and its quantize_q8_1
+#   mul_mat_vec_q_*     gate/up stacked
+#   silu_mul_q8_1       the activation (gelu_tanh_mul_q8_1: Gemma) and its quantize_q8_1
+#   mul_mat_vec_q_*     down, + the residual in the epilogue
+# Families with per-head q/k norms (Qwen3, Gemma 3) norm q and k (rms_norm_f32 over the
+# heads' rows, one launch each) before rope_kv_*; those with norms after attention and MLP
+# (Gemma 2/3) norm o_proj's and down's outputs (rms_norm_f32) and add the residual
+# (add_f32) instead of adding it in the epilogue.
+@dataclass(frozen=True)
+class LayerShape:
+    """The switches of a decoder layer (inference/models/llama.py) that change its launches."""
+
+    qk_norm: bool = False
+    sandwich_norms: bool = False
+    gelu: bool = False  # gelu_tanh_mul instead of silu_mul
+    attention_splits: int = 1  # plan_attention_vec's splits at the step's key count
+
+
+def decode_layer_kernels(s: LayerShape) -> tuple[str, ...]:
+    """The launches of one layer's fused decode step, by kernel (name stem: the mat-vecs
+    are mul_mat_vec_q_<type>, attention attn_vec_<cache>_e<E>_pos, rope_kv_<cache>)."""
+    mmv, post = "mul_mat_vec_q", ("rms_norm_f32", "add_f32") if s.sandwich_norms else ()
+    qk = ("rms_norm_f32", "rms_norm_f32") if s.qk_norm else ()
+    combine = ("attn_combine_f32",) if s.attention_splits > 1 else ()
+    act = "gelu_tanh_mul_q8_1" if s.gelu else "silu_mul_q8_1"
+    return ("rms_norm_q8_1", mmv, *qk, "rope_kv", "attn_vec", *combine, "quantize_q8_1", mmv,
+            *post, "rms_norm_q8_1", mmv, act, mmv, *post)
+
+
+# Before the fusions (the eager step's kernels, a captured step's extra row writes and adds):
+# per layer 2 norms, 4 quantize_q8_1, 4 mat-vecs, 2 ropes, 2 KV row writes, attention,
+# silu_mul and 2 residual adds, + the combine when attention splits.
+UNFUSED_LAYER_KERNELS = 18

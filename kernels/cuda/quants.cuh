@@ -204,6 +204,19 @@ struct t_q8_0 {
 // Within a 128-element half h, element e sits in byte (e % 32) of that half's 32 quant bytes,
 // at bit shift 2*((e % 128) / 32) (2-bit types) or nibble (e % 64) / 32 (4-bit types).
 
+// A 32-element group whose two 16-element halves have a scale each (Q2_K, Q6_K): the
+// integer sums per half of codes q (8 words of 4 codes) times x, sum[h], and of x alone,
+// sx[h] (__dp4a with ones: for a min or a code offset).
+static __device__ __forceinline__ void dot_halves(const int (&q)[8], const q8_1 & x,
+                                                  int (&sum)[2], int (&sx)[2]) {
+    sum[0] = sum[1] = sx[0] = sx[1] = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        sum[i / 4] = __dp4a(q[i], x.u[i], sum[i / 4]);
+        sx[i / 4] = __dp4a(0x01010101, x.u[i], sx[i / 4]);
+    }
+}
+
 // Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.
 struct t_q2_k {
     static constexpr int QK = 256, BYTES = 84, EPT = 16;
@@ -214,13 +227,12 @@ struct t_q2_k {
     static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
         const q8_1 x = q8_1::read(xb);
         const int h = g / 4, j = g % 4;
-        int sum[2] = {0, 0}, sx[2] = {0, 0};
+        int q[8], sum[2], sx[2];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const int q = (int_b4(b + 16 + 32 * h + 4 * i) >> (2 * j)) & 0x03030303;
-            sum[i / 4] = __dp4a(q, x.u[i], sum[i / 4]);
-            sx[i / 4] = __dp4a(0x01010101, x.u[i], sx[i / 4]);
+            q[i] = (int_b4(b + 16 + 32 * h + 4 * i) >> (2 * j)) & 0x03030303;
         }
+        dot_halves(q, x, sum, sx);
         const int s0 = ld_global(b + 2 * g), s1 = ld_global(b + 2 * g + 1);
         return x.d * (load_f16(b + 80) * (float) ((s0 & 0xF) * sum[0] + (s1 & 0xF) * sum[1]) -
                       load_f16(b + 82) * (float) ((s0 >> 4) * sx[0] + (s1 >> 4) * sx[1]));
@@ -366,16 +378,14 @@ struct t_q6_k {
     static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
         const q8_1 x = q8_1::read(xb);
         const int n = g / 4, k = g % 4;
-        int sum[2] = {0, 0}, sx[2] = {0, 0};
+        int q[8], sum[2], sx[2];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const int lo = int_b2(b + n * 64 + 32 * (k & 1) + 4 * i);
             const int hi = int_b2(b + 128 + n * 32 + 4 * i);
-            const int q = ((lo >> (4 * (k >> 1))) & 0x0F0F0F0F) |
-                          (((hi >> (2 * k)) & 0x03030303) << 4);
-            sum[i / 4] = __dp4a(q, x.u[i], sum[i / 4]);
-            sx[i / 4] = __dp4a(0x01010101, x.u[i], sx[i / 4]);
+            q[i] = ((lo >> (4 * (k >> 1))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4);
         }
+        dot_halves(q, x, sum, sx);
         const int8_t * sc = (const int8_t *) (b + 192 + 2 * g);
         return load_f16(b + 208) * x.d *
                (ld_global(sc) * (sum[0] - 32 * sx[0]) + ld_global(sc + 1) * (sum[1] - 32 * sx[1]));

@@ -142,6 +142,7 @@ BUDGETS: dict[str, KernelBudget] = {
     "dequantize_": KernelBudget(256, 80, -(-(4 * (256 * 32 + 256) + 16 * DQ_W_WORDS
                                             + 12 * DQ_MAX_SEGS + 8) // 16) * 16),
     "rms_norm_f32": KernelBudget(1024, 32, 128),
+    "rms_norm_q8_1": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),
     "softmax_f32": KernelBudget(1024, 32, 128),
     "argmax_f32": KernelBudget(1024, 32, 256),
@@ -149,6 +150,9 @@ BUDGETS: dict[str, KernelBudget] = {
     "silu_mul_f32": KernelBudget(256, 64, 0),
     "gelu_f32": KernelBudget(256, 64, 0),
     "gelu_tanh_mul_f32": KernelBudget(256, 64, 0),
+    "silu_mul_q8_1": KernelBudget(256, 64, 0),
+    "gelu_tanh_mul_q8_1": KernelBudget(256, 64, 0),
+    "rope_kv_": KernelBudget(256, 64, 0),
     "attn_f32": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
     "attn_kv_f16": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),
     "attn_kv_bf16": KernelBudget(256, 96, 4 * (32 * 257 + 8 * 256 + 8 * 32)),

@@ -1,5 +1,5 @@
-"""kernels/cuda/KERNELS.md lists every kernel by name and module: many are stamped out by
-macros (one per quant type and tile), so grep over the sources alone would not find them.
+"""kernels/cuda/KERNELS.md lists every kernel by name and module (each name is also written
+out in its module's source, so grep finds its definition).
 
     python -m tests.kernels.test_kernel_index     # rewrites the index from the sources
 """
@@ -11,7 +11,7 @@ from tests.kernels.emulator.build import build
 
 INDEX = CUDA_DIR / "KERNELS.md"
 _HEAD = ("# CUDA kernels by module\n\n"
-         "Every `extern \"C\"` kernel of kernels/cuda, after macro expansion: the name a launch "
+         "Every `extern \"C\"` kernel of kernels/cuda: the name a launch "
          "uses (`dev.launch(module, name, ...)`) and the module (`<module>.cu`) that defines "
          "it. Kept equal to the sources by tests/kernels/test_kernel_index.py.\n")
 

@@ -51,7 +51,7 @@ def test_attention_and_mat_vec_limits_match_the_source() -> None:
     assert int(re.search(r"#define DQ_MAX_SEGS (\d+)", dq).group(1)) == table.DQ_MAX_SEGS
     tiles = sorted(int(n) for n in re.findall(r"^MMVQ_SMEM\((\d+)\)$", mmv, re.M))
     assert tuple(tiles) == table.MMV_TILES
-    assert int(re.search(r"#define Q8_1_BYTES (\d+)", source_path("quants").with_suffix(
+    assert int(re.search(r"#define Q8_1_BYTES (\d+)", source_path("q8_1").with_suffix(
         ".cuh").read_text()).group(1)) == table.Q8_1_BYTES
 
 
