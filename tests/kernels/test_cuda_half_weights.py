@@ -72,7 +72,7 @@ def test_16bit_mat_vec_loads_whole_sectors() -> None:
     y = dev.empty((1, rows), np.float32)  # the float kernel on the same weight, for scale
     dev.launch("mmv", "mul_mat_vec_bf16", plan.plan_mul_mat_vec(w.kt, cols, rows),
                (w.data, x, y, np.int32(cols), np.int32(rows), np.int64(w.row_bytes),
-                np.int32(1)))
+                np.int32(1), None, None))
     (wv, xv), wf = ((dev.traffic["mul_mat_vec_h_bf16"][(i, "load")] for i in (0, 1)),
                     dev.traffic["mul_mat_vec_bf16"][(0, "load")])
     assert wv.efficiency == xv.efficiency == 1.0
