@@ -446,6 +446,55 @@ def attention_combine(dev: Device, p: plan.AttentionPlan, part: Any, part_ml: An
                    (part, part_ml, out, i32(d), i32(rows), i32(p.splits)))
 
 
+@dataclass
+class DecoderLayer:
+    """One decoder layer's weights and switches for :func:`decode_layer` (the Llama block of
+    inference/models/llama.py without per-head q/k norms or norms after attention and MLP:
+    Llama, Mistral, Qwen2, Phi-3, Gemma 1). qkv and gate_up are stacked ([q; k; v] and
+    [gate; up] rows), as Weights.linears stacks them."""
+
+    attn_norm: Any  # (hidden,) float32
+    qkv: QuantMatrix
+    o: QuantMatrix
+    mlp_norm: Any
+    gate_up: QuantMatrix
+    down: QuantMatrix
+    heads: int
+    kv_heads: int
+    eps: float
+    theta: float
+    scale: float  # attention's score scale
+    qkv_bias: Any | None = None  # ((heads + 2 kv_heads) * head_dim,) float32
+    act: str = "silu_mul"  # a key of GATED_Q8_1
+    neox: bool = True
+    freq_factors: Any | None = None
+    softcap: float | None = None
+
+
+def decode_layer(dev: Device, layer: DecoderLayer, x: Any, k_cache: Any, v_cache: Any,
+                 pos: Any, position: int) -> Any:
+    """The fused decode step of one layer for one new token of each of x's rows (batch,
+    hidden), all at ``position`` (held on the device in pos, (1,) int32): the launches of
+    plan.decode_layer_kernels, in that order. K/V go to row ``position`` of the caches
+    (batch, kv_heads, capacity, head_dim) and attention reads rows 0..position. Returns
+    the layer's output, (batch, hidden). Needs q8_1 mat-vecs (:func:`dp4a_applies`) for
+    every weight and widths in whole q8_1 blocks."""
+    b = x.shape[0]
+    d = k_cache.shape[-1]
+    xq = rms_norm_q8_1(dev, x, layer.attn_norm, layer.eps)
+    qkv = mul_mat_vec_q8_1(dev, layer.qkv, xq, b, bias=layer.qkv_bias)
+    q = rope_kv(dev, qkv, k_cache, v_cache, pos, pos, layer.theta, layer.heads, layer.kv_heads,
+                neox=layer.neox, freq_factors=layer.freq_factors)
+    keys = (slice(None), slice(None), slice(0, position + 1))
+    a = attention(dev, q, k_cache[keys], v_cache[keys], layer.scale, causal_offset=position,
+                  softcap=layer.softcap)
+    h = mul_mat_vec_q8_1(dev, layer.o, quantize_q8_1(dev, a.reshape(b, layer.heads * d)), b,
+                         residual=x)
+    gu = mul_mat_vec_q8_1(dev, layer.gate_up, rms_norm_q8_1(dev, h, layer.mlp_norm, layer.eps),
+                          b)
+    return mul_mat_vec_q8_1(dev, layer.down, gated_q8_1(dev, layer.act, gu), b, residual=h)
+
+
 def _gated(dev: Device, kernel: str, gate: Any, up: Any) -> Any:
     """act(gate) * up elementwise, ``kernel`` one of unary.cu's gated kernels."""
     _f32_contig(gate, "gate")

@@ -126,3 +126,65 @@ def test_rope_kv_is_two_ropes_and_two_row_writes(dev: Device, rng: np.random.Gen
     assert np.array_equal(v_got[:, :, row], v_want)
     others = [r for r in range(cap) if r != row]
     assert not k_got[:, :, others].any() and not v_got[:, :, others].any()
+
+
+@pytest.mark.parametrize("act, bias", [("silu_mul", True), ("gelu_tanh_mul", False)])
+def test_decode_layer_is_the_unfused_layer(emu: Device, act: str, bias: bool) -> None:
+    # A tiny Llama layer (Qwen2's biases; Gemma's activation), Q8_0 weights, a float16
+    # cache, 2 sequences of one token at position 5: the fused step launches exactly
+    # plan.decode_layer_kernels' kernels and its output equals the unfused step's bit for
+    # bit (every fused kernel stores what the launches it replaces stored).
+    from kernels.cuda import plan
+    from tests.kernels.test_mmv_tiles import recording
+
+    dev, rng = emu, np.random.default_rng(5)
+    hidden, heads, kvh, d, ffn, b, position, cap = 128, 4, 2, 32, 256, 2, 5, 8
+    qkv_rows = (heads + 2 * kvh) * d
+
+    def weight(rows: int, cols: int) -> ops.QuantMatrix:
+        return ops.upload_matrix(dev, make_weight("Q8_0", rows, cols, rng), "Q8_0", (rows, cols))
+
+    def vec(n: int, s: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(n) * s).astype(np.float32)
+
+    lw = ops.DecoderLayer(
+        attn_norm=dev.to_device(vec(hidden)), qkv=weight(qkv_rows, hidden),
+        o=weight(hidden, heads * d), mlp_norm=dev.to_device(vec(hidden)),
+        gate_up=weight(2 * ffn, hidden), down=weight(hidden, ffn), heads=heads, kv_heads=kvh,
+        eps=1e-6, theta=1e4, scale=d ** -0.5, act=act,
+        qkv_bias=dev.to_device(vec(qkv_rows)) if bias else None)
+    x = rng.standard_normal((b, hidden), dtype=np.float32)
+    past = rng.standard_normal((2, b, kvh, cap, d)).astype(np.float16)
+    past[:, :, :, position:] = 0
+    kc, vc = dev.to_device(past[0].copy()), dev.to_device(past[1].copy())
+    pos = dev.to_device(np.array([position], np.int32))
+    names = recording(dev)
+    got = host(dev, ops.decode_layer(dev, lw, dev.to_device(x), kc, vc, pos, position))
+    splits = 2 if "attn_combine_f32" in names else 1
+    stems = plan.decode_layer_kernels(plan.LayerShape(gelu=act != "silu_mul",
+                                                      attention_splits=splits))
+    assert len(names) == len(stems) == 10 + (splits > 1)
+    assert all(n.startswith(s) for n, s in zip(names, stems, strict=True)), names
+
+    # The unfused step: norm, mat-vec (+ bias), two ropes, the K/V rows written, attention,
+    # mat-vec + residual, norm, mat-vec, activation, mat-vec + residual.
+    dx = dev.to_device(x)
+    qkv = host(dev, ops.mul_mat_vec(dev, lw.qkv, ops.rms_norm(dev, dx, lw.attn_norm, 1e-6)))
+    if bias:
+        qkv = qkv + host(dev, lw.qkv_bias)
+    split = np.split(qkv, [heads * d, (heads + kvh) * d], axis=1)
+    q, k = (host(dev, ops.rope(dev, dev.to_device(a.reshape(b, 1, -1, d)), position, 1e4,
+                               seq_axis=1)).reshape(b, -1, d) for a in split[:2])
+    kv = past.copy()
+    kv[0, :, :, position], kv[1, :, :, position] = k, split[2].reshape(b, kvh, d)
+    assert np.array_equal(host(dev, kc), kv[0]) and np.array_equal(host(dev, vc), kv[1])
+    keys = [dev.to_device(np.ascontiguousarray(c[:, :, :position + 1])) for c in kv]
+    a = host(dev, ops.attention(dev, dev.to_device(q.reshape(b, heads, 1, d)), *keys, d ** -0.5,
+                                causal_offset=position))
+    h = x + host(dev, ops.mul_mat_vec(dev, lw.o, dev.to_device(a.reshape(b, -1))))
+    gu = host(dev, ops.mul_mat_vec(dev, lw.gate_up, ops.rms_norm(dev, dev.to_device(h),
+                                                                lw.mlp_norm, 1e-6)))
+    m = getattr(ops, act)(dev, *(dev.to_device(np.ascontiguousarray(g))
+                                 for g in np.split(gu, 2, axis=1)))
+    want = h + host(dev, ops.mul_mat_vec(dev, lw.down, m))
+    assert np.array_equal(got, want)
