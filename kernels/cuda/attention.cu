@@ -30,14 +30,16 @@ ATTN_VEC_KERNELS(float, 4, attn_vec_f32_e4, attn_vec_f32_e4_pos)
 ATTN_VEC_KERNELS(float, 8, attn_vec_f32_e8, attn_vec_f32_e8_pos)
 
 // Merge the splits of attn_f32: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
-// M = max_s m_s; a split that saw no key has m_s = -inf and weighs nothing.
+// M = max_s m_s; a split that saw no key has m_s = -inf and weighs nothing. With xq, the
+// rows go out as o_proj's q8_1 row instead (attn_q8_1_block, attention.cuh).
 // Block (32, rows <= 8), grid (row tiles, batch * kv_heads); warp w owns one row.
 extern "C" __global__ void __launch_bounds__(256) attn_combine_f32(
         const float * __restrict__ part, const float * __restrict__ part_ml,
-        float * __restrict__ out, const int head_dim, const int rows, const int nsplit) {
+        float * __restrict__ out, const int head_dim, const int rows, const int nsplit,
+        const int kv_heads, uint8_t * __restrict__ xq, const long long xq_stride) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y, bk = blockIdx.y;
     if (row >= rows) {
-        return;
+        return;  // the whole warp
     }
     const float * ml = part_ml + 2 * ((long long) bk * nsplit * rows + row);
     const long long split_stride = (long long) rows;  // in rows of part / part_ml
@@ -58,6 +60,11 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine_f32(
             const float ms = ml[2 * s * split_stride];
             o += ms == NEG_INF ? 0.0f : src[s * split_stride * head_dim + d] * expf(ms - mx);
         }
-        out[((long long) bk * rows + row) * head_dim + d] = o * inv;
+        if (xq) {  // uniform: head_dim % 32 == 0
+            store_q8_1_block(o * inv, attn_q8_1_block(xq, xq_stride, bk, kv_heads, rows, row,
+                                                      head_dim, d - threadIdx.x));
+        } else {
+            out[((long long) bk * rows + row) * head_dim + d] = o * inv;
+        }
     }
 }

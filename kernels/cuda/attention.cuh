@@ -4,7 +4,20 @@
 // half.cuh for half), so a half cache halves the bytes read and nothing else changes.
 #pragma once
 
-#include "common.cuh"
+#include "q8_1.cuh"
+
+// Decode's output as the o_proj mat-vec's q8_1 row (xq not null; one query per row, nq =
+// 1, head_dim % 32 == 0, ops checks): row r of kv-head block bk is query head
+// (bk % kv_heads) * rows + r of sequence bk / kv_heads, so its values d0..d0 + 31 are one
+// q8_1 block of that sequence's row (heads * head_dim values, xq_stride bytes apart). A
+// warp writes it (store_q8_1_block: the bytes of quantize_q8_1 of the float row), which
+// saves the quantize_q8_1 launch between attention and o_proj.
+static __device__ __forceinline__ uint8_t * attn_q8_1_block(
+        uint8_t * xq, const long long xq_stride, const int bk, const int kv_heads, const int rows,
+        const int r, const int head_dim, const int d0) {
+    return xq + (bk / kv_heads) * xq_stride +
+           ((long long) ((bk % kv_heads) * rows + r) * head_dim + d0) / 32 * Q8_1_BYTES;
+}
 
 #define ATTN_MAX_D 256    // head_dim limit: 8 accumulator values per lane
 #define ATTN_TILE 32      // keys per shared-memory tile: one key per lane when scoring
@@ -23,7 +36,8 @@ static __device__ __forceinline__ void attn_block(
         const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,
         const long long kv_stride_b, const long long kv_stride_h, const long long kv_stride_s,
         const float scale, const float softcap, const int causal_offset, const int window,
-        const float * __restrict__ key_mask, const long long mask_stride) {
+        const float * __restrict__ key_mask, const long long mask_stride,
+        uint8_t * __restrict__ xq, const long long xq_stride) {
     __shared__ float s_k[ATTN_TILE * (ATTN_MAX_D + 1)];
     __shared__ float s_q[ATTN_MAX_ROWS * ATTN_MAX_D];
     __shared__ float s_p[ATTN_MAX_ROWS * ATTN_TILE];
@@ -124,7 +138,10 @@ static __device__ __forceinline__ void attn_block(
 #pragma unroll
     for (int t = 0; t < PER_LANE; ++t) {
         const int d = lane + t * WARP_SIZE;
-        if (d < head_dim) {
+        if (d < head_dim && xq && gridDim.z == 1) {  // uniform: head_dim % 32 == 0
+            store_q8_1_block(acc[t] * inv, attn_q8_1_block(xq, xq_stride, bk, kv_heads, rows,
+                                                           row, head_dim, d - lane));
+        } else if (d < head_dim) {
             dst[d] = gridDim.z == 1 ? acc[t] * inv : acc[t];
         }
     }
@@ -149,10 +166,10 @@ static __device__ __forceinline__ void attn_block(
             const long long kv_stride_b, const long long kv_stride_h,                              \
             const long long kv_stride_s, const float scale, const float softcap,                   \
             const int causal_offset, const int window, const float * __restrict__ key_mask,        \
-            const long long mask_stride) {                                                         \
+            const long long mask_stride, uint8_t * __restrict__ xq, const long long xq_stride) {   \
         attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads, kv_stride_b,   \
                    kv_stride_h, kv_stride_s, scale, softcap, causal_offset, window, key_mask,      \
-                   mask_stride);                                                                   \
+                   mask_stride, xq, xq_stride);                                                    \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) name_pos(                                    \
             const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
@@ -160,10 +177,11 @@ static __device__ __forceinline__ void attn_block(
             const int head_dim, const int rows, const int nq, const int * __restrict__ pos,        \
             const int kv_heads, const long long kv_stride_b, const long long kv_stride_h,          \
             const long long kv_stride_s, const float scale, const float softcap,                   \
-            const int window) {                                                                    \
+            const int window, uint8_t * __restrict__ xq, const long long xq_stride) {              \
         const int p = *pos;                                                                        \
         attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,              \
-                   kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window, nullptr, 0);  \
+                   kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window, nullptr, 0,   \
+                   xq, xq_stride);                                                                 \
     }
 
 
@@ -226,7 +244,8 @@ static __device__ __forceinline__ void attn_vec_block(
         const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,
         const long long kv_stride_b, const long long kv_stride_h, const long long kv_stride_s,
         const float scale, const float softcap, const int causal_offset, const int window,
-        const float * __restrict__ key_mask, const long long mask_stride) {
+        const float * __restrict__ key_mask, const long long mask_stride,
+        uint8_t * __restrict__ xq, const long long xq_stride) {
     constexpr int KU = ATTN_VEC_KEYS_IN_FLIGHT / E;  // keys per chunk
     DYN_SHARED_F32(s_q);  // rows * head_dim, then the merge: W * rows * (head_dim + 2)
     float * s_red = s_q + rows * head_dim;
@@ -368,7 +387,12 @@ static __device__ __forceinline__ void attn_vec_block(
                 const float * src = s_red + (w * rows + r) * ld;
                 sum += src[head_dim] == NEG_INF ? 0.0f : src[d] * expf(src[head_dim] - mx);
             }
-            st_global(o + d, gridDim.z == 1 ? sum * inv : sum);
+            if (xq && gridDim.z == 1) {  // uniform: head_dim % 32 == 0
+                store_q8_1_block(sum * inv, attn_q8_1_block(xq, xq_stride, bk, kv_heads, rows, r,
+                                                            head_dim, d - lane));
+            } else {
+                st_global(o + d, gridDim.z == 1 ? sum * inv : sum);
+            }
         }
         if (gridDim.z > 1 && lane == 0) {
             st_global(part_ml + 2 * pr, mx);
@@ -388,10 +412,10 @@ static __device__ __forceinline__ void attn_vec_block(
             const long long kv_stride_b, const long long kv_stride_h,                              \
             const long long kv_stride_s, const float scale, const float softcap,                   \
             const int causal_offset, const int window, const float * __restrict__ key_mask,        \
-            const long long mask_stride) {                                                         \
+            const long long mask_stride, uint8_t * __restrict__ xq, const long long xq_stride) {   \
         attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads,      \
                              kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap,                \
-                             causal_offset, window, key_mask, mask_stride);                        \
+                             causal_offset, window, key_mask, mask_stride, xq, xq_stride);         \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 4) name_pos(                                 \
             const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
@@ -399,9 +423,9 @@ static __device__ __forceinline__ void attn_vec_block(
             const int head_dim, const int rows, const int nq, const int * __restrict__ pos,        \
             const int kv_heads, const long long kv_stride_b, const long long kv_stride_h,          \
             const long long kv_stride_s, const float scale, const float softcap,                   \
-            const int window) {                                                                    \
+            const int window, uint8_t * __restrict__ xq, const long long xq_stride) {              \
         const int p = *pos;                                                                        \
         attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,    \
                              kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window,     \
-                             nullptr, 0);                                                          \
+                             nullptr, 0, xq, xq_stride);                                           \
     }

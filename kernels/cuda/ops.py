@@ -379,7 +379,8 @@ def kv_layout(k: Any, v: Any) -> tuple[str, str, tuple[int, int, int]]:
 
 def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
               causal_offset: int | None = None, key_mask: Any | None = None,
-              window: int | None = None, softcap: float | None = None) -> Any:
+              window: int | None = None, softcap: float | None = None,
+              q8_1: bool = False) -> Any:
     """Masked softmax(q k^T * scale) v without a score matrix (see attention.cu).
 
     q (batch, heads, t, D) contiguous; k, v (batch, kv_heads, n_kv, D) views of the cache,
@@ -387,7 +388,10 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
     key_mask (batch, n_kv), 0 hides a key. Query i sees keys j <= causal_offset + i (all
     keys when None) and, with a window, only j > causal_offset + i - window. Returns
     (batch, heads, t, D). Scratch: only split-K partials, plan.AttentionPlan.scratch_bytes,
-    which grows with t (rows) and never with t * n_kv.
+    which grows with t (rows) and never with t * n_kv. With q8_1 (decode: t = 1, D % 32
+    == 0) the output is the o_proj mat-vec's q8_1 rows instead, (batch,
+    q8_1_row_bytes(heads * D)) uint8: the bytes of quantize_q8_1 of the float output,
+    written by the attention kernel (or its combine), not by a launch of its own.
     """
     _f32_contig(q, "q")
     _need(window is None or (window > 0 and causal_offset is not None),
@@ -402,15 +406,26 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, *,
               and key_mask.strides[-1] == 4, "key_mask must be float32 (batch, n_kv)")
     rows = (h // kvh) * t
     kernel, p = attention_plan(dev, kernel, k, v, rows, n_kv, b * kvh)
-    out = dev.empty(q.shape, np.float32)
+    xq = attention_q8_1(dev, q) if q8_1 else None
+    out = None if q8_1 else dev.empty(q.shape, np.float32)
     part, part_ml = attention_scratch(dev, p, b * kvh * rows, d)
     dev.launch(module, kernel, p.main,
                (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(t), i32(n_kv), i32(kvh),
                 i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0),
                 i32(-1 if causal_offset is None else causal_offset), i32(window or 0),
-                key_mask, i64(0 if key_mask is None else key_mask.strides[0] // 4)))
-    attention_combine(dev, p, part, part_ml, out, rows, d)
-    return out
+                key_mask, i64(0 if key_mask is None else key_mask.strides[0] // 4),
+                xq, i64(0 if xq is None else xq.shape[1])))
+    attention_combine(dev, p, part, part_ml, out, rows, d, kvh, xq)
+    return out if xq is None else xq
+
+
+def attention_q8_1(dev: Device, q: Any) -> Any:
+    """The q8_1 output rows of a decode attention over q (batch, heads, 1, D), D % 32 == 0
+    (attn_q8_1_block in attention.cuh)."""
+    b, h, t, d = q.shape
+    _need(t == 1 and d % table.Q8_1_QK == 0,
+          f"attention writes q8_1 rows for one query of whole 32-value blocks, got {q.shape}")
+    return dev.empty((b, q8_1_row_bytes(h * d)), np.uint8)
 
 
 def attention_plan(dev: Device, kernel: str, k: Any, v: Any, rows: int, n_kv: int,
@@ -440,10 +455,12 @@ def attention_scratch(dev: Device, p: plan.AttentionPlan, rows: int, d: int
 
 
 def attention_combine(dev: Device, p: plan.AttentionPlan, part: Any, part_ml: Any, out: Any,
-                      rows: int, d: int) -> None:
+                      rows: int, d: int, kv_heads: int = 1, xq: Any | None = None) -> None:
+    """Merge the splits into out, or (xq, from :func:`attention_q8_1`) into q8_1 rows."""
     if p.combine is not None:
         dev.launch("attention", "attn_combine_f32", p.combine,
-                   (part, part_ml, out, i32(d), i32(rows), i32(p.splits)))
+                   (part, part_ml, out, i32(d), i32(rows), i32(p.splits), i32(kv_heads), xq,
+                    i64(0 if xq is None else xq.shape[1])))
 
 
 @dataclass
@@ -480,16 +497,14 @@ def decode_layer(dev: Device, layer: DecoderLayer, x: Any, k_cache: Any, v_cache
     the layer's output, (batch, hidden). Needs q8_1 mat-vecs (:func:`dp4a_applies`) for
     every weight and widths in whole q8_1 blocks."""
     b = x.shape[0]
-    d = k_cache.shape[-1]
     xq = rms_norm_q8_1(dev, x, layer.attn_norm, layer.eps)
     qkv = mul_mat_vec_q8_1(dev, layer.qkv, xq, b, bias=layer.qkv_bias)
     q = rope_kv(dev, qkv, k_cache, v_cache, pos, pos, layer.theta, layer.heads, layer.kv_heads,
                 neox=layer.neox, freq_factors=layer.freq_factors)
     keys = (slice(None), slice(None), slice(0, position + 1))
-    a = attention(dev, q, k_cache[keys], v_cache[keys], layer.scale, causal_offset=position,
-                  softcap=layer.softcap)
-    h = mul_mat_vec_q8_1(dev, layer.o, quantize_q8_1(dev, a.reshape(b, layer.heads * d)), b,
-                         residual=x)
+    aq = attention(dev, q, k_cache[keys], v_cache[keys], layer.scale, causal_offset=position,
+                   softcap=layer.softcap, q8_1=True)
+    h = mul_mat_vec_q8_1(dev, layer.o, aq, b, residual=x)
     gu = mul_mat_vec_q8_1(dev, layer.gate_up, rms_norm_q8_1(dev, h, layer.mlp_norm, layer.eps),
                           b)
     return mul_mat_vec_q8_1(dev, layer.down, gated_q8_1(dev, layer.act, gu), b, residual=h)

@@ -293,9 +293,10 @@ def plan_attention_vec(head_dim: int, rows: int, n_kv: int, kv_blocks: int,
 #   rms_norm_q8_1       the input norm and quantize_q8_1 of its output
 #   mul_mat_vec_q_*     q/k/v stacked (Weights.linears), + bias in the epilogue (Qwen2)
 #   rope_kv_*           two ropes and two KV row writes
-#   attn_vec_*          attention; softcap (Gemma 2) and the window are kernel arguments
-#   attn_combine_f32    only when attention splits its keys (plan_attention_vec)
-#   quantize_q8_1       the attention output for o_proj
+#   attn_vec_*          attention, ending in o_proj's q8_1 row (no quantize_q8_1); softcap
+#                       (Gemma 2) and the window are kernel arguments
+#   attn_combine_f32    only when attention splits its keys (plan_attention_vec): then it
+#                       writes the q8_1 row
 #   mul_mat_vec_q_*     o_proj, + the residual in the epilogue
 #   rms_norm_q8_1       the pre-MLP norm and its quantize_q8_1
 #   mul_mat_vec_q_*     gate/up stacked
@@ -322,8 +323,8 @@ def decode_layer_kernels(s: LayerShape) -> tuple[str, ...]:
     qk = ("rms_norm_f32", "rms_norm_f32") if s.qk_norm else ()
     combine = ("attn_combine_f32",) if s.attention_splits > 1 else ()
     act = "gelu_tanh_mul_q8_1" if s.gelu else "silu_mul_q8_1"
-    return ("rms_norm_q8_1", mmv, *qk, "rope_kv", "attn_vec", *combine, "quantize_q8_1", mmv,
-            *post, "rms_norm_q8_1", mmv, act, mmv, *post)
+    return ("rms_norm_q8_1", mmv, *qk, "rope_kv", "attn_vec", *combine, mmv, *post,
+            "rms_norm_q8_1", mmv, act, mmv, *post)
 
 
 # Before the fusions (the eager step's kernels, a captured step's extra row writes and adds):

@@ -143,6 +143,7 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_k
     part, part_ml = attention_scratch(dev, p, b * kvh * rows, d)
     dev.launch(module, f"{kernel}_pos", p.main,
                (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(1), pos, i32(kvh),
-                i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0), i32(window or 0)))
+                i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0), i32(window or 0),
+                None, i64(0)))
     attention_combine(dev, p, part, part_ml, out, rows, d)
     return out

@@ -163,7 +163,7 @@ def test_decode_layer_is_the_unfused_layer(emu: Device, act: str, bias: bool) ->
     splits = 2 if "attn_combine_f32" in names else 1
     stems = plan.decode_layer_kernels(plan.LayerShape(gelu=act != "silu_mul",
                                                       attention_splits=splits))
-    assert len(names) == len(stems) == 10 + (splits > 1)
+    assert len(names) == len(stems) == 9 + (splits > 1)
     assert all(n.startswith(s) for n, s in zip(names, stems, strict=True)), names
 
     # The unfused step: norm, mat-vec (+ bias), two ropes, the K/V rows written, attention,
@@ -188,3 +188,28 @@ def test_decode_layer_is_the_unfused_layer(emu: Device, act: str, bias: bool) ->
                                  for g in np.split(gu, 2, axis=1)))
     want = h + host(dev, ops.mul_mat_vec(dev, lw.down, m))
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("kv, n_kv, sm", [(np.float16, 40, 80), (np.float32, 100, 80),
+                                          (ops.KV_BF16, 200, 80)])
+def test_attention_q8_1_is_the_quantized_output(dev: Device, rng: np.random.Generator,
+                                                kv: object, n_kv: int, sm: int) -> None:
+    # Decode (one query, GQA 2, softcap): 40 keys are one split (the attention kernel
+    # writes the q8_1 rows), 100 and 200 keys 2 and 4 (the combine writes them); head_dim
+    # 64 takes the vector kernel, 96 (no vector width) the tiled one.
+    from kernels.cuda.plan import DeviceLimits
+
+    for d in (64, 96):
+        b, heads, kvh = 2, 4, 2
+        q = dev.to_device(rng.standard_normal((b, heads, 1, d), dtype=np.float32))
+        k, v = (dev.to_device(ops.to_bf16_bits(np, a) if kv is ops.KV_BF16 else a.astype(kv))
+                for a in rng.standard_normal((2, b, kvh, n_kv, d)).astype(np.float32))
+        limits, dev.limits = dev.limits, DeviceLimits(sm_count=sm)
+        try:
+            got = host(dev, ops.attention(dev, q, k, v, 0.125, causal_offset=n_kv - 1,
+                                          softcap=30.0, q8_1=True))
+            out = ops.attention(dev, q, k, v, 0.125, causal_offset=n_kv - 1, softcap=30.0)
+        finally:
+            dev.limits = limits
+        want = host(dev, ops.quantize_q8_1(dev, out.reshape(b, heads * d)))
+        assert np.array_equal(_used(got, heads * d), _used(want, heads * d)), d
