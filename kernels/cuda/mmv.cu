@@ -1,6 +1,7 @@
 // Matrix-vector product for decode, every weight type: y[b, r] = sum_c W[r, c] * x[b, c].
 // W rows hold GGML blocks (row_bytes apart); x and y are float32, batch rows on grid.y.
 #include "quants.cuh"
+#include "rope.cuh"
 
 // The end of every mat-vec below: a warp's sums for the NY batch rows of its tile, each
 // reduced over the warp (every lane takes part, whatever its row), and lane 0 of a warp
@@ -204,26 +205,24 @@ MMVQ_SMEM(8)
 // Every warp runs every step (the barriers are uniform); warps past the last row stage and
 // compute nothing, and batch rows past `batch` are neither staged nor computed (`ny` is
 // the same for the whole block).
+// mmvq_sums: this warp's sums (not yet reduced across the warp) of weight row `row` (none
+// when row >= nrows) with batch rows b0 .. b0 + ny - 1; the callers below pick the row and
+// store the sums.
 template <typename Q, int NY>
-static __device__ __forceinline__ void mul_mat_vec_q(
-        const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, float * __restrict__ y,
-        const int ncols, const int nrows, const long long row_bytes, const long long xq_stride,
-        const int batch, const float * __restrict__ bias, const float * __restrict__ res,
-        uint4 * smem) {
+static __device__ __forceinline__ void mmvq_sums(
+        const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, const int ncols,
+        const int nrows, const long long row_bytes, const long long xq_stride, const int row,
+        const int b0, const int ny, uint4 * smem, float (&acc)[NY]) {
     constexpr int GROUPS = Q::QK / 32;  // lanes per weight block
     constexpr int STEP_BYTES = MMVQ_COLS / Q::QK * Q::BYTES;
     static_assert(Q::QK % 32 == 0 && MMVQ_COLS % Q::QK == 0, "a step holds whole blocks");
     static_assert((STEP_BYTES + 30) / 16 <= MMVQ_W_WORDS, "a step's weights fit the stage");
     const int lane = threadIdx.x;
     const int tid = threadIdx.y * WARP_SIZE + lane, nthreads = blockDim.y * WARP_SIZE;
-    const int row = blockIdx.x * blockDim.y + threadIdx.y;
-    const int b0 = blockIdx.y * NY, ny = min(NY, batch - b0);
     uint4 * sx = smem;
     uint4 * sw = smem + NY * MMVQ_X_WORDS + threadIdx.y * MMVQ_W_WORDS;
     const uint8_t * xr = xq + b0 * xq_stride;
     const uint8_t * wr = w + (long long) row * row_bytes;
-
-    float acc[NY];
 #pragma unroll
     for (int j = 0; j < NY; ++j) {
         acc[j] = 0.0f;
@@ -260,8 +259,73 @@ static __device__ __forceinline__ void mul_mat_vec_q(
         }
         __syncthreads();  // the next step overwrites the stage
     }
+}
+
+template <typename Q, int NY>
+static __device__ __forceinline__ void mul_mat_vec_q(
+        const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, float * __restrict__ y,
+        const int ncols, const int nrows, const long long row_bytes, const long long xq_stride,
+        const int batch, const float * __restrict__ bias, const float * __restrict__ res,
+        uint4 * smem) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    const int b0 = blockIdx.y * NY, ny = min(NY, batch - b0);
+    float acc[NY];
+    mmvq_sums<Q, NY>(w, xq, ncols, nrows, row_bytes, xq_stride, row, b0, ny, smem, acc);
     mmv_store_tile(acc, y + (long long) b0 * nrows, row, nrows, ny, bias,
                    res ? res + (long long) b0 * nrows : nullptr);
+}
+
+// The q/k/v mat-vec of a decode step with RoPE and the KV-cache write in its epilogue (one
+// launch for what mul_mat_vec_q_* and rope_kv_* do in two). W is the stacked [q; k; v]
+// weight, nrows = (heads + 2 kv_heads) * head_dim; grid (row blocks, batch), one new token
+// per batch row, all at position *pos (KV row *row: see rope_kv_row, kv_store.cuh). The
+// block's warps take rows in RoPE pairs (warps 2p and 2p + 1: pair elements i0 and i1 of a
+// head, rope.cu's pairing; v heads pair the same way, unrotated), so after the sums (+ bias)
+// the pair meets in shared memory and warp 2p's lane 0 rotates it and stores q into q_out
+// (batch, heads, head_dim) and k, v into the caches (T: float or half). blockDim.y is even
+// (MMVQ_ROWS, or nrows when smaller: nrows is even). Bit for bit mul_mat_vec_q_* then
+// rope_kv_*: the same sums, the same rotation.
+template <typename Q, typename T>
+static __device__ __forceinline__ void mul_mat_vec_q_rope_kv(
+        const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, float * __restrict__ q_out,
+        T * __restrict__ kc, T * __restrict__ vc, const int ncols, const long long row_bytes,
+        const long long xq_stride, const float * __restrict__ bias, const int heads,
+        const int kv_heads, const int head_dim, const long long stride_b,
+        const long long stride_h, const long long stride_s, const int * __restrict__ pos,
+        const int * __restrict__ kv_row, const float theta, const int neox,
+        const float * __restrict__ freq_factors, uint4 * smem) {
+    __shared__ float s_pair[MMVQ_ROWS];
+    const int nrows = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
+    const int l = blockIdx.x * blockDim.y + threadIdx.y;  // a pair element, in pair order
+    const int p = l / 2, h = p / half, i = p % half;
+    const int i0 = neox ? i : 2 * i, i1 = i0 + (neox ? half : 1);
+    const int row = l < nrows ? h * head_dim + (l % 2 ? i1 : i0) : nrows;
+    const int b = blockIdx.y;
+    float acc[1];
+    mmvq_sums<Q, 1>(w, xq, ncols, nrows, row_bytes, xq_stride, row, b, 1, smem, acc);
+    acc[0] = warp_reduce_sum(acc[0]);
+    if (threadIdx.x == 0 && row < nrows) {
+        s_pair[threadIdx.y] = bias ? acc[0] + ld_global(bias + row) : acc[0];
+    }
+    __syncthreads();
+    if (threadIdx.x != 0 || l % 2 || row >= nrows) {
+        return;
+    }
+    float x0 = s_pair[threadIdx.y], x1 = s_pair[threadIdx.y + 1];
+    if (h < heads + kv_heads) {
+        rope_rotate(x0, x1, *pos, i, head_dim, theta, freq_factors);
+    }
+    if (h < heads) {
+        float * o = q_out + ((long long) b * heads + h) * head_dim;
+        st_global(o + i0, x0);
+        st_global(o + i1, x1);
+        return;
+    }
+    const int kh = h < heads + kv_heads ? h - heads : h - heads - kv_heads;
+    T * c = (h < heads + kv_heads ? kc : vc) + b * stride_b + kh * stride_h +
+            (long long) *kv_row * stride_s;
+    store_f32(c + i0, x0);
+    store_f32(c + i1, x1);
 }
 
 // The kernels: mul_mat_vec_q_<type> (NY = 1) and mul_mat_vec_q_b<NY>_<type>, NY of
@@ -314,6 +378,42 @@ MMVQ(t_q6_k, 1, mul_mat_vec_q_q6_k)
 MMVQ(t_q6_k, 2, mul_mat_vec_q_b2_q6_k)
 MMVQ(t_q6_k, 4, mul_mat_vec_q_b4_q6_k)
 MMVQ(t_q6_k, 8, mul_mat_vec_q_b8_q6_k)
+
+// The kernels: mul_mat_vec_q_rope_kv_<type>_<cache> for a float32 or float16 KV cache
+// (a bfloat16 cache takes mul_mat_vec_q_* and rope_kv_bf16). MMVQ_ROPE_KV(tag, T, name)
+// defines `name` as mul_mat_vec_q_rope_kv<tag, T>.
+#define MMVQ_ROPE_KV(Q, T, name)                                                                \
+    extern "C" __global__ void __launch_bounds__(MMVQ_ROWS * WARP_SIZE) name(                   \
+            const uint8_t * w, const uint8_t * xq, float * q_out, T * kc, T * vc,                \
+            const int ncols, const long long row_bytes, const long long xq_stride,               \
+            const float * bias, const int heads, const int kv_heads, const int head_dim,         \
+            const long long stride_b, const long long stride_h, const long long stride_s,        \
+            const int * pos, const int * kv_row, const float theta, const int neox,              \
+            const float * freq_factors) {                                                        \
+        mul_mat_vec_q_rope_kv<Q, T>(w, xq, q_out, kc, vc, ncols, row_bytes, xq_stride, bias,     \
+                                    heads, kv_heads, head_dim, stride_b, stride_h, stride_s,     \
+                                    pos, kv_row, theta, neox, freq_factors, mmvq_smem_1());      \
+    }
+MMVQ_ROPE_KV(t_q4_0, float, mul_mat_vec_q_rope_kv_q4_0_f32)
+MMVQ_ROPE_KV(t_q4_0, __half, mul_mat_vec_q_rope_kv_q4_0_f16)
+MMVQ_ROPE_KV(t_q4_1, float, mul_mat_vec_q_rope_kv_q4_1_f32)
+MMVQ_ROPE_KV(t_q4_1, __half, mul_mat_vec_q_rope_kv_q4_1_f16)
+MMVQ_ROPE_KV(t_q5_0, float, mul_mat_vec_q_rope_kv_q5_0_f32)
+MMVQ_ROPE_KV(t_q5_0, __half, mul_mat_vec_q_rope_kv_q5_0_f16)
+MMVQ_ROPE_KV(t_q5_1, float, mul_mat_vec_q_rope_kv_q5_1_f32)
+MMVQ_ROPE_KV(t_q5_1, __half, mul_mat_vec_q_rope_kv_q5_1_f16)
+MMVQ_ROPE_KV(t_q8_0, float, mul_mat_vec_q_rope_kv_q8_0_f32)
+MMVQ_ROPE_KV(t_q8_0, __half, mul_mat_vec_q_rope_kv_q8_0_f16)
+MMVQ_ROPE_KV(t_q2_k, float, mul_mat_vec_q_rope_kv_q2_k_f32)
+MMVQ_ROPE_KV(t_q2_k, __half, mul_mat_vec_q_rope_kv_q2_k_f16)
+MMVQ_ROPE_KV(t_q3_k, float, mul_mat_vec_q_rope_kv_q3_k_f32)
+MMVQ_ROPE_KV(t_q3_k, __half, mul_mat_vec_q_rope_kv_q3_k_f16)
+MMVQ_ROPE_KV(t_q4_k, float, mul_mat_vec_q_rope_kv_q4_k_f32)
+MMVQ_ROPE_KV(t_q4_k, __half, mul_mat_vec_q_rope_kv_q4_k_f16)
+MMVQ_ROPE_KV(t_q5_k, float, mul_mat_vec_q_rope_kv_q5_k_f32)
+MMVQ_ROPE_KV(t_q5_k, __half, mul_mat_vec_q_rope_kv_q5_k_f16)
+MMVQ_ROPE_KV(t_q6_k, float, mul_mat_vec_q_rope_kv_q6_k_f32)
+MMVQ_ROPE_KV(t_q6_k, __half, mul_mat_vec_q_rope_kv_q6_k_f16)
 
 // ---- 16-bit float weights (F16, BF16) ----------------------------------------------------
 // A checkpoint's F16/BF16 weights stay 16-bit on the device: half the bytes of float32.

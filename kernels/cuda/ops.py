@@ -341,6 +341,44 @@ KV_KERNELS = {np.dtype(np.float32): ("attention", "attn_f32"),
               KV_BF16: ("kv_bf16", "attn_kv_bf16")}
 
 
+# The caches the q/k/v mat-vec writes from its epilogue (mul_mat_vec_q_rope_kv_<type>_<cache>).
+QKV_ROPE_KV = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+
+
+def qkv_rope_kv(dev: Device, w: QuantMatrix, xq: Any, k_cache: Any, v_cache: Any, pos: Any,
+                row: Any, theta: float, heads: int, kv_heads: int, *, bias: Any | None = None,
+                neox: bool = True, freq_factors: Any | None = None) -> Any:
+    """The q/k/v mat-vec of x's q8_1 rows with :func:`rope_kv` in its epilogue (mmv.cu
+    mul_mat_vec_q_rope_kv_*): one launch, the results of mul_mat_vec_q8_1(bias=...) then
+    rope_kv bit for bit. w is the stacked [q; k; v] weight; the caches float32 or float16
+    (:data:`QKV_ROPE_KV`; a bfloat16 cache takes the two launches). Returns q rotated,
+    (batch, heads, 1, head_dim)."""
+    for a, what in ((pos, "pos"), (row, "row")):
+        _need(a.dtype == np.int32 and a.shape == (1,), f"{what} must be a (1,) int32 buffer")
+    _need(np.dtype(k_cache.dtype) in QKV_ROPE_KV,
+          f"the q/k/v mat-vec writes float32 or float16 caches, not {k_cache.dtype}")
+    _, _, (sb, sh, ss) = kv_layout(k_cache, v_cache)
+    b, kvh, _, d = k_cache.shape
+    _need(kvh == kv_heads and heads % kv_heads == 0 and d % 2 == 0
+          and w.rows == (heads + 2 * kv_heads) * d,
+          f"weight {w.rows} rows and cache {k_cache.shape} do not fit {heads} heads")
+    _need(dp4a_applies(dev, w), f"{w.qtype} weights here have no integer mat-vec")
+    stride = q8_1_row_bytes(w.cols)
+    _need(xq.dtype == np.uint8 and xq.shape == (b, stride) and xq.flags.c_contiguous
+          and dev.address(xq) % 16 == 0, f"xq must be ({b}, {stride}) aligned q8_1 rows")
+    _epilogue(w, b, bias, None)
+    if freq_factors is not None:
+        _f32_contig(freq_factors, "freq_factors")
+        _need(freq_factors.shape == (d // 2,), f"freq_factors {freq_factors.shape} != ({d // 2},)")
+    q = dev.empty((b, heads, 1, d), np.float32)
+    name = f"mul_mat_vec_q_rope_kv_{w.kt.suffix}_{QKV_ROPE_KV[np.dtype(k_cache.dtype)]}"
+    dev.launch("mmv", name, plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, b, dev.limits, 1),
+               (w.data, xq, q, k_cache, v_cache, i32(w.cols), i64(w.row_bytes), i64(stride),
+                bias, i32(heads), i32(kvh), i32(d), i64(sb), i64(sh), i64(ss), pos, row,
+                f32(theta), i32(1 if neox else 0), freq_factors))
+    return q
+
+
 # RoPE fused into the KV-cache write, per cache element type: (module, kernel).
 ROPE_KV = {np.dtype(np.float32): ("step", "rope_kv_f32"),
            np.dtype(np.float16): ("kv_f16", "rope_kv_f16"),
@@ -498,9 +536,14 @@ def decode_layer(dev: Device, layer: DecoderLayer, x: Any, k_cache: Any, v_cache
     every weight and widths in whole q8_1 blocks."""
     b = x.shape[0]
     xq = rms_norm_q8_1(dev, x, layer.attn_norm, layer.eps)
-    qkv = mul_mat_vec_q8_1(dev, layer.qkv, xq, b, bias=layer.qkv_bias)
-    q = rope_kv(dev, qkv, k_cache, v_cache, pos, pos, layer.theta, layer.heads, layer.kv_heads,
-                neox=layer.neox, freq_factors=layer.freq_factors)
+    rope = dict(neox=layer.neox, freq_factors=layer.freq_factors)
+    if np.dtype(k_cache.dtype) in QKV_ROPE_KV:
+        q = qkv_rope_kv(dev, layer.qkv, xq, k_cache, v_cache, pos, pos, layer.theta,
+                        layer.heads, layer.kv_heads, bias=layer.qkv_bias, **rope)
+    else:
+        qkv = mul_mat_vec_q8_1(dev, layer.qkv, xq, b, bias=layer.qkv_bias)
+        q = rope_kv(dev, qkv, k_cache, v_cache, pos, pos, layer.theta, layer.heads,
+                    layer.kv_heads, **rope)
     keys = (slice(None), slice(None), slice(0, position + 1))
     aq = attention(dev, q, k_cache[keys], v_cache[keys], layer.scale, causal_offset=position,
                    softcap=layer.softcap, q8_1=True)

@@ -291,8 +291,9 @@ def plan_attention_vec(head_dim: int, rows: int, n_kv: int, kv_blocks: int,
 # The fused step (ops.py's entry points) for one new token, q8_1 activations on a weight
 # type with an integer mat-vec: what each launch replaces.
 #   rms_norm_q8_1       the input norm and quantize_q8_1 of its output
-#   mul_mat_vec_q_*     q/k/v stacked (Weights.linears), + bias in the epilogue (Qwen2)
-#   rope_kv_*           two ropes and two KV row writes
+#   mul_mat_vec_q_rope_kv_*  q/k/v stacked (Weights.linears), + bias (Qwen2), then RoPE
+#                       and the KV row writes, all in the epilogue (two ropes and two KV
+#                       row writes); a bfloat16 cache: mul_mat_vec_q_* then rope_kv_bf16
 #   attn_vec_*          attention, ending in o_proj's q8_1 row (no quantize_q8_1); softcap
 #                       (Gemma 2) and the window are kernel arguments
 #   attn_combine_f32    only when attention splits its keys (plan_attention_vec): then it
@@ -303,9 +304,9 @@ def plan_attention_vec(head_dim: int, rows: int, n_kv: int, kv_blocks: int,
 #   silu_mul_q8_1       the activation (gelu_tanh_mul_q8_1: Gemma) and its quantize_q8_1
 #   mul_mat_vec_q_*     down, + the residual in the epilogue
 # Families with per-head q/k norms (Qwen3, Gemma 3) norm q and k (rms_norm_f32 over the
-# heads' rows, one launch each) before rope_kv_*; those with norms after attention and MLP
-# (Gemma 2/3) norm o_proj's and down's outputs (rms_norm_f32) and add the residual
-# (add_f32) instead of adding it in the epilogue.
+# heads' rows, one launch each) between mul_mat_vec_q_* and rope_kv_*; those with norms
+# after attention and MLP (Gemma 2/3) norm o_proj's and down's outputs (rms_norm_f32) and
+# add the residual (add_f32) instead of adding it in the epilogue.
 @dataclass(frozen=True)
 class LayerShape:
     """The switches of a decoder layer (inference/models/llama.py) that change its launches."""
@@ -314,6 +315,7 @@ class LayerShape:
     sandwich_norms: bool = False
     gelu: bool = False  # gelu_tanh_mul instead of silu_mul
     attention_splits: int = 1  # plan_attention_vec's splits at the step's key count
+    kv_bf16: bool = False  # a bfloat16 KV cache (the q/k/v epilogue writes float32/float16)
 
 
 def decode_layer_kernels(s: LayerShape) -> tuple[str, ...]:
@@ -323,8 +325,9 @@ def decode_layer_kernels(s: LayerShape) -> tuple[str, ...]:
     qk = ("rms_norm_f32", "rms_norm_f32") if s.qk_norm else ()
     combine = ("attn_combine_f32",) if s.attention_splits > 1 else ()
     act = "gelu_tanh_mul_q8_1" if s.gelu else "silu_mul_q8_1"
-    return ("rms_norm_q8_1", mmv, *qk, "rope_kv", "attn_vec", *combine, mmv, *post,
-            "rms_norm_q8_1", mmv, act, mmv, *post)
+    qkv = (mmv, *qk, "rope_kv") if s.qk_norm or s.kv_bf16 else ("mul_mat_vec_q_rope_kv",)
+    return ("rms_norm_q8_1", *qkv, "attn_vec", *combine, mmv, *post, "rms_norm_q8_1", mmv, act,
+            mmv, *post)
 
 
 # Before the fusions (the eager step's kernels, a captured step's extra row writes and adds):

@@ -130,6 +130,9 @@ BUDGETS: dict[str, KernelBudget] = {
     # sm_75..sm_90): 80 x 128 threads still lets 6 blocks (24 warps) share an SM's registers.
     **{f"mul_mat_vec_q_b{n}_": KernelBudget(128, 64 if n == 2 else 80, mmvq_smem(n))
        for n in MMV_TILES[1:]},
+    # q/k/v with RoPE and the KV write in the epilogue: the 1-row stage and the pair
+    # exchange (MMVQ_ROWS floats).
+    "mul_mat_vec_q_rope_kv_": KernelBudget(128, 64, mmvq_smem(1) + 4 * MMVQ_ROWS),
     "mul_mat_vec_h_": KernelBudget(256, 64, 0),
     "quantize_q8_1": KernelBudget(256, 32, 0),
     # dequant.cu: the output stage (floats, a pad per 32) and the weight stage (DQ_W_WORDS).

@@ -128,10 +128,13 @@ def test_rope_kv_is_two_ropes_and_two_row_writes(dev: Device, rng: np.random.Gen
     assert not k_got[:, :, others].any() and not v_got[:, :, others].any()
 
 
-@pytest.mark.parametrize("act, bias", [("silu_mul", True), ("gelu_tanh_mul", False)])
-def test_decode_layer_is_the_unfused_layer(emu: Device, act: str, bias: bool) -> None:
-    # A tiny Llama layer (Qwen2's biases; Gemma's activation), Q8_0 weights, a float16
-    # cache, 2 sequences of one token at position 5: the fused step launches exactly
+@pytest.mark.parametrize("act, bias, kv", [("silu_mul", True, np.float16),
+                                           ("gelu_tanh_mul", False, ops.KV_BF16)])
+def test_decode_layer_is_the_unfused_layer(emu: Device, act: str, bias: bool, kv: object
+                                           ) -> None:
+    # A tiny Llama layer (Qwen2's biases; Gemma's activation), Q8_0 weights, a float16 cache
+    # (RoPE and the KV writes in the q/k/v mat-vec) or a bfloat16 one (rope_kv_bf16), 2
+    # sequences of one token at position 5: the fused step launches exactly
     # plan.decode_layer_kernels' kernels and its output equals the unfused step's bit for
     # bit (every fused kernel stores what the launches it replaces stored).
     from kernels.cuda import plan
@@ -154,16 +157,18 @@ def test_decode_layer_is_the_unfused_layer(emu: Device, act: str, bias: bool) ->
         eps=1e-6, theta=1e4, scale=d ** -0.5, act=act,
         qkv_bias=dev.to_device(vec(qkv_rows)) if bias else None)
     x = rng.standard_normal((b, hidden), dtype=np.float32)
-    past = rng.standard_normal((2, b, kvh, cap, d)).astype(np.float16)
+    stored = (lambda a: ops.to_bf16_bits(np, a)) if kv is ops.KV_BF16 else (
+        lambda a: a.astype(kv))
+    past = stored(rng.standard_normal((2, b, kvh, cap, d)).astype(np.float32))
     past[:, :, :, position:] = 0
     kc, vc = dev.to_device(past[0].copy()), dev.to_device(past[1].copy())
     pos = dev.to_device(np.array([position], np.int32))
     names = recording(dev)
     got = host(dev, ops.decode_layer(dev, lw, dev.to_device(x), kc, vc, pos, position))
     splits = 2 if "attn_combine_f32" in names else 1
-    stems = plan.decode_layer_kernels(plan.LayerShape(gelu=act != "silu_mul",
-                                                      attention_splits=splits))
-    assert len(names) == len(stems) == 9 + (splits > 1)
+    stems = plan.decode_layer_kernels(plan.LayerShape(
+        gelu=act != "silu_mul", attention_splits=splits, kv_bf16=kv is ops.KV_BF16))
+    assert len(names) == len(stems) == 8 + (splits > 1) + (kv is ops.KV_BF16)
     assert all(n.startswith(s) for n, s in zip(names, stems, strict=True)), names
 
     # The unfused step: norm, mat-vec (+ bias), two ropes, the K/V rows written, attention,
@@ -175,10 +180,11 @@ def test_decode_layer_is_the_unfused_layer(emu: Device, act: str, bias: bool) ->
     split = np.split(qkv, [heads * d, (heads + kvh) * d], axis=1)
     q, k = (host(dev, ops.rope(dev, dev.to_device(a.reshape(b, 1, -1, d)), position, 1e4,
                                seq_axis=1)).reshape(b, -1, d) for a in split[:2])
-    kv = past.copy()
-    kv[0, :, :, position], kv[1, :, :, position] = k, split[2].reshape(b, kvh, d)
-    assert np.array_equal(host(dev, kc), kv[0]) and np.array_equal(host(dev, vc), kv[1])
-    keys = [dev.to_device(np.ascontiguousarray(c[:, :, :position + 1])) for c in kv]
+    cache = past.copy()
+    cache[0, :, :, position] = stored(k)
+    cache[1, :, :, position] = stored(split[2].reshape(b, kvh, d))
+    assert np.array_equal(host(dev, kc), cache[0]) and np.array_equal(host(dev, vc), cache[1])
+    keys = [dev.to_device(np.ascontiguousarray(c[:, :, :position + 1])) for c in cache]
     a = host(dev, ops.attention(dev, dev.to_device(q.reshape(b, heads, 1, d)), *keys, d ** -0.5,
                                 causal_offset=position))
     h = x + host(dev, ops.mul_mat_vec(dev, lw.o, dev.to_device(a.reshape(b, -1))))
@@ -213,3 +219,26 @@ def test_attention_q8_1_is_the_quantized_output(dev: Device, rng: np.random.Gene
             dev.limits = limits
         want = host(dev, ops.quantize_q8_1(dev, out.reshape(b, heads * d)))
         assert np.array_equal(_used(got, heads * d), _used(want, heads * d)), d
+
+
+@pytest.mark.parametrize("kv, neox", [(np.float32, False), (np.float16, True)])
+def test_qkv_rope_kv_is_the_mat_vec_then_rope_kv(dev: Device, rng: np.random.Generator,
+                                                 kv: object, neox: bool) -> None:
+    # Q4_K q/k/v (2 heads over 1 kv head of 48: 192 rows, 48 blocks of 4 warps = 24
+    # pairs each, so pairs of a head span blocks) with a bias and RoPE factors, batch 2.
+    heads, kvh, d, cols, b, cap = 2, 1, 48, 256, 2, 4
+    rows = (heads + 2 * kvh) * d
+    w = ops.upload_matrix(dev, make_weight("Q4_K", rows, cols, rng), "Q4_K", (rows, cols))
+    xq = ops.quantize_q8_1(dev, dev.to_device(rng.standard_normal((b, cols), dtype=np.float32)))
+    bias, ff = dev.to_device(rng.standard_normal(rows, dtype=np.float32)), dev.to_device(
+        rng.uniform(1, 3, d // 2).astype(np.float32))
+    pos, row = (dev.to_device(np.array([n], np.int32)) for n in (9, 2))
+    caches = [[dev.to_device(np.zeros((b, kvh, cap, d), kv)) for _ in range(2)] for _ in "ab"]
+    kw = dict(neox=neox, freq_factors=ff)
+    got = ops.qkv_rope_kv(dev, w, xq, *caches[0], pos, row, 5e5, heads, kvh, bias=bias, **kw)
+    qkv = ops.mul_mat_vec_q8_1(dev, w, xq, b, bias=bias)
+    want = ops.rope_kv(dev, qkv, *caches[1], pos, row, 5e5, heads, kvh, **kw)
+    assert np.array_equal(host(dev, got), host(dev, want))
+    for a, c in zip(*caches, strict=True):
+        assert np.array_equal(host(dev, a), host(dev, c))
+    assert host(dev, caches[0][0])[:, :, 2].any()

@@ -62,8 +62,10 @@ def test_every_dp4a_type_has_a_kernel_per_batch_tile() -> None:
 
     names = set(scan_kernels(source_path("mmv")))
     want = {mmv_kernel(t, n, "q") for t in TYPES.values() if t.dp4a for n in MMV_TILES}
-    assert want <= names
-    assert {n for n in names if n.startswith("mul_mat_vec_q_")} == want
+    rope = {f"mul_mat_vec_q_rope_kv_{t.suffix}_{kv}" for t in TYPES.values() if t.dp4a
+            for kv in ("f32", "f16")}  # ops.QKV_ROPE_KV
+    assert want | rope <= names
+    assert {n for n in names if n.startswith("mul_mat_vec_q_")} == want | rope
 
 
 def test_float_and_16bit_mat_vecs_have_a_kernel_per_batch_tile() -> None:
