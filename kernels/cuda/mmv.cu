@@ -1,7 +1,7 @@
 // Matrix-vector product for decode, every weight type: y[b, r] = sum_c W[r, c] * x[b, c].
 // W rows hold GGML blocks (row_bytes apart); x and y are float32, batch rows on grid.y.
 #include "quants.cuh"
-#include "rope.cuh"
+#include "kv_store.cuh"
 
 // The end of every mat-vec below: a warp's sums for the NY batch rows of its tile, each
 // reduced over the warp (every lane takes part, whatever its row), and lane 0 of a warp
@@ -281,10 +281,10 @@ static __device__ __forceinline__ void mul_mat_vec_q(
 // per batch row, all at position *pos (KV row *row: see rope_kv_row, kv_store.cuh). The
 // block's warps take rows in RoPE pairs (warps 2p and 2p + 1: pair elements i0 and i1 of a
 // head, rope.cu's pairing; v heads pair the same way, unrotated), so after the sums (+ bias)
-// the pair meets in shared memory and warp 2p's lane 0 rotates it and stores q into q_out
-// (batch, heads, head_dim) and k, v into the caches (T: float or half). blockDim.y is even
-// (MMVQ_ROWS, or nrows when smaller: nrows is even). Bit for bit mul_mat_vec_q_* then
-// rope_kv_*: the same sums, the same rotation.
+// the pair meets in shared memory and warp 2p's lane 0 rotates and stores it
+// (store_qkv_pair, kv_store.cuh: q into q_out, k and v into the caches as T, float or
+// half). blockDim.y is even (MMVQ_ROWS, or nrows when smaller: nrows is even). Bit for bit
+// mul_mat_vec_q_* then rope_kv_*: the same sums, the same rotation.
 template <typename Q, typename T>
 static __device__ __forceinline__ void mul_mat_vec_q_rope_kv(
         const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, float * __restrict__ q_out,
@@ -311,21 +311,9 @@ static __device__ __forceinline__ void mul_mat_vec_q_rope_kv(
     if (threadIdx.x != 0 || l % 2 || row >= nrows) {
         return;
     }
-    float x0 = s_pair[threadIdx.y], x1 = s_pair[threadIdx.y + 1];
-    if (h < heads + kv_heads) {
-        rope_rotate(x0, x1, *pos, i, head_dim, theta, freq_factors);
-    }
-    if (h < heads) {
-        float * o = q_out + ((long long) b * heads + h) * head_dim;
-        st_global(o + i0, x0);
-        st_global(o + i1, x1);
-        return;
-    }
-    const int kh = h < heads + kv_heads ? h - heads : h - heads - kv_heads;
-    T * c = (h < heads + kv_heads ? kc : vc) + b * stride_b + kh * stride_h +
-            (long long) *kv_row * stride_s;
-    store_f32(c + i0, x0);
-    store_f32(c + i1, x1);
+    store_qkv_pair<T>(s_pair[threadIdx.y], s_pair[threadIdx.y + 1], b, h, i, i0, i1, q_out, kc,
+                      vc, heads, kv_heads, head_dim, stride_b, stride_h, stride_s, pos, kv_row,
+                      theta, freq_factors);
 }
 
 // The kernels: mul_mat_vec_q_<type> (NY = 1) and mul_mat_vec_q_b<NY>_<type>, NY of

@@ -5,8 +5,9 @@
 
 // 1 / sqrt(mean(x^2) + eps) of a row of x (row `valid`: the block reduction has barriers,
 // so every thread of the block calls this).
-static __device__ __forceinline__ float rms_scale(const float * __restrict__ x, const int ncols,
-                                                  const float eps, const bool valid, float * s_sum) {
+static __device__ __forceinline__ float rms_scale(
+        const float * __restrict__ x, const int ncols, const float eps, const bool valid,
+        float * s_sum) {
     float sum = 0.0f;
     if (valid) {
         for (int col = threadIdx.x; col < ncols; col += blockDim.x) {
