@@ -12,7 +12,10 @@ the engine as the real files would; their text is noise. The tokenizer is the fa
 where a vocabulary-only GGUF of it is found in ``--vocab-dir`` (llama.cpp ships them as
 ``models/ggml-vocab-*.gguf``), padded with reserved tokens to the model's vocabulary rows,
 else the bundled SmolLM2 tokenizer padded the same way: either way both engines load the
-files and the vocabulary size matches the embedding rows.
+files and the vocabulary size matches the embedding rows. llama.cpp ships no Gemma 3
+vocabulary; the Gemma 3 shapes take Gemma 4's (262,144 SentencePiece-style pieces, the same
+size, byte fallback and special ids as Gemma 3's, its chat tokens differ) written as the
+SentencePiece tokenizer Gemma 3's files carry.
 
 Files go to ``--out`` (default ``~/.cache/inferdesk/scale-models``), never into the
 repository; the F16 file is deleted once quantized unless ``--keep-f16``.
@@ -36,6 +39,7 @@ DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "
 TYPES = {"Q4_K_M": 15, "Q8_0": 7, "Q4_0": 2}  # llama_ftype values
 POOL = 16_777_213  # prime: rows of any width start at different offsets in the pool
 STD = 0.02
+_AS_SENTENCEPIECE = {"gemma4"}  # tokenizer types written as "llama" (see _copy_tokenizer)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Shape:
     tied: bool
     rope_theta: float
     eps: float
+    window: int = 0  # sliding-window layers' span (Gemma 3)
 
 
 SHAPES = {  # from each model's config.json
@@ -65,10 +70,10 @@ SHAPES = {  # from each model's config.json
                            1000000.0, 1e-6),
     "qwen-2.5-7b": Shape("qwen2", "qwen2", 152064, 3584, 28, 28, 4, 128, 18944, False,
                          1000000.0, 1e-6),
-    "gemma-3-1b": Shape("gemma3", "gemma", 262144, 1152, 26, 4, 1, 256, 6912, True,
-                        1000000.0, 1e-6),
-    "gemma-3-4b": Shape("gemma3", "gemma", 262208, 2560, 34, 8, 4, 256, 10240, True,
-                        1000000.0, 1e-6),
+    "gemma-3-1b": Shape("gemma3", "gemma-4", 262144, 1152, 26, 4, 1, 256, 6912, True,
+                        1000000.0, 1e-6, 512),
+    "gemma-3-4b": Shape("gemma3", "gemma-4", 262208, 2560, 34, 8, 4, 256, 10240, True,
+                        1000000.0, 1e-6, 1024),
     "phi-3.5-mini": Shape("phi3", "phi-3", 32064, 3072, 32, 32, 32, 96, 8192, False,
                           10000.0, 1e-5),
 }
@@ -127,7 +132,7 @@ def _metadata(w: Any, s: Shape, name: str) -> None:
     if a == "gemma3":
         w.add_uint32(f"{a}.attention.key_length", s.head_dim)
         w.add_uint32(f"{a}.attention.value_length", s.head_dim)
-        w.add_uint32(f"{a}.attention.sliding_window", 512)
+        w.add_uint32(f"{a}.attention.sliding_window", s.window)
     w.add_uint32("general.file_type", 1)  # F16
 
 
@@ -147,11 +152,21 @@ def _copy_tokenizer(w: Any, src: Path, n_vocab: int) -> str:
     import gguf
 
     r = gguf.GGUFReader(src)
+    # Gemma 4's vocabulary is of Gemma 3's kind (262144 SentencePiece pieces, byte fallback,
+    # same special ids) behind a tokenizer type of its own: written as the SentencePiece
+    # ("llama") tokenizer Gemma 3's files use, pieces in merge order scored by that order.
+    as_spm = r.fields["tokenizer.ggml.model"].contents() in _AS_SENTENCEPIECE
     for key, f in r.fields.items():
         if not key.startswith("tokenizer."):
             continue
         vtype = gguf.GGUFValueType(f.types[0])
         val = f.contents()
+        if as_spm and key in ("tokenizer.ggml.merges", "tokenizer.chat_template"):
+            continue
+        if as_spm and key == "tokenizer.ggml.model":
+            val = "llama"
+        if as_spm and key == "tokenizer.ggml.scores":
+            val = [-float(i) for i in range(len(val))]
         if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
                    "tokenizer.ggml.scores"):
             pad = n_vocab - len(val)
