@@ -29,6 +29,7 @@ END_OF_TURN = frozenset({
 # version: of this conversion (raise it when gguf_vocab builds tokenizers differently) and of
 # the tokenizers library that serialized it.
 _CACHE_VERSION = f"1|tokenizers {tokenizers_version}"
+MIN_CACHED_TOKENS = 4096  # smaller vocabularies build in milliseconds: not worth a file
 
 
 class Tokenizer:
@@ -125,7 +126,10 @@ class Tokenizer:
         loads of the same file, skipping the conversion of the vocabulary to Python and
         the Python passes over it (SmolLM2's 49k tokens: ~3x faster; a 128k-token Llama 3
         vocabulary ~1.6x, the rest building the merges table)."""
-        path = key_path("tokenizer", f"{identity}|{_CACHE_VERSION}") if identity else None
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        big = tokens is not None and len(tokens) >= MIN_CACHED_TOKENS
+        path = key_path("tokenizer", f"{identity}|{_CACHE_VERSION}") if identity and big \
+            else None
         kept = load_pickle(path)
         if isinstance(kept, dict) and kept.get("version") == _CACHE_VERSION:
             try:
