@@ -48,6 +48,10 @@ step clone git clone -q "$REPO" "$WORK/inferdesk" || exit 1
 cd "$WORK/inferdesk" || exit 1
 step install make .venv/.installed
 say "$(printf '%-10s %s MB' venv "$(du -sm .venv | cut -f1)")   .venv after make run's install"
+say "$(printf '%-10s %s' largest "$(du -sm .venv/lib/python*/site-packages/* \
+    | sort -rn | head -n 10 | awk '{n = split($2, p, "/"); printf "%s%s %s", s, p[n], $1; s = ", "}')") (MB)"
+say "$(printf '%-10s %s MB' bytecode "$(find .venv -name __pycache__ -type d -prune -exec du -sk {} + \
+    | awk '{k += $1} END {printf "%d", k / 1024}')")   in __pycache__ folders of .venv"
 if [ "${SKIP_TEST:-0}" = 1 ]; then
     say "make-test  skipped (SKIP_TEST=1)"
 else
