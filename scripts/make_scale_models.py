@@ -19,12 +19,24 @@ SentencePiece tokenizer Gemma 3's files carry.
 
 Files go to ``--out`` (default ``~/.cache/inferdesk/scale-models``), never into the
 repository; the F16 file is deleted once quantized unless ``--keep-f16``.
+
+``--check`` compares each file's logits for a short prompt in Inferdesk (cpu backend) and
+in llama.cpp (``logits_all``): the prompt's token ids from both tokenizers, the RMS of the
+difference relative to the RMS of llama.cpp's logits, the mean |difference| of
+log-probabilities and whether both generate the same greedy tokens. Random weights make
+the logits near-uniform, so the numbers are compared, not argmax. ``--layers N`` (with
+``--types F16``) writes a shortened copy whose F16 weights both engines multiply almost
+exactly, so the architecture's path is checked tightly; ``--window W`` shrinks Gemma 3's
+sliding window below the prompt's length so its sliding layers are exercised.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
+import itertools
+import json
 import os
 import sys
 import time
@@ -223,11 +235,53 @@ def quantize(src: Path, dst: Path, qtype: str, threads: int) -> None:
     print(f"wrote {dst} ({dst.stat().st_size / 1e9:.2f} GB)")
 
 
+CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Local models run on a plain CPU."
+
+
+def check(path: Path, n_gen: int = 6) -> dict[str, Any]:
+    """Our logits and greedy tokens against llama.cpp's on ``path`` (see the module doc)."""
+    import llama_cpp
+
+    from inference.api import load_model
+    from inference.sampling import SamplingParams
+
+    ours = load_model(path, backend="cpu")
+    ids = ours.tokenize(CHECK_PROMPT)
+    mine = ours.logits(ids).astype(np.float64)
+    greedy = SamplingParams(temperature=0.0)
+    gen = [e.token_id for e in ours.generate(prompt_ids=ids, max_tokens=n_gen, sampling=greedy,
+                                             ignore_eos=True) if getattr(e, "token_id", -1) >= 0]
+    del ours
+    peer = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=256, n_threads=2,
+                           verbose=False)
+    peer_ids = peer.tokenize(CHECK_PROMPT.encode(), add_bos=True, special=False)
+    peer.eval(list(ids))
+    ref = np.array(peer.scores[:len(ids)], dtype=np.float64)
+    peer.reset()
+    peer_gen = list(itertools.islice(peer.generate(list(ids), temp=0.0), n_gen))
+
+    def logp(x: np.ndarray) -> np.ndarray:
+        m = x.max(-1, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+    d = mine - ref
+    return {"file": path.name, "prompt_tokens": len(ids),
+            "same_prompt_ids": list(peer_ids) == list(ids),
+            "rel_rms": round(float(np.sqrt((d ** 2).mean() / (ref ** 2).mean())), 5),
+            "mean_abs_dlogp": round(float(np.abs(logp(mine) - logp(ref)).mean()), 5),
+            "same_greedy_tokens": gen == peer_gen}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("shapes", nargs="*", default=list(DEFAULT_SHAPES),
                    help=f"which ({', '.join(SHAPES)}); default: the Llama 3.2 pair")
-    p.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
+    p.add_argument("--types", nargs="+", default=list(TYPES), choices=[*TYPES, "F16"],
+                   help="F16: keep the unquantized file only")
+    p.add_argument("--layers", type=int, help="a shortened copy with this many layers")
+    p.add_argument("--window", type=int, help="Gemma 3's sliding window in the copy")
+    p.add_argument("--check", action="store_true",
+                   help="compare each file's logits with llama.cpp's; one JSON line each")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--vocab-dir", type=Path, default=DEFAULT_OUT / "vocab",
                    help="folder of llama.cpp's ggml-vocab-*.gguf files")
@@ -245,20 +299,27 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown shape {unknown[0]!r}; one of {', '.join(SHAPES)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    for n in args.shapes:
-        todo = [q for q in args.types if not (args.out / f"{n}.{q}.gguf").is_file()]
-        if not todo:
-            print(f"{n}: all files present")
-            continue
+    for shape in args.shapes:
+        s, n = SHAPES[shape], shape
+        if args.layers or args.window:
+            s = dataclasses.replace(s, layers=args.layers or s.layers,
+                                    window=args.window or s.window)
+            n = f"{shape}-L{s.layers}" + (f"-W{s.window}" if args.window else "")
+        files = [args.out / f"{n}.{q}.gguf" for q in args.types]
+        todo = [q for q, f in zip(args.types, files, strict=True)
+                if q != "F16" and not f.is_file()]
         f16 = args.out / f"{n}.F16.gguf"
         t0 = time.perf_counter()
-        if not f16.is_file():
-            write_f16(SHAPES[n], n, f16, args.vocab_dir)
+        if not f16.is_file() and (todo or "F16" in args.types):
+            write_f16(s, n, f16, args.vocab_dir)
         for q in todo:
             quantize(f16, args.out / f"{n}.{q}.gguf", q, args.threads)
-        if not args.keep_f16:
+        if f16.is_file() and not args.keep_f16 and "F16" not in args.types:
             f16.unlink()
         print(f"{n}: {time.perf_counter() - t0:.0f} s")
+        if args.check:
+            for f in files:
+                print(json.dumps(check(f)), flush=True)
     return 0
 
 
