@@ -27,6 +27,18 @@ def gpu() -> Device:
     return _gpu
 
 
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, device: type) -> None:
+    """Make ``backend="cuda"`` load on ``device`` without a GPU: the NVIDIA driver library
+    counts as loadable, CUDA as available, and the backend's device is ``device``."""
+    import inference.backends as backends
+    import inference.backends.cuda as cuda_backend
+
+    real = backends._loads
+    monkeypatch.setattr(backends, "_loads", lambda lib: lib == "libcuda.so.1" or real(lib))
+    monkeypatch.setattr(cuda_backend, "cuda_unavailable_reason", lambda: None)
+    monkeypatch.setattr(cuda_backend, "CupyDevice", device)
+
+
 @pytest.fixture(params=["emulator", pytest.param("gpu", marks=pytest.mark.gpu)])
 def dev(request: pytest.FixtureRequest) -> Device:
     """Every kernel case runs on the emulator, and on the GPU when one is present."""

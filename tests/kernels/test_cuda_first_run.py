@@ -20,6 +20,7 @@ from inference.backends.base import OPS
 from inference.errors import BackendUnavailableError
 from kernels.cuda.device import MODULES, kernel_source
 from kernels.cuda.ops import check_device
+from tests.kernels.conftest import fake_gpu
 from tests.kernels.emulator.device import EmulatedDevice
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,28 +49,19 @@ class WrongNumbersDevice(EmulatedDevice):
         return np.zeros_like(super().to_host(a, label))
 
 
-def _fake_gpu(monkeypatch: pytest.MonkeyPatch, device: type) -> None:
-    import inference.backends as backends
-
-    real = backends._loads
-    monkeypatch.setattr(backends, "_loads", lambda lib: lib == "libcuda.so.1" or real(lib))
-    monkeypatch.setattr(cuda_backend, "cuda_unavailable_reason", lambda: None)
-    monkeypatch.setattr(cuda_backend, "CupyDevice", device)
-
-
 def test_self_test_passes_on_a_working_device() -> None:
     assert check_device(EmulatedDevice()) is None
 
 
 def test_probe_accepts_a_device_that_runs_the_self_test(monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
-    _fake_gpu(monkeypatch, EmulatedDevice)
+    fake_gpu(monkeypatch, EmulatedDevice)
     ok, reason = cuda_backend.probe()
     assert ok and "self-test kernel passed" in reason
 
 
 def test_auto_skips_cuda_whose_compile_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_gpu(monkeypatch, NoCompilerDevice)
+    fake_gpu(monkeypatch, NoCompilerDevice)
     ok, reason = cuda_backend.probe()
     assert not ok
     assert reason.startswith("cuda: the self-test kernel does not compile or run (RuntimeError")
@@ -80,7 +72,7 @@ def test_auto_skips_cuda_whose_compile_fails(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_auto_skips_cuda_that_computes_wrong_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_gpu(monkeypatch, WrongNumbersDevice)
+    fake_gpu(monkeypatch, WrongNumbersDevice)
     assert cuda_backend.probe() == (
         False, "cuda: the self-test kernel returned wrong numbers (a driver/toolkit mismatch?)")
 
@@ -142,7 +134,7 @@ def test_modules_compile_in_parallel_and_progress_stays_on_the_caller() -> None:
 
 
 def test_create_tells_the_app_about_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_gpu(monkeypatch, EmulatedDevice)
+    fake_gpu(monkeypatch, EmulatedDevice)
     seen: list[tuple[int, int, str]] = []
     remove = cuda_backend.on_compile_progress(lambda *a: seen.append(a))
     try:
@@ -162,7 +154,7 @@ def test_load_model_passes_compile_progress_to_the_app(monkeypatch: pytest.Monke
 
     from inference import load_model
 
-    _fake_gpu(monkeypatch, EmulatedDevice)
+    fake_gpu(monkeypatch, EmulatedDevice)
     seen: list[tuple[int, int, str]] = []
     listened: list[tuple[int, int, str]] = []
     callers: set[int] = set()

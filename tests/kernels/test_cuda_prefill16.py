@@ -27,6 +27,7 @@ from inference.sampling import SamplingParams
 from kernels.cuda import blas, ops
 from kernels.cuda.device import Device
 from tests.bundled import smollm2_gguf
+from tests.kernels.conftest import fake_gpu
 from tests.kernels.emulator.cublas import emulate_gemm_ex
 from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.test_cuda_backend import _build, _tensor, tiny_llama
@@ -227,11 +228,9 @@ def test_load_model_takes_the_prefill_dtype(monkeypatch: pytest.MonkeyPatch) -> 
     # load_model(prefill_dtype=...) reaches the cuda backend; a backend without the setting
     # refuses it in one sentence before any weight loads.
     import inference.api as api
-    import inference.backends.cuda as cuda_backend
     from inference import load_model
 
-    monkeypatch.setattr(cuda_backend, "cuda_unavailable_reason", lambda: None)
-    monkeypatch.setattr(cuda_backend, "CupyDevice", EmulatedDevice)
+    fake_gpu(monkeypatch, EmulatedDevice)
     m = load_model(str(smollm2_gguf()), backend="cuda", n_layers=1, prefill_dtype="float16")
     assert m.backend.prefill_dtype == np.float16
     with pytest.raises(InvalidInputError, match="numpy backend has no prefill_dtype setting"):
