@@ -445,6 +445,13 @@ class Backend:
     def narrow(self, x: Any, axis: int, start: int, length: int) -> Any:
         return x[_along(x.ndim, axis, start, start + length)]
 
+    # --- a decoder layer's decode step as one fused op (a backend may offer it) ---------
+    def decode_layer(self, block: Any, x: Any, cache: Any) -> Any | None:
+        """``block(x, cache)`` (a decoder block of inference/models/llama.py) for one new
+        token, fused, or None where this backend has no fused step for it (then the block
+        runs op by op, as every backend but CUDA always does)."""
+        return None
+
     # --- an encoder's linear with what follows it (a backend may fuse them) -------------
     def linear_gelu(self, x: Any, w: Any, bias: Any | None) -> Any:
         """``gelu(linear(x, w, bias))``: BERT's MLP up projection."""

@@ -27,6 +27,7 @@ first ``(modules already loaded, total, "")``, then once per module as it is rea
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,6 +200,11 @@ class CudaBackend(Backend):
         self.graphs = graphs and self.dev.supports_graphs
         self.graph_error: str | None = None  # why the last capture fell back to eager steps
         self._step: _Capture | None = None  # set while a decode step is being captured
+        # Each decoder block's ops.DecoderLayer, or None where the fused step does not fit.
+        self._fused: weakref.WeakKeyDictionary[Any, ops.DecoderLayer | None] = \
+            weakref.WeakKeyDictionary()
+        # The eager fused step's position buffer: (its cache, the position, the buffer).
+        self._eager_pos: tuple[weakref.ref[Any], int, Any] | None = None
 
     # --- what this backend offers -------------------------------------------------
     def quant_types(self) -> set[str]:
@@ -305,6 +311,66 @@ class CudaBackend(Backend):
             return t
         t = self._c(t)
         return QuantMatrix(t, "F32", t.shape[0], t.shape[1])
+
+    # --- the fused decode layer ----------------------------------------------------------
+    def _decoder_layer(self, block: Any) -> ops.DecoderLayer | None:
+        """ops.decode_layer's weights for a Llama-like block (Llama, Mistral, Qwen2's biases,
+        Phi-3, Gemma 1): q/k/v and gate/up stacked into one weight each with an integer
+        mat-vec, no per-head q/k norms, no norms after attention and MLP, no window, head_dim
+        and widths in whole q8_1 blocks. Else None (the block runs op by op)."""
+        at, mlp = block.attn, block.mlp
+        act = getattr(mlp.act, "__name__", None)
+        if (at.q_norm is not None or block.post_attn_norm is not None or at.window is not None
+                or len(at.qkv.parts) != 1 or len(mlp.gate_up.parts) != 1
+                or mlp.gate_up.parts[0][2] is not None or act not in ops.GATED_Q8_1
+                or at.head_dim % 32):
+            return None
+        qkv, _, bias = at.qkv.parts[0]
+        mats = (qkv, at.o_proj, mlp.gate_up.parts[0][0], mlp.down)
+        if not all(isinstance(w, QuantMatrix) and w.cols % 32 == 0
+                   and ops.dp4a_applies(self.dev, w) for w in mats):
+            return None
+        return ops.DecoderLayer(
+            attn_norm=block.input_norm, qkv=qkv, o=at.o_proj, mlp_norm=block.pre_mlp_norm,
+            gate_up=mats[2], down=mats[3], heads=at.n_heads, kv_heads=at.n_kv, eps=block.eps,
+            theta=at.theta, scale=at.scale, qkv_bias=bias, act=act,
+            freq_factors=at.freq_factors, softcap=at.softcap)
+
+    def decode_layer(self, block: Any, x: Any, cache: Any) -> Any | None:
+        """ops.decode_layer (8 launches, 9 when attention splits) for one sequence's decode
+        step through a block it fits (:meth:`_decoder_layer`) on a float32 or float16
+        cache, q8_1 activations on; eager or captured. Else None: prefill, batched steps,
+        bfloat16 caches, Qwen3's and Gemma 2/3's norms and an OpProfiler run op by op."""
+        if (not self.q8_1_activations or not isinstance(cache, KVCache)
+                or tuple(x.shape[:2]) != (1, 1) or not _OPS.isdisjoint(vars(self))):
+            return None
+        if block not in self._fused:
+            self._fused[block] = self._decoder_layer(block)
+        layer, i = self._fused[block], block.index
+        k = cache.keys[i]
+        if layer is None or k is None or np.dtype(k.dtype) not in ops.QKV_ROPE_KV:
+            return None
+        row, cap = cache.layer_offset(i), self._step
+        attend = None
+        if cap is None:
+            cache.reserve(i, k, row + 1)
+            last = self._eager_pos
+            if last is None or last[0]() is not cache or last[1] != row:
+                last = self._eager_pos = (weakref.ref(cache), row, self.dev.to_device(
+                    np.array([row], np.int32), "position"))
+            pos = last[2]
+        else:
+            if len(cap.caches) != 1 or cap.caches[0] is not cache:
+                raise GraphUnsupported("a fused layer over a cache outside the step")
+            pos = cap.at(self.dev, 0, 0)
+
+            def attend(q: Any, kc: Any, vc: Any) -> Any:
+                return step.attention(self.dev, q, kc, vc, layer.scale, pos, cap.max_kv,
+                                      softcap=layer.softcap, q8_1=True)
+        h = self.xp.reshape(self._c(x), (1, x.shape[-1]))
+        out = ops.decode_layer(self.dev, layer, h, cache.keys[i], cache.values[i], pos, row,
+                               attend=attend)
+        return self.xp.reshape(out, tuple(x.shape))
 
     # --- ops ----------------------------------------------------------------------------
     def embedding(self, table: Any, ids: Any) -> Any:

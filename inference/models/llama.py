@@ -241,6 +241,9 @@ class TransformerBlock:
 
     def __call__(self, x: Any, cache: KVCache | BatchedCaches) -> Any:
         B = self.B
+        fused = B.decode_layer(self, x, cache)  # None: op by op below
+        if fused is not None:
+            return fused
         a = self.attn(B.rms_norm(x, self.input_norm, self.eps), cache, self.index)
         h = B.add(x, self._post(a, self.post_attn_norm))
         m = self.mlp(B.rms_norm(h, self.pre_mlp_norm, self.eps))

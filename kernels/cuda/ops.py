@@ -7,6 +7,7 @@ here copies between host and device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -527,13 +528,16 @@ class DecoderLayer:
 
 
 def decode_layer(dev: Device, layer: DecoderLayer, x: Any, k_cache: Any, v_cache: Any,
-                 pos: Any, position: int) -> Any:
+                 pos: Any, position: int, attend: Callable[[Any, Any, Any], Any] | None = None
+                 ) -> Any:
     """The fused decode step of one layer for one new token of each of x's rows (batch,
     hidden), all at ``position`` (held on the device in pos, (1,) int32): the launches of
     plan.decode_layer_kernels, in that order. K/V go to row ``position`` of the caches
     (batch, kv_heads, capacity, head_dim) and attention reads rows 0..position. Returns
     the layer's output, (batch, hidden). Needs q8_1 mat-vecs (:func:`dp4a_applies`) for
-    every weight and widths in whole q8_1 blocks."""
+    every weight and widths in whole q8_1 blocks. ``attend(q, k_cache, v_cache)``, if given,
+    replaces the attention launch and returns o_proj's q8_1 rows (a captured step's, which
+    reads the position from pos: step.attention with q8_1=True)."""
     b = x.shape[0]
     xq = rms_norm_q8_1(dev, x, layer.attn_norm, layer.eps)
     rope = dict(neox=layer.neox, freq_factors=layer.freq_factors)
@@ -544,9 +548,12 @@ def decode_layer(dev: Device, layer: DecoderLayer, x: Any, k_cache: Any, v_cache
         qkv = mul_mat_vec_q8_1(dev, layer.qkv, xq, b, bias=layer.qkv_bias)
         q = rope_kv(dev, qkv, k_cache, v_cache, pos, pos, layer.theta, layer.heads,
                     layer.kv_heads, **rope)
-    keys = (slice(None), slice(None), slice(0, position + 1))
-    aq = attention(dev, q, k_cache[keys], v_cache[keys], layer.scale, causal_offset=position,
-                   softcap=layer.softcap, q8_1=True)
+    if attend is not None:
+        aq = attend(q, k_cache, v_cache)
+    else:
+        keys = (slice(None), slice(None), slice(0, position + 1))
+        aq = attention(dev, q, k_cache[keys], v_cache[keys], layer.scale,
+                       causal_offset=position, softcap=layer.softcap, q8_1=True)
     h = mul_mat_vec_q8_1(dev, layer.o, aq, b, residual=x)
     gu = mul_mat_vec_q8_1(dev, layer.gate_up, rms_norm_q8_1(dev, h, layer.mlp_norm, layer.eps),
                           b)

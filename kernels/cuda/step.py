@@ -21,6 +21,7 @@ from kernels.cuda.ops import (
     _need,
     attention_combine,
     attention_plan,
+    attention_q8_1,
     attention_scratch,
     f32,
     i32,
@@ -119,12 +120,13 @@ def rope(dev: Device, x: Any, pos: Any, theta: float, *, neox: bool = True,
 
 def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_kv: int, *,
               window: int | None = None, softcap: float | None = None,
-              out: Any | None = None) -> Any:
+              out: Any | None = None, q8_1: bool = False) -> Any:
     """ops.attention for one new token at row pos[0] of the cache k, v (batch, kv_heads,
     capacity, head_dim), over its rows 0..pos[0] (the last ``window`` of them with a
     window); the grid is planned for ``max_kv`` keys, the most any replay of the graph may
     see. ``out``: a contiguous float32 buffer of q's shape to write (a row of a batched
-    step's output), else a new one."""
+    step's output), else a new one. q8_1: return o_proj's q8_1 rows instead
+    (ops.attention's q8_1, the fused decode layer's)."""
     _pos_buffer(pos)
     _f32_contig(q, "q")
     b, h, t, d = q.shape
@@ -135,7 +137,10 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_k
     rows = h // kvh
     _need(window is None or window > 0, "a window needs at least one key")
     kernel, p = attention_plan(dev, kernel, k, v, rows, max_kv, b * kvh)
-    if out is None:
+    xq = attention_q8_1(dev, q) if q8_1 else None
+    if q8_1:
+        _need(out is None, "attention writes either q8_1 rows or out")
+    elif out is None:
         out = dev.empty(q.shape, np.float32)
     else:
         _f32_contig(out, "out")
@@ -144,6 +149,6 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_k
     dev.launch(module, f"{kernel}_pos", p.main,
                (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(1), pos, i32(kvh),
                 i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0), i32(window or 0),
-                None, i64(0)))
-    attention_combine(dev, p, part, part_ml, out, rows, d)
-    return out
+                xq, i64(0 if xq is None else xq.shape[1])))
+    attention_combine(dev, p, part, part_ml, out, rows, d, kvh, xq)
+    return out if xq is None else xq
