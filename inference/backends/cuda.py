@@ -356,8 +356,9 @@ class CudaBackend(Backend):
             cache.reserve(i, k, row + 1)
             last = self._eager_pos
             if last is None or last[0]() is not cache or last[1] != row:
-                last = self._eager_pos = (weakref.ref(cache), row, self.dev.to_device(
-                    np.array([row], np.int32), "position"))
+                buf = self.dev.empty((1,), np.int32)
+                buf.fill(row)  # on the device: no copy from the host
+                last = self._eager_pos = (weakref.ref(cache), row, buf)
             pos = last[2]
         else:
             if len(cap.caches) != 1 or cap.caches[0] is not cache:

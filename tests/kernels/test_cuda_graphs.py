@@ -25,7 +25,7 @@ from inference.formats.tensor import TensorData
 from inference.generate import prefill
 from inference.models import CAUSAL, llama
 from inference.sampling import SamplingParams
-from kernels.cuda import ops, step
+from kernels.cuda import ops, plan, step
 from tests.kernels.emulator.device import EmulatedDevice
 from tests.kernels.test_cuda_backend import N, _build, tiny_llama
 
@@ -106,6 +106,12 @@ def test_a_replay_runs_the_captured_launches_as_one() -> None:
 
 
 STEPS = 8  # positions 4..11
+# An eager step of the 2-layer model with q8_1 activations: ops.decode_layer's launches a
+# layer (plan.decode_layer_kernels), the embedding, final norm, LM head and argmax, and the
+# LM head's quantize_q8_1. Float activations: 10 kernels a layer op by op, 4 more.
+FUSED_LAYER = len(plan.decode_layer_kernels(plan.LayerShape()))
+EAGER_Q8_1 = 2 * FUSED_LAYER + 4 + 1
+EAGER_F32 = 2 * 10 + 4
 
 
 @cache  # shared by the tests below: each emulated step costs ~50 ms
@@ -162,9 +168,7 @@ def test_replayed_decode_matches_eager_and_numpy(min_keys: int) -> None:
     for a, b in zip(logits, eager_logits, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     # A replayed step: step_inputs, the graph, the greedy argmax; a capture step more.
-    eager = 2 * 10 + 4  # 10 kernels a layer (+ CuPy's adds and KV writes), 4 more
-    if C.q8_1_activations:  # each of the 2 * 4 + 1 mat-vecs quantizes its input first
-        eager += 2 * 4 + 1
+    eager = EAGER_Q8_1 if C.q8_1_activations else EAGER_F32
     assert eager_n == [eager] * STEPS
     if min_keys == 8:
         assert [c == 3 for c in n] == [False, True, True, True, False, False, True, True], n
@@ -198,9 +202,8 @@ def test_replayed_step_launches_do_not_grow_with_layers() -> None:
     two = _decode(graphs=True)[2][:2]
     six = _decode(graphs=True, layers=6, steps=2, prompt=(1,))[2]
     assert two[1] == six[1] == 3  # step 0 captured the graph
-    # The capture records 14 launches a layer, and a q8_1 quantize before each of its 4
-    # mat-vecs.
-    per_layer = 10 + 4 + (4 if CudaBackend(EmulatedDevice()).q8_1_activations else 0)
+    # The capture records ops.decode_layer's launches a layer (q8_1 activations), else 14.
+    per_layer = FUSED_LAYER if CudaBackend(EmulatedDevice()).q8_1_activations else 14
     assert six[0] - two[0] == 4 * per_layer
 
 
@@ -231,8 +234,8 @@ def test_a_step_the_graph_cannot_hold_runs_eagerly(monkeypatch: pytest.MonkeyPat
     ids, _, n, C = _decode.__wrapped__(graphs=True, steps=2, softcap=3.0)
     assert isinstance(C, _CupySoftcap)
     assert C.graph_error is not None and "softcap" in C.graph_error
-    # n[0] also paid for the launches of the refused capture; q8_1: a quantize per mat-vec
-    assert n[1] == 2 * 10 + 4 + (2 * 4 + 1 if C.q8_1_activations else 0)
+    # n[0] also paid for the launches of the refused capture
+    assert n[1] == (EAGER_Q8_1 if C.q8_1_activations else EAGER_F32)
     assert ids == _numpy_ids(2, softcap=3.0)
 
 
