@@ -46,6 +46,7 @@ from inference.backends.cpu import (
     dequant,
     features,
     fused,
+    gemm_int,
     kdot,
     matvec_int,
     quantize,
@@ -544,8 +545,9 @@ class CpuBackend(NumpyBackend):
         if all(integer):
             return self._integer_products(x, ws, big)
         xqs: dict[bool, tuple[np.ndarray, ...]] = {}  # by quantize.narrow: q/k/v share them
-        plans = [self._rows_plan(self._quantized(x, w.bits, xqs), w) if i else self._plan(x, w)
-                 for w, i in zip(ws, integer, strict=True)]
+        plans = [self._rows_plan(self._quantized(x, w.bits, xqs), w) if i
+                 else self._gemm_plan(self._quantized(x, w.bits, xqs), w) if self._gemm(w)
+                 else self._plan(x, w) for w, i in zip(ws, integer, strict=True)]
         starts = [0]
         for _, _, units, _ in plans:
             starts.append(starts[-1] + units)
@@ -613,6 +615,27 @@ class CpuBackend(NumpyBackend):
             np.matmul(x, wt[:, : r1 - r0], out=y[:, r0:r1])
 
         return y, tiles, len(w.blocks) // w.groups, _tile_step(k)
+
+    def _gemm_plan(self, xq: tuple[np.ndarray, ...], w: PackedWeight
+                   ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:
+        """As :meth:`_plan`, by the integer GEMM (:mod:`.gemm_int`) over the rows quantized
+        once (``xq``): W's tiles shared out, each thread's whole range in one call. Each
+        row's result is the bits the decode mat-vec gives it."""
+        out = _lanes_out(xq[0].shape[0], w)
+        tiles = len(w.blocks) // w.groups
+
+        def tiles_(t0: int, t1: int) -> None:
+            gemm_int.gemm_int(w.codes, w.blocks, w.kind, w.zero, *xq, out, t0, t1)
+
+        return _w_columns(out, w), tiles_, tiles, tiles
+
+    def _gemm(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
+        """Whether a prefill product with ``w`` takes the integer GEMM (:mod:`.gemm_int`)
+        where the decode kernels' row groups do not (:meth:`_integer`): on AVX2, 4-bit codes
+        with int8 activations (``vpmaddubsw``), the one pairing measured faster than
+        dequant+sgemm there (:data:`gemm_int.ROUTED`)."""
+        return (isinstance(w, PackedWeight) and features.form() == "avx2"
+                and (w.bits, self.activations) in gemm_int.ROUTED)
 
     def _integer(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
         """Whether a prefill product with ``w`` takes the integer kernels."""

@@ -1,0 +1,194 @@
+"""Prefill products over integer activations on AVX2: a tile of 32 weight rows unpacked once
+per block, then multiplied with every token row (integer GEMM).
+
+The decode kernels (:mod:`.matvec_int`) unpack a block's codes for one or two activation
+rows; at prefill sizes that unpacking is repeated for every pair of token rows. Here a
+thread takes a range of weight tiles; for each block (a tile's 32 lanes x 32 codes) the
+codes are unpacked once into a small buffer, in lane pairs ``(lane j, lane j+1)`` as the
+x86 multiply-adds take them, and the buffer (1-2 KB, in L1) is multiplied with all token
+rows, ``ROWS`` at a time with the sums in registers (:func:`_make_block`):
+
+- 4-bit codes x int8 activations: ``vpmaddubsw`` (32 multiply-adds an instruction), 16-bit
+  sums over 16 codes (at most 8 * 2 * 15 * 127 = 30480), widened per half block;
+- every other pairing: codes widened to 16 bits, ``vpmaddwd``, 32-bit sums.
+
+The float tail of each block is the decode kernels' expression (:class:`.matvec_int._Tail`)
+with the same operations in the same order, without fused multiply-adds, and the blocks are
+added in the same order: a row's result is bitwise the one the decode mat-vec gives it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from inference.backends.cpu.ir import _i64_of, _item_ptr, _jit
+from inference.backends.cpu.layout import LANES
+from inference.backends.cpu.matvec_int import (
+    _maddwd,
+    _pair,
+    _pair_bytes,
+    _pair_words,
+    _runs,
+    _tail_args,
+    _two_halves,
+)
+
+_f32 = np.float32
+_i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+# (code bits, activations) whose prefill products take this GEMM on AVX2
+# (``CpuBackend._gemm``). Measured per product at 138 rows against dequant+sgemm, Llama
+# 3.2 1B's shapes, Q4_K (docs/cpu-backend.md, "Prefill"): 4-bit codes x int8 0.60-0.88x its
+# time; with int16 activations 0.83-1.31x: ``vpmaddwd`` does 16 multiply-adds an
+# instruction, as many as an FMA, so int16 can at best match sgemm's rate here.
+ROUTED = frozenset({(4, "int8")})
+# Token rows a call of the sums takes, by whether the activations are int8 (their
+# accumulators stay in AVX2's 16 registers): 4 for bytes (2 x 16-bit vectors a row), 2 for
+# words (4 x 32-bit vectors a row; 3 rows spilled and ran 10% slower, 6 bytes rows 30%).
+ROWS = {True: 4, False: 2}
+_NO_FUSE = {"nnan", "ninf", "nsz", "arcp", "afn"}  # no contraction: the tail's bits
+
+
+def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
+    """An intrinsic ``(codes, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs)``: for
+    activation rows ``row .. row + n - 1`` (``n = nrows[narrow]``, narrow: ``xp`` int8) and
+    group ``g``, the integer sums ``sum_j code_j[lane] * xp[row + r, 32g + j]`` over each
+    half block (codes 0-15, 16-31), ``u`` block ``blk``'s codes unpacked (16 pairs x 32
+    lanes x 2; uint8 for int8 ``xp``, else int16: :func:`_buffer`); then their float tail,
+    the decode kernels' own IR (:class:`.matvec_int._Tail`), added into ``accs[r]``."""
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        _, _, uty, xty = signature.args[:4]
+        _, cblk, uarr, xarr, crow, cg = args[:6]
+        narrow = xty.dtype == types.int8
+        n = nrows[narrow]
+        blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
+        p0 = builder.mul(g, ir.Constant(_i64, 16))
+        rows = [builder.add(row, ir.Constant(_i64, r)) for r in range(n)]
+        v32i8, v16i16, v8i32 = (ir.VectorType(_i8, 32), ir.VectorType(_i16, 16),
+                                ir.VectorType(_i32, 8))
+        if narrow:
+            madd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]),
+                "llvm.x86.avx2.pmadd.ub.sw")
+            nvec, vt, zero = 2, v32i8, ir.Constant(v16i16, [0] * 16)
+        else:
+            madd = _maddwd(builder)
+            nvec, vt, zero = 4, v16i16, ir.Constant(v8i32, [0] * 8)
+        width = LANES // nvec  # lanes a vector of sums holds; u's elements per vector: 32
+        lanes_of = [list(range(v * width, (v + 1) * width)) for v in range(nvec)]
+        halves = []
+        for half in range(2):
+            acc = [[zero] * nvec for _ in rows]
+            for p in range(8 * half, 8 * half + 8):
+                w = []
+                for v in range(nvec):
+                    ptr = _item_ptr(context, builder, uty, uarr,
+                                    [ir.Constant(_i64, p), ir.Constant(_i64, v * (64 // nvec))])
+                    w.append(builder.load(builder.bitcast(ptr, vt.as_pointer()), align=1))
+                for r, rw in enumerate(rows):
+                    pair = _pair(context, builder, xty, xarr, rw, p0, p)
+                    x = _pair_bytes(builder, pair) if narrow else _pair_words(builder, pair)
+                    for v in range(nvec):
+                        acc[r][v] = builder.add(acc[r][v], builder.call(madd, [w[v], x]))
+            if narrow:
+                acc = [[builder.sext(a, ir.VectorType(_i32, 16)) for a in ra] for ra in acc]
+            halves.append([_runs(builder, ra, lanes_of) for ra in acc])
+        c = 8 if signature.args[0].dtype == types.int8 else 4  # the scales' row
+        _tail_args(context, builder, signature, args, 6, blk, g, c).emit(
+            row, _two_halves(halves))
+        return context.get_dummy_value()
+
+    @intrinsic
+    def block(typingctx, codes, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs
+              ):  # type: ignore[no-untyped-def]
+        return (types.void(codes, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs),
+                codegen)
+
+    return block
+
+
+_block, _block1 = _make_block(ROWS), _make_block({True: 1, False: 1})
+
+
+def _step(xp):  # type: ignore[no-untyped-def]  # numba only: rows a call of _block takes
+    raise NotImplementedError
+
+
+@overload(_step, inline="always")
+def _step_ov(xp):  # type: ignore[no-untyped-def]
+    n = ROWS[xp.dtype == types.int8]
+    return lambda xp: n
+
+
+def _buffer(xp):  # type: ignore[no-untyped-def]  # numba only: a block's unpacked codes
+    raise NotImplementedError
+
+
+@overload(_buffer, inline="always")
+def _buffer_ov(xp):  # type: ignore[no-untyped-def]
+    if xp.dtype == types.int8:
+        return lambda xp: np.empty((16, 2 * LANES), dtype=np.uint8)
+    return lambda xp: np.empty((16, 2 * LANES), dtype=np.int16)
+
+
+@_jit(inline="always")
+def _unpack4(codes: np.ndarray, blk: int, u: np.ndarray) -> None:
+    """Block ``blk``'s 4-bit codes (byte j: code j low nibble, code j + 16 high) into ``u``
+    (16 pairs, lane-major pairs of codes 2p, 2p + 1), bytes or int16 by ``u``'s type."""
+    for p in range(16):
+        j, sh = (2 * p) & 15, np.uint8(4 * (p >> 3))
+        for lane in range(LANES):
+            u[p, 2 * lane] = (codes[blk, j, lane] >> sh) & np.uint8(15)
+            u[p, 2 * lane + 1] = (codes[blk, j + 1, lane] >> sh) & np.uint8(15)
+
+
+@_jit(inline="always")
+def _unpack8(codes: np.ndarray, blk: int, u: np.ndarray) -> None:
+    """Block ``blk``'s 8-bit codes into ``u`` as int16 pairs (:func:`_unpack4`'s order)."""
+    for p in range(16):
+        for lane in range(LANES):
+            u[p, 2 * lane] = codes[blk, 2 * p, lane]
+            u[p, 2 * lane + 1] = codes[blk, 2 * p + 1, lane]
+
+
+def _unpack(codes, blk, u):  # type: ignore[no-untyped-def]  # numba only
+    raise NotImplementedError
+
+
+@overload(_unpack, inline="always")
+def _unpack_ov(codes, blk, u):  # type: ignore[no-untyped-def]
+    """:func:`_unpack8` for int8 codes (8-bit), else :func:`_unpack4`."""
+    if codes.dtype == types.int8:
+        return lambda codes, blk, u: _unpack8(codes, blk, u)
+    return lambda codes, blk, u: _unpack4(codes, blk, u)
+
+
+@_jit(fastmath=_NO_FUSE)
+def gemm_int(codes: np.ndarray, blocks: np.ndarray, kind: int, zero: float, xp: np.ndarray,
+             dx: np.ndarray, xs: np.ndarray, out: np.ndarray, t0: int, t1: int) -> None:
+    """out[:, tiles t0..t1's columns] = x @ W.T on the calling thread, for a packed W of
+    4-bit codes (``codes`` its uint8 view) or 8-bit ones (int8: Q8_0, Q6_K) and ``x``
+    quantized by :func:`.quantize.quantize_rows` (``xp`` int8 for 4-bit codes only, else
+    int16; ``dx``, ``xs``); ``out`` (T, tiles * LANES). Bitwise the decode kernels'
+    result for every row (module docstring)."""
+    rows, groups = dx.shape
+    u = _buffer(xp)
+    acc = np.empty((rows, LANES), dtype=np.float32)
+    step = _step(xp)
+    for t in range(t0, t1):
+        acc[:] = 0.0
+        for g in range(groups):
+            blk = t * groups + g
+            _unpack(codes, blk, u)
+            i = 0
+            while rows - i >= step:
+                _block(codes, blk, u, xp, i, g, blocks, kind, zero, dx, xs, acc[i:])
+                i += step
+            while i < rows:
+                _block1(codes, blk, u, xp, i, g, blocks, kind, zero, dx, xs, acc[i:])
+                i += 1
+        out[:, t * LANES:(t + 1) * LANES] = acc
