@@ -5,8 +5,9 @@ host's work alone (what bounds tokens/s on a fast GPU).
 
     python scripts/cuda_host_time.py [--tokens 200] [--json out.json]
 
-Shapes: Llama 3.2 1B (16 layers, 2048 wide, GQA 4) and Gemma 2 2B (26 layers, 2304
-wide, alternate sliding layers of window 4096, soft-caps), weights of zeros (the kernels
+Shapes: Llama 3.2 1B (16 layers, 2048 wide, GQA 4), Qwen3 1.7B (28 layers, per-head q/k
+norms) and Gemma 2 2B (26 layers, 2304 wide, alternate sliding layers of window 4096,
+soft-caps, norms after attention and MLP), weights of zeros (the kernels
 never read them), greedy. Each is decoded with captured steps (graphs; ``--tokens``
 tokens) and eagerly (at most 40); the figure is the median of per-token times after the
 first 8 tokens (the capture). Load: the measuring thread competes with whatever else
@@ -115,6 +116,10 @@ SHAPES = {
                          intermediate_size=8192, num_attention_heads=32,
                          num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0,
                          tie_word_embeddings=True),
+    "qwen3-1.7b": dict(model_type="qwen3", hidden_size=2048, num_hidden_layers=28,
+                       intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, vocab_size=151936, rope_theta=1000000.0,
+                       tie_word_embeddings=True),
     "gemma-2-2b": dict(model_type="gemma2", hidden_size=2304, num_hidden_layers=26,
                        intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4,
                        head_dim=256, vocab_size=256000, sliding_window=4096,
@@ -151,6 +156,8 @@ def _checkpoint(cfg: dict[str, Any]) -> Checkpoint:
         for name in ("input_layernorm", "post_attention_layernorm",
                      "pre_feedforward_layernorm", "post_feedforward_layernorm"):
             ts[p + name + ".weight"] = norm(name, h)
+        for name in ("self_attn.q_norm", "self_attn.k_norm"):  # Qwen3, Gemma 3
+            ts[p + name + ".weight"] = norm(name, hd)
     return Checkpoint(Path("zeros.gguf"), "gguf", {**cfg, "rms_norm_eps": 1e-6}, ts)
 
 

@@ -315,13 +315,14 @@ class CudaBackend(Backend):
     # --- the fused decode layer ----------------------------------------------------------
     def _decoder_layer(self, block: Any) -> ops.DecoderLayer | None:
         """ops.decode_layer's weights for a Llama-like block (Llama, Mistral, Qwen2's biases,
-        Phi-3, Gemma 1): q/k/v and gate/up stacked into one weight each with an integer
-        mat-vec, no per-head q/k norms, no norms after attention and MLP, no window, head_dim
-        and widths in whole q8_1 blocks. Else None (the block runs op by op)."""
+        Phi-3, Gemma 1; Qwen3's per-head q/k norms; Gemma 2/3's norms after attention and
+        MLP, soft-cap and sliding windows): q/k/v and gate/up stacked into one weight each
+        with an integer mat-vec, head_dim and widths in whole q8_1 blocks. Else None (the
+        block runs op by op). Built eagerly (the first call of a block is a prefill's): the
+        layer's zeroed tail counters are allocated here, never inside a captured step."""
         at, mlp = block.attn, block.mlp
         act = getattr(mlp.act, "__name__", None)
-        if (at.q_norm is not None or block.post_attn_norm is not None or at.window is not None
-                or len(at.qkv.parts) != 1 or len(mlp.gate_up.parts) != 1
+        if (len(at.qkv.parts) != 1 or len(mlp.gate_up.parts) != 1
                 or mlp.gate_up.parts[0][2] is not None or act not in ops.GATED_Q8_1
                 or at.head_dim % 32):
             return None
@@ -330,22 +331,41 @@ class CudaBackend(Backend):
         if not all(isinstance(w, QuantMatrix) and w.cols % 32 == 0
                    and ops.dp4a_applies(self.dev, w) for w in mats):
             return None
+        tails = at.q_norm is not None or block.post_attn_norm is not None
         return ops.DecoderLayer(
             attn_norm=block.input_norm, qkv=qkv, o=at.o_proj, mlp_norm=block.pre_mlp_norm,
             gate_up=mats[2], down=mats[3], heads=at.n_heads, kv_heads=at.n_kv, eps=block.eps,
             theta=at.theta, scale=at.scale, qkv_bias=bias, act=act,
-            freq_factors=at.freq_factors, softcap=at.softcap)
+            freq_factors=at.freq_factors, softcap=at.softcap, window=at.window,
+            q_norm=at.q_norm, k_norm=at.k_norm, post_attn_norm=block.post_attn_norm,
+            post_mlp_norm=block.post_mlp_norm,
+            done=ops.tail_counters(self.dev, at.n_heads + at.n_kv) if tails else None)
+
+    def _eager_row(self, cache: KVCache, value: int) -> Any:
+        """A (1,) int32 device buffer holding ``value`` for this step of ``cache`` (RoPE's
+        position, a sliding layer's KV row), filled on the device (no copy from the host)
+        once per step and value."""
+        last = self._eager_pos
+        if last is None or last[0]() is not cache or last[1] != cache.offset:
+            last = self._eager_pos = (weakref.ref(cache), cache.offset, {})
+        buf = last[2].get(value)
+        if buf is None:
+            buf = last[2][value] = self.dev.empty((1,), np.int32)
+            buf.fill(value)
+        return buf
 
     def decode_layer(self, block: Any, x: Any, cache: Any) -> Any | None:
         """ops.decode_layer (8 launches, 9 when attention splits) for one sequence's decode
         step through a block it fits (:meth:`_decoder_layer`) on a float32 or float16
         cache, q8_1 activations on; eager or captured. Else None: prefill, batched steps,
-        bfloat16 caches, Qwen3's and Gemma 2/3's norms and an OpProfiler run op by op."""
-        if (not self.q8_1_activations or not isinstance(cache, KVCache)
-                or tuple(x.shape[:2]) != (1, 1) or not _OPS.isdisjoint(vars(self))):
+        bfloat16 caches, an eager step that slides a window's rows and an OpProfiler run
+        op by op."""
+        if not self.q8_1_activations or not _OPS.isdisjoint(vars(self)):
             return None
         if block not in self._fused:
             self._fused[block] = self._decoder_layer(block)
+        if not isinstance(cache, KVCache) or tuple(x.shape[:2]) != (1, 1):
+            return None
         layer, i = self._fused[block], block.index
         k = cache.keys[i]
         if layer is None or k is None or np.dtype(k.dtype) not in ops.QKV_ROPE_KV:
@@ -353,24 +373,21 @@ class CudaBackend(Backend):
         row, cap = cache.layer_offset(i), self._step
         attend = None
         if cap is None:
+            if layer.window is not None and row + 1 > k.shape[2]:
+                return None  # the cache slides its rows (KVCache.update)
             cache.reserve(i, k, row + 1)
-            last = self._eager_pos
-            if last is None or last[0]() is not cache or last[1] != row:
-                buf = self.dev.empty((1,), np.int32)
-                buf.fill(row)  # on the device: no copy from the host
-                last = self._eager_pos = (weakref.ref(cache), row, buf)
-            pos = last[2]
+            pos, kv_row = self._eager_row(cache, cache.offset), self._eager_row(cache, row)
         else:
             if len(cap.caches) != 1 or cap.caches[0] is not cache:
                 raise GraphUnsupported("a fused layer over a cache outside the step")
-            pos = cap.at(self.dev, 0, 0)
+            pos, kv_row = cap.at(self.dev, 0, 0), cap.at(self.dev, 0, cache.start[i])
 
             def attend(q: Any, kc: Any, vc: Any) -> Any:
-                return step.attention(self.dev, q, kc, vc, layer.scale, pos, cap.max_kv,
-                                      softcap=layer.softcap, q8_1=True)
+                return step.attention(self.dev, q, kc, vc, layer.scale, kv_row, cap.max_kv,
+                                      window=layer.window, softcap=layer.softcap, q8_1=True)
         h = self.xp.reshape(self._c(x), (1, x.shape[-1]))
         out = ops.decode_layer(self.dev, layer, h, cache.keys[i], cache.values[i], pos, row,
-                               attend=attend)
+                               attend=attend, row=kv_row)
         return self.xp.reshape(out, tuple(x.shape))
 
     # --- ops ----------------------------------------------------------------------------

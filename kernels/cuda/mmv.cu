@@ -275,6 +275,68 @@ static __device__ __forceinline__ void mul_mat_vec_q(
                    res ? res + (long long) b0 * nrows : nullptr);
 }
 
+// A value another block of this launch stored (after its __threadfence): read past the SM's
+// L1, which is not coherent across SMs.
+static __device__ __forceinline__ float ld_other_block(const float * p) {
+    return *(const volatile float *) p;
+}
+
+// The shared stage of the grid-completion epilogues below: the block's per-warp pair
+// values, its reduction slots and the "this block finishes" flag. A plain function so
+// that the emulator poisons it.
+struct mmvq_tail_smem {
+    float pair[MMVQ_ROWS];
+    float sum[32];
+    int last;
+};
+static __device__ __forceinline__ mmvq_tail_smem * mmvq_tail() {
+    __shared__ mmvq_tail_smem s;
+    return &s;
+}
+
+// Whether this block is the last of `blocks` blocks to finish a piece of the output: every
+// thread's global stores so far are made visible (__threadfence), one thread counts the
+// block in *done, and the block that brings it to `blocks` returns true after resetting it
+// to 0 (ready for the next launch or graph replay; the counters start zeroed). Every
+// thread of the block calls it (barriers). The threadFenceReduction pattern.
+static __device__ __forceinline__ bool last_block_of(unsigned int * done, const unsigned blocks,
+                                                     mmvq_tail_smem * t) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+        const bool last = atomicAdd(done, 1u) == blocks - 1;
+        if (last) {
+            *done = 0;
+        }
+        t->last = last;
+    }
+    __syncthreads();
+    return t->last;
+}
+
+// 1 / sqrt(mean(x^2) + eps) of the n floats at p that other blocks of this launch stored
+// (rms_norm_f32's scale, the squares summed in another order), by the whole block.
+static __device__ __forceinline__ float tail_rms_scale(const float * p, const int n,
+                                                       const float eps, mmvq_tail_smem * t) {
+    const int tid = threadIdx.y * WARP_SIZE + threadIdx.x, nt = blockDim.y * WARP_SIZE;
+    float ss = 0.0f;
+#pragma unroll 4  // several loads in flight: the tail is latency-bound
+    for (int e = tid; e < n; e += nt) {
+        const float x = ld_other_block(p + e);
+        ss += x * x;
+    }
+    ss = warp_reduce_sum(ss);
+    if (threadIdx.x == 0) {
+        t->sum[threadIdx.y] = ss;
+    }
+    __syncthreads();
+    float sum = 0.0f;
+    for (int y = 0; y < (int) blockDim.y; ++y) {
+        sum += t->sum[y];
+    }
+    return rsqrtf(sum / n + eps);
+}
+
 // The q/k/v mat-vec of a decode step with RoPE and the KV-cache write in its epilogue (one
 // launch for what mul_mat_vec_q_* and rope_kv_* do in two). W is the stacked [q; k; v]
 // weight, nrows = (heads + 2 kv_heads) * head_dim; grid (row blocks, batch), one new token
@@ -285,6 +347,13 @@ static __device__ __forceinline__ void mul_mat_vec_q(
 // (store_qkv_pair, kv_store.cuh: q into q_out, k and v into the caches as T, float or
 // half). blockDim.y is even (MMVQ_ROWS, or nrows when smaller: nrows is even). Bit for bit
 // mul_mat_vec_q_* then rope_kv_*: the same sums, the same rotation.
+// Per-head q/k RMSNorm (Qwen3, Gemma 3: q_norm and k_norm, head_dim weights each, else
+// null): a block's rows lie in one head (head_dim % blockDim.y == 0), so a q or k head is
+// head_dim / blockDim.y blocks. Each stores its sums (+ bias) into stage (batch, nrows)
+// and counts itself in done[b * (heads + kv_heads) + head]; the head's last block
+// (last_block_of) norms the head (rms_norm_f32's scale * x * w, the sum of squares in
+// another order: equal to it within float32 rounding), rotates it and stores it. v heads
+// store as without norms.
 template <typename Q, typename T>
 static __device__ __forceinline__ void mul_mat_vec_q_rope_kv(
         const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, float * __restrict__ q_out,
@@ -293,8 +362,9 @@ static __device__ __forceinline__ void mul_mat_vec_q_rope_kv(
         const int kv_heads, const int head_dim, const long long stride_b,
         const long long stride_h, const long long stride_s, const int * __restrict__ pos,
         const int * __restrict__ kv_row, const float theta, const int neox,
-        const float * __restrict__ freq_factors, uint4 * smem) {
-    __shared__ float s_pair[MMVQ_ROWS];
+        const float * __restrict__ freq_factors, const float * __restrict__ q_norm,
+        const float * __restrict__ k_norm, const float eps, float * stage, unsigned int * done,
+        uint4 * smem, mmvq_tail_smem * tail) {
     const int nrows = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
     const int l = blockIdx.x * blockDim.y + threadIdx.y;  // a pair element, in pair order
     const int p = l / 2, h = p / half, i = p % half;
@@ -304,16 +374,70 @@ static __device__ __forceinline__ void mul_mat_vec_q_rope_kv(
     float acc[1];
     mmvq_sums<Q, 1>(w, xq, ncols, nrows, row_bytes, xq_stride, row, b, 1, smem, acc);
     acc[0] = warp_reduce_sum(acc[0]);
+    const float v = bias && row < nrows ? acc[0] + ld_global(bias + row) : acc[0];
+    const int hb = (int) (blockIdx.x * blockDim.y / 2) / half;  // the block's head
+    if (q_norm != nullptr && hb < heads + kv_heads) {
+        float * sh = stage + ((long long) b * nrows + (long long) hb * head_dim);
+        if (threadIdx.x == 0 && row < nrows) {
+            st_global(sh + (row - hb * head_dim), v);
+        }
+        if (!last_block_of(done + b * (heads + kv_heads) + hb, head_dim / blockDim.y, tail)) {
+            return;  // the whole block
+        }
+        const float scale = tail_rms_scale(sh, head_dim, eps, tail);
+        const int tid = threadIdx.y * WARP_SIZE + threadIdx.x;
+        const float * nw = hb < heads ? q_norm : k_norm;
+        if (tid < half) {  // a pair a thread: half <= blockDim.y * 32 (ops.qkv_rope_kv checks)
+            const int j0 = neox ? tid : 2 * tid, j1 = j0 + (neox ? half : 1);
+            const float x0 = scale * ld_other_block(sh + j0) * ld_global(nw + j0);
+            const float x1 = scale * ld_other_block(sh + j1) * ld_global(nw + j1);
+            store_qkv_pair<T>(x0, x1, b, hb, tid, j0, j1, q_out, kc, vc, heads, kv_heads,
+                              head_dim, stride_b, stride_h, stride_s, pos, kv_row, theta,
+                              freq_factors);
+        }
+        return;
+    }
     if (threadIdx.x == 0 && row < nrows) {
-        s_pair[threadIdx.y] = bias ? acc[0] + ld_global(bias + row) : acc[0];
+        tail->pair[threadIdx.y] = v;
     }
     __syncthreads();
     if (threadIdx.x != 0 || l % 2 || row >= nrows) {
         return;
     }
-    store_qkv_pair<T>(s_pair[threadIdx.y], s_pair[threadIdx.y + 1], b, h, i, i0, i1, q_out, kc,
-                      vc, heads, kv_heads, head_dim, stride_b, stride_h, stride_s, pos, kv_row,
-                      theta, freq_factors);
+    store_qkv_pair<T>(tail->pair[threadIdx.y], tail->pair[threadIdx.y + 1], b, h, i, i0, i1,
+                      q_out, kc, vc, heads, kv_heads, head_dim, stride_b, stride_h, stride_s, pos,
+                      kv_row, theta, freq_factors);
+}
+
+// A projection whose output is normed before the residual joins it (Gemma 2/3's
+// post-attention and post-feedforward norms): y[b] = res[b] + rms_norm(W x[b]) * nw, one
+// launch for mul_mat_vec_q_*, rms_norm_f32 and add_f32. Each block stores its rows' sums
+// into y, then the last block of batch row b (last_block_of, done[b]) norms the row in
+// place: sum of squares, then res + scale * y * nw (the unfused rounding but for the sum's
+// order: equal within float32 rounding). grid (row blocks, batch), blockDim as
+// mul_mat_vec_q_* (NY = 1).
+template <typename Q>
+static __device__ __forceinline__ void mul_mat_vec_q_norm_add(
+        const uint8_t * __restrict__ w, const uint8_t * __restrict__ xq, float * y,
+        const int ncols, const int nrows, const long long row_bytes, const long long xq_stride,
+        const float * __restrict__ nw, const float eps, const float * __restrict__ res,
+        unsigned int * done, uint4 * smem, mmvq_tail_smem * tail) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    const int b = blockIdx.y;
+    float acc[1];
+    mmvq_sums<Q, 1>(w, xq, ncols, nrows, row_bytes, xq_stride, row, b, 1, smem, acc);
+    mmv_store_tile(acc, y + (long long) b * nrows, row, nrows, 1, nullptr, nullptr);
+    if (!last_block_of(done + b, gridDim.x, tail)) {
+        return;
+    }
+    float * yr = y + (long long) b * nrows;
+    const float * rr = res + (long long) b * nrows;
+    const float scale = tail_rms_scale(yr, nrows, eps, tail);
+    const int tid = threadIdx.y * WARP_SIZE + threadIdx.x, nt = blockDim.y * WARP_SIZE;
+#pragma unroll 4  // several loads in flight: the tail is latency-bound
+    for (int c = tid; c < nrows; c += nt) {
+        st_global(yr + c, ld_global(rr + c) + scale * ld_other_block(yr + c) * ld_global(nw + c));
+    }
 }
 
 // The kernels: mul_mat_vec_q_<type> (NY = 1) and mul_mat_vec_q_b<NY>_<type>, NY of
@@ -377,10 +501,12 @@ MMVQ(t_q6_k, 8, mul_mat_vec_q_b8_q6_k)
             const float * bias, const int heads, const int kv_heads, const int head_dim,         \
             const long long stride_b, const long long stride_h, const long long stride_s,        \
             const int * pos, const int * kv_row, const float theta, const int neox,              \
-            const float * freq_factors) {                                                        \
+            const float * freq_factors, const float * q_norm, const float * k_norm,              \
+            const float eps, float * stage, unsigned int * done) {                               \
         mul_mat_vec_q_rope_kv<Q, T>(w, xq, q_out, kc, vc, ncols, row_bytes, xq_stride, bias,     \
                                     heads, kv_heads, head_dim, stride_b, stride_h, stride_s,     \
-                                    pos, kv_row, theta, neox, freq_factors, mmvq_smem_1());      \
+                                    pos, kv_row, theta, neox, freq_factors, q_norm, k_norm, eps, \
+                                    stage, done, mmvq_smem_1(), mmvq_tail());                    \
     }
 MMVQ_ROPE_KV(t_q4_0, float, mul_mat_vec_q_rope_kv_q4_0_f32)
 MMVQ_ROPE_KV(t_q4_0, __half, mul_mat_vec_q_rope_kv_q4_0_f16)
@@ -402,6 +528,27 @@ MMVQ_ROPE_KV(t_q5_k, float, mul_mat_vec_q_rope_kv_q5_k_f32)
 MMVQ_ROPE_KV(t_q5_k, __half, mul_mat_vec_q_rope_kv_q5_k_f16)
 MMVQ_ROPE_KV(t_q6_k, float, mul_mat_vec_q_rope_kv_q6_k_f32)
 MMVQ_ROPE_KV(t_q6_k, __half, mul_mat_vec_q_rope_kv_q6_k_f16)
+
+// The kernels: mul_mat_vec_q_norm_add_<type>. MMVQ_NORM_ADD(tag, name) defines `name` as
+// mul_mat_vec_q_norm_add<tag>.
+#define MMVQ_NORM_ADD(Q, name)                                                                  \
+    extern "C" __global__ void __launch_bounds__(MMVQ_ROWS * WARP_SIZE) name(                   \
+            const uint8_t * w, const uint8_t * xq, float * y, const int ncols, const int nrows,  \
+            const long long row_bytes, const long long xq_stride, const float * nw,              \
+            const float eps, const float * res, unsigned int * done) {                           \
+        mul_mat_vec_q_norm_add<Q>(w, xq, y, ncols, nrows, row_bytes, xq_stride, nw, eps, res,    \
+                                  done, mmvq_smem_1(), mmvq_tail());                             \
+    }
+MMVQ_NORM_ADD(t_q4_0, mul_mat_vec_q_norm_add_q4_0)
+MMVQ_NORM_ADD(t_q4_1, mul_mat_vec_q_norm_add_q4_1)
+MMVQ_NORM_ADD(t_q5_0, mul_mat_vec_q_norm_add_q5_0)
+MMVQ_NORM_ADD(t_q5_1, mul_mat_vec_q_norm_add_q5_1)
+MMVQ_NORM_ADD(t_q8_0, mul_mat_vec_q_norm_add_q8_0)
+MMVQ_NORM_ADD(t_q2_k, mul_mat_vec_q_norm_add_q2_k)
+MMVQ_NORM_ADD(t_q3_k, mul_mat_vec_q_norm_add_q3_k)
+MMVQ_NORM_ADD(t_q4_k, mul_mat_vec_q_norm_add_q4_k)
+MMVQ_NORM_ADD(t_q5_k, mul_mat_vec_q_norm_add_q5_k)
+MMVQ_NORM_ADD(t_q6_k, mul_mat_vec_q_norm_add_q6_k)
 
 // ---- 16-bit float weights (F16, BF16) ----------------------------------------------------
 // A checkpoint's F16/BF16 weights stay 16-bit on the device: half the bytes of float32.

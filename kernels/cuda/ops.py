@@ -236,6 +236,25 @@ def rms_norm_q8_1(dev: Device, x: Any, w: Any, eps: float) -> Any:
     return xq
 
 
+def rms_norm_add_rms_norm_q8_1(dev: Device, y: Any, res: Any, w_post: Any, w_pre: Any,
+                               eps: float) -> tuple[Any, Any]:
+    """(h, xq): h = res + rms_norm(y, w_post) and xq = rms_norm_q8_1(h, w_pre) of (rows, n)
+    rows, in one launch (norm.cu; Gemma 2/3's norm after attention, the residual and the
+    pre-MLP norm): the bits of the three launches."""
+    n, rows = _norm_rows(y, w_post)
+    _f32_contig(res, "residual")
+    _need(res.shape == y.shape, f"residual {res.shape} != {y.shape}")
+    _f32_contig(w_pre, "weight")
+    _need(w_pre.shape == (n,), f"weight {w_pre.shape} does not match rows of {n}")
+    _need(n % table.Q8_1_QK == 0, f"q8_1 rows need whole blocks of 32 values, got {n}")
+    stride = q8_1_row_bytes(n)
+    h = dev.empty(y.shape, np.float32)
+    xq = dev.empty((rows, stride), np.uint8)
+    dev.launch("norm", "rms_norm_add_rms_norm_q8_1", plan.plan_rows(n, rows, dev.limits),
+               (y, res, w_post, w_pre, h, xq, i32(n), i32(rows), f32(eps), i64(stride)))
+    return h, xq
+
+
 def layer_norm(dev: Device, x: Any, w: Any, b: Any | None, eps: float) -> Any:
     _f32_contig(x, "x")
     _f32_contig(w, "weight")
@@ -348,11 +367,17 @@ QKV_ROPE_KV = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 
 def qkv_rope_kv(dev: Device, w: QuantMatrix, xq: Any, k_cache: Any, v_cache: Any, pos: Any,
                 row: Any, theta: float, heads: int, kv_heads: int, *, bias: Any | None = None,
-                neox: bool = True, freq_factors: Any | None = None) -> Any:
+                neox: bool = True, freq_factors: Any | None = None,
+                qk_norms: tuple[Any, Any] | None = None, eps: float = 1e-6,
+                done: Any | None = None) -> Any:
     """The q/k/v mat-vec of x's q8_1 rows with :func:`rope_kv` in its epilogue (mmv.cu
     mul_mat_vec_q_rope_kv_*): one launch, the results of mul_mat_vec_q8_1(bias=...) then
     rope_kv bit for bit. w is the stacked [q; k; v] weight; the caches float32 or float16
-    (:data:`QKV_ROPE_KV`; a bfloat16 cache takes the two launches). Returns q rotated,
+    (:data:`QKV_ROPE_KV`; a bfloat16 cache takes the two launches). qk_norms: (q_norm,
+    k_norm), (head_dim,) float32 each: every q and k head RMS-normed (eps) before RoPE, as
+    rms_norm over the heads' rows (Qwen3, Gemma 3), within float32 rounding of it (the sum
+    of squares in another order); ``done`` then holds batch * (heads + kv_heads) zeroed
+    uint32 counters (:func:`tail_counters`; left zeroed), else new ones. Returns q rotated,
     (batch, heads, 1, head_dim)."""
     for a, what in ((pos, "pos"), (row, "row")):
         _need(a.dtype == np.int32 and a.shape == (1,), f"{what} must be a (1,) int32 buffer")
@@ -371,13 +396,64 @@ def qkv_rope_kv(dev: Device, w: QuantMatrix, xq: Any, k_cache: Any, v_cache: Any
     if freq_factors is not None:
         _f32_contig(freq_factors, "freq_factors")
         _need(freq_factors.shape == (d // 2,), f"freq_factors {freq_factors.shape} != ({d // 2},)")
+    launch = plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, b, dev.limits, 1)
+    qn = kn = stage = None
+    if qk_norms is not None:
+        qn, kn = qk_norms
+        for a, what in ((qn, "q_norm"), (kn, "k_norm")):
+            _f32_contig(a, what)
+            _need(a.shape == (d,), f"{what} {a.shape} != ({d},)")
+        # a block's rows lie in one head: the head's last block norms it (mmv.cu)
+        _need(d % launch.block[1] == 0 and d // 2 <= launch.block[1] * 32,
+              f"head_dim {d} is not whole blocks of rows, a pair a thread")
+        done = _counters(dev, done, b * (heads + kv_heads))
+        stage = dev.empty((b, w.rows), np.float32)
     q = dev.empty((b, heads, 1, d), np.float32)
     name = f"mul_mat_vec_q_rope_kv_{w.kt.suffix}_{QKV_ROPE_KV[np.dtype(k_cache.dtype)]}"
-    dev.launch("mmv", name, plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, b, dev.limits, 1),
+    dev.launch("mmv", name, launch,
                (w.data, xq, q, k_cache, v_cache, i32(w.cols), i64(w.row_bytes), i64(stride),
                 bias, i32(heads), i32(kvh), i32(d), i64(sb), i64(sh), i64(ss), pos, row,
-                f32(theta), i32(1 if neox else 0), freq_factors))
+                f32(theta), i32(1 if neox else 0), freq_factors, qn, kn, f32(eps), stage,
+                done if qk_norms is not None else None))
     return q
+
+
+def tail_counters(dev: Device, n: int) -> Any:
+    """n zeroed uint32 counters for the kernels that finish in their grid's last block
+    (mmv.cu last_block_of: each leaves its counters zeroed, so one buffer serves every such
+    launch of a step, eager or replayed). Allocate outside a captured step."""
+    return dev.zeros((n,), np.uint32)
+
+
+def _counters(dev: Device, done: Any | None, n: int) -> Any:
+    if done is None:
+        return tail_counters(dev, n)
+    _need(done.dtype == np.uint32 and done.ndim == 1 and done.size >= n
+          and done.flags.c_contiguous, f"done must hold >= {n} uint32 counters")
+    return done
+
+
+def mul_mat_vec_q8_1_norm_add(dev: Device, w: QuantMatrix, xq: Any, batch: int, norm: Any,
+                              eps: float, residual: Any, done: Any | None = None) -> Any:
+    """residual + rms_norm(W x, norm, eps) of x's q8_1 rows in one launch (mmv.cu
+    mul_mat_vec_q_norm_add_*: Gemma 2/3's norms after attention and MLP): the unfused
+    mul_mat_vec_q8_1, rms_norm and add within float32 rounding (the sum of squares in
+    another order). ``done``: >= batch zeroed uint32 counters (:func:`tail_counters`)."""
+    _need(dp4a_applies(dev, w), f"{w.qtype} weights here have no integer mat-vec")
+    stride = q8_1_row_bytes(w.cols)
+    _need(xq.dtype == np.uint8 and xq.shape == (batch, stride) and xq.flags.c_contiguous
+          and dev.address(xq) % 16 == 0, f"xq must be ({batch}, {stride}) aligned q8_1 rows")
+    _epilogue(w, batch, None, residual)
+    _need(residual is not None, "the norm's output joins a residual")
+    _f32_contig(norm, "norm")
+    _need(norm.shape == (w.rows,), f"norm {norm.shape} != ({w.rows},)")
+    done = _counters(dev, done, batch)
+    y = dev.empty((batch, w.rows), np.float32)
+    launch = plan.plan_mul_mat_vec_q(w.kt, w.cols, w.rows, batch, dev.limits, 1)
+    dev.launch("mmv", f"mul_mat_vec_q_norm_add_{w.kt.suffix}", launch,
+               (w.data, xq, y, i32(w.cols), i32(w.rows), i64(w.row_bytes), i64(stride), norm,
+                f32(eps), residual, done))
+    return y
 
 
 # RoPE fused into the KV-cache write, per cache element type: (module, kernel).
@@ -504,10 +580,12 @@ def attention_combine(dev: Device, p: plan.AttentionPlan, part: Any, part_ml: An
 
 @dataclass
 class DecoderLayer:
-    """One decoder layer's weights and switches for :func:`decode_layer` (the Llama block of
-    inference/models/llama.py without per-head q/k norms or norms after attention and MLP:
-    Llama, Mistral, Qwen2, Phi-3, Gemma 1). qkv and gate_up are stacked ([q; k; v] and
-    [gate; up] rows), as Weights.linears stacks them."""
+    """One decoder layer's weights and switches for :func:`decode_layer`: the Llama block of
+    inference/models/llama.py (Llama, Mistral, Qwen2, Phi-3, Gemma 1; with q_norm/k_norm
+    Qwen3; with post_attn_norm/post_mlp_norm and a softcap Gemma 2, all three Gemma 3).
+    qkv and gate_up are stacked ([q; k; v] and [gate; up] rows), as Weights.linears stacks
+    them. ``done``: tail_counters for the kernels that finish in their last block (>=
+    batch * (heads + kv_heads)), allocated with the layer: None allocates them per call."""
 
     attn_norm: Any  # (hidden,) float32
     qkv: QuantMatrix
@@ -525,39 +603,73 @@ class DecoderLayer:
     neox: bool = True
     freq_factors: Any | None = None
     softcap: float | None = None
+    window: int | None = None  # a sliding layer: attention sees the last ``window`` keys
+    q_norm: Any | None = None  # (head_dim,) float32, with k_norm
+    k_norm: Any | None = None
+    post_attn_norm: Any | None = None  # (hidden,) float32, with post_mlp_norm
+    post_mlp_norm: Any | None = None
+    done: Any | None = None
+
+    def shape(self, attention_splits: int = 1, kv_bf16: bool = False) -> plan.LayerShape:
+        """The switches plan.decode_layer_kernels counts launches by."""
+        return plan.LayerShape(qk_norm=self.q_norm is not None,
+                               sandwich_norms=self.post_attn_norm is not None,
+                               gelu=self.act != "silu_mul", attention_splits=attention_splits,
+                               kv_bf16=kv_bf16)
 
 
 def decode_layer(dev: Device, layer: DecoderLayer, x: Any, k_cache: Any, v_cache: Any,
-                 pos: Any, position: int, attend: Callable[[Any, Any, Any], Any] | None = None
-                 ) -> Any:
+                 pos: Any, position: int, attend: Callable[[Any, Any, Any], Any] | None = None,
+                 row: Any | None = None) -> Any:
     """The fused decode step of one layer for one new token of each of x's rows (batch,
-    hidden), all at ``position`` (held on the device in pos, (1,) int32): the launches of
-    plan.decode_layer_kernels, in that order. K/V go to row ``position`` of the caches
-    (batch, kv_heads, capacity, head_dim) and attention reads rows 0..position. Returns
-    the layer's output, (batch, hidden). Needs q8_1 mat-vecs (:func:`dp4a_applies`) for
-    every weight and widths in whole q8_1 blocks. ``attend(q, k_cache, v_cache)``, if given,
-    replaces the attention launch and returns o_proj's q8_1 rows (a captured step's, which
-    reads the position from pos: step.attention with q8_1=True)."""
+    hidden), RoPE at the position held on the device in pos, (1,) int32: the launches of
+    plan.decode_layer_kernels, in that order. K/V go to cache row ``position`` (held in
+    ``row``, default pos: a sliding layer's row is its position past the layer's start) of
+    the caches (batch, kv_heads, capacity, head_dim), and attention reads rows
+    0..position (the last ``layer.window`` of them on a sliding layer). Returns the layer's
+    output, (batch, hidden). Needs q8_1 mat-vecs (:func:`dp4a_applies`) for every weight
+    and widths in whole q8_1 blocks; per-head q/k norms need a float32 or float16 cache.
+    ``attend(q, k_cache, v_cache)``, if given, replaces the attention launch and returns
+    o_proj's q8_1 rows (a captured step's, which reads the row from the device:
+    step.attention with q8_1=True)."""
     b = x.shape[0]
+    row = pos if row is None else row
     xq = rms_norm_q8_1(dev, x, layer.attn_norm, layer.eps)
     rope = dict(neox=layer.neox, freq_factors=layer.freq_factors)
+    qk = None if layer.q_norm is None else (layer.q_norm, layer.k_norm)
+    done = layer.done
+    if done is None and (qk is not None or layer.post_mlp_norm is not None):
+        done = tail_counters(dev, b * (layer.heads + layer.kv_heads))
     if np.dtype(k_cache.dtype) in QKV_ROPE_KV:
-        q = qkv_rope_kv(dev, layer.qkv, xq, k_cache, v_cache, pos, pos, layer.theta,
-                        layer.heads, layer.kv_heads, bias=layer.qkv_bias, **rope)
+        q = qkv_rope_kv(dev, layer.qkv, xq, k_cache, v_cache, pos, row, layer.theta,
+                        layer.heads, layer.kv_heads, bias=layer.qkv_bias, qk_norms=qk,
+                        eps=layer.eps, done=done, **rope)
     else:
+        _need(qk is None, "per-head q/k norms need a float32 or float16 cache")
         qkv = mul_mat_vec_q8_1(dev, layer.qkv, xq, b, bias=layer.qkv_bias)
-        q = rope_kv(dev, qkv, k_cache, v_cache, pos, pos, layer.theta, layer.heads,
+        q = rope_kv(dev, qkv, k_cache, v_cache, pos, row, layer.theta, layer.heads,
                     layer.kv_heads, **rope)
     if attend is not None:
         aq = attend(q, k_cache, v_cache)
     else:
         keys = (slice(None), slice(None), slice(0, position + 1))
+        window = layer.window if layer.window is not None and position + 1 > layer.window \
+            else None
         aq = attention(dev, q, k_cache[keys], v_cache[keys], layer.scale,
-                       causal_offset=position, softcap=layer.softcap, q8_1=True)
-    h = mul_mat_vec_q8_1(dev, layer.o, aq, b, residual=x)
-    gu = mul_mat_vec_q8_1(dev, layer.gate_up, rms_norm_q8_1(dev, h, layer.mlp_norm, layer.eps),
-                          b)
-    return mul_mat_vec_q8_1(dev, layer.down, gated_q8_1(dev, layer.act, gu), b, residual=h)
+                       causal_offset=position, window=window, softcap=layer.softcap,
+                       q8_1=True)
+    if layer.post_attn_norm is None:
+        h = mul_mat_vec_q8_1(dev, layer.o, aq, b, residual=x)
+        hq = rms_norm_q8_1(dev, h, layer.mlp_norm, layer.eps)
+    else:
+        h, hq = rms_norm_add_rms_norm_q8_1(dev, mul_mat_vec_q8_1(dev, layer.o, aq, b), x,
+                                           layer.post_attn_norm, layer.mlp_norm, layer.eps)
+    gu = mul_mat_vec_q8_1(dev, layer.gate_up, hq, b)
+    m = gated_q8_1(dev, layer.act, gu)
+    if layer.post_mlp_norm is None:
+        return mul_mat_vec_q8_1(dev, layer.down, m, b, residual=h)
+    return mul_mat_vec_q8_1_norm_add(dev, layer.down, m, b, layer.post_mlp_norm, layer.eps, h,
+                                     done)
 
 
 def _gated(dev: Device, kernel: str, gate: Any, up: Any) -> Any:

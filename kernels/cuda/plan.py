@@ -291,22 +291,24 @@ def plan_attention_vec(head_dim: int, rows: int, n_kv: int, kv_blocks: int,
 # The fused step (ops.py's entry points) for one new token, q8_1 activations on a weight
 # type with an integer mat-vec: what each launch replaces.
 #   rms_norm_q8_1       the input norm and quantize_q8_1 of its output
-#   mul_mat_vec_q_rope_kv_*  q/k/v stacked (Weights.linears), + bias (Qwen2), then RoPE
-#                       and the KV row writes, all in the epilogue (two ropes and two KV
-#                       row writes); a bfloat16 cache: mul_mat_vec_q_* then rope_kv_bf16
+#   mul_mat_vec_q_rope_kv_*  q/k/v stacked (Weights.linears), + bias (Qwen2), the
+#                       per-head q/k RMSNorms (Qwen3, Gemma 3: in the last block of each
+#                       head), then RoPE and the KV row writes, all in the epilogue (two
+#                       ropes, two norms and two KV row writes); a bfloat16 cache:
+#                       mul_mat_vec_q_* then rope_kv_bf16 (no per-head norms)
 #   attn_vec_*          attention, ending in o_proj's q8_1 row (no quantize_q8_1); softcap
 #                       (Gemma 2) and the window are kernel arguments
 #   attn_combine_f32    only when attention splits its keys (plan_attention_vec): then it
 #                       writes the q8_1 row
-#   mul_mat_vec_q_*     o_proj, + the residual in the epilogue
-#   rms_norm_q8_1       the pre-MLP norm and its quantize_q8_1
+#   mul_mat_vec_q_*     o_proj, + the residual in the epilogue (with norms after attention
+#                       and MLP, Gemma 2/3: no residual; the next launch adds it)
+#   rms_norm_q8_1       the pre-MLP norm and its quantize_q8_1; Gemma 2/3:
+#                       rms_norm_add_rms_norm_q8_1, the post-attention norm, the residual
+#                       add and the pre-MLP norm (rms_norm_f32 and add_f32 saved)
 #   mul_mat_vec_q_*     gate/up stacked
 #   silu_mul_q8_1       the activation (gelu_tanh_mul_q8_1: Gemma) and its quantize_q8_1
-#   mul_mat_vec_q_*     down, + the residual in the epilogue
-# Families with per-head q/k norms (Qwen3, Gemma 3) norm q and k (rms_norm_f32 over the
-# heads' rows, one launch each) between mul_mat_vec_q_* and rope_kv_*; those with norms
-# after attention and MLP (Gemma 2/3) norm o_proj's and down's outputs (rms_norm_f32) and
-# add the residual (add_f32) instead of adding it in the epilogue.
+#   mul_mat_vec_q_*     down, + the residual in the epilogue (mul_mat_vec_q_norm_add_*
+#                       with the post-feedforward norm, as o_proj)
 @dataclass(frozen=True)
 class LayerShape:
     """The switches of a decoder layer (inference/models/llama.py) that change its launches."""
@@ -320,14 +322,18 @@ class LayerShape:
 
 def decode_layer_kernels(s: LayerShape) -> tuple[str, ...]:
     """The launches of one layer's fused decode step, by kernel (name stem: the mat-vecs
-    are mul_mat_vec_q_<type>, attention attn_vec_<cache>_e<E>_pos, rope_kv_<cache>)."""
-    mmv, post = "mul_mat_vec_q", ("rms_norm_f32", "add_f32") if s.sandwich_norms else ()
-    qk = ("rms_norm_f32", "rms_norm_f32") if s.qk_norm else ()
+    are mul_mat_vec_q_<type>, attention attn_vec_<cache>_e<E>_pos, rope_kv_<cache>): 8,
+    9 when attention splits its keys, one more for a bfloat16 cache (which takes no
+    per-head q/k norms: ValueError)."""
+    if s.qk_norm and s.kv_bf16:
+        raise ValueError("per-head q/k norms are fused for float32 and float16 caches only")
+    mmv = "mul_mat_vec_q"
+    down = "mul_mat_vec_q_norm_add" if s.sandwich_norms else mmv
+    mlp_norm = "rms_norm_add_rms_norm_q8_1" if s.sandwich_norms else "rms_norm_q8_1"
     combine = ("attn_combine_f32",) if s.attention_splits > 1 else ()
     act = "gelu_tanh_mul_q8_1" if s.gelu else "silu_mul_q8_1"
-    qkv = (mmv, *qk, "rope_kv") if s.qk_norm or s.kv_bf16 else ("mul_mat_vec_q_rope_kv",)
-    return ("rms_norm_q8_1", *qkv, "attn_vec", *combine, mmv, *post, "rms_norm_q8_1", mmv, act,
-            mmv, *post)
+    qkv = (mmv, "rope_kv") if s.kv_bf16 else ("mul_mat_vec_q_rope_kv",)
+    return ("rms_norm_q8_1", *qkv, "attn_vec", *combine, mmv, mlp_norm, mmv, act, down)
 
 
 # Before the fusions (the eager step's kernels, a captured step's extra row writes and adds):

@@ -116,6 +116,10 @@ class KernelBudget:
     static_smem: int  # bytes of __shared__ the kernel may declare
 
 
+# mmv.cu's mmvq_tail_smem: MMVQ_ROWS pair floats, 32 reduction floats, the flag; padded
+# to 16 bytes (ptxas: the uint4 stage beside it is 16-aligned).
+MMVQ_TAIL_BYTES = -(-4 * (MMVQ_ROWS + 32 + 1) // 16) * 16
+
 # Keyed by kernel name prefix (longest match wins).
 BUDGETS: dict[str, KernelBudget] = {
     "mul_mat_vec_": KernelBudget(256, 64, 0),
@@ -130,9 +134,11 @@ BUDGETS: dict[str, KernelBudget] = {
     # sm_75..sm_90): 80 x 128 threads still lets 6 blocks (24 warps) share an SM's registers.
     **{f"mul_mat_vec_q_b{n}_": KernelBudget(128, 64 if n == 2 else 80, mmvq_smem(n))
        for n in MMV_TILES[1:]},
-    # q/k/v with RoPE and the KV write in the epilogue: the 1-row stage and the pair
-    # exchange (MMVQ_ROWS floats).
-    "mul_mat_vec_q_rope_kv_": KernelBudget(128, 64, mmvq_smem(1) + 4 * MMVQ_ROWS),
+    # q/k/v with RoPE and the KV write in the epilogue, and the mat-vec with a norm before
+    # the residual: the 1-row stage and mmv.cu's mmvq_tail_smem (the pair exchange, a
+    # reduction slot per warp and the last-block flag).
+    "mul_mat_vec_q_rope_kv_": KernelBudget(128, 64, mmvq_smem(1) + MMVQ_TAIL_BYTES),
+    "mul_mat_vec_q_norm_add_": KernelBudget(128, 64, mmvq_smem(1) + MMVQ_TAIL_BYTES),
     "mul_mat_vec_h_": KernelBudget(256, 64, 0),
     "quantize_q8_1": KernelBudget(256, 32, 0),
     # dequant.cu: the output stage (floats, a pad per 32) and the weight stage (DQ_W_WORDS).
@@ -146,6 +152,7 @@ BUDGETS: dict[str, KernelBudget] = {
                                             + 12 * DQ_MAX_SEGS + 8) // 16) * 16),
     "rms_norm_f32": KernelBudget(1024, 32, 128),
     "rms_norm_q8_1": KernelBudget(1024, 32, 128),
+    "rms_norm_add_rms_norm_q8_1": KernelBudget(1024, 32, 128),
     "layer_norm_f32": KernelBudget(1024, 32, 128),
     "softmax_f32": KernelBudget(1024, 32, 128),
     "argmax_f32": KernelBudget(1024, 32, 256),

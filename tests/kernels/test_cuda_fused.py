@@ -242,3 +242,86 @@ def test_qkv_rope_kv_is_the_mat_vec_then_rope_kv(dev: Device, rng: np.random.Gen
     for a, c in zip(*caches, strict=True):
         assert np.array_equal(host(dev, a), host(dev, c))
     assert host(dev, caches[0][0])[:, :, 2].any()
+
+
+def _head_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """NumPy RMSNorm over the last axis, float64 sums (the reference of the per-head norm)."""
+    x64 = x.astype(np.float64)
+    return (x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * w).astype(np.float32)
+
+
+@pytest.mark.parametrize("kv, neox", [(np.float16, True), (np.float32, False)])
+def test_qkv_rope_kv_norms_each_q_and_k_head(dev: Device, rng: np.random.Generator,
+                                             kv: object, neox: bool) -> None:
+    # Qwen3/Gemma 3: each q and k head RMS-normed before RoPE, in the heads' last blocks.
+    # head_dim 32 over 4-warp blocks: 8 blocks a head, one head's blocks finish in any
+    # order (the race check shuffles them). Against mul_mat_vec, a NumPy norm per head and
+    # rope_kv: equal within float32 rounding (the sum of squares in another order: 2e-6
+    # relative), the caches as well; a launch twice over the same counters (left zeroed)
+    # gives the same bits.
+    heads, kvh, d, cols, b, cap = 4, 2, 32, 256, 2, 4
+    rows = (heads + 2 * kvh) * d
+    w = ops.upload_matrix(dev, make_weight("Q8_0", rows, cols, rng), "Q8_0", (rows, cols))
+    xq = ops.quantize_q8_1(dev, dev.to_device(rng.standard_normal((b, cols), dtype=np.float32)))
+    qn, kn = (rng.uniform(0.5, 2.0, d).astype(np.float32) for _ in range(2))
+    bias = rng.standard_normal(rows, dtype=np.float32)
+    pos, row = (dev.to_device(np.array([n], np.int32)) for n in (9, 2))
+    caches = [[dev.to_device(np.zeros((b, kvh, cap, d), kv)) for _ in range(2)] for _ in "abc"]
+    done = ops.tail_counters(dev, b * (heads + kvh))
+    got = [host(dev, ops.qkv_rope_kv(dev, w, xq, *caches[j], pos, row, 1e4, heads, kvh,
+                                     bias=dev.to_device(bias), neox=neox, eps=1e-6,
+                                     qk_norms=(dev.to_device(qn), dev.to_device(kn)),
+                                     done=done)) for j in (0, 1)]
+    assert np.array_equal(got[0], got[1]) and not host(dev, done).any()
+    qkv = host(dev, ops.mul_mat_vec_q8_1(dev, w, xq, b, bias=dev.to_device(bias)))
+    q, k, v = np.split(qkv, [heads * d, (heads + kvh) * d], axis=1)
+    normed = np.concatenate([_head_norm(q.reshape(b, heads, d), qn, 1e-6).reshape(b, -1),
+                             _head_norm(k.reshape(b, kvh, d), kn, 1e-6).reshape(b, -1), v],
+                            axis=1)
+    want = host(dev, ops.rope_kv(dev, dev.to_device(normed), *caches[2], pos, row, 1e4, heads,
+                                 kvh, neox=neox))
+    np.testing.assert_allclose(got[0], want, rtol=2e-6, atol=2e-6)
+    tol = 1e-3 if kv is np.float16 else 2e-6  # a half cache: one rounding to 11 bits apart
+    for a, c in zip(caches[0], caches[2], strict=True):
+        np.testing.assert_allclose(host(dev, a).astype(np.float32),
+                                   host(dev, c).astype(np.float32), rtol=tol, atol=tol)
+    assert host(dev, caches[0][0])[:, :, 2].any()
+
+
+@pytest.mark.parametrize("qtype, batch", [("Q4_K", 1), ("Q8_0", 3)])
+def test_mat_vec_norm_add_is_the_norm_then_the_residual(dev: Device, rng: np.random.Generator,
+                                                        qtype: str, batch: int) -> None:
+    # Gemma 2/3's post-norms: residual + rms_norm(W x) in the grid's last block, against
+    # the three launches it replaces (mat-vec, rms_norm, add): float32 rounding apart (the
+    # sum of squares in another order; 2e-6 relative). 40 rows: 10 blocks per batch row.
+    rows, cols = 40, 256
+    w = ops.upload_matrix(dev, make_weight(qtype, rows, cols, rng), qtype, (rows, cols))
+    xq = ops.quantize_q8_1(dev, dev.to_device(rng.standard_normal((batch, cols),
+                                                                  dtype=np.float32)))
+    nw = dev.to_device(rng.uniform(0.5, 2.0, rows).astype(np.float32))
+    res = rng.standard_normal((batch, rows), dtype=np.float32)
+    done = ops.tail_counters(dev, batch)
+    got = host(dev, ops.mul_mat_vec_q8_1_norm_add(dev, w, xq, batch, nw, 1e-6,
+                                                  dev.to_device(res), done))
+    plain = ops.mul_mat_vec_q8_1(dev, w, xq, batch)
+    want = res + host(dev, ops.rms_norm(dev, plain, nw, 1e-6))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    assert not host(dev, done).any()  # left zeroed for the next launch
+    assert not np.allclose(got, res + host(dev, plain), atol=1e-2)  # the norm is applied
+
+
+@pytest.mark.parametrize("rows, cols", [(5, 96), (2, 1056)])
+def test_post_norm_add_pre_norm_is_the_three_launches(dev: Device, rng: np.random.Generator,
+                                                       rows: int, cols: int) -> None:
+    # Gemma 2/3 after attention: rms_norm(y, w_post), + the residual, rms_norm_q8_1 with
+    # w_pre, in one launch: h and the q8_1 rows bit for bit (the block layouts of
+    # test_rms_norm_q8_1_is_the_quantized_norm).
+    y, res = (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(3)
+              for _ in range(2))
+    w_post, w_pre = (rng.uniform(0.5, 2.0, cols).astype(np.float32) for _ in range(2))
+    dy, dres, dpost, dpre = (dev.to_device(a) for a in (y, res, w_post, w_pre))
+    h, xq = ops.rms_norm_add_rms_norm_q8_1(dev, dy, dres, dpost, dpre, 1e-6)
+    want_h = res + host(dev, ops.rms_norm(dev, dy, dpost, 1e-6))
+    want_q = host(dev, ops.rms_norm_q8_1(dev, dev.to_device(want_h), dpre, 1e-6))
+    assert np.array_equal(host(dev, h), want_h)
+    assert np.array_equal(_used(host(dev, xq), cols), _used(want_q, cols))

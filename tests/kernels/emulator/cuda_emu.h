@@ -65,6 +65,8 @@ static const int warpSize = 32;
 // ---- math -------------------------------------------------------------------------
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline float __fdividef(float a, float b) { return a / b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }  // -std=c++17: no contraction
+static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __frcp_rn(float x) { return 1.0f / x; }
 static inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 static inline void sincosf_(float a, float* s, float* c) { *s = sinf(a); *c = cosf(a); }
