@@ -87,94 +87,64 @@ struct t_bf16 {
     }
 };
 
-// Q4_0: d, 16 bytes of nibbles; low nibbles are elements 0-15, high nibbles 16-31.
-struct t_q4_0 {
-    static constexpr int QK = 32, BYTES = 18, EPT = 32;
-    static constexpr bool DP4A = true;
-    // sum (q - 8) * d * xq * dx = d * (dx * sum(q * xq) - 8 * s)
-    static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
-        const q8_1 x = q8_1::read(xb);
-        const int v[4] = {int_b2(b + 2), int_b2(b + 6), int_b2(b + 10), int_b2(b + 14)};
-        return load_f16(b) * (x.d * dot_nibbles(v, 0, x) - 8.0f * x.s);
-    }
-    static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
-        const float d = load_f16(b);
-        const bytes16 qs = load_bytes16(b + 2);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            y[j]      = ((qs[j] & 0xF) - 8) * d;
-            y[j + 16] = ((qs[j] >> 4) - 8) * d;
-        }
-    }
-};
-
-// Q4_1: d, m, nibbles; x = q*d + m.
-struct t_q4_1 {
-    static constexpr int QK = 32, BYTES = 20, EPT = 32;
-    static constexpr bool DP4A = true;
-    // sum (q * d + m) * xq * dx = d * dx * sum(q * xq) + m * s
-    static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
-        const q8_1 x = q8_1::read(xb);
-        const int v[4] = {int_b4(b + 4), int_b4(b + 8), int_b4(b + 12), int_b4(b + 16)};
-        return load_f16(b) * x.d * dot_nibbles(v, 0, x) + load_f16(b + 2) * x.s;
-    }
-    static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
-        const float d = load_f16(b), m = load_f16(b + 2);
-        const bytes16 qs = load_bytes16(b + 4);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            y[j]      = (qs[j] & 0xF) * d + m;
-            y[j + 16] = (qs[j] >> 4) * d + m;
-        }
-    }
-};
-
 static __device__ __forceinline__ uint32_t load_u32_b2(const uint8_t * p) {  // 2-aligned
     return ld_global((const uint16_t *) p) | ((uint32_t) ld_global((const uint16_t *) p + 1) << 16);
 }
 
-// Q5_0: d, 32 high bits (bit j is element j's fifth bit), nibbles; x = (q - 16)*d.
-struct t_q5_0 {
-    static constexpr int QK = 32, BYTES = 22, EPT = 32;
+// The legacy 4/5-bit types, one row each (ggml's block_q4_0 .. block_q5_1): a half scale d
+// at byte 0, then a half min m (M > 0: its offset), 32 fifth bits qh (QH > 0: their
+// offset; bit j is element j's fifth bit), and 16 bytes of nibbles at QS (low nibbles are
+// elements 0-15, high nibbles 16-31). A code q stands for (q - OFF) * d without a min,
+// q * d + m with one. Blocks of a 4-multiple size load 4 bytes at a time.
+//   type   BYTES  M  QH  QS  OFF
+//   Q4_0      18  0   0   2    8
+//   Q4_1      20  2   0   4    0
+//   Q5_0      22  0   2   6   16
+//   Q5_1      24  2   4   8    0
+template <int BYTES_, int M, int QH, int QS, int OFF>
+struct t_legacy {
+    static constexpr int QK = 32, BYTES = BYTES_, EPT = 32;
     static constexpr bool DP4A = true;
+    static __device__ __forceinline__ int word(const uint8_t * p) {
+        return BYTES % 4 == 0 ? int_b4(p) : int_b2(p);
+    }
+    static __device__ __forceinline__ uint32_t high_bits(const uint8_t * b) {
+        return QH == 0 ? 0u : (BYTES % 4 == 0 ? (uint32_t) int_b4(b + QH) : load_u32_b2(b + QH));
+    }
+    // sum (q - OFF) * d * xq * dx = d * (dx * sum(q * xq) - OFF * s);
+    // sum (q * d + m) * xq * dx = d * dx * sum(q * xq) + m * s
     static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
         const q8_1 x = q8_1::read(xb);
-        const int v[4] = {int_b2(b + 6), int_b2(b + 10), int_b2(b + 14), int_b2(b + 18)};
-        return load_f16(b) * (x.d * dot_nibbles(v, load_u32_b2(b + 2), x) - 16.0f * x.s);
+        const int v[4] = {word(b + QS), word(b + QS + 4), word(b + QS + 8), word(b + QS + 12)};
+        const int sumi = dot_nibbles(v, high_bits(b), x);
+        if constexpr (M > 0) {
+            return load_f16(b) * x.d * sumi + load_f16(b + M) * x.s;
+        } else {
+            return load_f16(b) * (x.d * sumi - (float) OFF * x.s);
+        }
+    }
+    static __device__ __forceinline__ float value(const int q, const float d, const float m) {
+        if constexpr (M > 0) {
+            return q * d + m;
+        } else {
+            return (q - OFF) * d;
+        }
     }
     static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
-        const float d = load_f16(b);
-        const uint32_t qh = load_u32_b2(b + 2);
-        const bytes16 qs = load_bytes16(b + 6);
+        const float d = load_f16(b), m = M > 0 ? load_f16(b + M) : 0.0f;
+        const uint32_t qh = QH == 0 ? 0u : load_u32_b2(b + QH);
+        const bytes16 qs = load_bytes16(b + QS);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            y[j]      = ((int) ((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16) * d;
-            y[j + 16] = ((int) ((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16) * d;
+            y[j]      = value((qs[j] & 0xF) | (((qh >> j) & 1) << 4), d, m);
+            y[j + 16] = value((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4), d, m);
         }
     }
 };
-
-// Q5_1: d, m, high bits, nibbles; x = q*d + m.
-struct t_q5_1 {
-    static constexpr int QK = 32, BYTES = 24, EPT = 32;
-    static constexpr bool DP4A = true;
-    static __device__ __forceinline__ float vdot(const uint8_t * b, int, const uint8_t * xb) {
-        const q8_1 x = q8_1::read(xb);
-        const int v[4] = {int_b4(b + 8), int_b4(b + 12), int_b4(b + 16), int_b4(b + 20)};
-        const uint32_t qh = (uint32_t) int_b4(b + 4);
-        return load_f16(b) * x.d * dot_nibbles(v, qh, x) + load_f16(b + 2) * x.s;
-    }
-    static __device__ __forceinline__ void dq(const uint8_t * b, int, float * y) {
-        const float d = load_f16(b), m = load_f16(b + 2);
-        const uint32_t qh = load_u32_b2(b + 4);
-        const bytes16 qs = load_bytes16(b + 8);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            y[j]      = ((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) * d + m;
-            y[j + 16] = ((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) * d + m;
-        }
-    }
-};
+using t_q4_0 = t_legacy<18, 0, 0, 2, 8>;
+using t_q4_1 = t_legacy<20, 2, 0, 4, 0>;
+using t_q5_0 = t_legacy<22, 0, 2, 6, 16>;
+using t_q5_1 = t_legacy<24, 2, 4, 8, 0>;
 
 // Q8_0: d, 32 int8.
 struct t_q8_0 {
@@ -217,6 +187,21 @@ static __device__ __forceinline__ void dot_halves(const int (&q)[8], const q8_1 
     }
 }
 
+// vdot of such a type Q: Q::codes(b, g, i) is word i of group g's codes (4 codes of 0..63),
+// Q::scaled(b, g, dx, sum, sx) applies the block's and the halves' scales.
+template <typename Q>
+static __device__ __forceinline__ float vdot_halves(const uint8_t * b, const int g,
+                                                    const uint8_t * xb) {
+    const q8_1 x = q8_1::read(xb);
+    int q[8], sum[2], sx[2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        q[i] = Q::codes(b, g, i);
+    }
+    dot_halves(q, x, sum, sx);
+    return Q::scaled(b, g, x.d, sum, sx);
+}
+
 // Q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.
 struct t_q2_k {
     static constexpr int QK = 256, BYTES = 84, EPT = 16;
@@ -224,18 +209,17 @@ struct t_q2_k {
     // group g = 4h + j: elements 128h + 32j + l, the 2-bit code at shift 2j of qs[32h + l];
     // a scale and a min per 16 of them, so two integer sums and two x sums (__dp4a with
     // ones): x = d*sc*q - dmin*m. Blocks are 84 bytes, so qs is 4-byte aligned in the stage.
-    static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
-        const q8_1 x = q8_1::read(xb);
-        const int h = g / 4, j = g % 4;
-        int q[8], sum[2], sx[2];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            q[i] = (int_b4(b + 16 + 32 * h + 4 * i) >> (2 * j)) & 0x03030303;
-        }
-        dot_halves(q, x, sum, sx);
+    static __device__ __forceinline__ int codes(const uint8_t * b, const int g, const int i) {
+        return (int_b4(b + 16 + 32 * (g / 4) + 4 * i) >> (2 * (g % 4))) & 0x03030303;
+    }
+    static __device__ __forceinline__ float scaled(const uint8_t * b, const int g, const float dx,
+                                                   const int (&sum)[2], const int (&sx)[2]) {
         const int s0 = ld_global(b + 2 * g), s1 = ld_global(b + 2 * g + 1);
-        return x.d * (load_f16(b + 80) * (float) ((s0 & 0xF) * sum[0] + (s1 & 0xF) * sum[1]) -
-                      load_f16(b + 82) * (float) ((s0 >> 4) * sx[0] + (s1 >> 4) * sx[1]));
+        return dx * (load_f16(b + 80) * (float) ((s0 & 0xF) * sum[0] + (s1 & 0xF) * sum[1]) -
+                     load_f16(b + 82) * (float) ((s0 >> 4) * sx[0] + (s1 >> 4) * sx[1]));
+    }
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
+        return vdot_halves<t_q2_k>(b, g, xb);
     }
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const float d = load_f16(b + 80), dmin = load_f16(b + 82);
@@ -375,20 +359,20 @@ struct t_q6_k {
     static constexpr bool DP4A = true;
     // group g = 4n + k: elements 128n + 32k + l; a scale per 16 of them, so two integer sums
     // (q - 32 folded in as 32 * sum(xq), the x sums by __dp4a with ones).
-    static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
-        const q8_1 x = q8_1::read(xb);
+    static __device__ __forceinline__ int codes(const uint8_t * b, const int g, const int i) {
         const int n = g / 4, k = g % 4;
-        int q[8], sum[2], sx[2];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int lo = int_b2(b + n * 64 + 32 * (k & 1) + 4 * i);
-            const int hi = int_b2(b + 128 + n * 32 + 4 * i);
-            q[i] = ((lo >> (4 * (k >> 1))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4);
-        }
-        dot_halves(q, x, sum, sx);
+        const int lo = int_b2(b + n * 64 + 32 * (k & 1) + 4 * i);
+        const int hi = int_b2(b + 128 + n * 32 + 4 * i);
+        return ((lo >> (4 * (k >> 1))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4);
+    }
+    static __device__ __forceinline__ float scaled(const uint8_t * b, const int g, const float dx,
+                                                   const int (&sum)[2], const int (&sx)[2]) {
         const int8_t * sc = (const int8_t *) (b + 192 + 2 * g);
-        return load_f16(b + 208) * x.d *
+        return load_f16(b + 208) * dx *
                (ld_global(sc) * (sum[0] - 32 * sx[0]) + ld_global(sc + 1) * (sum[1] - 32 * sx[1]));
+    }
+    static __device__ __forceinline__ float vdot(const uint8_t * b, int g, const uint8_t * xb) {
+        return vdot_halves<t_q6_k>(b, g, xb);
     }
     static __device__ __forceinline__ void dq(const uint8_t * b, int sub, float * y) {
         const float d = load_f16(b + 208);
