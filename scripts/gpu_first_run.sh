@@ -10,13 +10,15 @@
 #   1. the GPU-marked tests (pytest -m gpu): every kernel case again on the device
 #   2. CUDA-event timings of decode attention (a 7B shape: 32 query heads over 8 and over
 #      32 kv heads, head_dim 128, float16 cache) at 256 and 2,048 cached keys, next to the
-#      mat-vecs of one layer (Q4_K 4096x4096, 14336x4096 and 4096x14336), with GB/s
+#      mat-vecs of one layer (Q4_K 4096x4096, 14336x4096 and 4096x14336), with GB/s, and
+#      the fused layer's tails: Gemma 2 9B's down projection with its norm + residual and
+#      Qwen3 8B's q/k/v with its per-head q/k norms, each against the kernel without
 #   3. NVRTC: every module compiled cold (an empty CuPy cache) in parallel and on one
 #      thread, then warm (the cache filled), each in a fresh process
 #   4. a decode at a 1B shape (Llama 3.2 1B: 16 layers, 2048 wide, GQA 4, random Q4_K
 #      weights): tokens/s with graphs on, graph capture errors, launches per token
 #   5. host work per token (scripts/cuda_host_time.py: the backend on a device whose
-#      kernels take no time, 1B and Gemma 2 2B shapes, graphs on and off)
+#      kernels take no time, 1B, Qwen3 1.7B and Gemma 2 2B shapes, graphs on and off)
 #
 # INFERDESK_FIRST_RUN_EMULATOR=1 runs parts 2, 4 and 5 on the host: 2 and 4 with tiny shapes
 # on the device class that INFERDESK_FIRST_RUN_DEVICE names as module:Class (the tests pass
@@ -163,6 +165,33 @@ for rows, cols in ((4096, 4096), (14336, 4096), (4096, 14336)):
     report["matvec"].append({"type": "Q4_K", "rows": rows, "cols": cols, "ms": ms,
                              "gb_s": w.data.nbytes / ms / 1e6})
 
+# The fused layer's tails (docs/cuda.md, assumption E): the same mat-vec with and without
+# the work its last block does. Gemma 2 9B's down projection (3584 x 14336) plain and with
+# the post-feedforward norm + residual; Qwen3 8B's q/k/v (48 heads of 128 over 4096) with
+# RoPE and the KV writes, without and with the per-head q/k norms.
+hidden, inter = 3584 // s, 14336 // s // 256 * 256
+w = ops.upload_matrix(dev, kquant("Q4_K", hidden, inter), "Q4_K", (hidden, inter))
+xq = ops.quantize_q8_1(dev, dev.to_device(rng.standard_normal((1, inter), dtype=np.float32)))
+res = dev.to_device(rng.standard_normal((1, hidden), dtype=np.float32))
+nw = dev.to_device(np.ones(hidden, np.float32))
+done = ops.tail_counters(dev, 64)
+plain = events(lambda: ops.mul_mat_vec_q8_1(dev, w, xq, 1, residual=res))
+tail = events(lambda: ops.mul_mat_vec_q8_1_norm_add(dev, w, xq, 1, nw, 1e-6, res, done))
+report["tails"] = [{"kernel": "mul_mat_vec_q_norm_add_q4_k", "rows": hidden, "cols": inter,
+                    "ms_plain": plain, "ms_fused": tail, "tail_us": (tail - plain) * 1e3}]
+heads, kvh, hd, cols = (4, 1, 128, 256) if emu else (32, 8, 128, 4096)
+rows = (heads + 2 * kvh) * hd
+w = ops.upload_matrix(dev, kquant("Q4_K", rows, cols), "Q4_K", (rows, cols))
+xq = ops.quantize_q8_1(dev, dev.to_device(rng.standard_normal((1, cols), dtype=np.float32)))
+kc, vc = (dev.to_device(np.zeros((1, kvh, 64, hd), np.float16)) for _ in range(2))
+pos = dev.to_device(np.array([5], np.int32))
+norms = (dev.to_device(np.ones(hd, np.float32)), dev.to_device(np.ones(hd, np.float32)))
+plain = events(lambda: ops.qkv_rope_kv(dev, w, xq, kc, vc, pos, pos, 1e6, heads, kvh))
+tail = events(lambda: ops.qkv_rope_kv(dev, w, xq, kc, vc, pos, pos, 1e6, heads, kvh,
+                                      qk_norms=norms, done=done))
+report["tails"].append({"kernel": "mul_mat_vec_q_rope_kv_q4_k_f16", "rows": rows, "cols": cols,
+                        "ms_plain": plain, "ms_fused": tail, "tail_us": (tail - plain) * 1e3})
+
 t_kernels = time.time()
 # A 1B shape (Llama 3.2 1B) with random Q4_K weights and a Q6_K output head.
 hidden, inter, layers, vocab, heads, kvh = ((256, 512, 2, 1024, 4, 1) if emu
@@ -216,6 +245,9 @@ for a in report["attention"]:
           f"{a['gb_s']:.0f} GB/s")
 for m in report["matvec"]:
     print(f"mat-vec Q4_K {m['rows']}x{m['cols']}: {m['ms']:.3f} ms {m['gb_s']:.0f} GB/s")
+for m in report["tails"]:
+    print(f"{m['kernel']} {m['rows']}x{m['cols']}: {m['ms_plain']:.3f} ms plain, "
+          f"{m['ms_fused']:.3f} ms with its tail ({m['tail_us']:.1f} us)")
 print(f"1B decode: {report['decode_1b']['tokens_per_s']:.1f} tokens/s, graph error: "
       f"{report['decode_1b']['graph_error']}")
 for r in report["host_work"]:

@@ -69,5 +69,8 @@ def test_first_run_script_on_the_emulator(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert len(report["attention"]) == 4 and len(report["matvec"]) == 3
     assert report["decode_1b"]["graph_error"] is None
-    assert {r["shape"] for r in report["host_work"]} == {"llama-3.2-1b", "gemma-2-2b"}
+    assert {r["shape"] for r in report["host_work"]} == {"llama-3.2-1b", "qwen3-1.7b",
+                                                          "gemma-2-2b"}
+    assert [t["kernel"] for t in report["tails"]] == ["mul_mat_vec_q_norm_add_q4_k",
+                                                      "mul_mat_vec_q_rope_kv_q4_k_f16"]
     assert report["seconds"]["total"] > 0
