@@ -250,16 +250,19 @@ def _head_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * w).astype(np.float32)
 
 
-@pytest.mark.parametrize("kv, neox", [(np.float16, True), (np.float32, False)])
+@pytest.mark.parametrize("kv, neox, d, heads, kvh", [(np.float16, True, 32, 4, 2),
+                                                     (np.float32, False, 256, 2, 1)])
 def test_qkv_rope_kv_norms_each_q_and_k_head(dev: Device, rng: np.random.Generator,
-                                             kv: object, neox: bool) -> None:
+                                             kv: object, neox: bool, d: int, heads: int,
+                                             kvh: int) -> None:
     # Qwen3/Gemma 3: each q and k head RMS-normed before RoPE, in the heads' last blocks.
     # head_dim 32 over 4-warp blocks: 8 blocks a head, one head's blocks finish in any
-    # order (the race check shuffles them). Against mul_mat_vec, a NumPy norm per head and
-    # rope_kv: equal within float32 rounding (the sum of squares in another order: 2e-6
-    # relative), the caches as well; a launch twice over the same counters (left zeroed)
-    # gives the same bits.
-    heads, kvh, d, cols, b, cap = 4, 2, 32, 256, 2, 4
+    # order (the race check shuffles them); head_dim 256 (Gemma): 64 blocks a head, and
+    # its 128 pairs take every thread of the last block. Against mul_mat_vec, a NumPy norm
+    # per head and rope_kv: equal within float32 rounding (the sum of squares in another
+    # order: 2e-6 relative), the caches as well; a launch twice over the same counters
+    # (left zeroed) gives the same bits.
+    cols, b, cap = 256, 2, 4
     rows = (heads + 2 * kvh) * d
     w = ops.upload_matrix(dev, make_weight("Q8_0", rows, cols, rng), "Q8_0", (rows, cols))
     xq = ops.quantize_q8_1(dev, dev.to_device(rng.standard_normal((b, cols), dtype=np.float32)))
