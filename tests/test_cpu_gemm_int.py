@@ -80,16 +80,17 @@ def test_extreme_codes_and_activations_do_not_overflow(qtype, width):
     _close(got, N.linear(x, N.weight(t)))
 
 
-def test_int8_prefill_products_take_the_gemm(monkeypatch):
-    """CpuBackend routes 4-bit prefill products with int8 activations to the GEMM (the
-    pairing measured faster than dequant+sgemm on AVX2), and the others not; the results
-    hold against NumPy either way."""
+def test_prefill_products_take_the_gemm(monkeypatch):
+    """CpuBackend routes 4- and 8-bit prefill products with integer activations to the GEMM
+    on AVX2, and 5-bit codes and float activations not; the results hold against NumPy
+    either way."""
     calls = []
     real = gemm_int.gemm_int
     monkeypatch.setattr(gemm_int, "gemm_int", lambda *a: calls.append(1) or real(*a))
     x = np.random.default_rng(4).standard_normal((24, 512)).astype(np.float32)
-    for width, qtype, routed in (("int8", "Q4_K", True), ("int8", "Q4_0", True),
-                                 ("int8", "Q6_K", False), ("int16", "Q4_K", False)):
+    for width, qtype, routed in (("int8", "Q4_K", True), ("int16", "Q4_0", True),
+                                 ("int16", "Q6_K", True), ("int8", "Q8_0", True),
+                                 ("int16", "Q5_K", False), ("float", "Q4_K", False)):
         b = CpuBackend(width)
         b.set_threads(2)
         t = random_tensor(qtype, 96, 512, seed=5)

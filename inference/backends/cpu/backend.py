@@ -631,11 +631,10 @@ class CpuBackend(NumpyBackend):
 
     def _gemm(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
         """Whether a prefill product with ``w`` takes the integer GEMM (:mod:`.gemm_int`)
-        where the decode kernels' row groups do not (:meth:`_integer`): on AVX2, 4-bit codes
-        with int8 activations (``vpmaddubsw``), the one pairing measured faster than
-        dequant+sgemm there (:data:`gemm_int.ROUTED`)."""
-        return (isinstance(w, PackedWeight) and features.form() == "avx2"
-                and (w.bits, self.activations) in gemm_int.ROUTED)
+        where the decode kernels' row groups do not (:meth:`_integer`): on AVX2, 4- and
+        8-bit codes with integer activations (:data:`gemm_int.GEMM_BITS`)."""
+        return (isinstance(w, PackedWeight) and w.bits in gemm_int.GEMM_BITS
+                and self.activations != "float" and features.form() == "avx2")
 
     def _integer(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
         """Whether a prefill product with ``w`` takes the integer kernels."""
