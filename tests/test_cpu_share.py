@@ -80,8 +80,8 @@ def test_linears_of_mixed_types_share_one_prefill_and_match_numpy():
     """q/k/v of different types (Q4_0, Q5_1, raw Q3_K) with biases: one share-out; each
     result as the NumPy backend's within sgemm rounding (rtol 1e-5 of the output scale,
     as every prefill product in tests/test_backend_cpu.py), over the activations the
-    product took: quantized for the integer kernels (4/5-bit on AVX-512 VNNI), float for
-    dequant+sgemm."""
+    product took: quantized for the integer kernels (4/5-bit on AVX-512 VNNI) and the integer
+    GEMM (4/8-bit on AVX2), float for dequant+sgemm."""
     import numba
 
     from tests.test_cpu_idot import _dequantized
@@ -99,7 +99,7 @@ def test_linears_of_mixed_types_share_one_prefill_and_match_numpy():
     got = b.linears(x, [(w, bias) for w, bias in zip(ws, biases, strict=True)])
     xq = _dequantized(x[0], b.activations)[None] if b.activations != "float" else x
     for y, w, t, bias in zip(got, ws, ts, biases, strict=True):
-        want = n.linear(xq if b._integer(w) else x, n.weight(t), bias)
+        want = n.linear(xq if b._integer(w) or b._gemm(w) else x, n.weight(t), bias)
         assert y.shape == want.shape == (1, 30, t.shape[0])
         np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
 

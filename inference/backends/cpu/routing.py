@@ -14,8 +14,8 @@ other file bytes (MLX 3/5/6-bit)       ``PRODUCTS``                 ``PRODUCTS``
 A step being captured for replay keeps float32 products on ``BLAS`` whatever the rows
 (a capture never has prefill rows of quantized weights: those raise ``NotCapturable``).
 ``PRODUCTS`` shares a prefill product out between the threads; inside it the integer
-kernels or dequantize + sgemm are chosen per weight (``CpuBackend._integer``), as
-docs/ops.md lists.
+kernels, the integer GEMM (AVX2) or dequantize + sgemm are chosen per weight
+(``CpuBackend._integer``, ``_gemm``), as docs/ops.md lists.
 """
 
 from __future__ import annotations
