@@ -13,7 +13,8 @@ the host reads token t only after step t+1 is queued, so host and GPU time overl
 Decode steps are captured as CUDA graphs and replayed (:class:`CudaSteps`), for every
 decoder family (q/k/v biases, soft-caps and sliding windows are kernel arguments or read
 from device memory) and for the server's batched steps; the server reads each sequence's
-token one step behind (:meth:`CudaBackend.token_sampler`).
+token one step behind (:meth:`CudaBackend.token_sampler`). One sequence's decode step runs
+each decoder layer as ops.decode_layer's 8 launches (:meth:`CudaBackend.decode_layer`).
 
 Kernel compile progress, for an app: the first run on a machine compiles every kernel
 module with NVRTC (tens of seconds on a few cores; later runs read CuPy's on-disk cache).
@@ -203,8 +204,9 @@ class CudaBackend(Backend):
         # Each decoder block's ops.DecoderLayer, or None where the fused step does not fit.
         self._fused: weakref.WeakKeyDictionary[Any, ops.DecoderLayer | None] = \
             weakref.WeakKeyDictionary()
-        # The eager fused step's position buffer: (its cache, the position, the buffer).
-        self._eager_pos: tuple[weakref.ref[Any], int, Any] | None = None
+        # The eager fused step's device buffers (RoPE's position, sliding layers' KV rows):
+        # (their cache, its offset, {value: (1,) int32 buffer}).
+        self._eager_pos: tuple[weakref.ref[Any], int, dict[int, Any]] | None = None
 
     # --- what this backend offers -------------------------------------------------
     def quant_types(self) -> set[str]:
