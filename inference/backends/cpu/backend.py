@@ -78,8 +78,9 @@ ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # rather than dequant+sgemm (with integer activations, on AVX-512 VNNI). Measured per
 # product at 138 rows, SmolLM2 shapes (docs/benchmarks.md, prefill products), with the float
 # tail in the intrinsics: 4/5-bit 0.68-0.71x the time of dequant+sgemm at 1 thread, 8-bit
-# (Q8_0, Q6_K) 0.69-0.71x (1.03-1.25x before that tail). AVX2 (row pairs) keeps sgemm:
-# 0.80-0.93x its speed on the Q3_K_M prefill (docs/cpu-backend.md, "Prefill").
+# (Q8_0, Q6_K) 0.69-0.71x (1.03-1.25x before that tail). Not on AVX2, where the decode
+# kernels go by row pairs (0.80-0.93x sgemm's speed on the Q3_K_M prefill): there 4/8-bit
+# codes take the integer GEMM (``_gemm``; docs/cpu-backend.md, "Prefill").
 INTEGER_BITS = frozenset({4, 5, 8})
 # The weight types and activation modes prepared in this process (CpuBackend.prepare).
 _PREPARED: set[tuple[Any, ...]] = set()

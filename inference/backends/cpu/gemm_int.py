@@ -40,13 +40,11 @@ from inference.backends.cpu.matvec_int import (
 _f32 = np.float32
 _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 # Code widths whose prefill products take this GEMM on AVX2 with integer activations
-# (``CpuBackend._gemm``; 5-bit codes keep dequant+sgemm). Per product at 138 rows, one thread,
-# Llama 3.2 1B's shapes, against dequant+sgemm (docs/cpu-backend.md, "Prefill"): 4-bit
-# codes x int8 0.48-0.98x its time, x int16 0.67-1.18x, 8-bit codes x int16 0.74-0.93x,
-# the spread the machine's load (sgemm slows more under it). ``vpmaddwd`` (int16) does 16
-# multiply-adds an instruction, as many as an FMA, so int16 only saves the dequantize and
-# sgemm's packing; ``vpmaddubsw`` (int8) does 32. Whole 2-thread prefills, int16: Q4_K_M
-# 55-59 -> 70-80 tok/s.
+# (``CpuBackend._gemm``; 5-bit codes keep dequant+sgemm). Per product at 138 rows, Llama
+# 3.2 1B's shapes, 1 and 2 threads, against dequant+sgemm (docs/cpu-backend.md, "Prefill"):
+# 4-bit codes x int8 0.48-0.79x its time, 4- and 8-bit codes x int16 0.61-0.90x. ``vpmaddwd``
+# (int16) does 16 multiply-adds an instruction, as many as an FMA, so int16 saves only the
+# dequantize and sgemm's packing; ``vpmaddubsw`` (int8) does 32.
 GEMM_BITS = frozenset({4, 8})
 # Token rows a call of the sums takes, by whether the activations are int8 (their
 # accumulators stay in AVX2's 16 registers): 4 for bytes (2 x 16-bit vectors a row), 2 for
