@@ -4,8 +4,8 @@ per block, then multiplied with every token row (integer GEMM).
 The decode kernels (:mod:`.matvec_int`) unpack a block's codes for one or two activation
 rows; at prefill sizes that unpacking is repeated for every pair of token rows. Here a
 thread takes a range of weight tiles; for each block (a tile's 32 lanes x 32 codes) the
-codes are unpacked once into a small buffer, in lane pairs ``(lane j, lane j+1)`` as the
-x86 multiply-adds take them, and the buffer (1-2 KB, in L1) is multiplied with all token
+codes are unpacked once into a small buffer, each lane's codes in pairs ``(j, j + 1)`` as
+the x86 multiply-adds take them, and the buffer (1-2 KB, in L1) is multiplied with all token
 rows, ``ROWS`` at a time with the sums in registers (:func:`_make_block`):
 
 - 4-bit codes x int8 activations: ``vpmaddubsw`` (32 multiply-adds an instruction), 16-bit
@@ -28,6 +28,7 @@ from numba.extending import intrinsic, overload
 from inference.backends.cpu.ir import _i64_of, _item_ptr, _jit
 from inference.backends.cpu.layout import GROUP, LANES
 from inference.backends.cpu.matvec_int import (
+    _NO_FUSE,
     _maddwd,
     _pair,
     _pair_bytes,
@@ -37,7 +38,6 @@ from inference.backends.cpu.matvec_int import (
     _two_halves,
 )
 
-_f32 = np.float32
 _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 # Code widths whose prefill products take this GEMM on AVX2 with integer activations
 # (``CpuBackend._gemm``; 5-bit codes keep dequant+sgemm). Per product at 138 rows, Llama
@@ -48,9 +48,8 @@ _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntTyp
 GEMM_BITS = frozenset({4, 8})
 # Token rows a call of the sums takes, by whether the activations are int8 (their
 # accumulators stay in AVX2's 16 registers): 4 for bytes (2 x 16-bit vectors a row), 2 for
-# words (4 x 32-bit vectors a row; 3 rows spilled and ran 10% slower, 6 bytes rows 30%).
+# words (4 x 32-bit vectors a row; with 3 the accumulators spilled).
 ROWS = {True: 4, False: 2}
-_NO_FUSE = {"nnan", "ninf", "nsz", "arcp", "afn"}  # no contraction: the tail's bits
 
 
 def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
