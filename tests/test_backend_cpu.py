@@ -583,7 +583,7 @@ def test_prefill_integer_products_run_the_decode_kernel_on_numbas_threads(qtype)
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only (and a "
                     "numba threading layer that runs kernels on two threads at once)")
     seen = []
-    name = "matvec_q8_int" if w.bits == 8 else "matvec_q4_int"
+    name = "matvec_packed_int"
     kernel = getattr(cpu_int, name)
 
     def spy(*args):

@@ -256,11 +256,11 @@ w = CpuBackend("int16").weight(random_tensor("Q4_0", 64, 256, seed=1))
 x = np.ones((8, 256), dtype=np.float32)
 out = np.empty((8, 64), dtype=np.float32)
 if sys.argv[1] == "matvec":
-    cpu_int.matvec_q4_int(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero,
-                          *cpu_quantize.quantize_rows(x, "int16"), out)
+    cpu_int.matvec_packed_int(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero,
+                              *cpu_quantize.quantize_rows(x, "int16"), out)
 else:
-    cpu_int.linear_q4_int(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x,
-                          cpu_quantize.level("int16"), out)
+    cpu_int.linear_packed_int(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x,
+                              cpu_quantize.level("int16"), out)
 print("ok")
 """
 

@@ -3,7 +3,7 @@
 AVX2). Each takes a block's exact integer sums and ends with their float tail (``_Tail``),
 plain IEEE multiplies and adds in a fixed order. So every form must equal NumPy's float32
 evaluation of the same expression from the exact integer sums bit for bit: for 4-bit, 5-bit
-(plane of high bits) and 8-bit (signed and unsigned) codes, int16 and int8 activations,
+(plane of high bits) and 8-bit (signed) codes, int16 and int8 activations,
 every scale layout (kind), and the row groups the kernels take (1, 2, 4, 8 rows sharing one
 unpacking of the codes). The kernels take whichever form the CPU has; this checks the lane
 form on every CPU (it compiles for any target), both x86 forms where the CPU has AVX-512BW,
@@ -33,40 +33,34 @@ ZERO = 8.0  # SYMMETRIC's code offset
 f32 = np.float32
 
 
-def _forms(monkeypatch, vnni: bool, nrows: int, lanes, pairs, wide) -> list:
-    """The makers to check: the lane form for the groups its kernels take (1 and 2 rows);
+def _forms(monkeypatch, vnni: bool, nrows: int) -> list:
+    """The forms to check: the lane form for the groups its kernels take (1 and 2 rows);
     where the target has AVX-512BW, both x86 forms, and without ``vnni`` only the 512-bit
     one (the AVX2 form never takes ``vpdpwssd``), compiled as if the target had no VNNI
-    (the makers read ``_vnni`` when their runner compiles)."""
-    makers = [lanes] if vnni and nrows <= 2 else []
+    (the intrinsics read ``_vnni`` when their runner compiles)."""
+    forms = ["lanes"] if vnni and nrows <= 2 else []
     if cpu_int.wide() and not vnni:
         monkeypatch.setattr(cpu_int, "_vnni", lambda: False)
-        makers.append(wide)
+        forms.append("avx512")
     elif cpu_int.wide() and cpu_int._vnni():
-        makers += [pairs, wide]
-    if not makers:
+        forms += ["avx2", "avx512"]
+    if not forms:
         pytest.skip("the x86 forms need AVX-512BW (and here VNNI)")
-    return makers
+    return forms
 
 
-def _runner(dot, nrows):
-    """Block g over rows r0.. of group g, each (g, r0) into its own accumulators."""
-    @njit
-    def run(codes, xp, blocks, kind, dx, xs, accs):
-        for g in range(GROUPS):
-            for r0 in range(0, xp.shape[0] - nrows + 1, nrows):
-                dot(codes, g, xp, r0, g, blocks, kind, ZERO, dx, xs, accs[g, r0])
-    return run
+def _runner(form: str, nrows: int):
+    """Block g over rows r0.. of group g, each (g, r0) into its own accumulators, by the
+    intrinsic of ``form`` over ``nrows`` rows (a constant where it is typed, as in the
+    kernels); ``high`` is None (4-bit or, int8 codes, 8-bit) or the plane rows (5-bit):
+    the intrinsic specialises on the types, as in the kernels."""
+    dot = cpu_int.make_dot(form)
 
-
-def _runner4(dot, nrows):
-    """As :func:`_runner`; ``high`` is None (4-bit codes) or the plane rows (5-bit): the
-    intrinsic specialises on its type, as in the kernels."""
     @njit
     def run(codes, xp, high, blocks, kind, dx, xs, accs):
         for g in range(GROUPS):
             for r0 in range(0, xp.shape[0] - nrows + 1, nrows):
-                dot(codes, g, xp, r0, g, high, blocks, kind, ZERO, dx, xs, accs[g, r0])
+                dot(codes, g, xp, r0, g, high, blocks, kind, ZERO, dx, xs, accs[g, r0], nrows)
     return run
 
 
@@ -143,8 +137,7 @@ def _check(run, args, kinds, blocks, c, nrows, want, rng, subs=None):
 @pytest.mark.parametrize("width", list(cpu_quantize.LEVELS))
 @pytest.mark.parametrize("five", [False, True])
 def test_dot4_forms_equal_numpy(width, five, nrows, vnni, monkeypatch):
-    makers = _forms(monkeypatch, vnni, nrows, cpu_int._make_lane_dot4, cpu_int._make_dot4,
-                    cpu_int._make_wide_dot4)
+    forms = _forms(monkeypatch, vnni, nrows)
     rng = np.random.default_rng(nrows * 10 + five)
     codes, values = _codes4(rng, five)
     xp = _activations(width, ROWS, rng)
@@ -153,19 +146,17 @@ def test_dot4_forms_equal_numpy(width, five, nrows, vnni, monkeypatch):
     c = 5 if five else 4
     blocks, dx, xs = _scales(rng, c)
     high = codes[:, 16:20] if five else None
-    for make in makers:
-        _check(_runner4(make(nrows), nrows), (codes, xp, high, dx, xs),
+    for form in forms:
+        _check(_runner(form, nrows), (codes, xp, high, dx, xs),
                (SYMMETRIC, AFFINE, AFFINE_F16), blocks, c, nrows, want, rng)
 
 
 @pytest.mark.parametrize("vnni,nrows", CASES)
 @pytest.mark.parametrize("width", list(cpu_quantize.LEVELS))
-@pytest.mark.parametrize("signed", [False, True])
-def test_dot8_forms_equal_numpy(width, signed, nrows, vnni, monkeypatch):
-    makers = _forms(monkeypatch, vnni, nrows, cpu_int._make_lane_dot8, cpu_int._make_dot8,
-                    cpu_int._make_wide_dot8)
-    rng = np.random.default_rng(nrows * 10 + signed)
-    dtype = np.int8 if signed else np.uint8
+def test_dot8_forms_equal_numpy(width, nrows, vnni, monkeypatch):
+    forms = _forms(monkeypatch, vnni, nrows)
+    rng = np.random.default_rng(nrows * 10 + 1)
+    dtype = np.int8  # 8-bit codes are signed whatever the type (pack.py)
     info = np.iinfo(dtype)
     codes = rng.integers(info.min, info.max + 1, (GROUPS, 34, LANES)).astype(dtype)
     codes[0, 0] = info.min  # the extremes
@@ -176,7 +167,7 @@ def test_dot8_forms_equal_numpy(width, signed, nrows, vnni, monkeypatch):
     want = np.einsum("ghjl,rghj->grhl", cv, xs16)  # (GROUPS, ROWS, 2, LANES)
     assert np.abs(want).max() < 2**26  # float32 keeps them to within 4 (module docstring)
     blocks, dx, xs = _scales(rng, 8)
-    for make in makers:
-        _check(_runner(make(nrows), nrows), (codes, xp, dx, xs),
+    for form in forms:
+        _check(_runner(form, nrows), (codes, xp, None, dx, xs),
                (SYMMETRIC, AFFINE, AFFINE_F16, SUB16), blocks, 8, nrows, want, rng,
                subs=codes[:, 32:34])

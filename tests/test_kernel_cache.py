@@ -75,5 +75,5 @@ def test_kernel_stamps_cover_the_files_they_import() -> None:
     assert {"inference/backends/cpu/matvec_int.py", "inference/backends/cpu/ir.py",
             "inference/backends/cpu/layout.py", "inference/backends/cpu/quantize.py"} <= files
     assert "inference/backends/cpu/backend.py" not in files  # only what it imports
-    locator = matvec_int.linear_q4_int._cache._impl.locator
+    locator = matvec_int.linear_packed_int._cache._impl.locator
     assert isinstance(locator, kernel_cache.LOCATORS)

@@ -486,26 +486,19 @@ class CpuBackend(NumpyBackend):
     def _idot(self, w: PackedWeight, xq: tuple[np.ndarray, ...], out: np.ndarray
               ) -> tuple[Any, ...]:
         """The integer-dot mat-vec of ``w`` over quantized rows ``xq``, as (kernel, *args)."""
-        if w.bits == 8:
-            return (matvec_int.matvec_q8_int, w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero,
-                    *xq, out)
-        return (matvec_int.matvec_q4_int, w.codes, w.blocks, w.halves, w.flat, w.high, w.kind,
-                w.zero, *xq, out)
+        return (matvec_int.matvec_packed_int, w.codes, w.blocks, w.halves, w.flat, w.high,
+                w.kind, w.zero, *xq, out)
 
     def _matvec_into(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         """out (T, tiles * LANES) = x @ W.T, the rows past W's padded to whole tiles."""
         if self.activations == "float":
             self._matvec_float(x, w, out)
             return
-        # One numba call: the rows quantized inside it (matvec_int.linear_q4_int), bitwise as
-        # quantize_rows + the kernel (the tape's two calls).
+        # One numba call: the rows quantized inside it (matvec_int.linear_packed_int),
+        # bitwise as quantize_rows + the kernel (the tape's two calls).
         level = quantize.level(self.activations, quantize.narrow(self.activations, w.bits))
-        if w.bits == 8:
-            matvec_int.linear_q8_int(w.codes, w.blocks, w.halves, w.flat, w.kind, w.zero, x, level,
-                               out)
-        else:
-            matvec_int.linear_q4_int(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind, w.zero, x,
-                               level, out)
+        matvec_int.linear_packed_int(w.codes, w.blocks, w.halves, w.flat, w.high, w.kind,
+                                     w.zero, x, level, out)
 
     def _matvec_float(self, x: np.ndarray, w: PackedWeight, out: np.ndarray) -> None:
         # Pairs of rows of 8-bit scale-only codes (Q8_0, Q6_K) share one conversion of the
@@ -693,12 +686,8 @@ class CpuBackend(NumpyBackend):
 
         def rows_(r0: int, r1: int) -> None:
             with self._numba_threads(1):  # per thread: the workers' and the caller's
-                if w.bits == 8:
-                    matvec_int.matvec_q8_int_range(w.codes, w.blocks, w.halves, w.flat, w.kind,
-                                            w.zero, *xq, out, r0, r1)
-                else:
-                    matvec_int.matvec_q4_int_range(w.codes, w.blocks, w.halves, w.flat, w.high,
-                                            w.kind, w.zero, *xq, out, r0, r1)
+                matvec_int.matvec_packed_int_range(w.codes, w.blocks, w.halves, w.flat, w.high,
+                                                   w.kind, w.zero, *xq, out, r0, r1)
 
         return _w_columns(out, w), rows_, rows, rows
 

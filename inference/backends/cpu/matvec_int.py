@@ -27,7 +27,7 @@ multiplies 16-bit pairs and adds each pair into 32 bits, and ``vpmaddubsw`` does
 for unsigned x signed bytes into 16 bits; with two code rows ``j, j+1`` interleaved lane by
 lane (lane0 j, lane0 j+1, lane1 j, ...), one instruction does 8 (16-bit) or 16 (8-bit)
 lanes x 2 codes against the broadcast activation pair ``(q_j, q_j+1)``. LLVM's vectoriser
-does not find this on its own, so :func:`_dot4` / :func:`_dot8` write a block's inner
+does not find this on its own, so the block intrinsics (:func:`make_dot`) write a block's inner
 products as LLVM IR (numba ``@intrinsic``), unrolled over the block:
 - 4-bit codes (0..15) x 8-bit ``q``: ``vpmaddubsw``; a pair sum is at most 2 * 15 * 127 =
   3810, so eight of them (16 codes) add up in 16 bits without saturating (30480 < 32767);
@@ -40,7 +40,7 @@ Measured on SmolLM2's 1536x576 Q4_1 weight, 1 thread (AMD EPYC, AVX2), with the
 quantization: 16-bit 2.0x, 8-bit 3.0x the float lane kernel (docs/benchmarks.md).
 
 Where the target has AVX-512BW the same sums are taken in 512-bit vectors
-(:func:`_make_wide_dot4` / :func:`_make_wide_dot8`): a block's two code rows for all 32
+(:func:`_wide_sums4` / :func:`_wide_sums8`): a block's two code rows for all 32
 lanes in one register, half the multiply-adds; bitwise the same results. Measured on an
 Intel Xeon (AVX-512), SmolLM2's Q4_1 shapes, against the AVX2 form: one row 1.06-1.21x,
 pairs of rows (the server's batches) 1.3-1.7x (docs/cpu-backend.md).
@@ -52,7 +52,7 @@ each one ``vpdpwssd`` (:func:`_wide_madd`), without which the groups gain nothin
 row's result is the same bits in any group.
 
 Other CPUs (ARM, x86 without AVX2, NUMBA_CPU_NAME=generic) take the same sums lane by lane
-in plain vector IR (:func:`_make_lane_dot4` / :func:`_make_lane_dot8`, :func:`form`): on
+in plain vector IR (:func:`_lane_sums4` / :func:`_lane_sums8`, :func:`form`): on
 AArch64 NEON's widening multiply-add by element; bitwise the same results.
 """
 from __future__ import annotations
@@ -313,32 +313,22 @@ class _Block:
         return _pair(self.context, self.builder, self.xty, self.xarr, row, self.p0, p)
 
 
-def _dot_intrinsic(nrows: int, eight: bool, sums: Callable[[_Block], Sums]):  # type: ignore
-    """A block intrinsic over ``nrows`` activation rows, with :func:`_make_dot4`'s arguments
-    or, for 8-bit codes (``eight``), :func:`_make_dot8`'s; ``sums`` writes the block's
-    integer sums, then their float tail (:meth:`_Tail.emit`) goes into ``accs``."""
+def _dot_codegen(nrows: int, sums4: Callable[[_Block], Sums], sums8: Callable[[_Block], Sums]
+                 ):  # type: ignore[no-untyped-def]
+    """The code of a block over ``nrows`` activation rows (:func:`dot`'s arguments): int8
+    ``codes`` are 8-bit (``sums8`` writes the block's integer sums), uint8 ones 4-bit or,
+    with ``high`` an array, 5-bit (``sums4``); then their float tail (:meth:`_Tail.emit`)
+    goes into ``accs``."""
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        eight = signature.args[0].dtype == types.int8
         b = _Block(context, builder, signature, args, nrows, eight)
-        first, c = (5, 8) if eight else (6, 5 if b.five else 4)
-        _tail_args(context, builder, signature, args, first, b.blk, b.g, c).emit(b.row, sums(b))
+        c = 8 if eight else 5 if b.five else 4
+        sums = (sums8 if eight else sums4)(b)
+        _tail_args(context, builder, signature, args, 6, b.blk, b.g, c).emit(b.row, sums)
         return context.get_dummy_value()
 
-    if eight:
-        @intrinsic
-        def dot8(typingctx, codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs
-                 ):  # type: ignore[no-untyped-def]
-            return types.void(codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs), codegen
-
-        return dot8
-
-    @intrinsic
-    def dot4(typingctx, codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs
-             ):  # type: ignore[no-untyped-def]
-        return (types.void(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs),
-                codegen)
-
-    return dot4
+    return codegen
 
 
 def _nibbles(builder: ir.IRBuilder, u: ir.Value, tops: Sequence[ir.Value] | None = None,
@@ -385,18 +375,6 @@ def _words(builder: ir.IRBuilder, pairs: ir.Value, signed: bool) -> list[ir.Valu
 _HALVES = (list(range(0, 8)) + list(range(16, 24)), list(range(8, 16)) + list(range(24, 32)))
 _EIGHTS = [list(range(0, 8)), list(range(16, 24)), list(range(8, 16)), list(range(24, 32))]
 
-
-def _make_dot4(nrows: int):  # type: ignore[no-untyped-def]
-    """An intrinsic ``(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs)``:
-    the sums ``isum[r, lane] = sum_j code_j * q_j`` (int32) for activation rows ``row +
-    r``, r < ``nrows``, over block ``blk``'s 32 4-bit codes of each of the LANES lanes
-    (byte j: code j low, code j+16 high), ``q`` the activation codes ``xp[row + r,
-    32*g:32*g+32]`` (int8 or int16), read in pairs; then their float tail
-    (:meth:`_Tail.emit`) added into ``accs[r]``. The codes are unpacked once for all
-    ``nrows`` rows. With ``high`` an array (not None) the codes are 5-bit: bit 4 comes from
-    the plane of high bits, code bytes 16-19 (``layout`` docstring; read through
-    ``codes``)."""
-    return _dot_intrinsic(nrows, False, _pair_sums4)
 
 
 def _pair_sums4(b: _Block) -> Sums:
@@ -449,12 +427,6 @@ def _pair_sums4(b: _Block) -> Sums:
     return sums
 
 
-def _make_dot8(nrows: int):  # type: ignore[no-untyped-def]
-    """As :func:`_make_dot4` for 8-bit codes (int8 or uint8 by the array's type), without
-    ``high``: ``(codes, blk, xp, row, g, blocks, kind, zero, dx, xs, accs)``, the sums
-    over codes 0-15 and 16-31 kept apart for the tail (Q6_K scales them apart)."""
-    return _dot_intrinsic(nrows, True, _pair_sums8)
-
 
 def _pair_sums8(b: _Block) -> Sums:
     builder = b.builder
@@ -496,8 +468,8 @@ def _wide_words(builder: ir.IRBuilder, codes: ir.Value, signed: bool) -> list[ir
 
 # The inline asm of the VNNI kernels (_wide_madd) needs LLVM's assembly parser, which numba
 # does not set up. Set up at import, not when a kernel's IR is generated: a process that
-# loads a kernel from numba's cache and then compiles a caller linking it (linear_q4_int over a
-# cached matvec_q4_int) finalizes that asm without generating any, and LLVM aborted there.
+# loads a kernel from numba's cache and then compiles a caller linking it (linear_packed_int over a
+# cached matvec_packed_int) finalizes that asm without generating any, and LLVM aborted there.
 if _x86():
     llvm.initialize_native_asmparser()
 
@@ -526,10 +498,6 @@ def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Valu
     return builder.add(acc, builder.call(madd, [words, x]))
 
 
-def _make_wide_dot4(nrows: int):  # type: ignore[no-untyped-def]
-    """:func:`_make_dot4` in 512-bit vectors: same arguments, same sums and tail."""
-    return _dot_intrinsic(nrows, False, _wide_sums4)
-
 
 def _wide_sums4(b: _Block) -> Sums:
     builder = b.builder
@@ -551,10 +519,6 @@ def _wide_sums4(b: _Block) -> Sums:
                 a[1] = _wide_madd(builder, a[1], words[1], x, len(b.rows))
     return [[(0, a[0], None), (16, a[1], None)] for a in acc]
 
-
-def _make_wide_dot8(nrows: int):  # type: ignore[no-untyped-def]
-    """:func:`_make_dot8` in 512-bit vectors: same arguments, same sums and tail."""
-    return _dot_intrinsic(nrows, True, _wide_sums8)
 
 
 def _wide_sums8(b: _Block) -> Sums:
@@ -607,10 +571,6 @@ def _lane_madd(builder: ir.IRBuilder, acc: ir.Value, codes: ir.Value, acts: ir.V
     return builder.add(acc, builder.mul(builder.sext(codes, v32i32), builder.sext(qj, v32i32)))
 
 
-def _make_lane_dot4(nrows: int):  # type: ignore[no-untyped-def]
-    """:func:`_make_dot4` lane by lane: same arguments, same sums and tail."""
-    return _dot_intrinsic(nrows, False, _lane_sums4)
-
 
 def _lane_sums4(b: _Block) -> Sums:
     builder = b.builder
@@ -628,10 +588,6 @@ def _lane_sums4(b: _Block) -> Sums:
             acc = [_lane_madd(builder, a, wide16, x, c) for a, x in zip(acc, acts, strict=True)]
     return [[(lane, v, None) for lane, v in _runs(builder, [a], _LANE_RUNS)] for a in acc]
 
-
-def _make_lane_dot8(nrows: int):  # type: ignore[no-untyped-def]
-    """:func:`_make_dot8` lane by lane: same arguments, same sums and tail."""
-    return _dot_intrinsic(nrows, True, _lane_sums8)
 
 
 def _lane_sums8(b: _Block) -> Sums:
@@ -670,136 +626,104 @@ def vnni_groups() -> bool:
     return ROW_GROUP == 8 and _vnni()
 
 
-_make4, _make8 = {"avx512": (_make_wide_dot4, _make_wide_dot8),
-                  "lanes": (_make_lane_dot4, _make_lane_dot8)}.get(form(),
-                                                                   (_make_dot4, _make_dot8))
-_dot4, _dot4x2 = _make4(1), _make4(2)
-_dot8, _dot8x2 = _make8(1), _make8(2)
-# AVX2 never runs the groups' loop (ROW_GROUP < 4): their names hold the pairs'.
-_dot4x4, _dot4x8 = (_make4(4), _make4(8)) if ROW_GROUP == 8 else (_dot4x2, _dot4x2)
-_dot8x4, _dot8x8 = (_make8(4), _make8(8)) if ROW_GROUP == 8 else (_dot8x2, _dot8x2)
-# Each kernel has three loops, groups of 8/4, pairs, the single row: pairs in the groups'
-# loop ran up to 10% slower at B=2 (the loop then holds three inlined dots; in a loop of
-# their own they still run 0-10% slower than before the groups, not resolved:
-# docs/cpu-backend.md). The float tail is the dot intrinsics' own (:class:`_Tail`), one
-# expression in IEEE ops without fast-math flags for every group size, so a row computes
-# the same bits alone, in a pair or in a group (the server's batching relies on it;
-# tests/test_backend_cpu.py checks batches of 1-8). The kernels keep compiling without
-# FMA contraction or reassociation (``_NO_FUSE``, which kdot's tails rely on too).
+# Each form's sums: (4/5-bit codes, 8-bit codes).
+SUMS = {"avx2": (_pair_sums4, _pair_sums8), "avx512": (_wide_sums4, _wide_sums8),
+        "lanes": (_lane_sums4, _lane_sums8)}
+
+
+def make_dot(form_: str):  # type: ignore[no-untyped-def]
+    """The block intrinsic of form ``form_`` (:data:`SUMS`): ``(codes, blk, xp, row, g,
+    high, blocks, kind, zero, dx, xs, accs, nrows)`` adds into ``accs[r]`` the float tail
+    of ``isum[r, lane] = sum_j code_j * q_j`` for activation rows ``row + r``, r <
+    ``nrows``, over block ``blk``'s 32 codes of each of the LANES lanes, ``q`` the
+    activation codes ``xp[row + r, 32*g:32*g+32]`` (int8 or int16), read in pairs. The
+    codes are unpacked once for all ``nrows`` rows. ``nrows`` must be a constant where
+    the intrinsic is typed (one body per row count); ``codes`` int8 are 8-bit codes, uint8
+    4-bit ones (byte j: code j low, code j+16 high) or, with ``high`` an array (not None),
+    5-bit: bit 4 from the plane of high bits, code bytes 16-19 (``layout`` docstring; read
+    through ``codes``)."""
+    sums4, sums8 = SUMS[form_]
+
+    @intrinsic(prefer_literal=True)
+    def dot(typingctx, codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs, nrows
+            ):  # type: ignore[no-untyped-def]
+        if not isinstance(nrows, types.IntegerLiteral):
+            return None
+        sig = types.void(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs, nrows)
+        return sig, _dot_codegen(nrows.literal_value, sums4, sums8)
+
+    return dot
+
+
+_dot = make_dot(form())
+# The float tail is the dot intrinsics' own (:class:`_Tail`), one expression in IEEE ops
+# without fast-math flags for every group size, so a row computes the same bits alone, in
+# a pair or in a group (the server's batching relies on it; tests/test_backend_cpu.py
+# checks batches of 1-8). The kernels keep compiling without FMA contraction or
+# reassociation (``_NO_FUSE``, which kdot's tails rely on too).
 _NO_FUSE = {"nnan", "ninf", "nsz", "arcp", "afn"}
 
 
-@_jit(parallel=True, fastmath=_NO_FUSE)
-def matvec_q4_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
-              high: np.ndarray | None, kind: int, zero: float, xp: np.ndarray, dx: np.ndarray,
-              xs: np.ndarray, out: np.ndarray) -> None:
-    """out (T, tiles*LANES) = x @ W.T for a 4-bit W (uint8 ``codes`` view), or a 5-bit one
-    with its plane of high bits ``high``, and ``x`` given by :func:`quantize_rows` as
-    (xp, dx, xs), 8- or 16-bit codes; the other arguments as in :func:`.matvec_float.matvec_q4_f32`
-    (``halves`` unused: the tails read float16 scales through ``blocks``). Rows go in
-    groups of 8 and 4 (AVX-512), pairs, then a single row, each group sharing the unpacked
-    codes; a row's result is the same bits in any of them."""
-    rows, groups = dx.shape
-    tiles = blocks.shape[0] // groups
+@_jit(inline="always", fastmath=_NO_FUSE)
+def _tile_rows(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray,
+               high: np.ndarray | None, kind: int, zero: float, xp: np.ndarray,
+               dx: np.ndarray, xs: np.ndarray, out: np.ndarray, accs: np.ndarray, t: int,
+               i: int, n: int) -> None:
+    """Rows ``i:i+n`` of tile ``t`` of ``out``, the ``n`` rows sharing each unpacking of a
+    block's codes. Inlined, with ``n`` a constant at every call: one dot body a loop."""
+    groups = dx.shape[1]
     row_bytes = blocks.shape[1] * LANES * 4
-    for t in prange(tiles):
-        accs = np.empty((ROW_GROUP, LANES), dtype=np.float32)
-        cols = slice(t * LANES, (t + 1) * LANES)
-        i = 0
-        while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
-            n = 8 if rows - i >= 8 else 4
-            accs[:n] = 0.0
-            for g in range(groups):
-                blk = t * groups + g
-                if i == 0:
-                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
-                if n == 8:
-                    _dot4x8(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
-                else:
-                    _dot4x4(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
-            out[i:i + n, cols] = accs[:n]
-            i += n
-        while rows - i >= 2:  # pairs (a loop of their own: the note above ROW_GROUP)
-            accs[:2] = 0.0
-            for g in range(groups):
-                blk = t * groups + g
-                if i == 0:
-                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
-                _dot4x2(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
-            out[i:i + 2, cols] = accs[:2]
-            i += 2
-        if i < rows:
-            accs[:1] = 0.0
-            for g in range(groups):
-                blk = t * groups + g
-                if i == 0:
-                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
-                _dot4(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs)
-            out[i, cols] = accs[0]
+    accs[:n] = 0.0
+    for g in range(groups):
+        blk = t * groups + g
+        if i == 0:
+            _prefetch_block(flat, blk + PREFETCH, row_bytes)
+        _dot(codes, blk, xp, i, g, high, blocks, kind, zero, dx, xs, accs, n)
+    out[i:i + n, t * LANES:(t + 1) * LANES] = accs[:n]
 
 
 @_jit(parallel=True, fastmath=_NO_FUSE)
-def matvec_q8_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
-              kind: int, zero: float, xp: np.ndarray, dx: np.ndarray, xs: np.ndarray,
-              out: np.ndarray) -> None:
-    """As :func:`matvec_q4_int` for an 8-bit W (``codes`` int8 for Q8_0/Q6_K, else uint8).
-    Q6_K's two scales multiply the 16-code sums in float: 16-bit sums times a scale can
-    pass 2**31."""
-    rows, groups = dx.shape
-    tiles = blocks.shape[0] // groups
-    row_bytes = blocks.shape[1] * LANES * 4
+def matvec_packed_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+                      flat: np.ndarray, high: np.ndarray | None, kind: int, zero: float,
+                      xp: np.ndarray, dx: np.ndarray, xs: np.ndarray, out: np.ndarray) -> None:
+    """out (T, tiles*LANES) = x @ W.T for a packed W: 8-bit (int8 ``codes``), 4-bit
+    (uint8 ``codes``, ``high`` None) or 5-bit (``high`` its plane of high bits), and
+    ``x`` given by :func:`quantize_rows` as (xp, dx, xs), 8- or 16-bit codes; the other
+    arguments as in :func:`.matvec_float.matvec_q4_f32` (``halves`` unused: the tails read
+    float16 scales through ``blocks``). One compiled kernel per code width (numba
+    specialises on ``codes``' and ``high``'s types). Rows go in groups of 8 and 4
+    (AVX-512), pairs, then a single row, each group in a loop of its own: pairs in the
+    groups' loop ran up to 10% slower at B=2 (the loop then held three inlined dots). A
+    row's result is the same bits in any group."""
+    rows = dx.shape[0]
+    tiles = blocks.shape[0] // dx.shape[1]
     for t in prange(tiles):
         accs = np.empty((ROW_GROUP, LANES), dtype=np.float32)
-        cols = slice(t * LANES, (t + 1) * LANES)
         i = 0
         while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
-            n = 8 if rows - i >= 8 else 4
-            accs[:n] = 0.0
-            for g in range(groups):
-                blk = t * groups + g
-                if i == 0:
-                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
-                if n == 8:
-                    _dot8x8(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
-                else:
-                    _dot8x4(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
-            out[i:i + n, cols] = accs[:n]
-            i += n
-        while rows - i >= 2:  # pairs (a loop of their own: the note above ROW_GROUP)
-            accs[:2] = 0.0
-            for g in range(groups):
-                blk = t * groups + g
-                if i == 0:
-                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
-                _dot8x2(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
-            out[i:i + 2, cols] = accs[:2]
+            if rows - i >= 8:
+                _tile_rows(codes, blocks, flat, high, kind, zero, xp, dx, xs, out, accs, t, i,
+                           8)
+                i += 8
+            else:
+                _tile_rows(codes, blocks, flat, high, kind, zero, xp, dx, xs, out, accs, t, i,
+                           4)
+                i += 4
+        while rows - i >= 2:
+            _tile_rows(codes, blocks, flat, high, kind, zero, xp, dx, xs, out, accs, t, i, 2)
             i += 2
         if i < rows:
-            accs[:1] = 0.0
-            for g in range(groups):
-                blk = t * groups + g
-                if i == 0:
-                    _prefetch_block(flat, blk + PREFETCH, row_bytes)
-                _dot8(codes, blk, xp, i, g, blocks, kind, zero, dx, xs, accs)
-            out[i, cols] = accs[0]
+            _tile_rows(codes, blocks, flat, high, kind, zero, xp, dx, xs, out, accs, t, i, 1)
 
 
 @_jit()
-def linear_q4_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
-              high: np.ndarray | None, kind: int, zero: float, x: np.ndarray,
-              level: np.integer, out: np.ndarray) -> None:
+def linear_packed_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+                      flat: np.ndarray, high: np.ndarray | None, kind: int, zero: float,
+                      x: np.ndarray, level: np.integer, out: np.ndarray) -> None:
     """:func:`quantize_rows` of the float rows ``x`` (to ``level``'s type, :func:`level`)
-    and :func:`matvec_q4_int`, as one call from Python: bitwise the two calls' result."""
+    and :func:`matvec_packed_int`, as one call from Python: bitwise the two calls' result."""
     xp, dx, xs = _quantized(x, level)
-    matvec_q4_int(codes, blocks, halves, flat, high, kind, zero, xp, dx, xs, out)
-
-
-@_jit()
-def linear_q8_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
-              kind: int, zero: float, x: np.ndarray, level: np.integer, out: np.ndarray) -> None:
-    """As :func:`linear_q4_int` for :func:`matvec_q8_int`."""
-    xp, dx, xs = _quantized(x, level)
-    matvec_q8_int(codes, blocks, halves, flat, kind, zero, xp, dx, xs, out)
+    matvec_packed_int(codes, blocks, halves, flat, high, kind, zero, xp, dx, xs, out)
 
 
 # -- prefill: a range of rows on one thread ----------------------------------------------
@@ -810,26 +734,17 @@ def linear_q8_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
 # tiles, the columns of ``out`` as a strided view, was another: 9-10 s more to compile per
 # code width and activation mode); the rows of 8 share an unpacking of the codes either
 # way. A build of the kernels without ``parallel`` (prange as a plain loop) ran 2.2-2.4x
-# slower on one thread. Called from these compiled wrappers rather than from Python, a
+# slower on one thread. Called from this compiled wrapper rather than from Python, a
 # 2-thread product (Q4_0 1536x576, 138 rows) took 1.05 ms instead of 1.6-1.7 (one thread:
 # 1.7-1.9); the count is not set in here, as that keeps numba from caching.
 
 
 @_jit()
-def matvec_q4_int_range(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
-                   flat: np.ndarray, high: np.ndarray | None, kind: int, zero: float,
-                   xp: np.ndarray, dx: np.ndarray, xs: np.ndarray, out: np.ndarray,
-                   r0: int, r1: int) -> None:
-    """:func:`matvec_q4_int` for rows ``r0:r1`` of ``x`` and ``out``; the caller sets numba to
-    one thread."""
-    matvec_q4_int(codes, blocks, halves, flat, high, kind, zero, xp[r0:r1], dx[r0:r1], xs[r0:r1],
-              out[r0:r1])
-
-
-@_jit()
-def matvec_q8_int_range(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
-                   flat: np.ndarray, kind: int, zero: float, xp: np.ndarray, dx: np.ndarray,
-                   xs: np.ndarray, out: np.ndarray, r0: int, r1: int) -> None:
-    """As :func:`matvec_q4_int_range` for :func:`matvec_q8_int`."""
-    matvec_q8_int(codes, blocks, halves, flat, kind, zero, xp[r0:r1], dx[r0:r1], xs[r0:r1],
-              out[r0:r1])
+def matvec_packed_int_range(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
+                            flat: np.ndarray, high: np.ndarray | None, kind: int, zero: float,
+                            xp: np.ndarray, dx: np.ndarray, xs: np.ndarray, out: np.ndarray,
+                            r0: int, r1: int) -> None:
+    """:func:`matvec_packed_int` for rows ``r0:r1`` of ``x`` and ``out``; the caller sets
+    numba to one thread."""
+    matvec_packed_int(codes, blocks, halves, flat, high, kind, zero, xp[r0:r1], dx[r0:r1],
+                      xs[r0:r1], out[r0:r1])

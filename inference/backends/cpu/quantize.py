@@ -87,7 +87,7 @@ _LEVEL = {w: np.dtype(w).type(v) for w, v in LEVELS.items()}
 
 
 def level(width: str, narrow: bool = True) -> np.integer:
-    """The ``level`` argument of :func:`.matvec_int.linear_q4_int` / ``linear_q8_int`` for
+    """The ``level`` argument of :func:`.matvec_int.linear_packed_int` for
     activations of ``width`` ("int8", "int16"); int8's stored as int16 unless ``narrow``
     (:func:`narrow`)."""
     return _LEVEL[width] if narrow else np.int16(LEVELS[width])
