@@ -111,10 +111,6 @@ class BackendInfo:
     free_memory: int | None
 
 
-def _record(r: Any, attr: str, index: int) -> Any:
-    return getattr(r, attr) if hasattr(r, attr) else r[index]
-
-
 def free_memory(backend: str) -> int | None:
     """Memory a model may still take on ``backend``: the device's free memory on CUDA,
     available RAM elsewhere (the CPU backends, and MLX, whose GPU shares the RAM)."""
@@ -217,10 +213,8 @@ def probe(ctx: JobContext) -> list:
 
     infos = []
     for r in probe_all():
-        name, ok, reason = _record(r, "name", 0), _record(r, "available", 1), \
-            _record(r, "reason", 2)
-        infos.append(BackendInfo(name, bool(ok), str(reason),
-                                 free_memory(name) if ok else None))
+        infos.append(BackendInfo(r.name, bool(r.available), str(r.reason),
+                                 free_memory(r.name) if r.available else None))
     return infos
 
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from inference.cli_args import add_kv_dtype
+from inference.server.limits import MAX_PARALLEL, SHUTDOWN_S
 from inference.server.prefix_pool import PROMPT_CACHE_ENTRIES, PROMPT_CACHE_IDLE, PROMPT_CACHE_MB
-from inference.server.scheduler import MAX_PARALLEL, SHUTDOWN_S
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

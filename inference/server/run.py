@@ -11,8 +11,8 @@ from typing import Any
 
 from inference.errors import InvalidInputError
 from inference.server.app import LOOPBACK_NAMES, Engine, create_app, host_names
+from inference.server.limits import SHUTDOWN_S
 from inference.server.prefix_pool import PROMPT_CACHE_IDLE, PROMPT_CACHE_MB
-from inference.server.scheduler import SHUTDOWN_S
 
 
 def is_loopback(host: str) -> bool:

@@ -80,6 +80,7 @@ from inference.events import GenerationEvent
 from inference.generate import Generation
 from inference.kv_cache import BatchedCaches, KVCache
 from inference.sampling import SamplingParams
+from inference.server.limits import MAX_PARALLEL
 from inference.server.prefix_pool import (
     PROMPT_CACHE_IDLE,
     PROMPT_CACHE_MB,
@@ -89,7 +90,6 @@ from inference.server.prefix_pool import (
     shared_chunks,
 )
 
-MAX_PARALLEL = 8  # cpu: rows the mat-vec computes one by one (cpu.MATVEC_ROWS)
 PREFILL_CHUNK = 128  # tokens per prefill forward pass (a lone request runs one per step)
 # Prefill work a step may add while other sequences decode, in decode steps: such a step
 # then costs about 1 + STEP_BUDGET decode steps (at least one layer of the chunk runs).
@@ -111,7 +111,6 @@ class WorkerStoppedError(InferdeskError):
     """A worker thread has stopped: the server cannot serve this kind of request."""
 
 
-SHUTDOWN_S = 5.0  # on SIGTERM/Ctrl-C, open requests get this long before they are cut
 IDLE_TRIM_S = 1.0  # idle seconds after work before freed heap is given back to the system
 
 
