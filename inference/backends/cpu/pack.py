@@ -53,6 +53,7 @@ from inference.formats.affine import block_groups
 from inference.formats.cache import key_path
 from inference.formats.quants import BLOCK_TYPES, dequantize_raw, q6_k_fields, unpack_mlx
 from inference.formats.tensor import TensorData
+from inference.units import parse_bytes
 
 MAX_GROWTH = 1.5
 FOUR_BIT = frozenset({"Q4_0", "Q4_1", "Q4_K"})
@@ -322,17 +323,15 @@ _active = threading.local()  # .store: the PackStore of the load running on this
 # only a repack at that model's next load.
 CAP_ENV = "INFERDESK_WEIGHT_CACHE_MAX"
 DEFAULT_CAP = 20 << 30
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def store_cap() -> int:
     """The byte cap on all stores together (CAP_ENV; a value it cannot read: the default)."""
-    text = os.environ.get(CAP_ENV, "").strip().upper().removesuffix("IB").removesuffix("B")
-    if not text:
+    text = os.environ.get(CAP_ENV, "")
+    if not text.strip():
         return DEFAULT_CAP
-    unit = text[-1] if text[-1] in _UNITS else ""
     try:
-        return max(0, int(float(text[: len(text) - len(unit)]) * _UNITS[unit]))
+        return parse_bytes(text)
     except ValueError:
         return DEFAULT_CAP
 
