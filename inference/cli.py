@@ -237,15 +237,13 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_cache(args: argparse.Namespace) -> int:
     """The packed-weight stores (cpu backend) on disk: each one's size, last use and model
     file, most recent first, and the cap they are kept within; ``--clear`` removes them."""
-    import shutil
-
-    from inference.backends.cpu.pack import CAP_ENV, store_cap, stores
+    from inference.backends.cpu.pack import CAP_ENV, evict, store_cap, stores
 
     entries = stores()
     if args.clear:
-        for e in entries:
-            shutil.rmtree(e.folder, ignore_errors=True)
-        print(f"removed {len(entries)} stores ({human_bytes(sum(e.nbytes for e in entries))})")
+        gone = set(evict(0, cap=0))
+        freed = sum(e.nbytes for e in entries if e.folder in gone)
+        print(f"removed {len(gone)} stores ({human_bytes(freed)})")
         return 0
     for e in reversed(entries):
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))

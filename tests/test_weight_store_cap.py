@@ -92,4 +92,4 @@ def test_the_cache_command_lists_and_clears(root, capsys):
     out = capsys.readouterr().out
     assert "1 stores" in out and "(model not recorded)" in out
     assert cli.main(["cache", "--clear"]) == 0
-    assert stores() == []
+    assert stores() == [] and "removed 1 stores (300 B)" in capsys.readouterr().out

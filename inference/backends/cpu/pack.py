@@ -371,14 +371,15 @@ def _model_of(index: Path) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def evict(room: int, keep: Path | None = None) -> list[Path]:
+def evict(room: int, keep: Path | None = None, cap: int | None = None) -> list[Path]:
     """Remove the least recently used stores (never ``keep``) until they all take at most
-    :func:`store_cap` less ``room`` bytes; the folders removed."""
+    ``cap`` (None: :func:`store_cap`) less ``room`` bytes; the folders removed."""
     entries = stores()
     total = sum(e.nbytes for e in entries)
+    limit = store_cap() if cap is None else cap
     gone = []
     for e in (e for e in entries if e.folder != keep):
-        if total + room <= store_cap():
+        if total + room <= limit:
             break
         shutil.rmtree(e.folder, ignore_errors=True)  # a process mapping it keeps its pages
         total -= e.nbytes
