@@ -135,22 +135,6 @@ def open_gguf(path: str | Path) -> Any:
     return open_reader(path)
 
 
-def _describe(e: Exception) -> str:
-    """The reader's exception as a short reason; NumPy's own messages mean "ran off the end"."""
-    msg = str(e).strip().rstrip(".")
-    if "magic" in msg:
-        return "bad magic; it is not a GGUF file"
-    version = re.search(r"version (\d+)", msg)
-    if version:
-        return f"GGUF version {version.group(1)} is not supported"
-    if "does not fit" in msg:
-        return f"it is truncated or corrupt: {msg}"
-    if (isinstance(e, IndexError) or "reshape" in msg or "dtype" in msg
-            or "empty file" in msg):
-        return "it is truncated"
-    return msg or type(e).__name__
-
-
 @dataclass(frozen=True)
 class _TensorEntry:
     """Where one tensor lies in the file and how to view it (``rows``: the view's shape)."""
@@ -240,13 +224,13 @@ def read_header(path: str | Path) -> tuple[GGUFHeader, np.ndarray]:
     except (OSError, ValueError):  # unreadable or empty: the reader says which
         pass
     reader = open_gguf(path)
-    from inference.formats.gguf_reader import field_value
+    from inference.formats.gguf_reader import describe_error, field_value
 
     try:
         metadata = {name: field_value(f) for name, f in reader.fields.items()
                     if not name.startswith("GGUF.")}
     except (ValueError, IndexError, TypeError) as e:
-        raise CorruptModelError(f"{path} has unreadable metadata ({_describe(e)}).") from None
+        raise CorruptModelError(f"{path} has unreadable metadata ({describe_error(e)}).") from None
     entries = tuple(
         _TensorEntry(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape.tolist())),
                      int(t.data_offset), t.data.dtype, tuple(t.data.shape))

@@ -4,6 +4,7 @@ cached parse of the file exists)."""
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 from pathlib import Path
@@ -13,7 +14,6 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from inference.errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
-from inference.formats.gguf_file import _describe
 
 # Smallest encodings, used to reject counts that cannot fit in the file (a corrupt count
 # would otherwise make the reader loop for a very long time before running off the end).
@@ -128,7 +128,7 @@ def open_reader(path: str | Path) -> GGUFReader:
         raise CorruptModelError(f"Cannot read {path}: {e.strerror or e}.") from None
     except (ValueError, IndexError, KeyError, OverflowError, TypeError, UnicodeDecodeError,
             MemoryError) as e:
-        raise CorruptModelError(f"{path} is not a valid GGUF file ({_describe(e)}).") from None
+        raise CorruptModelError(f"{path} is not a valid GGUF file ({describe_error(e)}).") from None
 
 
 
@@ -153,3 +153,19 @@ def field_value(f: Any) -> Any:
     if types[0] == GGUFValueType.STRING:
         return bytes(f.parts[-1]).decode("utf-8", "surrogateescape")
     return f.parts[-1].tolist()[0]
+
+
+def describe_error(e: Exception) -> str:
+    """The reader's exception as a short reason; NumPy's own messages mean "ran off the end"."""
+    msg = str(e).strip().rstrip(".")
+    if "magic" in msg:
+        return "bad magic; it is not a GGUF file"
+    version = re.search(r"version (\d+)", msg)
+    if version:
+        return f"GGUF version {version.group(1)} is not supported"
+    if "does not fit" in msg:
+        return f"it is truncated or corrupt: {msg}"
+    if (isinstance(e, IndexError) or "reshape" in msg or "dtype" in msg
+            or "empty file" in msg):
+        return "it is truncated"
+    return msg or type(e).__name__
