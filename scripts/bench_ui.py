@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST = "tests/gui/test_responsiveness.py"
+QT_PLATFORM = os.environ.get("QT_QPA_PLATFORM", "offscreen")  # the children's Qt platform
 
 
 def cpu_model() -> str:
@@ -120,8 +121,7 @@ def first_reply(args: argparse.Namespace) -> dict:
                    str(args.first_reply), "--out", str(path)]
             if args.model:
                 cmd += ["--model", args.model]
-            env = {**os.environ, "QT_QPA_PLATFORM": os.environ.get("QT_QPA_PLATFORM",
-                                                                   "offscreen")}
+            env = {**os.environ, "QT_QPA_PLATFORM": QT_PLATFORM}
             proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             if proc.returncode or not path.exists():
                 raise SystemExit(f"the app run failed:\n{proc.stderr[-3000:]}")
@@ -146,22 +146,18 @@ def main() -> int:
     if args.first_reply_child:
         first_reply_child(args.first_reply_child, args.model, args.out)
         return 0
+    machine = {"cpu": cpu_model(), "cores": os.cpu_count(),
+               "load_avg_start": os.getloadavg()[0]}
     if args.first_reply:
-        result = {**first_reply(args), "date": time.strftime("%Y-%m-%d %H:%M"),
-                  "cpu": cpu_model(), "cores": os.cpu_count(),
-                  "load_avg_start": os.getloadavg()[0]}
-        text = json.dumps(result, indent=2)
-        print(text)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(text + "\n")
+        _report({**first_reply(args), "date": time.strftime("%Y-%m-%d %H:%M"), **machine},
+                args.out)
         return 0
     runs = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "ui.json"
             env = {**os.environ, "INFERDESK_UI_BENCH_JSON": str(path),
-                   "QT_QPA_PLATFORM": os.environ.get("QT_QPA_PLATFORM", "offscreen")}
+                   "QT_QPA_PLATFORM": QT_PLATFORM}
             proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p",
                                    "no:cacheprovider", TEST], cwd=ROOT, env=env,
                                   capture_output=True, text=True)
@@ -169,15 +165,18 @@ def main() -> int:
                 print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
                 return 1
             runs.append(json.loads(path.read_text()))
-    result = {"bench": "ui", "date": time.strftime("%Y-%m-%d"), "cpu": cpu_model(),
-              "cores": os.cpu_count(), "load_avg_start": os.getloadavg()[0],
-              "target_max_gap_ms": 50, "runs": runs}
+    _report({"bench": "ui", "date": time.strftime("%Y-%m-%d"), **machine,
+             "target_max_gap_ms": 50, "runs": runs}, args.out)
+    return 0
+
+
+def _report(result: dict, out: Path | None) -> None:
+    """Print ``result`` as JSON, and write it to ``out`` if given."""
     text = json.dumps(result, indent=2)
     print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
 
 
 if __name__ == "__main__":
