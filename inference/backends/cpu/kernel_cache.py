@@ -46,10 +46,10 @@ def _imports(path: Path) -> frozenset[Path]:
     gives n where n is a submodule, else m; relative imports resolved against ``path``'s
     package. A package's ``__init__`` counts only where a name comes from it."""
     package = path.relative_to(ROOT).with_suffix("").parts[:-1]
-    names: list[str] = []
+    found: list[Path | None] = []
     for plain, module, listed in _IMPORT.findall(path.read_text(encoding="utf-8")):
         if plain:
-            names += [n.split(" as ")[0].strip() for n in plain.split(",")]
+            found += [_module_file(n.split(" as ")[0].strip()) for n in plain.split(",")]
             continue
         level = len(module) - len(module.lstrip("."))
         module = module.lstrip(".")
@@ -58,9 +58,8 @@ def _imports(path: Path) -> frozenset[Path]:
         for alias in re.sub(r"#[^\n]*", "", listed).strip("()").replace("\\", " ").split(","):
             alias = alias.split(" as ")[0].strip()
             if alias and alias != "*":
-                sub = f"{module}.{alias}"
-                names.append(sub if _module_file(sub) else module)
-    return frozenset(f for f in map(_module_file, names) if f is not None)
+                found.append(_module_file(f"{module}.{alias}") or _module_file(module))
+    return frozenset(f for f in found if f is not None)
 
 
 @cache
