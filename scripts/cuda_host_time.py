@@ -4,6 +4,7 @@ plans, allocations, the sampler) and then does nothing, so a step's wall time is
 host's work alone (what bounds tokens/s on a fast GPU).
 
     python scripts/cuda_host_time.py [--tokens 200] [--json out.json]
+    python scripts/cuda_host_time.py --batched 4 [--swap-every 16]   # the server's steps
 
 Shapes: Llama 3.2 1B (16 layers, 2048 wide, GQA 4), Qwen3 1.7B (28 layers, per-head q/k
 norms) and Gemma 2 2B (26 layers, 2304 wide, alternate sliding layers of window 4096,
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inference.backends.cuda import CudaBackend  # noqa: E402
 from inference.formats.tensor import Checkpoint, TensorData  # noqa: E402
 from inference.generate import generate_step  # noqa: E402
+from inference.kv_cache import BatchedCaches  # noqa: E402
 from inference.models import llama  # noqa: E402
 from inference.models.common import Weights  # noqa: E402
 from inference.sampling import SamplingParams  # noqa: E402
@@ -97,6 +99,10 @@ class NoopDevice(Device):
     def to_host(self, a: np.ndarray, label: str = "") -> np.ndarray:
         self.transfers.record("d2h", a.nbytes, label)
         return np.array(a, copy=True)
+
+    def write(self, dst: np.ndarray, a: np.ndarray, label: str = "") -> None:
+        self.transfers.record("h2d", a.nbytes, label)
+        np.copyto(dst, a.reshape(dst.shape))
 
     def read_later(self, a: np.ndarray, label: str = "") -> PendingRead:
         return PendingRead(self.transfers, np.array(a, copy=True), label)
@@ -185,16 +191,78 @@ def measure(name: str, graphs: bool, tokens: int) -> dict[str, Any]:
             "graph_error": B.graph_error}
 
 
+def measure_batched(name: str, rows: int, steps: int, swap_every: int) -> dict[str, Any]:
+    """The server's batched decode as its scheduler drives it: ``rows`` sequences, each
+    sampling on the device (``token_sampler``) and read one step behind, one
+    ``decode_steps()`` call a step; every ``swap_every`` steps one sequence leaves the batch
+    and a waiting one (already prefilled) takes its row. The figure: a step's median wall
+    time over its rows, after the first 8 steps."""
+    cfg = SHAPES[name]
+    dev = NoopDevice()
+    B = CudaBackend(dev)
+    model = llama.Model(llama.ModelArgs.from_dict(cfg), B, Weights(_checkpoint(cfg), B))
+    greedy, rng = SamplingParams(temperature=0.0), np.random.default_rng(0)
+    vocab = cfg["vocab_size"]
+
+    def start(first: int) -> list[Any]:  # [cache, sampler, last token, unread token]
+        prompt = list(range(first, first + 4))
+        cache = model.make_cache(4 + steps + 8)
+        logits = model(B.array(np.asarray([prompt], np.int64)), cache, last_only=True)
+        sampler = B.token_sampler(greedy, prompt, rng)
+        return [cache, sampler, sampler.sample(B.reshape(logits, (vocab,))), None]
+
+    seqs = [start(1 + 4 * i) for i in range(rows)]
+    spare = start(1 + 4 * rows)
+    decode = B.decode_steps()
+    times, launches = [], []
+    for n in range(steps):
+        if swap_every and n and n % swap_every == 0:  # one leaves, another joins
+            out = n // swap_every % rows
+            seqs[out], spare = spare, seqs[out]
+        t, k = time.perf_counter(), dev.launches
+        logits = decode(model, [s[2] for s in seqs], BatchedCaches([s[0] for s in seqs]))
+        for i, s in enumerate(seqs):
+            row = B.reshape(B.narrow(logits, 0, i, 1), (vocab,))
+            s[3], s[2] = s[2], s[1].sample(row)
+            s[1].read(s[3])  # the token of the step before, read after this one is queued
+        times.append(time.perf_counter() - t)
+        launches.append(dev.launches - k)
+    steady = times[8:]
+    return {"shape": name, "rows": rows, "swap_every": swap_every, "steps": steps,
+            "median_us_per_token": statistics.median(steady) / rows * 1e6,
+            "median_us_per_step": statistics.median(steady) * 1e6,
+            # captures after the first are rare steps the median hides: the mean counts them
+            "mean_us_per_token": statistics.fmean(steady) / rows * 1e6,
+            "launches_per_step": statistics.median(launches[8:]),
+            "captures": decode.captures, "replays": decode.replays,
+            "graph_error": B.graph_error}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--batched", type=int, default=0, metavar="ROWS",
+                    help="the server's batched steps of ROWS sequences instead (graphs on)")
+    ap.add_argument("--swap-every", type=int, default=16,
+                    help="with --batched: a sequence leaves and another joins every N steps")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    rows = [measure(name, graphs, args.tokens) for name in SHAPES for graphs in (True, False)]
-    for r in rows:
-        print(f"{r['shape']:14} graphs={str(r['graphs']):5} {r['median_us_per_token']:9.1f} us "
-              f"a token (p90 {r['p90_us_per_token']:.1f}), {r['launches_per_token']:.0f} "
-              f"launches, graph error: {r['graph_error']}")
+    if args.batched:
+        rows = [measure_batched(name, args.batched, args.tokens, args.swap_every)
+                for name in SHAPES]
+        for r in rows:
+            print(f"{r['shape']:14} rows={r['rows']} {r['median_us_per_token']:9.1f} us a "
+                  f"token ({r['median_us_per_step']:.1f} a step, mean "
+                  f"{r['mean_us_per_token']:.1f} a token), {r['launches_per_step']:.0f} "
+                  f"launches a step, {r['captures']} captures, {r['replays']} replays, "
+                  f"graph error: {r['graph_error']}")
+    else:
+        rows = [measure(name, graphs, args.tokens) for name in SHAPES
+                for graphs in (True, False)]
+        for r in rows:
+            print(f"{r['shape']:14} graphs={str(r['graphs']):5} {r['median_us_per_token']:9.1f} "
+                  f"us a token (p90 {r['p90_us_per_token']:.1f}), "
+                  f"{r['launches_per_token']:.0f} launches, graph error: {r['graph_error']}")
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()

@@ -12,9 +12,11 @@ the host reads token t only after step t+1 is queued, so host and GPU time overl
 
 Decode steps are captured as CUDA graphs and replayed (:class:`CudaSteps`), for every
 decoder family (q/k/v biases, soft-caps and sliding windows are kernel arguments or read
-from device memory) and for the server's batched steps; the server reads each sequence's
-token one step behind (:meth:`CudaBackend.token_sampler`). One sequence's decode step runs
-each decoder layer as ops.decode_layer's 8 launches (:meth:`CudaBackend.decode_layer`).
+from device memory) and for the server's batched steps (one graph per row count, whichever
+sequences fill the rows: their KV buffers are read through slots in device memory); the
+server reads each sequence's token one step behind (:meth:`CudaBackend.token_sampler`).
+One sequence's decode step runs each decoder layer as ops.decode_layer's 8 launches
+(:meth:`CudaBackend.decode_layer`).
 
 Kernel compile progress, for an app: the first run on a machine compiles every kernel
 module with NVRTC (tens of seconds on a few cores; later runs read CuPy's on-disk cache).
@@ -28,6 +30,7 @@ first ``(modules already loaded, total, "")``, then once per module as it is rea
 from __future__ import annotations
 
 import logging
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -148,12 +151,69 @@ class _Capture:
     pos: Any = None
     kv_pos: Any = None
     out: Any = None
+    # A batched step's table (rows read their caches through KV slots, see _Slots), and
+    # the cache and layer whose slot ``slot`` is, while attention's ops are recorded.
+    slots: _Slots | None = None
+    slot: Any = None
+    cache: Any = None
+    layer: int = 0
 
     def at(self, dev: Device, row: int, shift: int) -> Any:
         buf = self.positions.get((row, shift))
         if buf is None:
             buf = self.positions[(row, shift)] = dev.empty((1,), np.int32)
         return buf
+
+
+class _Slots:
+    """What a batched step's graph reads that changes between replays, in one int64 device
+    table written by one copy before each replay (:meth:`write`): row ``r``'s input token's
+    address (``tok[r]``, read by step_ids_i32 inside the graph), then per row its position,
+    its sliding layers' KV rows (the position minus the layer's start; int32 in the low
+    half of an entry) and per layer its KV slot (K's address, K's stride over heads, V's
+    address, V's stride). A change in which sequences fill the rows, a cache grown into new
+    buffers or a slid window is a new table, not a new graph."""
+
+    SLOT = 4  # int64 per layer: K address, stride_h, V address, stride_h
+
+    def __init__(self, dev: Device, rows: int, windows: Sequence[int | None]) -> None:
+        self.rows, self.layers = rows, len(windows)
+        self.sliding = {layer: 1 + j for j, layer in
+                        enumerate(i for i, w in enumerate(windows) if w is not None)}
+        self.head = 1 + len(self.sliding)  # position and sliding rows, before the slots
+        self.per_row = self.head + self.SLOT * self.layers
+        n = rows * (1 + self.per_row)
+        self.host = np.zeros(n, np.int64)
+        self.table = dev.zeros((n,), np.int64)
+        self.tok = self.table[:rows]
+        self._i32 = self.table.view(np.int32)
+
+    def _base(self, row: int) -> int:
+        return self.rows + row * self.per_row
+
+    def _int(self, entry: int) -> Any:
+        return self._i32[2 * entry:2 * entry + 1]  # the low half (little-endian)
+
+    def read(self, row: int, layer: int) -> tuple[Any, Any, Any]:
+        """(position, KV row, KV slot) buffers that row's kernels of ``layer`` read."""
+        b = self._base(row)
+        kv = b + self.sliding.get(layer, 0)
+        at = b + self.head + self.SLOT * layer
+        return self._int(b), self._int(kv), self.table[at:at + self.SLOT]
+
+    def write(self, dev: Device, toks: list[Any], caches: list[KVCache],
+              blocks: list[np.ndarray]) -> None:
+        """The table for this step: each row's token, position, sliding rows and slots
+        (``blocks``: a cache's SLOT * layers entries, :meth:`CudaSteps._slots_of`)."""
+        h = self.host
+        for r, (tok, c, block) in enumerate(zip(toks, caches, blocks, strict=True)):
+            h[r] = dev.address(tok)
+            b = self._base(r)
+            h[b] = c.offset
+            for layer, j in self.sliding.items():
+                h[b + j] = c.offset - c.start[layer]
+            h[b + self.head:b + self.per_row] = block
+        dev.write(self.table, h, "step inputs")
 
 
 class CudaBackend(Backend):
@@ -436,8 +496,12 @@ class CudaBackend(Backend):
             row = next((i for i, c in enumerate(cap.caches) if c is cache), None)
             if row is None:
                 raise GraphUnsupported("attention over a cache outside the step")
-            cap.pos = cap.at(self.dev, row, 0)
-            cap.kv_pos = cap.at(self.dev, row, cache.start[layer])
+            if cap.slots is not None:  # and its KV slot: the buffers are read at each replay
+                cap.pos, cap.kv_pos, cap.slot = cap.slots.read(row, layer)
+                cap.cache, cap.layer = cache, layer
+            else:
+                cap.pos = cap.at(self.dev, row, 0)
+                cap.kv_pos = cap.at(self.dev, row, cache.start[layer])
         return super().attend_cached(q, k, v, cache, layer, **kw)
 
     def attend_rows(self, q: Any, k: Any, v: Any, caches: Sequence[Any], layer: int,
@@ -482,7 +546,7 @@ class CudaBackend(Backend):
             if key_mask is not None or t != 1 or cap.kv_pos is None:
                 raise GraphUnsupported("attention with a mask or several queries")
             return step.attention(self.dev, self._c(q), k, v, scale, cap.kv_pos, cap.max_kv,
-                                  window=window, softcap=softcap, out=cap.out)
+                                  window=window, softcap=softcap, out=cap.out, slot=cap.slot)
         window = window if window is not None and s > window else None  # else it hides nothing
         if d <= ATTN_MAX_HEAD_DIM and k.dtype in ops.KV_KERNELS and k.dtype == v.dtype \
                 and k.strides[-1] == k.itemsize and v.strides == k.strides:
@@ -584,9 +648,18 @@ class CudaBackend(Backend):
             if dst.dtype == ops.KV_BF16 and src.dtype == np.float32:  # a bfloat16 cache row
                 src = ops.to_bf16_bits(self.xp, src)
             return super().set_slice(dst, src, axis, start)
-        if dst.ndim != 4 or axis != 2 or src.shape[2] != 1 or self._step.kv_pos is None:
+        cap = self._step
+        if dst.ndim != 4 or axis != 2 or src.shape[2] != 1 or cap.kv_pos is None:
             raise GraphUnsupported("a slice write other than one KV cache row")
-        return step.kv_store(self.dev, src, dst, self._step.kv_pos)
+        slot = None
+        if cap.slot is not None:  # K's half of the slot, or V's
+            if dst is cap.cache.keys[cap.layer]:
+                slot = cap.slot[0:2]
+            elif dst is cap.cache.values[cap.layer]:
+                slot = cap.slot[2:4]
+            else:
+                raise GraphUnsupported("a row write to a buffer other than the step's cache")
+        return step.kv_store(self.dev, src, dst, cap.kv_pos, slot=slot)
 
     # --- sampling on the device --------------------------------------------------------
     def _history(self, history: list[int]) -> Any:
@@ -653,6 +726,26 @@ class StepGraph:
 
 
 @dataclass
+class BatchGraph:
+    """One captured batched decode step for ``rows`` sequences, whichever they are: its
+    kernels read the rows' tokens, positions and KV buffers through ``slots`` (written by
+    one copy before each replay), so it is replayed while the rows' caches are of
+    ``layout`` and every row's keys fit ``max_kv``. ``left``, ``caches`` (weak) and
+    ``next``: as :class:`StepGraph`'s, for the rows of the last replay."""
+
+    graph: Graph
+    slots: _Slots
+    ids: Any
+    logits: Any
+    max_kv: int
+    layout: tuple[Any, ...]
+    left: int = 0
+    caches: list[weakref.ref[KVCache]] = field(default_factory=list)
+    next: list[int] = field(default_factory=list)
+    blocks: list[np.ndarray] = field(default_factory=list)  # the rows' KV slots
+
+
+@dataclass
 class DeviceToken:
     """A sampled id on the device and its copy to the host, queued when it was sampled."""
 
@@ -671,6 +764,31 @@ def _room(c: Any) -> int:
     return min(k.shape[2] - c.layer_offset(i) for i, k in enumerate(c.keys))
 
 
+# A batched graph's KV slots are read by kernels planned on the capture's caches: every
+# slot's buffers and stride over heads start on this many bytes (the decode attention's
+# widest vector load).
+SLOT_ALIGN = 16
+
+
+def _slot_block(dev: Device, c: KVCache) -> tuple[np.ndarray, tuple[Any, ...]] | None:
+    """``c``'s KV slots (_Slots.SLOT int64 per layer) and its layout (what a graph planned
+    on another cache needs equal: per layer the type, heads, head_dim and row stride), or
+    None where a slot cannot stand for it (no buffers yet, other layouts, misaligned)."""
+    block = np.empty(_Slots.SLOT * len(c.keys), np.int64)
+    layout = []
+    for i, (k, v) in enumerate(zip(c.keys, c.values, strict=True)):
+        if k is None or v is None or k.ndim != 4 or k.shape[0] != 1 or k.shape != v.shape \
+                or k.strides != v.strides or k.dtype != v.dtype:
+            return None
+        size = k.itemsize
+        ka, va, sh = dev.address(k), dev.address(v), k.strides[1]
+        if ka % SLOT_ALIGN or va % SLOT_ALIGN or sh % SLOT_ALIGN:
+            return None
+        block[_Slots.SLOT * i:_Slots.SLOT * (i + 1)] = (ka, sh // size, va, sh // size)
+        layout.append((np.dtype(k.dtype).str, k.shape[1], k.shape[3], k.strides[2:]))
+    return block, (tuple(c.windows), *layout)
+
+
 def _bound(caches: list[KVCache]) -> tuple[Any, ...]:
     """What a captured step holds of its caches: the buffers its kernels write and read,
     and each sliding layer's start (its KV row is the position minus that)."""
@@ -683,24 +801,35 @@ class CudaSteps(EagerSteps):
     (:class:`BatchedCaches`, the server's steps), each row at its own position.
 
     ``ids``: the rows' input ids as a (rows, 1) device array, or the samplers' tokens
-    (:class:`DeviceToken`, one or a list), which never leave the device: each replay is
-    one ``step_inputs`` launch per row and per distinct sliding-window start, then the
-    graph. A graph serves one set of sequences (its KV buffers are baked in): a sequence
-    joining or leaving the batch, or a cache growing or sliding, captures anew (a capture
-    records the step, it does not run it: the replay right after computes it). Positions
-    are bucketed (``CudaBackend.graph_min_keys``, powers of two), so a moving position
-    replays one graph. An op the capture refuses (:class:`GraphUnsupported`) makes every
-    later step eager, the reason in ``eager_reason`` (and ``CudaBackend.graph_error``)."""
+    (:class:`DeviceToken`, one or a list), which never leave the device.
+
+    One sequence: each replay is one ``step_inputs`` launch per distinct sliding-window
+    start, then the graph, which holds the sequence's KV buffers (a cache growing or
+    sliding, or another sequence, captures anew). Several (the server's batched steps): a
+    graph per row count (:class:`BatchGraph`), whose kernels read each row's token,
+    position and KV buffers through a table (:class:`_Slots`) that one copy writes before
+    each replay, so a sequence joining or leaving the batch, or a cache grown into new
+    buffers, replays it. A capture records the step, it does not run it: the replay right
+    after computes it. Positions are bucketed (``CudaBackend.graph_min_keys``, powers of
+    two), so a moving position replays one graph. An op the capture refuses
+    (:class:`GraphUnsupported`) makes every later step eager, the reason in
+    ``eager_reason`` (and ``CudaBackend.graph_error``)."""
 
     def __init__(self, backend: CudaBackend):
         self.B = backend
         self.graph: StepGraph | None = None
+        self.batched: dict[int, BatchGraph] = {}  # by rows
+        # Each cache's KV slots, while it keeps the buffers they point to (_slot_block).
+        self._blocks: weakref.WeakKeyDictionary[KVCache, tuple[Any, ...]] = \
+            weakref.WeakKeyDictionary()
         self.eager_reason: str | None = None
         self.captures = 0
         self.replays = 0
 
     def __call__(self, model: Any, ids: Any, cache: Any) -> Any:
         caches = cache.caches if isinstance(cache, BatchedCaches) else [cache]
+        if len(caches) > 1:
+            return self._rows(model, ids, cache, caches)
         g = self._graph(model, caches)
         if g is None:
             return model(self._ids(ids, len(caches)), cache, last_only=True)
@@ -715,6 +844,10 @@ class CudaSteps(EagerSteps):
             for launch, ids_row, buf, row, shift in g.inputs:
                 dev.launch("step", "step_inputs_i32", launch,
                            (toks[row], ids_row, buf, np.int32(caches[row].offset - shift)))
+        return self._replay(g, caches)
+
+    def _replay(self, g: StepGraph | BatchGraph, caches: list[Any]) -> Any:
+        """Launch ``g`` (its inputs written) and move its rows on by the step it computes."""
         g.graph.launch()
         for c in caches:
             c.advance(1)
@@ -724,8 +857,64 @@ class CudaSteps(EagerSteps):
         return g.logits
 
     def release(self) -> None:
-        """Drop the captured step (it holds its sequences' KV buffers)."""
+        """Drop the captured steps (one sequence's holds its KV buffers) and the slots."""
         self.graph = None
+        self.batched.clear()
+        self._blocks.clear()
+
+    def _rows(self, model: Any, ids: Any, cache: BatchedCaches, caches: list[Any]) -> Any:
+        """A batched step: the graph of its row count, its table written by one copy (the
+        rows' tokens, positions and KV slots), one replay; eager where it cannot serve."""
+        g = self._batch_graph(model, caches)
+        if g is None:
+            return model(self._ids(ids, len(caches)), cache, last_only=True)
+        g.slots.write(self.B.dev, self._tokens(ids, len(caches)), caches, g.blocks)
+        return self._replay(g, caches)
+
+    def _slots_of(self, c: Any) -> tuple[np.ndarray, tuple[Any, ...]] | None:
+        """(KV slots, layout) of ``c`` (:func:`_slot_block`), kept while its buffers are."""
+        if not isinstance(c, KVCache):
+            return None
+        m = self._blocks.get(c)
+        if m is not None and all(map(operator.is_, m[0], c.keys)) \
+                and all(map(operator.is_, m[1], c.values)):
+            return m[2], m[3]
+        got = _slot_block(self.B.dev, c)
+        if got is None:
+            self._blocks.pop(c, None)
+            return None
+        self._blocks[c] = (tuple(c.keys), tuple(c.values), *got)
+        return got
+
+    def _batch_graph(self, model: Any, caches: list[Any]) -> BatchGraph | None:
+        B = self.B
+        if not B.graphs or self.eager_reason is not None or not _OPS.isdisjoint(vars(B)):
+            return None
+        rows = len(caches)
+        g = self.batched.get(rows)
+        if (g is not None and g.left > 0
+                and all(r() is c and c.offset == n
+                        for r, c, n in zip(g.caches, caches, g.next, strict=True))):
+            return g  # the rows moved only by this graph's replays since it checked
+        room = min(_room(c) for c in caches)
+        if room <= 0:
+            return None  # this step grows or slides a cache (eagerly); the next replays
+        got = [self._slots_of(c) for c in caches]
+        if any(x is None for x in got) or any(x[1] != got[0][1] for x in got):
+            return None
+        layout = got[0][1]
+        need = max(c.offset for c in caches) + 1
+        if g is None or need > g.max_kv or g.layout != layout:
+            self.batched.pop(rows, None)  # free the old graph's buffers before capturing
+            max_kv = max(B.graph_min_keys, 1 << (need - 1).bit_length())
+            g = self._capture_rows(model, caches, max_kv, layout)
+            if g is None:
+                return None
+            self.batched[rows] = g
+        g.left = min(room, g.max_kv - need + 1)
+        g.caches = [weakref.ref(c) for c in caches]
+        g.blocks = [x[0] for x in got]
+        return g
 
     def _tokens(self, ids: Any, rows: int) -> list[Any]:
         """Each row's input id as a (1,) int32 device array."""
@@ -773,15 +962,17 @@ class CudaSteps(EagerSteps):
         g.next = [c.offset for c in caches]
         return g
 
-    def _capture(self, model: Any, caches: list[KVCache], max_kv: int,
-                 bound: tuple[Any, ...]) -> StepGraph | None:
+    def _record(self, model: Any, ids: Any, caches: list[KVCache], state: _Capture
+                ) -> tuple[Graph, Any] | None:
+        """Capture the model's step over ``caches`` from input ``ids``: (graph, logits),
+        or None where the capture was refused (then every later step is eager)."""
         B, dev = self.B, self.B.dev
-        ids = dev.empty((len(caches), 1), np.int32)
         offsets = [c.offset for c in caches]
-        state = _Capture(list(caches), max_kv)
         B._step = state
         dev.begin_capture()
         try:
+            if state.slots is not None:  # the rows' tokens, inside the graph
+                step.step_ids(dev, state.slots.tok, ids)
             logits = model(ids, caches[0] if len(caches) == 1 else BatchedCaches(caches),
                            last_only=True)
             graph = dev.end_capture()
@@ -796,8 +987,27 @@ class CudaSteps(EagerSteps):
             for c, n in zip(caches, offsets, strict=True):
                 c.offset = n  # captured, not run: each replay runs and advances it
         self.captures += 1
+        return graph, logits
+
+    def _capture(self, model: Any, caches: list[KVCache], max_kv: int,
+                 bound: tuple[Any, ...]) -> StepGraph | None:
+        ids = self.B.dev.empty((len(caches), 1), np.int32)
+        state = _Capture(list(caches), max_kv)
+        got = self._record(model, ids, caches, state)
+        if got is None:
+            return None
         positions = [(buf, row, shift) for (row, shift), buf in state.positions.items()]
-        return StepGraph(graph, ids, positions, logits, max_kv, list(caches), bound)
+        return StepGraph(got[0], ids, positions, got[1], max_kv, list(caches), bound)
+
+    def _capture_rows(self, model: Any, caches: list[KVCache], max_kv: int,
+                      layout: tuple[Any, ...]) -> BatchGraph | None:
+        dev = self.B.dev
+        ids = dev.empty((len(caches), 1), np.int32)
+        slots = _Slots(dev, len(caches), caches[0].windows)
+        got = self._record(model, ids, caches, _Capture(list(caches), max_kv, slots=slots))
+        if got is None:
+            return None
+        return BatchGraph(got[0], slots, ids, got[1], max_kv, layout)
 
 
 class CudaSampler(TokenSampler):

@@ -23,11 +23,11 @@
 // one token (kv_heads of them) would leave most SMs idle.
 #include "attention.cuh"
 
-ATTN_KERNELS(float, attn_f32, attn_f32_pos)  // see attention.cuh
+ATTN_KERNELS(float, attn_f32, attn_f32_pos, attn_f32_slot)  // see attention.cuh
 // Decode (at most 8 query rows a block), head_dim up to 64, 128, 256: see attention.cuh
-ATTN_VEC_KERNELS(float, 2, attn_vec_f32_e2, attn_vec_f32_e2_pos)
-ATTN_VEC_KERNELS(float, 4, attn_vec_f32_e4, attn_vec_f32_e4_pos)
-ATTN_VEC_KERNELS(float, 8, attn_vec_f32_e8, attn_vec_f32_e8_pos)
+ATTN_VEC_KERNELS(float, 2, attn_vec_f32_e2, attn_vec_f32_e2_pos, attn_vec_f32_e2_slot)
+ATTN_VEC_KERNELS(float, 4, attn_vec_f32_e4, attn_vec_f32_e4_pos, attn_vec_f32_e4_slot)
+ATTN_VEC_KERNELS(float, 8, attn_vec_f32_e8, attn_vec_f32_e8_pos, attn_vec_f32_e8_slot)
 
 // Merge the splits of attn_f32: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
 // M = max_s m_s; a split that saw no key has m_s = -inf and weighs nothing. With xq, the

@@ -158,7 +158,19 @@ static __device__ __forceinline__ void attn_block(
 // replay), so one launch serves every step: causal_offset = *pos and n_kv = *pos + nq. The
 // grid is planned for the largest n_kv the graph serves; splits past the keys see no tile
 // and weigh nothing in attn_combine_f32.
-#define ATTN_KERNELS(T, name, name_pos)                                                            \
+//
+// `name_slot`: `name_pos` for a batched step's graph, whose rows are whichever sequences
+// fill them at a replay: the cache is read through `slot`, four int64 in device memory
+// written before each replay (K's address, its stride over heads, V's address, the same
+// stride), not passed. A kernel of its own, so the `_pos` kernels keep their registers.
+#define ATTN_SLOT_PARAMS                                                                           \
+    const float * __restrict__ q, const long long * __restrict__ slot, float * __restrict__ out,   \
+    float * __restrict__ part, float * __restrict__ part_ml, const int head_dim, const int rows,   \
+    const int nq, const int * __restrict__ pos, const int kv_heads, const long long kv_stride_b,   \
+    const long long kv_stride_s, const float scale, const float softcap, const int window,         \
+    uint8_t * __restrict__ xq, const long long xq_stride
+
+#define ATTN_KERNELS(T, name, name_pos, name_slot)                                                 \
     extern "C" __global__ void __launch_bounds__(256) name(                                        \
             const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
             float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
@@ -182,6 +194,13 @@ static __device__ __forceinline__ void attn_block(
         attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,              \
                    kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window, nullptr, 0,   \
                    xq, xq_stride);                                                                 \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) name_slot(                                   \
+            ATTN_SLOT_PARAMS) {                                                                    \
+        const int p = *pos;                                                                        \
+        attn_block(q, (const T *) slot[0], (const T *) slot[2], out, part, part_ml, head_dim,      \
+                   rows, nq, p + nq, kv_heads, kv_stride_b, slot[1], kv_stride_s, scale, softcap,  \
+                   p, window, nullptr, 0, xq, xq_stride);                                          \
     }
 
 
@@ -403,8 +422,9 @@ static __device__ __forceinline__ void attn_vec_block(
 
 // attn_vec kernels over a cache of element type T, E head_dim elements per lane (head_dim
 // up to 32 * E): `name` for ops.attention's arguments, `name_pos` for a captured decode
-// step (as attn_<name>_pos above). Both names are spelled out where this is used.
-#define ATTN_VEC_KERNELS(T, E, name, name_pos)                                                     \
+// step and `name_slot` for a batched step's (as attn_<name>_pos and _slot above). The
+// names are spelled out where this is used.
+#define ATTN_VEC_KERNELS(T, E, name, name_pos, name_slot)                                          \
     extern "C" __global__ void __launch_bounds__(128, 4) name(                                     \
             const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
             float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
@@ -428,4 +448,11 @@ static __device__ __forceinline__ void attn_vec_block(
         attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,    \
                              kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window,     \
                              nullptr, 0, xq, xq_stride);                                           \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128, 4) name_slot(                                \
+            ATTN_SLOT_PARAMS) {                                                                    \
+        const int p = *pos;                                                                        \
+        attn_vec_block<T, E>(q, (const T *) slot[0], (const T *) slot[2], out, part, part_ml,      \
+                             head_dim, rows, nq, p + nq, kv_heads, kv_stride_b, slot[1],           \
+                             kv_stride_s, scale, softcap, p, window, nullptr, 0, xq, xq_stride);   \
     }

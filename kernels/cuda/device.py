@@ -263,6 +263,11 @@ class Device:
     def to_host(self, a: Any, label: str = "") -> np.ndarray:
         raise NotImplementedError
 
+    def write(self, dst: Any, a: np.ndarray, label: str = "") -> None:
+        """Copy the host array ``a`` into the device buffer ``dst`` (same size), queued
+        behind the work already queued; ``a`` may be rewritten as soon as this returns."""
+        raise NotImplementedError
+
     def read_later(self, a: Any, label: str = "") -> PendingRead:
         """Queue a copy of ``a`` to the host behind the work already queued; see
         :class:`PendingRead`."""
@@ -377,6 +382,12 @@ class CupyDevice(Device):
     def to_host(self, a: Any, label: str = "") -> np.ndarray:
         self.transfers.record("d2h", a.nbytes, label)
         return self._cupy.asnumpy(a)
+
+    def write(self, dst: Any, a: np.ndarray, label: str = "") -> None:
+        # From pageable memory: cudaMemcpyAsync stages ``a`` before it returns, and the
+        # copy runs in stream order (after the replay still reading ``dst``).
+        self.transfers.record("h2d", a.nbytes, label)
+        dst.set(a, stream=self._cupy.cuda.get_current_stream())
 
     def read_later(self, a: Any, label: str = "") -> PendingRead:
         # Into page-locked memory, so the copy is asynchronous; the event marks its end on

@@ -2,7 +2,10 @@
 // a cache of element type T: src (batch, heads, 1, head_dim) float32 contiguous, dst
 // (batch, heads, capacity, head_dim) with strides in elements, row *pos (read on the
 // device). One thread per element; 1-D grid (plan.plan_elementwise). A half cache stores
-// src rounded to nearest even, as the eager step's astype(float16) does.
+// src rounded to nearest even, as the eager step's astype(float16) does. A batched step's
+// graph passes `slot` (else nullptr): two int64 in device memory, the cache's address and
+// stride_h, which replace dst and stride_h (each sequence's own buffer, written before
+// each replay, so the graph serves whichever sequences fill its rows).
 #pragma once
 
 #include "rope.cuh"
@@ -11,15 +14,18 @@
     extern "C" __global__ void __launch_bounds__(256) name(                                        \
             const float * __restrict__ src, T * __restrict__ dst, const int heads,                 \
             const int head_dim, const long long stride_b, const long long stride_h,                \
-            const long long stride_s, const int * __restrict__ pos, const long long n) {           \
+            const long long stride_s, const int * __restrict__ pos, const long long n,             \
+            const long long * __restrict__ slot) {                                                 \
         const long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x;                     \
         if (i >= n) {                                                                              \
             return;                                                                                \
         }                                                                                          \
+        T * base = slot != nullptr ? (T *) slot[0] : dst;                                          \
+        const long long sh = slot != nullptr ? slot[1] : stride_h;                                 \
         const int d = (int) (i % head_dim);                                                        \
         const long long bh = i / head_dim;                                                         \
         const long long h = bh % heads, b = bh / heads;                                            \
-        store_f32(dst + b * stride_b + h * stride_h + (long long) *pos * stride_s + d,             \
+        store_f32(base + b * stride_b + h * sh + (long long) *pos * stride_s + d,                  \
                   ld_global(src + i));                                                             \
     }
 

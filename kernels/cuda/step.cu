@@ -17,6 +17,16 @@ extern "C" __global__ void __launch_bounds__(32) step_inputs_i32(
     }
 }
 
+// Before a batched step's first kernel, inside its graph: row r's input id is the token its
+// sequence sampled (still on the device) at the address tok[r], which the step's one copy
+// before each replay wrote with the rows' positions and KV slots. One warp.
+extern "C" __global__ void __launch_bounds__(32) step_ids_i32(
+        const long long * __restrict__ tok, int * __restrict__ ids, const int rows) {
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        ids[r] = *(const int *) tok[r];
+    }
+}
+
 KV_STORE_KERNEL(float, kv_store_f32)  // see kv_store.cuh
 ROPE_KV_KERNEL(float, rope_kv_f32)  // see kv_store.cuh: RoPE fused into the KV-cache write
 

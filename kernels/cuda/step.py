@@ -1,5 +1,5 @@
 """Checked entry points of the kernels a captured decode step uses (step.cu, and the
-``_pos`` variants of rope.cu and attention.cu).
+``_pos`` variants of rope.cu and attention.cu, and attention.cu's ``_slot`` ones).
 
 A CUDA graph replays its launches with the arguments they were captured with, so nothing a
 step changes may be a kernel argument: the input id and the position live in device
@@ -49,6 +49,21 @@ def step_inputs(dev: Device, tok: Any, ids: Any, pos: Any, position: int) -> Non
                (tok, ids, pos, i32(position)))
 
 
+def step_ids(dev: Device, tok: Any, ids: Any) -> None:
+    """ids[r] = the int32 at the device address tok[r], for every row (a batched step's
+    first launch: each row's input is the token its sequence sampled). tok: (rows,) int64
+    device memory; ids: (rows, 1) int32."""
+    rows = ids.shape[0]
+    _need(tok.dtype == np.int64 and tok.shape == (rows,) and ids.dtype == np.int32
+          and ids.size == rows, "tok must be (rows,) int64 addresses and ids (rows, 1) int32")
+    dev.launch("step", "step_ids_i32", plan.plan_step_inputs(dev.limits), (tok, ids, i32(rows)))
+
+
+def _slot(slot: Any, n: int) -> None:
+    _need(slot is None or (slot.dtype == np.int64 and slot.shape == (n,)),
+          f"a KV slot is ({n},) int64 device memory")
+
+
 def add(dev: Device, a: Any, b: Any) -> Any:
     """a + b, float32: b of a's shape (the residual adds) or of its last axis (a bias on
     every row)."""
@@ -81,11 +96,17 @@ def softcap(dev: Device, x: Any, cap: float) -> Any:
     return _map(dev, "softcap_f32", x, cap)
 
 
-def kv_store(dev: Device, src: Any, dst: Any, pos: Any) -> Any:
+def kv_store(dev: Device, src: Any, dst: Any, pos: Any, slot: Any | None = None) -> Any:
     """Write src (batch, heads, 1, head_dim) float32 into row pos[0] of the cache dst (batch,
     heads, capacity, head_dim; float32 or float16, any strides, contiguous head_dim; a half
-    cache stores src rounded to nearest even). Returns dst."""
+    cache stores src rounded to nearest even). Returns dst.
+
+    slot: (2,) int64 device memory holding a cache's address and stride over heads (in
+    elements), read at each launch in place of dst's (a batched graph's rows: the caches
+    of that step's sequences, of dst's type, batch 1 and strides but over heads); dst is
+    then only the layout, and the launch holds no reference to it."""
     _pos_buffer(pos)
+    _slot(slot, 2)
     _need(src.dtype == np.float32 and src.ndim == 4 and src.shape[2] == 1,
           f"kv_store writes one float32 row per head, got {src.dtype} {src.shape}")
     _, _, (sb, sh, ss) = kv_layout(dst, dst)
@@ -95,7 +116,8 @@ def kv_store(dev: Device, src: Any, dst: Any, pos: Any) -> Any:
     b, h, _, d = src.shape
     module, kernel = KV_STORE[np.dtype(dst.dtype)]
     dev.launch(module, kernel, plan.plan_elementwise(src.size, dev.limits),
-               (src, dst, i32(h), i32(d), i64(sb), i64(sh), i64(ss), pos, i64(src.size)))
+               (src, dst if slot is None else None, i32(h), i32(d), i64(sb), i64(sh), i64(ss),
+                pos, i64(src.size), slot))
     return dst
 
 
@@ -120,14 +142,19 @@ def rope(dev: Device, x: Any, pos: Any, theta: float, *, neox: bool = True,
 
 def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_kv: int, *,
               window: int | None = None, softcap: float | None = None,
-              out: Any | None = None, q8_1: bool = False) -> Any:
+              out: Any | None = None, q8_1: bool = False, slot: Any | None = None) -> Any:
     """ops.attention for one new token at row pos[0] of the cache k, v (batch, kv_heads,
     capacity, head_dim), over its rows 0..pos[0] (the last ``window`` of them with a
     window); the grid is planned for ``max_kv`` keys, the most any replay of the graph may
     see. ``out``: a contiguous float32 buffer of q's shape to write (a row of a batched
     step's output), else a new one. q8_1: return o_proj's q8_1 rows instead
-    (ops.attention's q8_1, the fused decode layer's)."""
+    (ops.attention's q8_1, the fused decode layer's). slot: (4,) int64 device memory (K's
+    address, stride over heads, V's address, the same stride), read at each launch in place
+    of k's and v's (a batched graph's rows, as :func:`kv_store`); k and v then give the
+    layout (and, for the decode kernel's vector loads, an alignment every slot keeps:
+    16 bytes)."""
     _pos_buffer(pos)
+    _slot(slot, 4)
     _f32_contig(q, "q")
     b, h, t, d = q.shape
     _need(t == 1, f"a captured step attends one token, got {t}")
@@ -146,9 +173,15 @@ def attention(dev: Device, q: Any, k: Any, v: Any, scale: float, pos: Any, max_k
         _f32_contig(out, "out")
         _need(out.shape == q.shape, f"out {out.shape} != q {q.shape}")
     part, part_ml = attention_scratch(dev, p, b * kvh * rows, d)
-    dev.launch(module, f"{kernel}_pos", p.main,
-               (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(1), pos, i32(kvh),
-                i64(sb), i64(sh), i64(ss), f32(scale), f32(softcap or 0.0), i32(window or 0),
-                xq, i64(0 if xq is None else xq.shape[1])))
+    tail = (f32(scale), f32(softcap or 0.0), i32(window or 0), xq,
+            i64(0 if xq is None else xq.shape[1]))
+    if slot is None:
+        dev.launch(module, f"{kernel}_pos", p.main,
+                   (q, k, v, out, part, part_ml, i32(d), i32(rows), i32(1), pos, i32(kvh),
+                    i64(sb), i64(sh), i64(ss), *tail))
+    else:  # the cache is the slot's (attention.cuh, name_slot)
+        dev.launch(module, f"{kernel}_slot", p.main,
+                   (q, slot, out, part, part_ml, i32(d), i32(rows), i32(1), pos, i32(kvh),
+                    i64(sb), i64(ss), *tail))
     attention_combine(dev, p, part, part_ml, out, rows, d, kvh, xq)
     return out if xq is None else xq

@@ -171,6 +171,7 @@ BUDGETS: dict[str, KernelBudget] = {
     # K/V values in flight per lane (ptxas: 96-126 registers): 128 x 128 fits 4 blocks.
     "attn_vec_": KernelBudget(128, 128, 0),
     "step_inputs_i32": KernelBudget(32, 32, 0),
+    "step_ids_i32": KernelBudget(32, 32, 0),
     "kv_store_f32": KernelBudget(256, 64, 0),
     "kv_store_f16": KernelBudget(256, 64, 0),
     "kv_store_bf16": KernelBudget(256, 64, 0),

@@ -73,4 +73,5 @@ def test_first_run_script_on_the_emulator(tmp_path: Path) -> None:
                                                           "gemma-2-2b"}
     assert [t["kernel"] for t in report["tails"]] == ["mul_mat_vec_q_norm_add_q4_k",
                                                       "mul_mat_vec_q_rope_kv_q4_k_f16"]
+    assert [r["captures"] for r in report["host_work_batched"]] == [1, 1, 1]
     assert report["seconds"]["total"] > 0

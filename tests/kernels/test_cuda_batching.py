@@ -124,3 +124,32 @@ def test_a_request_with_logprobs_reads_its_token_at_once(gemma2: Any) -> None:
     ids, _, lps = _serve(gemma2, [0], 1, top_logprobs=2)
     assert [lp.token_id for lp in lps] == ids[0] == _serve(gemma2, [0], 1)[0][0]
     assert all(lp.top[0][0] == lp.token_id for lp in lps)
+
+
+def test_a_batch_whose_members_change_replays_one_graph(
+        gemma2: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two rows at a time for three requests: the second leaves after 5 tokens and the third
+    # takes its row. The rows read their tokens, positions and KV buffers through the
+    # table one copy writes before each replay, so the new pair replays the graph captured
+    # for the first (a graph per set of sequences captured anew here).
+    B = gemma2.backend
+    B.graphs = False
+    alone = [_serve(gemma2, [i], 1)[0][0] for i in range(len(PROMPTS))]
+
+    sets: list[list[Any]] = []
+    run = CudaSteps.__call__
+
+    def recorded(self: CudaSteps, model: Any, ids: Any, cache: Any) -> Any:
+        sets.append(list(getattr(cache, "caches", [cache])))  # kept alive: ids stay unique
+        return run(self, model, ids, cache)
+
+    monkeypatch.setattr(CudaSteps, "__call__", recorded)
+    B.graphs = True
+    together, sched, _ = _serve(gemma2, [0, 1, 2], 2)
+    assert together == alone
+    steps = sched._decode
+    assert steps.eager_reason is None and steps.replays == len(sets)
+    pairs = {tuple(map(id, s)) for s in sets if len(s) == 2}
+    assert len(pairs) == 2  # the batch's members changed while it stayed two rows
+    # One capture for both pairs, one for the last sequence alone.
+    assert steps.captures == 2

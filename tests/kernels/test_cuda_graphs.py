@@ -75,6 +75,43 @@ def test_position_kernels_match_the_eager_kernels() -> None:
     assert (dev.to_host(ids)[0, 0], dev.to_host(pos)[0]) == (41, 12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ops.KV_BF16])
+def test_kv_slots_stand_for_the_buffers_they_point_to(dtype: Any) -> None:
+    # A batched graph's kernels read a row's cache through its KV slot (address and stride
+    # over heads in device memory): planned on a 150-row cache, they write and read a 90-row
+    # one exactly as if it were passed (race check on; head_dim 64, GQA 2).
+    dev = EmulatedDevice(check_races=True)
+    rng = np.random.default_rng(2)
+    p = 61
+
+    def cache(rows: int) -> Any:
+        return dev.to_device(ops.to_bf16_bits(np, _f32(rng, 1, 2, rows, 64)) if dtype is ops.KV_BF16
+                             else _f32(rng, 1, 2, rows, 64).astype(dtype))
+
+    planned_k, planned_v, k, v = cache(150), cache(150), cache(90), cache(90)
+    before = dev.to_host(planned_k).copy()
+    sh = k.strides[1] // k.itemsize
+    slot = dev.to_device(np.array([dev.address(k), sh, dev.address(v), sh], np.int64))
+    pos = dev.to_device(np.array([p], np.int32))
+    row = dev.to_device(_f32(rng, 1, 2, 1, 64))
+    want_k = dev.to_device(dev.to_host(k))
+    step.kv_store(dev, row, want_k, pos)
+    step.kv_store(dev, row, planned_k, pos, slot=slot[0:2])
+    np.testing.assert_array_equal(dev.to_host(k), dev.to_host(want_k))
+    np.testing.assert_array_equal(dev.to_host(planned_k), before)  # only the slot's buffer
+
+    q = dev.to_device(_f32(rng, 1, 4, 1, 64))
+    want = dev.to_host(step.attention(dev, q, k, v, 0.125, pos, 150, softcap=5.0))
+    got = step.attention(dev, q, planned_k, planned_v, 0.125, pos, 150, softcap=5.0, slot=slot)
+    np.testing.assert_array_equal(dev.to_host(got), want)
+
+    toks = [dev.to_device(np.array([t], np.int32)) for t in (7, 300, 12)]
+    addrs = dev.to_device(np.array([dev.address(t) for t in toks], np.int64))
+    ids = dev.to_device(np.zeros((3, 1), np.int32))
+    step.step_ids(dev, addrs, ids)
+    assert dev.to_host(ids)[:, 0].tolist() == [7, 300, 12]
+
+
 def test_checked_argmax_gives_minus_one_for_rows_not_finite() -> None:
     # Greedy sampling's one launch: the first maximum (NaN skipped, as unchecked), or -1
     # where the row holds a NaN or an infinity; race-checked (the flag is shared memory).

@@ -207,6 +207,10 @@ class EmulatedDevice(Device):
         self.transfers.record("d2h", a.nbytes, label)
         return np.array(a, copy=True, subok=False)
 
+    def write(self, dst: np.ndarray, a: np.ndarray, label: str = "") -> None:
+        self.transfers.record("h2d", a.nbytes, label)
+        dst[...] = a.reshape(dst.shape)
+
     def read_later(self, a: np.ndarray, label: str = "") -> PendingRead:
         # Launches complete in order here, so the value is final when the copy is queued.
         return PendingRead(self.transfers, np.array(a, copy=True, subok=False), label)
