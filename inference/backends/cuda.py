@@ -184,6 +184,9 @@ class _Slots:
         self.per_row = self.head + self.SLOT * self.layers
         n = rows * (1 + self.per_row)
         self.host = np.zeros(n, np.int64)
+        # Every row's position and sliding rows: a replay moves each on by one.
+        self.counters = np.concatenate([np.arange(self._base(r), self._base(r) + self.head)
+                                        for r in range(rows)])
         self.table = dev.zeros((n,), np.int64)
         self.tok = self.table[:rows]
         self._i32 = self.table.view(np.int32)
@@ -202,17 +205,22 @@ class _Slots:
         return self._int(b), self._int(kv), self.table[at:at + self.SLOT]
 
     def write(self, dev: Device, toks: list[Any], caches: list[KVCache],
-              blocks: list[np.ndarray]) -> None:
+              blocks: list[np.ndarray] | None) -> None:
         """The table for this step: each row's token, position, sliding rows and slots
-        (``blocks``: a cache's SLOT * layers entries, :meth:`CudaSteps._slots_of`)."""
+        (``blocks``: a cache's SLOT * layers entries, :meth:`CudaSteps._slots_of`), or,
+        with ``blocks`` None, the last table's rows one replay on (the same caches, moved
+        only by that replay: the slots stay, the positions and sliding rows grow by one)."""
         h = self.host
-        for r, (tok, c, block) in enumerate(zip(toks, caches, blocks, strict=True)):
-            h[r] = dev.address(tok)
-            b = self._base(r)
-            h[b] = c.offset
-            for layer, j in self.sliding.items():
-                h[b + j] = c.offset - c.start[layer]
-            h[b + self.head:b + self.per_row] = block
+        h[:self.rows] = [dev.address(tok) for tok in toks]
+        if blocks is None:
+            h[self.counters] += 1
+        else:
+            for r, (c, block) in enumerate(zip(caches, blocks, strict=True)):
+                b = self._base(r)
+                h[b] = c.offset
+                for layer, j in self.sliding.items():
+                    h[b + j] = c.offset - c.start[layer]
+                h[b + self.head:b + self.per_row] = block
         dev.write(self.table, h, "step inputs")
 
 
@@ -742,7 +750,6 @@ class BatchGraph:
     left: int = 0
     caches: list[weakref.ref[KVCache]] = field(default_factory=list)
     next: list[int] = field(default_factory=list)
-    blocks: list[np.ndarray] = field(default_factory=list)  # the rows' KV slots
 
 
 @dataclass
@@ -865,10 +872,10 @@ class CudaSteps(EagerSteps):
     def _rows(self, model: Any, ids: Any, cache: BatchedCaches, caches: list[Any]) -> Any:
         """A batched step: the graph of its row count, its table written by one copy (the
         rows' tokens, positions and KV slots), one replay; eager where it cannot serve."""
-        g = self._batch_graph(model, caches)
+        g, blocks = self._batch_graph(model, caches)
         if g is None:
             return model(self._ids(ids, len(caches)), cache, last_only=True)
-        g.slots.write(self.B.dev, self._tokens(ids, len(caches)), caches, g.blocks)
+        g.slots.write(self.B.dev, self._tokens(ids, len(caches)), caches, blocks)
         return self._replay(g, caches)
 
     def _slots_of(self, c: Any) -> tuple[np.ndarray, tuple[Any, ...]] | None:
@@ -886,22 +893,25 @@ class CudaSteps(EagerSteps):
         self._blocks[c] = (tuple(c.keys), tuple(c.values), *got)
         return got
 
-    def _batch_graph(self, model: Any, caches: list[Any]) -> BatchGraph | None:
+    def _batch_graph(self, model: Any, caches: list[Any]
+                     ) -> tuple[BatchGraph | None, list[np.ndarray] | None]:
+        """The graph to replay for these rows (None: an eager step) and the rows' KV slots
+        (None: the graph's table of the last replay holds them, one step behind)."""
         B = self.B
         if not B.graphs or self.eager_reason is not None or not _OPS.isdisjoint(vars(B)):
-            return None
+            return None, None
         rows = len(caches)
         g = self.batched.get(rows)
         if (g is not None and g.left > 0
                 and all(r() is c and c.offset == n
                         for r, c, n in zip(g.caches, caches, g.next, strict=True))):
-            return g  # the rows moved only by this graph's replays since it checked
+            return g, None  # the rows moved only by this graph's replays since it checked
         room = min(_room(c) for c in caches)
         if room <= 0:
-            return None  # this step grows or slides a cache (eagerly); the next replays
+            return None, None  # this step grows or slides a cache (eagerly); the next replays
         got = [self._slots_of(c) for c in caches]
         if any(x is None for x in got) or any(x[1] != got[0][1] for x in got):
-            return None
+            return None, None
         layout = got[0][1]
         need = max(c.offset for c in caches) + 1
         if g is None or need > g.max_kv or g.layout != layout:
@@ -909,12 +919,11 @@ class CudaSteps(EagerSteps):
             max_kv = max(B.graph_min_keys, 1 << (need - 1).bit_length())
             g = self._capture_rows(model, caches, max_kv, layout)
             if g is None:
-                return None
+                return None, None
             self.batched[rows] = g
         g.left = min(room, g.max_kv - need + 1)
         g.caches = [weakref.ref(c) for c in caches]
-        g.blocks = [x[0] for x in got]
-        return g
+        return g, [x[0] for x in got]
 
     def _tokens(self, ids: Any, rows: int) -> list[Any]:
         """Each row's input id as a (1,) int32 device array."""
