@@ -426,10 +426,9 @@ class CudaBackend(Backend):
 
     def decode_layer(self, block: Any, x: Any, cache: Any) -> Any | None:
         """ops.decode_layer (8 launches, 9 when attention splits) for one sequence's decode
-        step through a block it fits (:meth:`_decoder_layer`) on a float32 or float16
-        cache, q8_1 activations on; eager or captured. Else None: prefill, batched steps,
-        bfloat16 caches, an eager step that slides a window's rows and an OpProfiler run
-        op by op."""
+        step through a block it fits (:meth:`_decoder_layer`) on a float32, float16 or
+        bfloat16 cache, q8_1 activations on; eager or captured. Else None: prefill, batched
+        steps, an eager step that slides a window's rows and an OpProfiler run op by op."""
         if not self.q8_1_activations or not _OPS.isdisjoint(vars(self)):
             return None
         if block not in self._fused:

@@ -1,6 +1,7 @@
 // Matrix-vector product for decode, every weight type: y[b, r] = sum_c W[r, c] * x[b, c].
 // W rows hold GGML blocks (row_bytes apart); x and y are float32, batch rows on grid.y.
 #include "quants.cuh"
+#include "bf16.cuh"
 #include "kv_store.cuh"
 
 // The end of every mat-vec below: a warp's sums for the NY batch rows of its tile, each
@@ -344,8 +345,8 @@ static __device__ __forceinline__ float tail_rms_scale(const float * p, const in
 // block's warps take rows in RoPE pairs (warps 2p and 2p + 1: pair elements i0 and i1 of a
 // head, rope.cu's pairing; v heads pair the same way, unrotated), so after the sums (+ bias)
 // the pair meets in shared memory and warp 2p's lane 0 rotates and stores it
-// (store_qkv_pair, kv_store.cuh: q into q_out, k and v into the caches as T, float or
-// half). blockDim.y is even (MMVQ_ROWS, or nrows when smaller: nrows is even). Bit for bit
+// (store_qkv_pair, kv_store.cuh: q into q_out, k and v into the caches as T, float, half
+// or bfloat16). blockDim.y is even (MMVQ_ROWS, or nrows when smaller: nrows is even). Bit for bit
 // mul_mat_vec_q_* then rope_kv_*: the same sums, the same rotation.
 // Per-head q/k RMSNorm (Qwen3, Gemma 3: q_norm and k_norm, head_dim weights each, else
 // null): a block's rows lie in one head (head_dim % blockDim.y == 0), so a q or k head is
@@ -491,9 +492,8 @@ MMVQ(t_q6_k, 2, mul_mat_vec_q_b2_q6_k)
 MMVQ(t_q6_k, 4, mul_mat_vec_q_b4_q6_k)
 MMVQ(t_q6_k, 8, mul_mat_vec_q_b8_q6_k)
 
-// The kernels: mul_mat_vec_q_rope_kv_<type>_<cache> for a float32 or float16 KV cache
-// (a bfloat16 cache takes mul_mat_vec_q_* and rope_kv_bf16). MMVQ_ROPE_KV(tag, T, name)
-// defines `name` as mul_mat_vec_q_rope_kv<tag, T>.
+// The kernels: mul_mat_vec_q_rope_kv_<type>_<cache> for a float32, float16 or bfloat16 KV
+// cache. MMVQ_ROPE_KV(tag, T, name) defines `name` as mul_mat_vec_q_rope_kv<tag, T>.
 #define MMVQ_ROPE_KV(Q, T, name)                                                                \
     extern "C" __global__ void __launch_bounds__(MMVQ_ROWS * WARP_SIZE) name(                   \
             const uint8_t * w, const uint8_t * xq, float * q_out, T * kc, T * vc,                \
@@ -510,24 +510,34 @@ MMVQ(t_q6_k, 8, mul_mat_vec_q_b8_q6_k)
     }
 MMVQ_ROPE_KV(t_q4_0, float, mul_mat_vec_q_rope_kv_q4_0_f32)
 MMVQ_ROPE_KV(t_q4_0, __half, mul_mat_vec_q_rope_kv_q4_0_f16)
+MMVQ_ROPE_KV(t_q4_0, bf16_t, mul_mat_vec_q_rope_kv_q4_0_bf16)
 MMVQ_ROPE_KV(t_q4_1, float, mul_mat_vec_q_rope_kv_q4_1_f32)
 MMVQ_ROPE_KV(t_q4_1, __half, mul_mat_vec_q_rope_kv_q4_1_f16)
+MMVQ_ROPE_KV(t_q4_1, bf16_t, mul_mat_vec_q_rope_kv_q4_1_bf16)
 MMVQ_ROPE_KV(t_q5_0, float, mul_mat_vec_q_rope_kv_q5_0_f32)
 MMVQ_ROPE_KV(t_q5_0, __half, mul_mat_vec_q_rope_kv_q5_0_f16)
+MMVQ_ROPE_KV(t_q5_0, bf16_t, mul_mat_vec_q_rope_kv_q5_0_bf16)
 MMVQ_ROPE_KV(t_q5_1, float, mul_mat_vec_q_rope_kv_q5_1_f32)
 MMVQ_ROPE_KV(t_q5_1, __half, mul_mat_vec_q_rope_kv_q5_1_f16)
+MMVQ_ROPE_KV(t_q5_1, bf16_t, mul_mat_vec_q_rope_kv_q5_1_bf16)
 MMVQ_ROPE_KV(t_q8_0, float, mul_mat_vec_q_rope_kv_q8_0_f32)
 MMVQ_ROPE_KV(t_q8_0, __half, mul_mat_vec_q_rope_kv_q8_0_f16)
+MMVQ_ROPE_KV(t_q8_0, bf16_t, mul_mat_vec_q_rope_kv_q8_0_bf16)
 MMVQ_ROPE_KV(t_q2_k, float, mul_mat_vec_q_rope_kv_q2_k_f32)
 MMVQ_ROPE_KV(t_q2_k, __half, mul_mat_vec_q_rope_kv_q2_k_f16)
+MMVQ_ROPE_KV(t_q2_k, bf16_t, mul_mat_vec_q_rope_kv_q2_k_bf16)
 MMVQ_ROPE_KV(t_q3_k, float, mul_mat_vec_q_rope_kv_q3_k_f32)
 MMVQ_ROPE_KV(t_q3_k, __half, mul_mat_vec_q_rope_kv_q3_k_f16)
+MMVQ_ROPE_KV(t_q3_k, bf16_t, mul_mat_vec_q_rope_kv_q3_k_bf16)
 MMVQ_ROPE_KV(t_q4_k, float, mul_mat_vec_q_rope_kv_q4_k_f32)
 MMVQ_ROPE_KV(t_q4_k, __half, mul_mat_vec_q_rope_kv_q4_k_f16)
+MMVQ_ROPE_KV(t_q4_k, bf16_t, mul_mat_vec_q_rope_kv_q4_k_bf16)
 MMVQ_ROPE_KV(t_q5_k, float, mul_mat_vec_q_rope_kv_q5_k_f32)
 MMVQ_ROPE_KV(t_q5_k, __half, mul_mat_vec_q_rope_kv_q5_k_f16)
+MMVQ_ROPE_KV(t_q5_k, bf16_t, mul_mat_vec_q_rope_kv_q5_k_bf16)
 MMVQ_ROPE_KV(t_q6_k, float, mul_mat_vec_q_rope_kv_q6_k_f32)
 MMVQ_ROPE_KV(t_q6_k, __half, mul_mat_vec_q_rope_kv_q6_k_f16)
+MMVQ_ROPE_KV(t_q6_k, bf16_t, mul_mat_vec_q_rope_kv_q6_k_bf16)
 
 // The kernels: mul_mat_vec_q_norm_add_<type>. MMVQ_NORM_ADD(tag, name) defines `name` as
 // mul_mat_vec_q_norm_add<tag>.

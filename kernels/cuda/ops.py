@@ -362,7 +362,7 @@ KV_KERNELS = {np.dtype(np.float32): ("attention", "attn_f32"),
 
 
 # The caches the q/k/v mat-vec writes from its epilogue (mul_mat_vec_q_rope_kv_<type>_<cache>).
-QKV_ROPE_KV = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+QKV_ROPE_KV = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", KV_BF16: "bf16"}
 
 
 def qkv_rope_kv(dev: Device, w: QuantMatrix, xq: Any, k_cache: Any, v_cache: Any, pos: Any,
@@ -372,8 +372,8 @@ def qkv_rope_kv(dev: Device, w: QuantMatrix, xq: Any, k_cache: Any, v_cache: Any
                 done: Any | None = None) -> Any:
     """The q/k/v mat-vec of x's q8_1 rows with :func:`rope_kv` in its epilogue (mmv.cu
     mul_mat_vec_q_rope_kv_*): one launch, the results of mul_mat_vec_q8_1(bias=...) then
-    rope_kv bit for bit. w is the stacked [q; k; v] weight; the caches float32 or float16
-    (:data:`QKV_ROPE_KV`; a bfloat16 cache takes the two launches). qk_norms: (q_norm,
+    rope_kv bit for bit. w is the stacked [q; k; v] weight; the caches float32, float16 or
+    bfloat16 (:data:`QKV_ROPE_KV`). qk_norms: (q_norm,
     k_norm), (head_dim,) float32 each: every q and k head RMS-normed (eps) before RoPE, as
     rms_norm over the heads' rows (Qwen3, Gemma 3), within float32 rounding of it (the sum
     of squares in another order); ``done`` then holds batch * (heads + kv_heads) zeroed
@@ -382,7 +382,7 @@ def qkv_rope_kv(dev: Device, w: QuantMatrix, xq: Any, k_cache: Any, v_cache: Any
     for a, what in ((pos, "pos"), (row, "row")):
         _need(a.dtype == np.int32 and a.shape == (1,), f"{what} must be a (1,) int32 buffer")
     _need(np.dtype(k_cache.dtype) in QKV_ROPE_KV,
-          f"the q/k/v mat-vec writes float32 or float16 caches, not {k_cache.dtype}")
+          f"the q/k/v mat-vec writes float32, float16 or bfloat16 caches, not {k_cache.dtype}")
     _, _, (sb, sh, ss) = kv_layout(k_cache, v_cache)
     b, kvh, _, d = k_cache.shape
     _need(kvh == kv_heads and heads % kv_heads == 0 and d % 2 == 0
@@ -610,12 +610,11 @@ class DecoderLayer:
     post_mlp_norm: Any | None = None
     done: Any | None = None
 
-    def shape(self, attention_splits: int = 1, kv_bf16: bool = False) -> plan.LayerShape:
+    def shape(self, attention_splits: int = 1) -> plan.LayerShape:
         """The switches plan.decode_layer_kernels counts launches by."""
         return plan.LayerShape(qk_norm=self.q_norm is not None,
                                sandwich_norms=self.post_attn_norm is not None,
-                               gelu=self.act != "silu_mul", attention_splits=attention_splits,
-                               kv_bf16=kv_bf16)
+                               gelu=self.act != "silu_mul", attention_splits=attention_splits)
 
 
 def decode_layer(dev: Device, layer: DecoderLayer, x: Any, k_cache: Any, v_cache: Any,
@@ -628,7 +627,7 @@ def decode_layer(dev: Device, layer: DecoderLayer, x: Any, k_cache: Any, v_cache
     the caches (batch, kv_heads, capacity, head_dim), and attention reads rows
     0..position (the last ``layer.window`` of them on a sliding layer). Returns the layer's
     output, (batch, hidden). Needs q8_1 mat-vecs (:func:`dp4a_applies`) for every weight
-    and widths in whole q8_1 blocks; per-head q/k norms need a float32 or float16 cache.
+    and widths in whole q8_1 blocks; the caches float32, float16 or bfloat16.
     ``attend(q, k_cache, v_cache)``, if given, replaces the attention launch and returns
     o_proj's q8_1 rows (a captured step's, which reads the row from the device:
     step.attention with q8_1=True)."""
@@ -640,15 +639,9 @@ def decode_layer(dev: Device, layer: DecoderLayer, x: Any, k_cache: Any, v_cache
     done = layer.done
     if done is None and (qk is not None or layer.post_mlp_norm is not None):
         done = tail_counters(dev, b * (layer.heads + layer.kv_heads))
-    if np.dtype(k_cache.dtype) in QKV_ROPE_KV:
-        q = qkv_rope_kv(dev, layer.qkv, xq, k_cache, v_cache, pos, row, layer.theta,
-                        layer.heads, layer.kv_heads, bias=layer.qkv_bias, qk_norms=qk,
-                        eps=layer.eps, done=done, **rope)
-    else:
-        _need(qk is None, "per-head q/k norms need a float32 or float16 cache")
-        qkv = mul_mat_vec_q8_1(dev, layer.qkv, xq, b, bias=layer.qkv_bias)
-        q = rope_kv(dev, qkv, k_cache, v_cache, pos, row, layer.theta, layer.heads,
-                    layer.kv_heads, **rope)
+    q = qkv_rope_kv(dev, layer.qkv, xq, k_cache, v_cache, pos, row, layer.theta, layer.heads,
+                    layer.kv_heads, bias=layer.qkv_bias, qk_norms=qk, eps=layer.eps, done=done,
+                    **rope)
     if attend is not None:
         aq = attend(q, k_cache, v_cache)
     else:

@@ -294,8 +294,8 @@ def plan_attention_vec(head_dim: int, rows: int, n_kv: int, kv_blocks: int,
 #   mul_mat_vec_q_rope_kv_*  q/k/v stacked (Weights.linears), + bias (Qwen2), the
 #                       per-head q/k RMSNorms (Qwen3, Gemma 3: in the last block of each
 #                       head), then RoPE and the KV row writes, all in the epilogue (two
-#                       ropes, two norms and two KV row writes); a bfloat16 cache:
-#                       mul_mat_vec_q_* then rope_kv_bf16 (no per-head norms)
+#                       ropes, two norms and two KV row writes; a float32, float16 or
+#                       bfloat16 cache)
 #   attn_vec_*          attention, ending in o_proj's q8_1 row (no quantize_q8_1); softcap
 #                       (Gemma 2) and the window are kernel arguments
 #   attn_combine_f32    only when attention splits its keys (plan_attention_vec): then it
@@ -317,23 +317,19 @@ class LayerShape:
     sandwich_norms: bool = False
     gelu: bool = False  # gelu_tanh_mul instead of silu_mul
     attention_splits: int = 1  # plan_attention_vec's splits at the step's key count
-    kv_bf16: bool = False  # a bfloat16 KV cache (the q/k/v epilogue writes float32/float16)
 
 
 def decode_layer_kernels(s: LayerShape) -> tuple[str, ...]:
     """The launches of one layer's fused decode step, by kernel (name stem: the mat-vecs
-    are mul_mat_vec_q_<type>, attention attn_vec_<cache>_e<E>_pos, rope_kv_<cache>): 8,
-    9 when attention splits its keys, one more for a bfloat16 cache (which takes no
-    per-head q/k norms: ValueError)."""
-    if s.qk_norm and s.kv_bf16:
-        raise ValueError("per-head q/k norms are fused for float32 and float16 caches only")
+    are mul_mat_vec_q_<type>, attention attn_vec_<cache>_e<E>_pos): 8, 9 when attention
+    splits its keys, whatever the cache's type."""
     mmv = "mul_mat_vec_q"
     down = "mul_mat_vec_q_norm_add" if s.sandwich_norms else mmv
     mlp_norm = "rms_norm_add_rms_norm_q8_1" if s.sandwich_norms else "rms_norm_q8_1"
     combine = ("attn_combine_f32",) if s.attention_splits > 1 else ()
     act = "gelu_tanh_mul_q8_1" if s.gelu else "silu_mul_q8_1"
-    qkv = (mmv, "rope_kv") if s.kv_bf16 else ("mul_mat_vec_q_rope_kv",)
-    return ("rms_norm_q8_1", *qkv, "attn_vec", *combine, mmv, mlp_norm, mmv, act, down)
+    return ("rms_norm_q8_1", "mul_mat_vec_q_rope_kv", "attn_vec", *combine, mmv, mlp_norm, mmv,
+            act, down)
 
 
 # Before the fusions (the eager step's kernels, a captured step's extra row writes and adds):

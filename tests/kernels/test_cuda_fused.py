@@ -133,7 +133,7 @@ def test_rope_kv_is_two_ropes_and_two_row_writes(dev: Device, rng: np.random.Gen
 def test_decode_layer_is_the_unfused_layer(emu: Device, act: str, bias: bool, kv: object
                                            ) -> None:
     # A tiny Llama layer (Qwen2's biases; Gemma's activation), Q8_0 weights, a float16 cache
-    # (RoPE and the KV writes in the q/k/v mat-vec) or a bfloat16 one (rope_kv_bf16), 2
+    # or a bfloat16 one (RoPE and the KV writes in the q/k/v mat-vec either way), 2
     # sequences of one token at position 5: the fused step launches exactly
     # plan.decode_layer_kernels' kernels and its output equals the unfused step's bit for
     # bit (every fused kernel stores what the launches it replaces stored).
@@ -167,8 +167,8 @@ def test_decode_layer_is_the_unfused_layer(emu: Device, act: str, bias: bool, kv
     got = host(dev, ops.decode_layer(dev, lw, dev.to_device(x), kc, vc, pos, position))
     splits = 2 if "attn_combine_f32" in names else 1
     stems = plan.decode_layer_kernels(plan.LayerShape(
-        gelu=act != "silu_mul", attention_splits=splits, kv_bf16=kv is ops.KV_BF16))
-    assert len(names) == len(stems) == 8 + (splits > 1) + (kv is ops.KV_BF16)
+        gelu=act != "silu_mul", attention_splits=splits))
+    assert len(names) == len(stems) == 8 + (splits > 1)
     assert all(n.startswith(s) for n, s in zip(names, stems, strict=True)), names
 
     # The unfused step: norm, mat-vec (+ bias), two ropes, the K/V rows written, attention,
@@ -221,7 +221,8 @@ def test_attention_q8_1_is_the_quantized_output(dev: Device, rng: np.random.Gene
         assert np.array_equal(_used(got, heads * d), _used(want, heads * d)), d
 
 
-@pytest.mark.parametrize("kv, neox", [(np.float32, False), (np.float16, True)])
+@pytest.mark.parametrize("kv, neox", [(np.float32, False), (np.float16, True),
+                                      (ops.KV_BF16, True)])
 def test_qkv_rope_kv_is_the_mat_vec_then_rope_kv(dev: Device, rng: np.random.Generator,
                                                  kv: object, neox: bool) -> None:
     # Q4_K q/k/v (2 heads over 1 kv head of 48: 192 rows, 48 blocks of 4 warps = 24
@@ -251,7 +252,8 @@ def _head_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kv, neox, d, heads, kvh", [(np.float16, True, 32, 4, 2),
-                                                     (np.float32, False, 256, 2, 1)])
+                                                     (np.float32, False, 256, 2, 1),
+                                                     (ops.KV_BF16, True, 64, 4, 2)])
 def test_qkv_rope_kv_norms_each_q_and_k_head(dev: Device, rng: np.random.Generator,
                                              kv: object, neox: bool, d: int, heads: int,
                                              kvh: int) -> None:
@@ -284,10 +286,11 @@ def test_qkv_rope_kv_norms_each_q_and_k_head(dev: Device, rng: np.random.Generat
     want = host(dev, ops.rope_kv(dev, dev.to_device(normed), *caches[2], pos, row, 1e4, heads,
                                  kvh, neox=neox))
     np.testing.assert_allclose(got[0], want, rtol=2e-6, atol=2e-6)
-    tol = 1e-3 if kv is np.float16 else 2e-6  # a half cache: one rounding to 11 bits apart
+    # A half cache: one rounding to 11 bits apart; bfloat16: to 8 bits.
+    tol = {np.float16: 1e-3, ops.KV_BF16: 8e-3}.get(kv, 2e-6)
     for a, c in zip(caches[0], caches[2], strict=True):
-        np.testing.assert_allclose(host(dev, a).astype(np.float32),
-                                   host(dev, c).astype(np.float32), rtol=tol, atol=tol)
+        np.testing.assert_allclose(ops.kv_as_f32(np, host(dev, a)), ops.kv_as_f32(np, host(dev, c)),
+                                   rtol=tol, atol=tol)
     assert host(dev, caches[0][0])[:, :, 2].any()
 
 

@@ -179,18 +179,14 @@ def test_decode_attention_fills_the_device_at_batch_one(sm_count: int) -> None:
 def test_decode_layer_kernel_counts() -> None:
     # Every decoder family (biases, RoPE, the KV writes, per-head q/k norms and the norms
     # after attention and MLP are epilogues): 8 launches a layer, 9 when attention splits
-    # its keys; 18-19 before the fusions. A bfloat16 cache adds rope_kv and takes no q/k
-    # norms.
+    # its keys; 18-19 before the fusions; whatever the cache's type.
     count = lambda **kw: len(plan.decode_layer_kernels(plan.LayerShape(**kw)))  # noqa: E731
     assert count() == 8 and count(gelu=True) == 8
     assert count(attention_splits=4) == 9
-    assert count(kv_bf16=True) == 9
     assert count(qk_norm=True) == 8  # Qwen3
     assert count(sandwich_norms=True, gelu=True) == 8  # Gemma 2
     assert count(qk_norm=True, sandwich_norms=True, gelu=True) == 8  # Gemma 3
     assert count(qk_norm=True, sandwich_norms=True, attention_splits=2) == 9
-    with pytest.raises(ValueError):
-        count(qk_norm=True, kv_bf16=True)
     assert count(attention_splits=2) < plan.UNFUSED_LAYER_KERNELS
     # Every stem names kernels that exist (the index lists each kernel of every module).
     index = (Path(__file__).resolve().parents[2] / "kernels" / "cuda" / "KERNELS.md").read_text()

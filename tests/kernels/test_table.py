@@ -63,7 +63,7 @@ def test_every_dp4a_type_has_a_kernel_per_batch_tile() -> None:
     names = set(scan_kernels(source_path("mmv")))
     want = {mmv_kernel(t, n, "q") for t in TYPES.values() if t.dp4a for n in MMV_TILES}
     rope = {f"mul_mat_vec_q_rope_kv_{t.suffix}_{kv}" for t in TYPES.values() if t.dp4a
-            for kv in ("f32", "f16")}  # ops.QKV_ROPE_KV
+            for kv in ("f32", "f16", "bf16")}  # ops.QKV_ROPE_KV
     norm_add = {f"mul_mat_vec_q_norm_add_{t.suffix}" for t in TYPES.values() if t.dp4a}
     assert want | rope | norm_add <= names
     assert {n for n in names if n.startswith("mul_mat_vec_q_")} == want | rope | norm_add
