@@ -54,6 +54,7 @@ from inference.backends.cpu import (
     quantize,
     raw,
 )
+from inference.backends.cpu.kernel_load import install as _load_kernels_unrefreshed
 from inference.backends.cpu.layout import LANES
 from inference.backends.cpu.matvec_float import matvec_q4_f32, matvec_q8_f32, matvec_q8_f32_pairs
 from inference.backends.cpu.pack import (
@@ -73,6 +74,7 @@ from inference.kv_cache import KVCache, row_sources, shared_rows
 from inference.sampling import SamplingParams
 from inference.threads import BusyCores, threads_for
 
+_load_kernels_unrefreshed()  # a cached kernel loads without numba's registry refresh
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
 # Packed code widths whose prefill products take the integer kernels (``_rows_plan``)
 # rather than dequant+sgemm (with integer activations, on AVX-512 VNNI). Measured per
