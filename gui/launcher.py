@@ -14,7 +14,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args:
         from inference.cli import main as cli_main
 
-        return cli_main(args)
+        return cli_main(args, whole_process=argv is None)
     return open_app()
 
 

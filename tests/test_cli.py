@@ -112,6 +112,40 @@ def test_subprocess_exit_code_and_single_line(tmp_path):
     assert r.stderr.count("\n") == 1 and "missing.gguf" in r.stderr
 
 
+EXIT_NOW = r"""
+import atexit, sys, threading, time
+from inference.cli import exit_now
+
+def late() -> None:
+    time.sleep(0.2)
+    print("thread done")
+
+atexit.register(lambda: print("atexit ran"))
+threading.Thread(target=late).start()
+sys.stdout.write("unflushed line")
+exit_now(3)
+"""
+
+
+def test_exit_now_ends_as_a_normal_exit_would():
+    """What a normal exit does before the interpreter's teardown still happens: threads
+    joined, atexit handlers run, the output flushed; the code is the process's."""
+    r = subprocess.run([sys.executable, "-c", EXIT_NOW], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 3, r.stderr
+    assert r.stdout.splitlines() == ["unflushed linethread done", "atexit ran"], r.stdout
+
+
+def test_subprocess_generate_ends_with_its_whole_output():
+    """`generate` ends its process itself (exit_now): the JSON line is complete, code 0."""
+    r = subprocess.run([sys.executable, "-m", "inference.cli", "generate", "--model",
+                        "SmolLM2-135M-Instruct.Q4_1", "--prompt", "Hi", "--max-tokens", "2",
+                        "--ignore-eos", "--backend", "cpu", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.splitlines()[-1])["n_generated"] == 2
+
+
 def test_load_reports_progress_and_can_be_cancelled():
     import threading
 
