@@ -87,6 +87,16 @@ class CompileClock:
             event.unregister("numba:compile", self._listener)
 
 
+def say_compiling(done: int, total: int, module: str) -> None:
+    """``load_model``'s compile_progress on a terminal: the kernels being compiled or loaded,
+    one line rewritten in place, cleared when the last is ready."""
+    if not sys.stderr.isatty():
+        return
+    line = f"kernels {done}/{total}" + (f": {module}" if module else "")
+    end = "\r\033[K" if done >= total else ""
+    print(f"\r\033[K{line}{end}", end="", file=sys.stderr, flush=True)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from inference.api import CausalLM, load_model
     from inference.backends.base import host_rss
@@ -95,7 +105,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise InvalidInputError("--threads must be at least 1.")
     with CompileClock() as compiled:
         t0 = time.perf_counter()
-        model = load_model(args.model, backend=args.backend, kv_dtype=args.kv_dtype)
+        model = load_model(args.model, backend=args.backend, kv_dtype=args.kv_dtype,
+                           compile_progress=say_compiling)
         load_s = time.perf_counter() - t0
         load_compile_s = compiled.seconds
         if not isinstance(model, CausalLM):
@@ -218,7 +229,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
         sentences = [s for s in sentences if s.strip()]
     if not sentences:
         raise InvalidInputError(f"{args.input}: no sentences to embed.")
-    model = load_model(args.model, backend=args.backend)
+    model = load_model(args.model, backend=args.backend, compile_progress=say_compiling)
     if not isinstance(model, Encoder):
         raise InvalidInputError(f"{model.name} is not an embedding model.")
 

@@ -164,3 +164,24 @@ def test_load_reports_progress_and_can_be_cancelled():
 
     with pytest.raises(CancelledError):
         load_model("smollm2", backend="numpy", progress=stop_halfway, cancel=cancel)
+
+
+def test_generate_and_embed_show_compiling_through_the_one_hook(monkeypatch, tmp_path):
+    # The CLI passes load_model's compile_progress, as the app does: there is no other hook.
+    import inference.api
+    from inference import cli
+    from inference.errors import InvalidInputError
+
+    seen = []
+
+    def fake_load(name, **kw):
+        seen.append(kw.get("compile_progress"))
+        raise InvalidInputError("stop here")
+
+    monkeypatch.setattr(inference.api, "load_model", fake_load)
+    sentences = tmp_path / "in.txt"
+    sentences.write_text("one\n")
+    assert main(["generate", "--model", "m", "--prompt", "hi"]) != 0
+    assert main(["embed", "--model", "m", "--input", str(sentences),
+                 "--output", str(tmp_path / "out.npy")]) != 0
+    assert seen == [cli.say_compiling, cli.say_compiling]

@@ -20,8 +20,8 @@ One sequence's decode step runs each decoder layer as ops.decode_layer's 8 launc
 
 Kernel compile progress, for an app: the first run on a machine compiles every kernel
 module with NVRTC (tens of seconds on a few cores; later runs read CuPy's on-disk cache).
-Pass ``compile_progress=fn`` to ``inference.load_model`` (or register
-:func:`on_compile_progress`): ``fn(done, total, module)`` is called on the loading thread,
+Pass ``compile_progress=fn`` to ``inference.load_model`` (the one hook; the CLI and the app
+use it): ``fn(done, total, module)`` is called on the loading thread,
 first ``(modules already loaded, total, "")``, then once per module as it is ready; show
 "compiling {done} of {total}" while ``done < total``. A GUI worker emits a signal from
 ``fn`` (it runs on the worker's thread, never the GUI's).
@@ -250,8 +250,7 @@ class CudaBackend(Backend):
         bytes; attention widens as it reads and accumulates in float32; parity in
         docs/cuda.md). compile_progress(done, total, module): see Device.load_all (the
         first run on a machine compiles every module with NVRTC, in parallel; later runs
-        hit CuPy's kernel cache); create() logs it and tells :func:`on_compile_progress`'s
-        listeners."""
+        hit CuPy's kernel cache); create() logs it too."""
         self.dev = device if device is not None else CupyDevice()
         try:  # every module now: a missing NVRTC fails here, not mid-generation
             self.dev.load_all(progress=compile_progress)
@@ -1082,38 +1081,23 @@ def probe() -> tuple[bool, str]:
 
 log = logging.getLogger(__name__)
 
-_compile_listeners: list[CompileProgress] = []
 
-
-def on_compile_progress(fn: CompileProgress) -> Callable[[], None]:
-    """Call ``fn(done, total, module)`` as :func:`create` compiles the kernel modules (see
-    Device.load_all; the first run on a machine compiles with NVRTC, later runs read
-    CuPy's on-disk cache), on the thread that creates the backend: an app shows it as a
-    progress bar. Returns the function that removes ``fn``."""
-    _compile_listeners.append(fn)
-    return lambda: _compile_listeners.remove(fn) if fn in _compile_listeners else None
-
-
-def _compile_progress(done: int, total: int, module: str) -> None:
+def _log_compile(done: int, total: int, module: str) -> None:
     if module:
         log.info("CUDA kernels: %s ready (%d of %d modules)", module, done, total)
     elif done < total:
         log.info("CUDA kernels: compiling %d modules (first run; cached afterwards)",
                  total - done)
-    for fn in list(_compile_listeners):
-        fn(done, total, module)
 
 
 def create(compile_progress: CompileProgress | None = None) -> CudaBackend:
     """The backend on the local NVIDIA GPU. Its kernel modules compile now (NVRTC; CuPy's
-    on-disk cache on later runs): each step is logged, told to :func:`on_compile_progress`'s
-    listeners and to ``compile_progress(done, total, module)`` (what
-    ``load_model(compile_progress=...)`` passes here), all on the calling thread."""
-    if compile_progress is None:
-        return CudaBackend(compile_progress=_compile_progress)
+    on-disk cache on later runs): each step is logged and told to
+    ``compile_progress(done, total, module)`` (what ``load_model(compile_progress=...)``
+    passes here), on the calling thread."""
+    def progress(done: int, total: int, module: str) -> None:
+        _log_compile(done, total, module)
+        if compile_progress is not None:
+            compile_progress(done, total, module)
 
-    def both(done: int, total: int, module: str) -> None:
-        _compile_progress(done, total, module)
-        compile_progress(done, total, module)
-
-    return CudaBackend(compile_progress=both)
+    return CudaBackend(compile_progress=progress)

@@ -136,41 +136,31 @@ def test_modules_compile_in_parallel_and_progress_stays_on_the_caller() -> None:
 def test_create_tells_the_app_about_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_gpu(monkeypatch, EmulatedDevice)
     seen: list[tuple[int, int, str]] = []
-    remove = cuda_backend.on_compile_progress(lambda *a: seen.append(a))
-    try:
-        cuda_backend.create()
-    finally:
-        remove()
+    cuda_backend.create(lambda *a: seen.append(a))
     assert seen[0][2] == "" and seen[-1][0] == seen[-1][1] == len(MODULES)
-    remove()  # a second removal is harmless
+    cuda_backend.create()  # without a hook the steps are only logged
 
 
 def test_load_model_passes_compile_progress_to_the_app(monkeypatch: pytest.MonkeyPatch
                                                       ) -> None:
-    # The app's hook: load_model(compile_progress=fn) reaches the backend's module
-    # compile, on the loading thread (a GUI worker emits a signal from fn), beside the
-    # registered listeners.
+    # The one hook, for the app and the CLI: load_model(compile_progress=fn) reaches the
+    # backend's module compile, on the loading thread (a GUI worker emits a signal from fn).
     import threading
 
     from inference import load_model
 
     fake_gpu(monkeypatch, EmulatedDevice)
     seen: list[tuple[int, int, str]] = []
-    listened: list[tuple[int, int, str]] = []
     callers: set[int] = set()
-    remove = cuda_backend.on_compile_progress(lambda *a: listened.append(a))
 
     def progress(*a: object) -> None:
         seen.append(a)  # type: ignore[arg-type]
         callers.add(threading.get_ident())
 
-    try:
-        m = load_model(str(ROOT / "tests" / "goldens" / "tiny" / "llama"), backend="cuda",
-                       compile_progress=progress)
-    finally:
-        remove()
+    m = load_model(str(ROOT / "tests" / "goldens" / "tiny" / "llama"), backend="cuda",
+                   compile_progress=progress)
     assert m.backend.name == "cuda"
-    assert seen == listened and seen[0][2] == ""
+    assert seen[0][2] == ""
     assert seen[-1][0] == seen[-1][1] == len(MODULES)
     assert callers == {threading.get_ident()}
 
