@@ -16,7 +16,15 @@ Output rows are grouped in tiles of ``LANES`` rows and the input dimension in gr
   whose file stores them so (Q4_1, MLX with float16 scales): one row fewer, so a Q4_1
   block is as large as in the file; ``SUB16`` (Q6_K, 8-bit signed codes ``q - 32``) row
   ``C`` holds as bytes an int8 scale for codes 0-15 and one for codes 16-31 of each lane,
-  then the lane's float16 ``d``: ``w = (d * scale) * q``, as in the file.
+  then the lane's float16 ``d``: ``w = (d * scale) * q``, as in the file; ``SUPER6``
+  (Q4_K, Q5_K: 6-bit sub-block scales under a float16 super-block scale) row ``C`` holds
+  as bytes each lane's 6-bit scale ``sc`` (byte row ``4C``) and min ``m`` (``4C + 1``),
+  then float16s: the super-block's ``d`` in the row of its first group (``8k``) and its
+  ``dmin`` in that of the next (``8k + 1``), zero in the others; a block finds them at
+  ``blk & ~7`` and the block after it (:func:`super_block`: a super-block is 8 groups of
+  one tile, and a tile's groups are consecutive blocks). ``scale = f32(d) * sc`` and
+  ``bias = -(f32(dmin) * m)`` are exact in float32 (11-bit times 6-bit mantissas), the
+  values ``AFFINE`` stores in two float32 rows: 1 bit a weight for 2.
 """
 
 from __future__ import annotations
@@ -27,7 +35,15 @@ from inference.backends.cpu.ir import _f32, _half, _jit
 
 LANES = 32
 GROUP = 32
-SYMMETRIC, AFFINE, AFFINE_F16, SUB16 = 0, 1, 2, 3  # scale layouts (above)
+SYMMETRIC, AFFINE, AFFINE_F16, SUB16, SUPER6 = 0, 1, 2, 3, 4  # scale layouts (above)
+SUPER_GROUPS = 8  # SUPER6: groups of 32 in a K-quant super-block
+
+
+@_jit(inline="always")
+def super_block(blk: int) -> int:
+    """SUPER6: the block whose row of scales holds block ``blk``'s float16 ``d`` (and the
+    block after it, ``dmin``)."""
+    return blk - (blk & (SUPER_GROUPS - 1))
 
 
 @_jit(inline="always")
@@ -53,7 +69,12 @@ def _block_scales(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, blk
             sg2[lane] = dl * _f32(np.int32(codes[blk, 4 * c + 1, lane]))
             zg[lane] = _f32(0.0)
         return
-    if kind == AFFINE_F16:
+    if kind == SUPER6:
+        d, dmin = halves[super_block(blk), c], halves[super_block(blk) + 1, c]
+        for lane in range(n):
+            sg[lane] = _half(d[n + lane]) * _f32(np.int32(codes[blk, 4 * c, lane]))
+            zg[lane] = -(_half(dmin[n + lane]) * _f32(np.int32(codes[blk, 4 * c + 1, lane])))
+    elif kind == AFFINE_F16:
         row = halves[blk, c]
         for lane in range(n):
             sg[lane] = _half(row[lane])

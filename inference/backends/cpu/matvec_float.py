@@ -31,7 +31,15 @@ import numpy as np
 from numba import prange
 
 from inference.backends.cpu.ir import _NO_REASSOC, PREFETCH, _f32, _half, _jit, _prefetch_block
-from inference.backends.cpu.layout import AFFINE, AFFINE_F16, GROUP, LANES, SUB16
+from inference.backends.cpu.layout import (
+    AFFINE,
+    AFFINE_F16,
+    GROUP,
+    LANES,
+    SUB16,
+    SUPER6,
+    _block_scales,
+)
 
 
 @_jit()
@@ -134,6 +142,7 @@ def matvec_q4_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
     c = 4 if high is None else 5  # the block's row of scales
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
+        sk, sk2, zk = np.empty(nl, np.float32), np.empty(nl, np.float32), np.empty(nl, np.float32)
         for i in range(x.shape[0]):
             acc[:] = 0.0
             xi = x[i]
@@ -155,6 +164,11 @@ def matvec_q4_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
                     for lane in range(nl):
                         acc[lane] += (sg[lane] * _codes_nib(cb, high, blk, xi, b0, lane)
                                       + zg[lane] * xs)
+                elif kind == SUPER6:  # AFFINE's scales, made in memory: AFFINE's bits
+                    _block_scales(codes, blocks, halves, blk, c, kind, zero, sk, sk2, zk)
+                    for lane in range(nl):
+                        acc[lane] += (sk[lane] * _codes_nib(cb, high, blk, xi, b0, lane)
+                                      + zk[lane] * xs)
                 else:
                     sg, zx = blocks[blk, c], _f32(zero) * xs
                     for lane in range(nl):

@@ -77,7 +77,7 @@ from inference.backends.cpu.ir import (
     _splat,
     half_to_float,
 )
-from inference.backends.cpu.layout import AFFINE, AFFINE_F16, LANES, SUB16
+from inference.backends.cpu.layout import AFFINE, AFFINE_F16, LANES, SUB16, SUPER6, SUPER_GROUPS
 from inference.backends.cpu.quantize import _quantized
 
 _f32 = np.float32
@@ -177,9 +177,10 @@ class _Tail:
         ptr = self._ptr(self.tys[0], self.blocks, [self.blk, row, lane])
         return self._vec(ptr, n, ir.FloatType())
 
-    def _halves(self, lane: int, n: int) -> ir.Value:
-        """float16 values ``lane:lane+n`` of the block's row ``c`` read as 2 * LANES halves."""
-        ptr = self._ptr(self.tys[0], self.blocks, [self.blk, self.c, 0])
+    def _halves(self, lane: int, n: int, blk: ir.Value | None = None) -> ir.Value:
+        """float16 values ``lane:lane+n`` of row ``c`` of the block (or of block ``blk``)
+        read as 2 * LANES halves."""
+        ptr = self._ptr(self.tys[0], self.blocks, [self.blk if blk is None else blk, self.c, 0])
         return half_to_float(self.builder, self._vec(ptr, n, _i16, lane))
 
     def _subscales(self, row: int, lane: int, n: int) -> ir.Value:
@@ -200,6 +201,8 @@ class _Tail:
         - AFFINE_F16 / AFFINE: ``s * (d * f(isum)) + z * xsum``
         - SYMMETRIC: ``s * (d * f(isum) - f32(zero) * xsum)``
         - SUB16 (two sums): ``(dq * d) * (f(sc0) * f(isum0) + f(sc1) * f(isum1))``
+        - SUPER6: as AFFINE with ``s = f(dk) * f(sc)``, ``z = -(f(dmin) * f(m))`` (exact:
+          the bits AFFINE stores)
 
         where ``isum`` is the sum of the two where there are two."""
         b, f32 = self.builder, ir.FloatType()
@@ -227,13 +230,25 @@ class _Tail:
                     b.store(b.fadd(b.load(ptr, align=4), terms(d, xsum, k, a.type.count, a, h)),
                             ptr, align=4)
 
-        def affine(half: bool) -> None:
-            sz = [((self._halves(lane, n), self._halves(LANES + lane, n)) if half else
-                   (self._scales(self.c, lane, n), self._scales(self.c + 1, lane, n)))
-                  for lane, n in runs]
+        def with_scales(sz) -> None:  # type: ignore[no-untyped-def]
+            # sz[k]: run k's scales and biases
             accumulate(lambda d, xsum, k, n, a, h: b.fadd(
                 b.fmul(sz[k][0], b.fmul(splat(d, n), isum(a, h))),
                 b.fmul(sz[k][1], splat(xsum, n))))
+
+        def affine(half: bool) -> None:
+            with_scales([((self._halves(lane, n), self._halves(LANES + lane, n)) if half else
+                          (self._scales(self.c, lane, n), self._scales(self.c + 1, lane, n)))
+                         for lane, n in runs])
+
+        def super6() -> None:
+            top = b.and_(self.blk, ir.Constant(_i64, -SUPER_GROUPS))
+            nxt = b.add(top, ir.Constant(_i64, 1))
+            with_scales([(b.fmul(self._halves(LANES + lane, n, top),
+                                 self._subscales(4 * self.c, lane, n)),
+                          b.fneg(b.fmul(self._halves(LANES + lane, n, nxt),
+                                        self._subscales(4 * self.c + 1, lane, n))))
+                         for lane, n in runs])
 
         def symmetric() -> None:
             sg = [self._scales(self.c, lane, n) for lane, n in runs]
@@ -250,7 +265,8 @@ class _Tail:
                 b.fadd(b.fmul(sc[k][0], b.sitofp(a, ir.VectorType(f32, n))),
                        b.fmul(sc[k][1], b.sitofp(h, ir.VectorType(f32, n))))))
 
-        cases = [(AFFINE_F16, partial(affine, True)), (AFFINE, partial(affine, False))]
+        cases = [(AFFINE_F16, partial(affine, True)), (AFFINE, partial(affine, False)),
+                 (SUPER6, super6)]
         if two:
             cases.append((SUB16, sub16))
         fn = b.function

@@ -7,7 +7,8 @@ Q6_K, whose scales cover 16 weights, from ``quants.q6_k_fields`` (``SUB16``).
 plus a bit in a plane of high bits (``layout`` docstring); other types take 8. Scales
 and biases stay float16 where
 the file has them so and both are needed (Q4_1, MLX with float16 scales: ``AFFINE_F16``),
-else float32 (a Q4_K scale is a float16 times a 6-bit integer, not a float16).
+else float32; Q4_K and Q5_K keep the file's 6-bit scales and mins and float16 ``d``,
+``dmin`` (``SUPER6``: a Q4_K scale is a float16 times a 6-bit integer, not a float16).
 
 8-bit codes are signed whatever the type (one kernel per code width, so a model's first
 load compiles fewer of them): MLX's unsigned 8-bit codes ``c`` become ``c - 128`` with the
@@ -15,8 +16,8 @@ bias moved by ``128 * scale`` (in float32: one rounding of at most 2^-24 of the 
 bias), as Q8_0's are.
 
 Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
-its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.33x, Q5_0 1.09x, Q5_1 1.0x, Q5_K
-1.27x, Q6_K 1.37x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
+its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.11x, Q5_0 1.09x, Q5_1 1.0x, Q5_K
+1.09x, Q6_K 1.37x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
 Other types (Q3_K, Q2_K, F16, BF16, 3/6-bit MLX) stay as raw file bytes (1.0x):
 :mod:`.raw` reads the GGML ones and the floats block by block; MLX's are dequantized
 by NumPy a chunk of rows at a time (slow); they are views of the file's memory map, so
@@ -47,11 +48,26 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends.cpu.layout import AFFINE, AFFINE_F16, GROUP, LANES, SUB16, SYMMETRIC
+from inference.backends.cpu.layout import (
+    AFFINE,
+    AFFINE_F16,
+    GROUP,
+    LANES,
+    SUB16,
+    SUPER6,
+    SUPER_GROUPS,
+    SYMMETRIC,
+)
 from inference.backends.cpu.raw import CODE, dequant_rows, run_size
 from inference.formats.affine import block_groups
 from inference.formats.cache import key_path
-from inference.formats.quants import BLOCK_TYPES, dequantize_raw, q6_k_fields, unpack_mlx
+from inference.formats.quants import (
+    BLOCK_TYPES,
+    _k_scale_min,
+    dequantize_raw,
+    q6_k_fields,
+    unpack_mlx,
+)
 from inference.formats.tensor import TensorData
 from inference.units import parse_bytes
 
@@ -164,6 +180,21 @@ def _q6_k_groups(t: TensorData, r0: int, r1: int
     return q.reshape(rows, -1), pair.reshape(rows, groups), dbits.reshape(rows, groups)
 
 
+def _k_groups(t: TensorData, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K rows r0..r1 (``SUPER6``) as codes (rows, K) uint8 and, per group of 32,
+    its 6-bit scale and min packed in one int16 (low byte: the scale) and the float16 bits
+    its block's row keeps: the super-block's d in its first group, dmin in its second."""
+    bt = BLOCK_TYPES[t.qtype]
+    raw = np.ascontiguousarray(t.data[r0:r1]).view(np.uint8).reshape(-1, bt.type_size)
+    codes, _, _ = block_groups(raw, t.qtype)
+    sc, mn = _k_scale_min(raw[:, 4:16])
+    pair = (sc.astype(np.int32) | (mn.astype(np.int32) << 8)).astype(np.int16)
+    dbits = np.zeros((len(raw), SUPER_GROUPS), dtype=np.uint16)
+    dbits[:, :2] = raw[:, 0:4].view(np.uint16)  # d, dmin: the block's first 4 bytes
+    rows, groups = r1 - r0, t.shape[1] // GROUP
+    return codes.reshape(rows, -1), pair.reshape(rows, groups), dbits.reshape(rows, groups)
+
+
 def _f32(a: np.ndarray) -> np.ndarray:
     if a.dtype == np.uint16:  # bfloat16 bit patterns
         return (a.astype(np.uint32) << 16).view(np.float32)
@@ -202,6 +233,8 @@ def _kind(t: TensorData) -> int:
         return SYMMETRIC
     if t.qtype == "Q6_K":
         return SUB16  # a scale per 16 weights: kept exact, not requantized
+    if t.qtype in ("Q4_K", "Q5_K"):
+        return SUPER6  # the file's 6-bit scales and float16 d, dmin: one row, exact
     if t.qtype in ("Q4_1", "Q5_1") or (t.qtype == "MLX" and int(t.extra["bits"]) != 8 and all(
             np.asarray(t.extra[k]).dtype == np.float16 for k in ("scales", "biases"))):
         return AFFINE_F16  # float16 in the file: exact in half the room
@@ -224,10 +257,12 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
     return w
 
 
-def _pack(t: TensorData, bits: int) -> PackedWeight:
+def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
+    """``t`` in lane blocks of its :func:`_kind` (or ``kind``: AFFINE for any type
+    :func:`formats.affine.block_groups` decodes)."""
     n_out, k = t.shape
     tiles, groups = -(-n_out // LANES), k // GROUP
-    kind = _kind(t)
+    kind = _kind(t) if kind is None else kind
     c = bits  # rows of codes
     blocks = np.zeros((tiles * groups, c + (2 if kind == AFFINE else 1), LANES),
                       dtype=np.float32)
@@ -235,7 +270,8 @@ def _pack(t: TensorData, bits: int) -> PackedWeight:
     halves = blocks.view(np.float16)  # (n, R, 2 * LANES)
     for r0 in range(0, n_out, _ROWS_PER_STEP):  # _ROWS_PER_STEP is a multiple of LANES
         r1 = min(n_out, r0 + _ROWS_PER_STEP)
-        q, s, z = _q6_k_groups(t, r0, r1) if kind == SUB16 else _groups(t, r0, r1)
+        q, s, z = (_q6_k_groups if kind == SUB16 else _k_groups if kind == SUPER6
+                   else _groups)(t, r0, r1)
         pad = -(r1 - r0) % LANES
         if pad:
             q, s, z = (np.pad(a, ((0, pad), (0, 0))) for a in (q, s, z))
@@ -247,7 +283,7 @@ def _pack(t: TensorData, bits: int) -> PackedWeight:
         code_bytes[b0:b1, : q.shape[2]] = q.reshape(b1 - b0, -1, LANES)
         s, z = (a.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(-1, LANES)
                 for a in (s, z))
-        if kind == SUB16:  # s: the two int8 scales as one int16; z: d as float16 bits
+        if kind in (SUB16, SUPER6):  # s: two bytes as one int16; z: float16 bits
             code_bytes[b0:b1, 4 * c:4 * c + 2] = s.astype("<i2").view(np.uint8).reshape(
                 -1, LANES, 2).transpose(0, 2, 1)
             halves[b0:b1, c, LANES:] = z.astype(np.uint16).view(np.float16)
@@ -293,7 +329,13 @@ def unpack(w: PackedWeight) -> np.ndarray:
         for i, first in enumerate((0, 1, 16, 17)):
             top[:, first:first + 16:2] = (hb[:, i:i + 1] >> p) & 1
         q = q | (top << 4)
-    if w.kind == SUB16:
+    if w.kind == SUPER6:
+        h = w.blocks.view(np.float16)[:, c, LANES:].astype(np.float32)
+        base = np.arange(len(h)) & ~(SUPER_GROUPS - 1)
+        sc = w.codes[:, 4 * c:4 * c + 2].astype(np.float32)  # (blocks, 2, LANES)
+        s = (h[base] * sc[:, 0])[:, None, :]
+        z = -(h[base + 1] * sc[:, 1])[:, None, :]
+    elif w.kind == SUB16:
         d = w.blocks.view(np.float16)[:, c, LANES:].astype(np.float32)
         sc = w.codes[:, 4 * c:4 * c + 2].astype(np.float32)  # (blocks, 2, LANES)
         s = np.repeat(d[:, None, :] * sc, 16, axis=1)  # d * scale, then * q: as the file
@@ -312,7 +354,7 @@ def unpack(w: PackedWeight) -> np.ndarray:
 
 # --- the store of packed weights on disk ---------------------------------------------------
 # The layout's version: a change to PackedWeight's blocks, LANES or GROUP changes it.
-LAYOUT_VERSION = f"1-{LANES}-{GROUP}"
+LAYOUT_VERSION = f"2-{LANES}-{GROUP}"
 ALIGN = 64  # bytes: each tensor's blocks start on a cache line
 MIN_STORE_BYTES = 32 << 20  # smaller models pack in well under a second
 FREE_MARGIN = 1 << 30  # a store is written only where this much disk stays free after it
