@@ -19,12 +19,7 @@ import numpy as np
 
 from inference.backends.base import trim_host_heap
 from inference.errors import CancelledError
-from inference.server.scheduler import (
-    IDLE_TRIM_S,
-    QueueFullError,
-    WorkerStoppedError,
-    worker_stopped,
-)
+from inference.server.scheduler import IDLE_TRIM_S, QueuedWorker
 
 MAX_SENTENCES_PER_CALL = 1024  # one call's sentences: bounds its memory and latency
 
@@ -52,7 +47,9 @@ class _AnyOf:
         return any(e.is_set() for e in self.events)
 
 
-class EmbedBatcher:
+class EmbedBatcher(QueuedWorker):
+    what = "embedding"
+
     def __init__(self, encoder: Any, max_waiting: int = 64, lock: Any = None):
         self.encoder = encoder
         self.lock = lock if lock is not None else contextlib.nullcontext()  # held per call
@@ -69,32 +66,12 @@ class EmbedBatcher:
 
     def submit(self, sentences: list[str]) -> EmbedJob:
         job = EmbedJob(sentences)
-        with self._cv:
-            if self._closed:
-                raise QueueFullError("The server is shutting down.")
-            dead = self.fault()
-            if dead is not None:
-                raise WorkerStoppedError(dead)
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFullError(f"{len(self._waiting)} embedding requests are waiting; "
-                                     "retry shortly.")
-            self._waiting.append(job)
-            self._cv.notify()
+        self._admit(job)
         return job
-
-    def fault(self) -> str | None:
-        """Why this batcher cannot take requests (its thread stopped), or None."""
-        return worker_stopped(self._thread, self._closed, "embedding", self.stopped)
 
     def pending(self) -> int:
         with self._cv:
             return len(self._waiting)
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout=30)
 
     def _run(self) -> None:
         try:

@@ -114,13 +114,50 @@ class WorkerStoppedError(InferdeskError):
 IDLE_TRIM_S = 1.0  # idle seconds after work before freed heap is given back to the system
 
 
-def worker_stopped(thread: threading.Thread, closed: bool, what: str,
-                   cause: BaseException | None) -> str | None:
-    """Why a worker thread cannot take requests (None: it can)."""
-    if thread.is_alive() or closed:
-        return None
-    why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
-    return f"The {what} worker stopped{why}; restart the server."
+class QueuedWorker:
+    """A thread serving requests from a bounded queue: the chat scheduler and the embedding
+    batcher. One admission check for both (:meth:`_admit`), one fault and one close."""
+
+    what: str  # the worker's kind in a stopped worker's message ("chat", "embedding")
+    max_waiting: int
+    stopped: BaseException | None  # what stopped the thread, if anything
+    _waiting: collections.deque[Any]
+    _cv: threading.Condition
+    _closed: bool
+    _thread: threading.Thread
+
+    def _admit(self, item: Any) -> None:
+        """Queue ``item`` for the thread, or say in one sentence why not: the server is
+        shutting down or the queue is full (QueueFullError: retry later), or the thread
+        stopped (WorkerStoppedError)."""
+        with self._cv:
+            if self._closed:
+                raise QueueFullError("The server is shutting down.")
+            dead = self.fault()
+            if dead is not None:
+                raise WorkerStoppedError(dead)
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFullError(f"{self._busy()}; retry shortly.")
+            self._waiting.append(item)
+            self._cv.notify()
+
+    def _busy(self) -> str:
+        """What holds the queue full, for the client."""
+        return f"{len(self._waiting)} {self.what} requests are waiting"
+
+    def fault(self) -> str | None:
+        """Why this worker cannot take requests (its thread stopped), or None."""
+        if self._thread.is_alive() or self._closed:
+            return None
+        cause = self.stopped
+        why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+        return f"The {self.what} worker stopped{why}; restart the server."
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
 
 
 @dataclass
@@ -217,7 +254,9 @@ class _Seq:
     unread: Any = None  # the device token sampled last, not yet read and delivered
 
 
-class Scheduler:
+class Scheduler(QueuedWorker):
+    what = "chat"
+
     def __init__(self, model: Any, parallel: int = 4, max_waiting: int = 16,
                  prefill_chunk: int = PREFILL_CHUNK, step_budget: float = STEP_BUDGET,
                  clock: Callable[[], float] = time.perf_counter,
@@ -261,34 +300,15 @@ class Scheduler:
 
     # --- called from any thread --------------------------------------------------------
     def submit(self, req: Request) -> None:
-        with self._cv:
-            if self._closed:
-                raise QueueFullError("The server is shutting down.")
-            dead = self.fault()
-            if dead is not None:
-                raise WorkerStoppedError(dead)
-            if len(self._waiting) >= self.max_waiting:
-                raise QueueFullError(
-                    f"{self.parallel} requests are running and {len(self._waiting)} waiting; "
-                    "retry shortly.")
-            self._waiting.append(req)
-            self._cv.notify()
+        self._admit(req)
 
-    def fault(self) -> str | None:
-        """Why this scheduler cannot take requests (its thread stopped), or None."""
-        return worker_stopped(self._thread, self._closed, "chat", self.stopped)
+    def _busy(self) -> str:
+        return f"{self.parallel} requests are running and {len(self._waiting)} waiting"
 
     def load(self) -> tuple[int, int]:
         """(running, waiting) requests."""
         with self._cv:
             return len(self._active), len(self._waiting)
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout=30)
-        self.pool.clear()
 
     # --- the scheduler thread ----------------------------------------------------------
     def _run(self) -> None:
