@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from inference.backends.base import Backend
+
+class KVArrays(Protocol):
+    """What a cache asks of its backend (``inference.backends.base.Backend`` has it): the
+    cache sits below the backends, which hold caches, so it names only these three."""
+
+    def kv_zeros(self, shape: tuple[int, ...]) -> Any: ...
+
+    def set_slice(self, dst: Any, src: Any, axis: int, start: int) -> Any: ...
+
+    def narrow(self, x: Any, axis: int, start: int, length: int) -> Any: ...
 
 
 class KVCache:
@@ -27,7 +36,7 @@ class KVCache:
 
     step = 256
 
-    def __init__(self, backend: Backend, n_layers: int, max_len: int | None = None,
+    def __init__(self, backend: KVArrays, n_layers: int, max_len: int | None = None,
                  windows: Sequence[int | None] | None = None):
         self.B = backend
         self.keys: list[Any] = [None] * n_layers

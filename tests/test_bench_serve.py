@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.server import bench_serve as bs
+from inference.bench import serve as bs
 
 
 def test_serve_subprocess_answers_a_stream(monkeypatch):

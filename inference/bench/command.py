@@ -101,7 +101,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from inference.bench.llm import bench_llm  # parser, and only a bench runs them
 
     if args.serve:
-        from inference.server.bench_serve import bench_serve
+        from inference.bench.serve import bench_serve
 
         bench_serve(args, out)
     elif args.only in (None, "llm"):
