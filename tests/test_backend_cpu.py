@@ -578,7 +578,7 @@ def test_prefill_integer_products_run_the_decode_kernel_on_numbas_threads(qtype)
     t = random_tensor(qtype, 1000, 768, seed=7)
     x = randn(1, 24, 768, seed=8)
     w = b.weight(t)
-    if not b._integer(w):
+    if b._prefill_route(w) != "integer":
         assert (not cpu_int.vnni_groups() or b.activations == "float"
                 or not cpu_mod._concurrent_kernels())
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only (and a "
@@ -612,7 +612,7 @@ def test_integer_products_of_one_input_quantize_it_once_per_storage():
     b = _two_threads()
     ws = [b.weight(random_tensor(q, 1000, 768, seed=s))
           for s, q in enumerate(("Q4_1", "Q5_0", "Q6_K"))]
-    if not all(b._integer(w) for w in ws):
+    if any(b._prefill_route(w) != "integer" for w in ws):
         pytest.skip("prefill takes the integer kernels on AVX-512 VNNI only")
     x = randn(24, 768, seed=8)
     seen = []

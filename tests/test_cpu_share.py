@@ -99,7 +99,7 @@ def test_linears_of_mixed_types_share_one_prefill_and_match_numpy():
     got = b.linears(x, [(w, bias) for w, bias in zip(ws, biases, strict=True)])
     xq = _dequantized(x[0], b.activations)[None] if b.activations != "float" else x
     for y, w, t, bias in zip(got, ws, ts, biases, strict=True):
-        want = n.linear(xq if b._integer(w) or b._gemm(w) else x, n.weight(t), bias)
+        want = n.linear(xq if b._prefill_route(w) != "dequant" else x, n.weight(t), bias)
         assert y.shape == want.shape == (1, 30, t.shape[0])
         np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
 

@@ -65,7 +65,19 @@ from inference.backends.cpu.pack import (
     packed_nbytes,
 )
 from inference.backends.cpu.replay import CpuSampler, NotCapturable, StepReplayer, Tape
-from inference.backends.cpu.routing import BLAS, KDOT, MATVEC_ROWS, PRODUCTS, RAW, route
+from inference.backends.cpu.routing import (
+    BLAS,
+    GEMM_INT,
+    INTEGER,
+    KDOT,
+    MATVEC_ROWS,
+    PRODUCTS,
+    RAW,
+    PrefillRoute,
+    integer_prefill,
+    prefill_route,
+    route,
+)
 from inference.backends.cpu.threads import SpinWorker, launch_kernel_threads
 from inference.backends.numpy_backend import NumpyBackend, rope_angles
 from inference.errors import InvalidInputError
@@ -76,14 +88,6 @@ from inference.threads import BusyCores, threads_for
 
 _load_kernels_unrefreshed()  # a cached kernel loads without numba's registry refresh
 ACTIVATIONS_ENV = "INFERDESK_CPU_ACTIVATIONS"
-# Packed code widths whose prefill products take the integer kernels (``_rows_plan``)
-# rather than dequant+sgemm (with integer activations, on AVX-512 VNNI). Measured per
-# product at 138 rows, SmolLM2 shapes (docs/benchmarks.md, prefill products), with the float
-# tail in the intrinsics: 4/5-bit 0.68-0.71x the time of dequant+sgemm at 1 thread, 8-bit
-# (Q8_0, Q6_K) 0.69-0.71x (1.03-1.25x before that tail). Not on AVX2, where the decode
-# kernels go by row pairs (0.80-0.93x sgemm's speed on the Q3_K_M prefill): there 4/8-bit
-# codes take the integer GEMM (``_gemm``; docs/cpu-backend.md, "Prefill").
-INTEGER_BITS = frozenset({4, 5, 8})
 # The weight types and activation modes prepared in this process (CpuBackend.prepare).
 _PREPARED: set[tuple[Any, ...]] = set()
 # Other processes' load, in cores, above which the prefill workers stop spinning: a
@@ -537,15 +541,16 @@ class CpuBackend(NumpyBackend):
 
         Why not dequantize on one thread and let BLAS share the sgemm: that serial step
         was a quarter of a 2-thread prefill, and out of L2 it ran at 1.6-1.9 Gweights/s."""
-        integer = [self._integer(w) for w in ws]
+        routes = [self._prefill_route(w) for w in ws]
         big = sum(w.shape[0] * w.shape[1] for w in ws) >= SHARE_MIN
-        self._local.numba_products = all(integer)  # the pool SiLU and attention follow
-        if all(integer):
+        integer = all(r == INTEGER for r in routes)
+        self._local.numba_products = integer  # the pool SiLU and attention follow
+        if integer:
             return self._integer_products(x, ws, big)
         xqs: dict[bool, tuple[np.ndarray, ...]] = {}  # by quantize.narrow: q/k/v share them
-        plans = [self._rows_plan(self._quantized(x, w.bits, xqs), w) if i
-                 else self._gemm_plan(self._quantized(x, w.bits, xqs), w) if self._gemm(w)
-                 else self._plan(x, w) for w, i in zip(ws, integer, strict=True)]
+        plans = [self._rows_plan(self._quantized(x, w.bits, xqs), w) if r == INTEGER
+                 else self._gemm_plan(self._quantized(x, w.bits, xqs), w) if r == GEMM_INT
+                 else self._plan(x, w) for w, r in zip(ws, routes, strict=True)]
         starts = [0]
         for _, _, units, _ in plans:
             starts.append(starts[-1] + units)
@@ -627,21 +632,10 @@ class CpuBackend(NumpyBackend):
 
         return _w_columns(out, w), tiles_, tiles, tiles
 
-    def _gemm(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
-        """Whether a prefill product with ``w`` takes the integer GEMM (:mod:`.gemm_int`)
-        where the decode kernels' row groups do not (:meth:`_integer`): on AVX2, 4- and
-        8-bit codes with integer activations (:data:`gemm_int.GEMM_BITS`)."""
-        return (isinstance(w, PackedWeight) and w.bits in gemm_int.GEMM_BITS
-                and self.activations != "float" and features.form() == "avx2")
-
-    def _integer(self, w: PackedWeight | RawWeight | np.ndarray) -> bool:
-        """Whether a prefill product with ``w`` takes the integer kernels."""
-        return isinstance(w, PackedWeight) and self._integer_bits(w.bits)
-
-    def _integer_bits(self, bits: int | None) -> bool:
-        """Whether prefill products of ``bits``-bit packed codes (None: not packed) take the
-        integer kernels (INTEGER_BITS): the one rule for the products and the estimate."""
-        return bits in INTEGER_BITS and self._numba_prefill()
+    def _prefill_route(self, w: PackedWeight | RawWeight | np.ndarray) -> PrefillRoute:
+        """The kernel of ``w`` in a prefill product: routing's table
+        (:func:`.routing.prefill_route`) for this backend's activations and CPU."""
+        return prefill_route(w, self.activations, self._numba_prefill())
 
     def _numba_prefill(self) -> bool:
         """Whether prefill's packed products take the integer kernels, on numba's threads:
@@ -661,8 +655,9 @@ class CpuBackend(NumpyBackend):
     def _numba_products(self, tensors: Mapping[str, TensorData]) -> bool:
         """Whether a model of ``tensors`` has every layer's product on numba's threads
         (what :meth:`_after_numba_products` will say during its prefill)."""
-        return self._numba_prefill() and all(
-            self._integer_bits(packed_bits(t)) for name, t in tensors.items()
+        numba_prefill = self._numba_prefill()
+        return numba_prefill and all(
+            integer_prefill(packed_bits(t), numba_prefill) for name, t in tensors.items()
             if len(t.shape) == 2 and ("layers." in name or name.startswith("blk.")))
 
     def _quantized(self, x: np.ndarray, bits: int, done: dict[bool, tuple[np.ndarray, ...]]
