@@ -58,8 +58,8 @@ $(MODELS_STAMP): | $(STAMP)
 	rm -rf $(MODELS_DIR)/.wheels
 	touch $@
 
-$(KERNELS): $(STAMP) $(MODELS_STAMP) $(wildcard inference/backends/cpu/*.py)
-	$(PY) -m inference.backends.cpu.warm
+$(KERNELS): $(STAMP) $(MODELS_STAMP) inference/warm.py $(wildcard inference/backends/cpu/*.py)
+	$(PY) -m inference.warm
 	touch $(KERNELS)
 
 $(TEST_STAMP): $(STAMP)

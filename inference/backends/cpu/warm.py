@@ -1,5 +1,7 @@
 """Every kernel of the cpu backend compiled into numba's cache once, with progress:
-``python -m inference.backends.cpu.warm`` (``make run`` and ``make test`` run it at install).
+``python -m inference.warm`` (``make run`` and ``make test`` run it at install) runs
+:func:`warm` with the bundled models' steps; ``python -m inference.backends.cpu.warm`` runs
+the products alone.
 
 numba compiles a kernel at its first call with new argument types and keeps the machine
 code in its cache (the ``__pycache__`` folders beside the sources, or ``NUMBA_CACHE_DIR``),
@@ -9,15 +11,17 @@ install pays the compiles.
 
 What runs, with the activation mode the backend would use (``INFERDESK_CPU_ACTIVATIONS``):
 each weight type's products at decode (one row, and the two calls a captured step makes)
-and at prefill, then a short generation of the bundled chat model and an embedding of the
-bundled encoder, where installed (the norms, RoPE, attention, step replay, sampling).
+and at prefill, then the steps the caller adds (:mod:`inference.warm`: a short generation
+of the bundled chat model and an embedding of the bundled encoder, where installed: the
+norms, RoPE, attention, step replay, sampling). Those load models through the engine
+above the backends, so this module takes them as arguments instead of importing it.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -67,43 +71,19 @@ def products(backend: Any, qtype: str) -> None:
         backend._tape = None
 
 
-def _chat(backend_name: str) -> None:
-    """A few tokens of the bundled chat model: prefill, capture, check and replay."""
-    from inference import load_model
-    from inference.generate import stream_generate
-    from inference.sampling import SamplingParams
-
-    m = load_model("SmolLM2-135M-Instruct.Q4_1", backend=backend_name)
-    ids = m.tokenize("The kernels compile once, at install, and load from the cache later.")
-    for _ in stream_generate(m.model, m.tokenizer, ids, max_tokens=6, sampling=SamplingParams(),
-                             eos_ids=set(), max_len=len(ids) + 6):
-        pass
-    m.close()
+Step = tuple[str, Callable[[], None]]  # (what it compiles, the call)
 
 
-def _embed(backend_name: str) -> None:
-    """The bundled encoder over two sentences of different lengths (packed rows)."""
-    from inference import load_model
-
-    m = load_model("all-MiniLM-L6-v2", backend=backend_name)
-    m.embed(["a short one", "a somewhat longer sentence than the first one is"])
-    m.close()
-
-
-def warm(say: Callable[[str], None] = print) -> float:
-    """Compile (or load) the kernels, saying each step as it starts; the seconds taken."""
+def warm(say: Callable[[str], None] = print, more: Sequence[Step] = ()) -> float:
+    """Compile (or load) the kernels, each weight type's products then ``more``, saying
+    each step as it starts; the seconds taken."""
     from inference.backends.cpu import CpuBackend
-    from inference.store import bundled_paths
 
     t0 = time.perf_counter()
     backend = CpuBackend()
-    steps: list[tuple[str, Callable[[], None]]] = [
+    steps: list[Step] = [
         (f"{q} products", lambda q=q: products(backend, q)) for q in WEIGHT_TYPES]
-    names = {name or path.name for path, name in bundled_paths()}
-    if any("SmolLM2" in n for n in names):
-        steps.append(("the bundled chat model", lambda: _chat("cpu")))
-    if "all-MiniLM-L6-v2" in names:
-        steps.append(("the bundled encoder", lambda: _embed("cpu")))
+    steps += more
     for i, (what, run) in enumerate(steps, 1):
         t = time.perf_counter()
         say(f"[{i}/{len(steps)}] cpu kernels: {what} ...")
@@ -112,12 +92,12 @@ def warm(say: Callable[[str], None] = print) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> int:
+def main(more: Sequence[Step] = ()) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
     try:
-        total = warm(say)
+        total = warm(say, more)
     except Exception as e:  # a failed warm-up costs speed, never the install
         print(f"cpu kernels: not compiled ahead ({type(e).__name__}: {e}); they compile "
               "at first use instead.", file=sys.stderr)
