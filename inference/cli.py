@@ -334,9 +334,10 @@ def exit_now(code: int) -> NoReturn:
     import atexit
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # What Py_Finalize runs first: threading's exit hooks (thread pools told to stop), then
+    # a join of every non-daemon thread. Joining before those hooks would wait forever on
+    # an idle pool's workers.
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -122,6 +122,9 @@ def late() -> None:
 
 atexit.register(lambda: print("atexit ran"))
 threading.Thread(target=late).start()
+from concurrent.futures import ThreadPoolExecutor  # idle workers wait for work: not joined first
+pool = ThreadPoolExecutor(2)
+pool.submit(int).result()
 sys.stdout.write("unflushed line")
 exit_now(3)
 """
