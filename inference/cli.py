@@ -327,10 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def exit_now(code: int) -> NoReturn:
     """End the process with ``code`` as a normal exit would, less the interpreter's teardown:
-    threads that are not daemons are joined, atexit handlers run and both output streams are
-    flushed, then the process ends without freeing its modules and objects one by one. That
-    teardown (numba's registries and compiled kernels, the model) took 0.18-0.26 s after a
-    bundled-model `generate` (docs/cpu-backend.md, "Loading"); the OS frees it all at once."""
+    threading's exit hooks run and threads that are not daemons are joined, atexit handlers
+    run and both output streams are flushed, then the process ends without freeing its
+    modules and objects one by one. That teardown (numba's registries and compiled kernels,
+    the model) took 0.18-0.26 s after a bundled-model `generate` (docs/cpu-backend.md,
+    "Loading"); the OS frees it all at once."""
     import atexit
     import threading
 
