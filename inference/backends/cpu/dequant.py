@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from inference.backends.cpu.ir import _f32, _jit
-from inference.backends.cpu.layout import GROUP, LANES, _block_scales, _high
+from inference.backends.cpu.layout import GROUP, LANES, _block_scales, _high, scale_scratch
 
 
 def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
@@ -26,9 +26,7 @@ def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
 def _dequant_t8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind: int,
                 zero: float, groups: int, t0: int, t1: int, out: np.ndarray) -> None:
     nl = codes.shape[2]  # == LANES, a runtime trip count (module docstring)
-    sg = np.empty(nl, dtype=np.float32)
-    sg2 = np.empty(nl, dtype=np.float32)
-    zg = np.empty(nl, dtype=np.float32)
+    sg, sg2, zg = scale_scratch(nl)
     for t in range(t0, t1):
         col = (t - t0) * LANES
         for g in range(groups):
@@ -49,9 +47,7 @@ def _dequant_t_nibbles(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray
     """4-bit codes, or 5-bit ones with their plane of high bits ``high`` (nblk, 4, LANES)."""
     nl = codes.shape[2]
     c = 4 if high is None else 5
-    sg = np.empty(nl, dtype=np.float32)
-    sg2 = np.empty(nl, dtype=np.float32)
-    zg = np.empty(nl, dtype=np.float32)
+    sg, sg2, zg = scale_scratch(nl)
     for t in range(t0, t1):
         col = (t - t0) * LANES
         for g in range(groups):
@@ -81,9 +77,7 @@ def gather_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind:
                 bits: int, zero: float, groups: int, ids: np.ndarray, out: np.ndarray) -> None:
     """Embedding lookup: rows ``ids`` of W, dequantized into out (n, K)."""
     c = bits  # rows of codes: 32 codes of ``bits`` bits are ``bits`` float32 words a lane
-    sg = np.empty(LANES, dtype=np.float32)
-    sg2 = np.empty(LANES, dtype=np.float32)
-    zg = np.empty(LANES, dtype=np.float32)
+    sg, sg2, zg = scale_scratch(LANES)
     for i in range(ids.shape[0]):
         t, lane = divmod(ids[i], LANES)
         for g in range(groups):

@@ -113,6 +113,21 @@ def gelu_rows(x: np.ndarray, out: np.ndarray) -> None:
             out[i, k] = _f32(0.5) * v * (_f32(1.0) + _erf(v * _f32(0.7071067811865476)))
 
 
+@_jit(inline="always")
+def _normalized(row: np.ndarray, mu: float, w: np.ndarray, b: np.ndarray, eps: float,
+                out: np.ndarray) -> None:
+    """out = LayerNorm(row) given its mean ``mu`` (float32 scalars: a float64 one widens
+    the row loops); ``out`` may be ``row``."""
+    d = row.shape[0]
+    var = _f32(0.0)
+    for k in range(d):
+        t = row[k] - mu
+        var += t * t
+    r = _f32(1.0 / math.sqrt(var / d + eps))
+    for k in range(d):
+        out[k] = (row[k] - mu) * r * w[k] + b[k]
+
+
 @_jit()
 def layer_norm_rows(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float,
                     out: np.ndarray) -> None:
@@ -121,14 +136,7 @@ def layer_norm_rows(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float,
         mu = _f32(0.0)
         for k in range(d):
             mu += x[i, k]
-        mu = _f32(mu / d)  # float32 scalars: a float64 one widens the row loops
-        var = _f32(0.0)
-        for k in range(d):
-            t = x[i, k] - mu
-            var += t * t
-        r = _f32(1.0 / math.sqrt(var / d + eps))
-        for k in range(d):
-            out[i, k] = (x[i, k] - mu) * r * w[k] + b[k]
+        _normalized(x[i], _f32(mu / d), w, b, eps, out[i])
 
 
 @_jit()
@@ -195,14 +203,7 @@ def add_norm_rows(x: np.ndarray, bias: np.ndarray, res: np.ndarray, w: np.ndarra
             t = (x[i, k] + bias[k]) + res[i, k]
             out[i, k] = t
             mu += t
-        mu = _f32(mu / d)
-        var = _f32(0.0)
-        for k in range(d):
-            t = out[i, k] - mu
-            var += t * t
-        r = _f32(1.0 / math.sqrt(var / d + eps))
-        for k in range(d):
-            out[i, k] = (out[i, k] - mu) * r * w[k] + b[k]
+        _normalized(out[i], _f32(mu / d), w, b, eps, out[i])
 
 
 @_jit()

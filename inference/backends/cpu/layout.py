@@ -55,6 +55,13 @@ def _high(hb: np.ndarray, j: int, lane: int) -> np.int32:
 
 
 @_jit(inline="always")
+def scale_scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Room for :func:`_block_scales`' ``sg``, ``sg2`` and ``zg`` of ``n`` lanes."""
+    return (np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32),
+            np.empty(n, dtype=np.float32))
+
+
+@_jit(inline="always")
 def _block_scales(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, blk: int,
                   c: int, kind: int, zero: float, sg: np.ndarray, sg2: np.ndarray,
                   zg: np.ndarray) -> None:

@@ -39,6 +39,7 @@ from inference.backends.cpu.layout import (
     SUB16,
     SUPER6,
     _block_scales,
+    scale_scratch,
 )
 
 
@@ -142,7 +143,7 @@ def matvec_q4_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
     c = 4 if high is None else 5  # the block's row of scales
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
-        sk, sk2, zk = np.empty(nl, np.float32), np.empty(nl, np.float32), np.empty(nl, np.float32)
+        sk, sk2, zk = scale_scratch(nl)
         for i in range(x.shape[0]):
             acc[:] = 0.0
             xi = x[i]
