@@ -23,6 +23,17 @@ static __device__ __forceinline__ uint8_t * attn_q8_1_block(
 #define ATTN_TILE 32      // keys per shared-memory tile: one key per lane when scoring
 #define ATTN_MAX_ROWS 8   // query rows per block (one per warp): blockDim.y limit
 
+// The parameters of the block functions below and of the kernels over a cache (`name` of
+// ATTN_ENTRY_POINTS): ops.attention's arguments, strides in elements.
+#define ATTN_BLOCK_PARAMS(T)                                                                       \
+    const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,              \
+    float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,             \
+    const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,          \
+    const long long kv_stride_b, const long long kv_stride_h, const long long kv_stride_s,         \
+    const float scale, const float softcap, const int causal_offset, const int window,             \
+    const float * __restrict__ key_mask, const long long mask_stride,                              \
+    uint8_t * __restrict__ xq, const long long xq_stride
+
 // Block (32, rows <= 8), grid (row tiles, batch * kv_heads, splits). Warp w owns query row
 // blockIdx.x * blockDim.y + w. Per tile of 32 keys: the block stages K in shared memory
 // (rows padded by one float, so lane j reading key j's row hits 32 distinct banks); lane j
@@ -31,13 +42,7 @@ static __device__ __forceinline__ uint8_t * attn_q8_1_block(
 // p_j * V[j], reading V rows straight from global memory, coalesced across the lanes.
 template <typename T>
 static __device__ __forceinline__ void attn_block(
-        const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,
-        float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,
-        const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,
-        const long long kv_stride_b, const long long kv_stride_h, const long long kv_stride_s,
-        const float scale, const float softcap, const int causal_offset, const int window,
-        const float * __restrict__ key_mask, const long long mask_stride,
-        uint8_t * __restrict__ xq, const long long xq_stride) {
+        ATTN_BLOCK_PARAMS(T)) {
     __shared__ float s_k[ATTN_TILE * (ATTN_MAX_D + 1)];
     __shared__ float s_q[ATTN_MAX_ROWS * ATTN_MAX_D];
     __shared__ float s_p[ATTN_MAX_ROWS * ATTN_TILE];
@@ -170,20 +175,15 @@ static __device__ __forceinline__ void attn_block(
     const long long kv_stride_s, const float scale, const float softcap, const int window,         \
     uint8_t * __restrict__ xq, const long long xq_stride
 
-#define ATTN_KERNELS(T, name, name_pos, name_slot)                                                 \
-    extern "C" __global__ void __launch_bounds__(256) name(                                        \
-            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
-            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
-            const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,  \
-            const long long kv_stride_b, const long long kv_stride_h,                              \
-            const long long kv_stride_s, const float scale, const float softcap,                   \
-            const int causal_offset, const int window, const float * __restrict__ key_mask,        \
-            const long long mask_stride, uint8_t * __restrict__ xq, const long long xq_stride) {   \
-        attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads, kv_stride_b,   \
-                   kv_stride_h, kv_stride_s, scale, softcap, causal_offset, window, key_mask,      \
-                   mask_stride, xq, xq_stride);                                                    \
+// The three entry points of one block function (`...`: attn_block<T> or
+// attn_vec_block<T, E>) over a cache of element type T, with __launch_bounds__ BOUNDS.
+#define ATTN_ENTRY_POINTS(BOUNDS, T, name, name_pos, name_slot, ...)                               \
+    extern "C" __global__ void BOUNDS name(ATTN_BLOCK_PARAMS(T)) {                                 \
+        __VA_ARGS__(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads, kv_stride_b,  \
+                    kv_stride_h, kv_stride_s, scale, softcap, causal_offset, window, key_mask,     \
+                    mask_stride, xq, xq_stride);                                                   \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(256) name_pos(                                    \
+    extern "C" __global__ void BOUNDS name_pos(                                                    \
             const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
             float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
             const int head_dim, const int rows, const int nq, const int * __restrict__ pos,        \
@@ -191,17 +191,19 @@ static __device__ __forceinline__ void attn_block(
             const long long kv_stride_s, const float scale, const float softcap,                   \
             const int window, uint8_t * __restrict__ xq, const long long xq_stride) {              \
         const int p = *pos;                                                                        \
-        attn_block(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,              \
-                   kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window, nullptr, 0,   \
-                   xq, xq_stride);                                                                 \
+        __VA_ARGS__(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,             \
+                    kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window, nullptr, 0,  \
+                    xq, xq_stride);                                                                \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(256) name_slot(                                   \
-            ATTN_SLOT_PARAMS) {                                                                    \
+    extern "C" __global__ void BOUNDS name_slot(ATTN_SLOT_PARAMS) {                                \
         const int p = *pos;                                                                        \
-        attn_block(q, (const T *) slot[0], (const T *) slot[2], out, part, part_ml, head_dim,      \
-                   rows, nq, p + nq, kv_heads, kv_stride_b, slot[1], kv_stride_s, scale, softcap,  \
-                   p, window, nullptr, 0, xq, xq_stride);                                          \
+        __VA_ARGS__(q, (const T *) slot[0], (const T *) slot[2], out, part, part_ml, head_dim,     \
+                    rows, nq, p + nq, kv_heads, kv_stride_b, slot[1], kv_stride_s, scale,          \
+                    softcap, p, window, nullptr, 0, xq, xq_stride);                                \
     }
+
+#define ATTN_KERNELS(T, name, name_pos, name_slot)                                                 \
+    ATTN_ENTRY_POINTS(__launch_bounds__(256), T, name, name_pos, name_slot, attn_block<T>)
 
 
 // --- decode attention (flash-decoding): attn_vec_* -----------------------------------------
@@ -258,13 +260,7 @@ static __device__ __forceinline__ void widen(const kv_words<T, N> & in, float * 
 
 template <typename T, int E>
 static __device__ __forceinline__ void attn_vec_block(
-        const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,
-        float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,
-        const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,
-        const long long kv_stride_b, const long long kv_stride_h, const long long kv_stride_s,
-        const float scale, const float softcap, const int causal_offset, const int window,
-        const float * __restrict__ key_mask, const long long mask_stride,
-        uint8_t * __restrict__ xq, const long long xq_stride) {
+        ATTN_BLOCK_PARAMS(T)) {
     constexpr int KU = ATTN_VEC_KEYS_IN_FLIGHT / E;  // keys per chunk
     DYN_SHARED_F32(s_q);  // rows * head_dim, then the merge: W * rows * (head_dim + 2)
     float * s_red = s_q + rows * head_dim;
@@ -425,34 +421,5 @@ static __device__ __forceinline__ void attn_vec_block(
 // step and `name_slot` for a batched step's (as attn_<name>_pos and _slot above). The
 // names are spelled out where this is used.
 #define ATTN_VEC_KERNELS(T, E, name, name_pos, name_slot)                                          \
-    extern "C" __global__ void __launch_bounds__(128, 4) name(                                     \
-            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
-            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
-            const int head_dim, const int rows, const int nq, const int n_kv, const int kv_heads,  \
-            const long long kv_stride_b, const long long kv_stride_h,                              \
-            const long long kv_stride_s, const float scale, const float softcap,                   \
-            const int causal_offset, const int window, const float * __restrict__ key_mask,        \
-            const long long mask_stride, uint8_t * __restrict__ xq, const long long xq_stride) {   \
-        attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, n_kv, kv_heads,      \
-                             kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap,                \
-                             causal_offset, window, key_mask, mask_stride, xq, xq_stride);         \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128, 4) name_pos(                                 \
-            const float * __restrict__ q, const T * __restrict__ k, const T * __restrict__ v,      \
-            float * __restrict__ out, float * __restrict__ part, float * __restrict__ part_ml,     \
-            const int head_dim, const int rows, const int nq, const int * __restrict__ pos,        \
-            const int kv_heads, const long long kv_stride_b, const long long kv_stride_h,          \
-            const long long kv_stride_s, const float scale, const float softcap,                   \
-            const int window, uint8_t * __restrict__ xq, const long long xq_stride) {              \
-        const int p = *pos;                                                                        \
-        attn_vec_block<T, E>(q, k, v, out, part, part_ml, head_dim, rows, nq, p + nq, kv_heads,    \
-                             kv_stride_b, kv_stride_h, kv_stride_s, scale, softcap, p, window,     \
-                             nullptr, 0, xq, xq_stride);                                           \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128, 4) name_slot(                                \
-            ATTN_SLOT_PARAMS) {                                                                    \
-        const int p = *pos;                                                                        \
-        attn_vec_block<T, E>(q, (const T *) slot[0], (const T *) slot[2], out, part, part_ml,      \
-                             head_dim, rows, nq, p + nq, kv_heads, kv_stride_b, slot[1],           \
-                             kv_stride_s, scale, softcap, p, window, nullptr, 0, xq, xq_stride);   \
-    }
+    ATTN_ENTRY_POINTS(__launch_bounds__(128, 4), T, name, name_pos, name_slot,                     \
+                      attn_vec_block<T, E>)
