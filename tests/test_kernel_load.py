@@ -32,3 +32,21 @@ def test_a_cached_kernel_loads_without_a_refresh() -> None:
     hits, refreshes = (int(v) for v in out.stdout.split()[1::2])
     # A tree whose kernels are not compiled yet compiles this one: numba refreshes then.
     assert refreshes == 0 or hits == 0, out.stdout
+
+
+def test_prepare_tells_the_head_types_from_the_layers():
+    """The types prepare readies a prefill for are the layers' own; a type only the
+    embedding table and output head hold gets decode rows, and the lookup is the table's."""
+    from types import SimpleNamespace
+
+    from inference.backends.cpu import CpuBackend
+    from inference.backends.cpu.warm import zero_weight
+
+    b = CpuBackend()
+    table, proj, norm = (b.weight(zero_weight(q)) for q in ("Q8_0", "Q4_1", "F32"))
+    model = SimpleNamespace(embed_tokens=table, lm_head=table, layers=[proj, norm])
+    assert b._weight_roles(model) == ({"Q4_1", "F32"}, {"Q8_0"}, "Q8_0")
+    assert b._weight_types == {}  # emptied: what prepare's own zero weights add goes too
+    # A model without an embed_tokens table: every loaded type, as before.
+    b.weight(zero_weight("Q4_1"))
+    assert b._weight_roles(SimpleNamespace()) == ({"Q8_0", "Q4_1", "F32"}, set(), None)

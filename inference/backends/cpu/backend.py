@@ -161,6 +161,9 @@ class CpuBackend(NumpyBackend):
         self._sharing = threading.Lock()  # one share-out at a time has the worker threads
         self.kv_dtype = np.dtype(np.float32)
         self._qtypes: set[str] = set()  # the weight types loaded (prepare's key)
+        # Each loaded weight's type by the id of what weight() returned (prepare: which
+        # types only the embedding table and the output head hold); emptied by prepare.
+        self._weight_types: dict[int, str] = {}
 
     def use_kv_dtype(self, name: str) -> None:
         if name not in ("float32", "float16"):
@@ -242,15 +245,19 @@ class CpuBackend(NumpyBackend):
         from inference.backends.cpu.warm import has_zero_weight, products
 
         self.omp_wait = launch_kernel_threads(self._busy_now())  # before any kernel runs
-        key = (frozenset(self._qtypes), self.activations, str(self.kv_dtype))
+        layers, head, table = self._weight_roles(model)
+        key = (frozenset(layers), frozenset(head), table, self.activations, str(self.kv_dtype))
         if key in _PREPARED:
             return
-        qtypes = sorted(filter(has_zero_weight, self._qtypes))
+        qtypes = sorted(filter(has_zero_weight, layers | head))
         say = self.compile_progress or (lambda *_: None)
         say(0, len(qtypes) + 1, "")
         for i, qtype in enumerate(qtypes):
-            products(self, qtype)
+            # A type only the head holds runs one row a step: a prompt's last row only.
+            products(self, qtype, prefill=qtype in layers,
+                     embedding=table is None or qtype == table)
             say(i + 1, len(qtypes) + 1, f"{qtype} products")
+        self._weight_types.clear()  # the zero weights products() made
         x = np.ones((1, 2, 3, 64), np.float32)
         self.rms_norm(x, np.ones(64, np.float32), 1e-6)
         self.silu_mul(x, x)
@@ -260,12 +267,29 @@ class CpuBackend(NumpyBackend):
         # step's heads (transposed views) through attend_rows into a one-layer cache.
         gate_up = np.ones((1, 2, 128), np.float32)
         self.silu_mul(gate_up[..., :64], gate_up[..., 64:])
+        # A prefill's SiLU big enough to be shared out (its split, the worker threads).
+        gate = np.ones((1, SHARE_MIN // 64, 64), np.float32)
+        self.silu_mul(gate, gate)
         heads = np.ones((1, 1, 2, 64), np.float32).transpose(0, 2, 1, 3)
         self.attend_rows(heads, heads[:, :1], heads[:, :1], [KVCache(self, 1)], 0,
                          theta=10000.0, freq_factors=None, scale=0.125, window=None,
                          softcap=None)
         say(len(qtypes) + 1, len(qtypes) + 1, "norms, RoPE, attention")
         _PREPARED.add(key)
+
+    def _weight_roles(self, model: Any) -> tuple[set[str], set[str], str | None]:
+        """The weight types a reply multiplies by at prefill (every weight but the
+        embedding table and the output head), the types only those two hold, and the
+        table's type; where the model names no ``embed_tokens``, every loaded type in the
+        first and None. The record of loaded weights is emptied."""
+        types, self._weight_types = self._weight_types, {}
+        table = getattr(model, "embed_tokens", None)
+        if table is None or id(table) not in types:
+            return set(self._qtypes), set(), None
+        ends = {id(table), id(getattr(model, "lm_head", table))}
+        layers = {q for i, q in types.items() if i not in ends}
+        head = {types[i] for i in ends if i in types} - layers
+        return layers, head, types[id(table)]
 
     # --- a decode step's replay calls (replay) ----------------------------------------
     @property
@@ -382,10 +406,12 @@ class CpuBackend(NumpyBackend):
     def weight(self, t: TensorData) -> Any:
         self._qtypes.add(t.qtype)
         if t.qtype == "F32" or len(t.shape) != 2:
-            return self.dense(t)
-        w = pack(t)
-        if t.nbytes >= 1 << 20:  # repacking frees a few MB of temporaries per tensor
-            trim_host_heap()
+            w = self.dense(t)
+        else:
+            w = pack(t)
+            if t.nbytes >= 1 << 20:  # repacking frees a few MB of temporaries per tensor
+                trim_host_heap()
+        self._weight_types[id(w)] = t.qtype
         return w
 
     def held_bytes(self, t: TensorData) -> int:

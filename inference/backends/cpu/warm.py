@@ -53,17 +53,19 @@ def zero_weight(qtype: str) -> TensorData:
     return TensorData("warm", (ROWS, COLS), qtype, data)
 
 
-def products(backend: Any, qtype: str) -> None:
-    """``qtype``'s products as decode and prefill call them and as a captured step does,
-    and its embedding lookup, on a zero weight."""
+def products(backend: Any, qtype: str, *, prefill: bool = True, embedding: bool = True) -> None:
+    """``qtype``'s products as decode and (``prefill``) prefill call them and as a captured
+    step does, and (``embedding``) its embedding lookup, on a zero weight."""
     from inference.backends.cpu.replay import Tape
 
     w = backend.weight(zero_weight(qtype))
-    backend.embedding(w, np.zeros((1, 1), np.int64))
+    if embedding:
+        backend.embedding(w, np.zeros((1, 1), np.int64))
     x = np.ones((PREFILL_ROWS, COLS), np.float32)
     backend.linear(x[:1], w)
     backend.linear(x[:2], w)
-    backend.linear(x, w)
+    if prefill:
+        backend.linear(x, w)
     backend._tape = Tape(0)
     try:
         backend.linear(x[:1], w)
