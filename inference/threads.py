@@ -44,11 +44,22 @@ def threads_for(limit: int, others: float, cores: int) -> int:
     return max(1, min(limit, int(cores - others + 0.5)))
 
 
+def busy_seconds(cpus: Any, count_niced: bool) -> float:
+    """The busy CPU seconds in psutil ``cpu_times`` rows ``cpus`` (the hypervisor's steal
+    included); ``count_niced``: also the time of processes niced above 0 (the "nice" row).
+    Those take a core's time slices mostly when nothing of higher priority runs there."""
+    fields = ("user", "system", "irq", "softirq", "steal") + (("nice",) if count_niced else ())
+    return sum(getattr(t, f, 0.0) for t in cpus for f in fields)
+
+
 class BusyCores:
     """The cores other processes kept busy, on average, since the last look: the busy CPU
     time (the hypervisor's steal included) of the cores this process may run on (its
     affinity: ``cores`` of them) less this process's own, over the wall time between
-    looks (psutil)."""
+    looks (psutil). Processes niced above 0 count only while this one is niced too: at
+    nice 0 or below it takes their time slices (beside niced builds and tests, counting
+    them made the decode wait passively at 43-45 tok/s on the bundled model at 2 threads,
+    against 109-124 spinning; docs/benchmarks.md, 2026-11-29 02:05)."""
 
     def __init__(self) -> None:
         import psutil
@@ -57,6 +68,7 @@ class BusyCores:
             else None
         self.cores = len(self.cpus) if self.cpus else os.cpu_count() or 1
         self._own = psutil.Process()
+        self._count_niced = os.nice(0) > 0 if hasattr(os, "nice") else True
         self._mark = self._now()
 
     def _now(self) -> tuple[float, float, float]:
@@ -64,8 +76,7 @@ class BusyCores:
 
         per = psutil.cpu_times(percpu=True)
         mine = [per[i] for i in self.cpus if i < len(per)] if self.cpus else per
-        busy = sum(getattr(t, f, 0.0) for t in mine
-                   for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+        busy = busy_seconds(mine, self._count_niced)
         own = self._own.cpu_times()
         return time.monotonic(), busy, own.user + own.system
 

@@ -200,3 +200,14 @@ def test_kernel_threads_wait_as_the_load_asks(monkeypatch, busy, preset, want, s
     assert cpu_threads.launch_kernel_threads(busy) == want
     assert launched == [seen]  # what the library read as it loaded
     assert os.environ.get("OMP_WAIT_POLICY") == preset  # and no child inherits ours
+
+
+def test_niced_processes_count_as_busy_only_for_a_niced_process():
+    """Time of processes niced above 0 takes few of a nice-0 process's time slices: it is
+    left out of the busy time unless asked for (this process niced too)."""
+    from types import SimpleNamespace
+
+    cpus = [SimpleNamespace(user=1.0, nice=4.0, system=0.5, idle=9.0, steal=0.25),
+            SimpleNamespace(user=2.0, nice=0.0, system=0.0, idle=9.0, irq=0.125)]
+    assert T.busy_seconds(cpus, count_niced=False) == 3.875
+    assert T.busy_seconds(cpus, count_niced=True) == 7.875
