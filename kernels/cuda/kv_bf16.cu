@@ -8,10 +8,8 @@
 #include "attention.cuh"
 #include "kv_store.cuh"
 
-ATTN_KERNELS(bf16_t, attn_kv_bf16, attn_kv_bf16_pos, attn_kv_bf16_slot)  // see attention.cuh
-// Decode (at most 8 query rows a block), head_dim up to 64, 128, 256: see attention.cuh
-ATTN_VEC_KERNELS(bf16_t, 2, attn_vec_kv_bf16_e2, attn_vec_kv_bf16_e2_pos, attn_vec_kv_bf16_e2_slot)
-ATTN_VEC_KERNELS(bf16_t, 4, attn_vec_kv_bf16_e4, attn_vec_kv_bf16_e4_pos, attn_vec_kv_bf16_e4_slot)
-ATTN_VEC_KERNELS(bf16_t, 8, attn_vec_kv_bf16_e8, attn_vec_kv_bf16_e8_pos, attn_vec_kv_bf16_e8_slot)
-KV_STORE_KERNEL(bf16_t, kv_store_bf16)  // see kv_store.cuh
-ROPE_KV_KERNEL(bf16_t, rope_kv_bf16)  // see kv_store.cuh: RoPE fused into the KV-cache write
+KV_MODE_KERNELS(bf16_t, attn_kv_bf16, attn_kv_bf16_pos, attn_kv_bf16_slot, attn_vec_kv_bf16_e2,
+                attn_vec_kv_bf16_e2_pos, attn_vec_kv_bf16_e2_slot, attn_vec_kv_bf16_e4,
+                attn_vec_kv_bf16_e4_pos, attn_vec_kv_bf16_e4_slot, attn_vec_kv_bf16_e8,
+                attn_vec_kv_bf16_e8_pos, attn_vec_kv_bf16_e8_slot, kv_store_bf16,
+                rope_kv_bf16)  // see kv_store.cuh

@@ -8,10 +8,8 @@
 #include "attention.cuh"
 #include "kv_store.cuh"
 
-ATTN_KERNELS(__half, attn_kv_f16, attn_kv_f16_pos, attn_kv_f16_slot)  // see attention.cuh
-// Decode (at most 8 query rows a block), head_dim up to 64, 128, 256: see attention.cuh
-ATTN_VEC_KERNELS(__half, 2, attn_vec_kv_f16_e2, attn_vec_kv_f16_e2_pos, attn_vec_kv_f16_e2_slot)
-ATTN_VEC_KERNELS(__half, 4, attn_vec_kv_f16_e4, attn_vec_kv_f16_e4_pos, attn_vec_kv_f16_e4_slot)
-ATTN_VEC_KERNELS(__half, 8, attn_vec_kv_f16_e8, attn_vec_kv_f16_e8_pos, attn_vec_kv_f16_e8_slot)
-KV_STORE_KERNEL(__half, kv_store_f16)  // see kv_store.cuh
-ROPE_KV_KERNEL(__half, rope_kv_f16)  // see kv_store.cuh: RoPE fused into the KV-cache write
+KV_MODE_KERNELS(__half, attn_kv_f16, attn_kv_f16_pos, attn_kv_f16_slot, attn_vec_kv_f16_e2,
+                attn_vec_kv_f16_e2_pos, attn_vec_kv_f16_e2_slot, attn_vec_kv_f16_e4,
+                attn_vec_kv_f16_e4_pos, attn_vec_kv_f16_e4_slot, attn_vec_kv_f16_e8,
+                attn_vec_kv_f16_e8_pos, attn_vec_kv_f16_e8_slot, kv_store_f16,
+                rope_kv_f16)  // see kv_store.cuh

@@ -96,3 +96,16 @@ static __device__ __forceinline__ void rope_kv_row(
         rope_kv_row<T>(qkv, q_out, kc, vc, heads, kv_heads, head_dim, stride_b, stride_h,          \
                        stride_s, pos, row, theta, neox, freq_factors);                             \
     }
+
+// Every kernel of a KV cache mode over element type T (kv_f16.cu, kv_bf16.cu), each name
+// written out by the caller, which includes attention.cuh: attention (the tiled kernel,
+// then the decode kernel for E = 2, 4, 8, each as name, name_pos and name_slot), the
+// captured step's row write and RoPE fused into the row write.
+#define KV_MODE_KERNELS(T, attn, attn_pos, attn_slot, e2, e2_pos, e2_slot, e4, e4_pos, e4_slot,    \
+                        e8, e8_pos, e8_slot, store, rope_kv)                                       \
+    ATTN_KERNELS(T, attn, attn_pos, attn_slot)                                                     \
+    ATTN_VEC_KERNELS(T, 2, e2, e2_pos, e2_slot)                                                    \
+    ATTN_VEC_KERNELS(T, 4, e4, e4_pos, e4_slot)                                                    \
+    ATTN_VEC_KERNELS(T, 8, e8, e8_pos, e8_slot)                                                    \
+    KV_STORE_KERNEL(T, store)                                                                      \
+    ROPE_KV_KERNEL(T, rope_kv)
