@@ -372,6 +372,10 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool = False) -> i
     except KeyboardInterrupt:
         print("inferdesk: interrupted.", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`| head`): nothing more to write or say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the final flush then has somewhere to go
+        return 1
 
 
 if __name__ == "__main__":

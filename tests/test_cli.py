@@ -149,6 +149,17 @@ def test_subprocess_generate_ends_with_its_whole_output():
     assert json.loads(r.stdout.splitlines()[-1])["n_generated"] == 2
 
 
+def test_a_reader_that_leaves_ends_generate_quietly():
+    """`inferdesk generate ... | head -c 0`: exit code 1, no traceback on stderr."""
+    p = subprocess.Popen([sys.executable, "-m", "inference.cli", "generate", "--model",
+                          "SmolLM2-135M-Instruct.Q4_1", "--prompt", "Hi", "--max-tokens", "8",
+                          "--ignore-eos", "--backend", "cpu"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # before the first token is written
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 1 and "Traceback" not in err, err[-3000:]
+
+
 def test_load_reports_progress_and_can_be_cancelled():
     import threading
 
