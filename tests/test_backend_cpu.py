@@ -48,6 +48,14 @@ def test_probe_and_registry():
 
 # --- packing -------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("rows", [1, 32])
+@pytest.mark.parametrize("qtype", PACKED)
+def test_pack_of_one_tile_is_exact(qtype, rows):
+    # One tile of rows: the per-group scales are then a strided view, not a copy.
+    t = random_tensor(qtype, rows, 256, seed=rows)
+    np.testing.assert_array_equal(unpack(pack(t)), dequantize_raw(t.data, qtype))
+
+
 @pytest.mark.parametrize("qtype", PACKED)
 def test_pack_is_exact_and_within_memory_rule(qtype):
     t = random_tensor(qtype, 70, 512, seed=len(qtype))  # 70 rows: the last tile is padded

@@ -284,7 +284,8 @@ def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
         s, z = (a.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(-1, LANES)
                 for a in (s, z))
         if kind in (SUB16, SUPER6):  # s: two bytes as one int16; z: float16 bits
-            code_bytes[b0:b1, 4 * c:4 * c + 2] = s.astype("<i2").view(np.uint8).reshape(
+            pairs = np.ascontiguousarray(s, "<i2")  # one tile: s is a strided view
+            code_bytes[b0:b1, 4 * c:4 * c + 2] = pairs.view(np.uint8).reshape(
                 -1, LANES, 2).transpose(0, 2, 1)
             halves[b0:b1, c, LANES:] = z.astype(np.uint16).view(np.float16)
         elif kind == AFFINE_F16:
