@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 
+import httpx2 as httpx
 import pytest
 
 from inference.events import DoneEvent
 from inference.sampling import SamplingParams
 
+# Plain requests of the tests: a busy machine can hold a reply past httpx's 5 s default, and
+# what a test checks is the server's answer, not its speed.
+http_get = partial(httpx.get, timeout=300.0)
+http_post = partial(httpx.post, timeout=300.0)
 
 def wait_load(sched, want: tuple[int, int] = (0, 0), timeout: float = 120.0
               ) -> tuple[int, int]:

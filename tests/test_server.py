@@ -15,7 +15,15 @@ import openai
 import pytest
 
 from inference.errors import InvalidInputError
-from tests.server_support import alone, client, engine, server, wait_load  # noqa: F401
+from tests.server_support import (  # noqa: F401
+    alone,
+    client,
+    engine,
+    http_get,
+    http_post,
+    server,
+    wait_load,
+)
 
 HI = [{"role": "user", "content": "Say hello to Paris."}]
 
@@ -23,7 +31,7 @@ HI = [{"role": "user", "content": "Say hello to Paris."}]
 def test_models_and_health(client, engine, server):  # noqa: F811
     ids = {m.id for m in client.models.list()}
     assert ids == {engine.llm.name, engine.encoder.name}
-    health = httpx.get(server.url.removesuffix("/v1") + "/health").json()
+    health = http_get(server.url.removesuffix("/v1") + "/health").json()
     assert health["status"] == "ok" and set(health["models"]) == ids
 
 
@@ -123,7 +131,7 @@ def test_embeddings_equal_model_embed(client, engine):  # noqa: F811
     one = client.embeddings.create(model=engine.encoder.name, input="A cat sits on the mat.")
     np.testing.assert_allclose(one.data[0].embedding, ref[0], atol=1e-6)
     # The raw base64 payload is little-endian float32.
-    raw = httpx.post(f"{client.base_url}embeddings", json={
+    raw = http_post(f"{client.base_url}embeddings", json={
         "model": engine.encoder.name, "input": "Quantum physics", "encoding_format": "base64"})
     vec = np.frombuffer(base64.b64decode(raw.json()["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_allclose(vec, ref[1], atol=1e-6)
@@ -162,12 +170,12 @@ def test_error_paths(client, engine, server):  # noqa: F811
         if code:
             assert body["code"] == code
     base = server.url
-    bad_json = httpx.post(f"{base}/chat/completions", content=b"{not json",
+    bad_json = http_post(f"{base}/chat/completions", content=b"{not json",
                           headers={"content-type": "application/json"})
     assert bad_json.status_code == 400 and "JSON" in bad_json.json()["error"]["message"]
-    nowhere = httpx.get(f"{base}/nowhere")
+    nowhere = http_get(f"{base}/nowhere")
     assert nowhere.status_code == 404 and nowhere.json()["error"]["code"] == "not_found"
-    huge = httpx.post(f"{base}/embeddings", content=b"x" * (5 << 20),
+    huge = http_post(f"{base}/embeddings", content=b"x" * (5 << 20),
                       headers={"content-type": "application/json"})
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
 
@@ -177,10 +185,10 @@ def test_error_paths(client, engine, server):  # noqa: F811
             yield b"y" * 65536
         yield b'"}'
 
-    huge2 = httpx.post(f"{base}/embeddings", content=chunked(),
+    huge2 = http_post(f"{base}/embeddings", content=chunked(),
                        headers={"content-type": "application/json"})
     assert huge2.status_code == 413
-    assert httpx.get(server.url.removesuffix("/v1") + "/health").status_code == 200
+    assert http_get(server.url.removesuffix("/v1") + "/health").status_code == 200
 
 
 def test_api_key_and_exposure(engine):  # noqa: F811
@@ -195,9 +203,9 @@ def test_api_key_and_exposure(engine):  # noqa: F811
         wrong = openai.OpenAI(base_url=srv.url, api_key="wrong", max_retries=0)
         status, body = _status(wrong.models.list)
         assert status == 401 and body["code"] == "invalid_api_key"
-        missing = httpx.get(f"{srv.url}/models")
+        missing = http_get(f"{srv.url}/models")
         assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
-        assert httpx.get(srv.url.removesuffix("/v1") + "/health").status_code == 200
+        assert http_get(srv.url.removesuffix("/v1") + "/health").status_code == 200
         ok = openai.OpenAI(base_url=srv.url, api_key="s3cret", max_retries=0)
         assert {m.id for m in ok.models.list()} == {engine.llm.name, engine.encoder.name}
     finally:
@@ -294,7 +302,7 @@ def test_queue_full_is_429(engine, monkeypatch):  # noqa: F811
             with c.stream("POST", f"{srv.url}/chat/completions", json=body) as second:
                 assert second.status_code == 200  # waiting
                 wait_load(small.scheduler, (1, 1))
-                third = httpx.post(f"{srv.url}/chat/completions", json={**body, "stream": False})
+                third = http_post(f"{srv.url}/chat/completions", json={**body, "stream": False})
                 assert third.status_code == 429
                 assert third.json()["error"]["code"] == "queue_full"
                 assert third.headers["retry-after"]

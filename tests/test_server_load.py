@@ -18,7 +18,7 @@ import openai
 from inference.backends.base import host_rss, trim_host_heap
 from inference.sampling import SamplingParams
 from inference.server.scheduler import Scheduler
-from tests.server_support import alone, engine, server, wait_load  # noqa: F401
+from tests.server_support import alone, engine, http_get, server, wait_load  # noqa: F401
 from tests.test_server_batching import _run_together
 
 PROMPTS = [[{"role": "user", "content": "Name a colour."}],
@@ -88,7 +88,7 @@ def test_load_mix_32_requests_8_clients(engine, server):  # noqa: F811
             np.testing.assert_allclose(got, engine.encoder.embed(sents), atol=1e-6)
         elif kind == "bad":
             assert out in (400, 404), (i, out)
-    assert httpx.get(server.url.removesuffix("/v1") + "/health").status_code == 200
+    assert http_get(server.url.removesuffix("/v1") + "/health").status_code == 200
     _settle(engine.scheduler)
     assert engine.scheduler.load() == (0, 0)
     cancelled = [r for r, _ in engine.scheduler.finished if r == "cancelled"]
