@@ -111,9 +111,6 @@ class Weights:
             t.name, (t.shape[0] - first, *t.shape[1:]), "F32",
             dequantize(t).astype(np.float32)[first:])))
 
-    def optional_dense(self, name: str) -> Any | None:
-        return self.dense(name) if self.has(name) else None
-
     def norm(self, name: str, offset: float = 0.0) -> Any:
         """A norm weight plus ``offset`` (Gemma's ``(1 + w)`` RMSNorm stores ``w``)."""
         if not offset:
