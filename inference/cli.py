@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from inference import files
-from inference.cli_args import BACKEND_CHOICES, add_kv_dtype
+from inference.cli_args import BACKEND_CHOICES, add_kv_dtype, add_prefill_dtype
 from inference.errors import InferdeskError, InvalidInputError
 from inference.events import DoneEvent, TokenEvent
 from inference.sampling import SamplingParams
@@ -106,6 +106,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with CompileClock() as compiled:
         t0 = time.perf_counter()
         model = load_model(args.model, backend=args.backend, kv_dtype=args.kv_dtype,
+                           prefill_dtype=args.prefill_dtype,
                            compile_progress=say_compiling)
         load_s = time.perf_counter() - t0
         load_compile_s = compiled.seconds
@@ -292,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generate --max-tokens tokens even past an end-of-sequence token")
     g.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     add_kv_dtype(g)
+    add_prefill_dtype(g)
     g.add_argument("--threads", type=int,
                    help="compute threads (default: one per core other processes leave free)")
     g.add_argument("--json", action="store_true",

@@ -13,3 +13,9 @@ def add_kv_dtype(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", choices=KV_DTYPES,
                    help="KV cache element type (default: the backend's; float16 halves the "
                         "cache's memory and the bytes decode reads)")
+
+
+def add_prefill_dtype(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prefill-dtype", choices=KV_DTYPES,
+                   help="the cuda backend's prefill GEMM input type (default float32; "
+                        "other backends refuse it)")

@@ -83,7 +83,8 @@ def _corrupt_gguf(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing", "truncated", "not_gguf", "empty_prompt",
-                                  "encoder_for_generate", "missing_input"])
+                                  "encoder_for_generate", "missing_input",
+                                  "prefill_dtype_off_cuda"])
 def test_bad_input_one_line_exit_2(tmp_path, capsys, case):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"this is not a model file at all")
@@ -97,6 +98,8 @@ def test_bad_input_one_line_exit_2(tmp_path, capsys, case):
                                  "--backend", "numpy"],
         "missing_input": ["embed", "--model", "minilm", "--input", str(tmp_path / "no.txt"),
                           "--output", str(tmp_path / "o.npy")],
+        "prefill_dtype_off_cuda": ["generate", "--model", "smollm2", "--prompt", "hi",
+                                   "--backend", "numpy", "--prefill-dtype", "float16"],
     }[case]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
