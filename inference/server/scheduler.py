@@ -310,6 +310,11 @@ class Scheduler(QueuedWorker):
         with self._cv:
             return len(self._active), len(self._waiting)
 
+    def close(self) -> None:
+        """Stop the thread, then give back the prompt cache's memory."""
+        super().close()
+        self.pool.clear()
+
     # --- the scheduler thread ----------------------------------------------------------
     def _run(self) -> None:
         try:
