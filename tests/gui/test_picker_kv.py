@@ -43,5 +43,6 @@ def test_a_backend_without_the_type_says_so(make_window, qtbot) -> None:
                                           "not float16.")
     assert w.banner.isVisible() and w.jobs.alive()
     _choose(p.kv_combo, "")
-    with job_result(qtbot, w.jobs, "load", timeout=120_000):
+    # ``check``: the refused load's own end may still be on its way (a busy machine).
+    with job_result(qtbot, w.jobs, "load", timeout=120_000, check=lambda _: True):
         p.load(spec_of(w, "causal"))
