@@ -234,14 +234,18 @@ def cmd_embed(args: argparse.Namespace) -> int:
     if not isinstance(model, Encoder):
         raise InvalidInputError(f"{model.name} is not an embedding model.")
 
+    live = not args.quiet and sys.stderr.isatty()  # a count rewritten in place: terminals only
+
     def progress(done: int, total: int) -> None:
-        if not args.quiet:
-            print(f"\rembedded {done}/{total}", end="", file=sys.stderr, flush=True)
+        if live:
+            print(f"\r\033[Kembedded {done}/{total}", end="", file=sys.stderr, flush=True)
 
     vecs = model.embed(sentences, batch_size=args.batch_size, progress=progress)
     write_atomic(args.output, lambda f: np.save(f, vecs))
+    if live:
+        print("\r\033[K", end="", file=sys.stderr)
     if not args.quiet:
-        print(f"\nwrote {vecs.shape[0]} x {vecs.shape[1]} to {args.output} "
+        print(f"wrote {vecs.shape[0]} x {vecs.shape[1]} to {args.output} "
               f"({model.backend_reason})", file=sys.stderr)
     return 0
 

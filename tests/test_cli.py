@@ -75,6 +75,19 @@ def test_embed_file_to_npy(tmp_path, capsys):
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, rtol=1e-5)
 
 
+def test_embed_off_a_terminal_writes_one_line(tmp_path, capsys):
+    # stderr captured (not a terminal): no count rewritten with carriage returns, only the
+    # summary line.
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n", encoding="utf-8")
+    dst = tmp_path / "out.npy"
+    assert main(["embed", "--model", "minilm", "--input", str(src), "--output", str(dst),
+                 "--backend", "numpy", "--batch-size", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "embedded" not in err and "\r" not in err, err
+    assert err.startswith("wrote 2 x 384 to "), err
+
+
 def _corrupt_gguf(tmp_path):
     data = smollm2_gguf().read_bytes()[:100_000]
     bad = tmp_path / "truncated.gguf"
