@@ -344,8 +344,12 @@ def exit_now(code: int) -> NoReturn:
     # What Py_Finalize runs first: threading's exit hooks (thread pools told to stop), then
     # a join of every non-daemon thread. Joining before those hooks would wait forever on
     # an idle pool's workers.
-    threading._shutdown()
-    atexit._run_exitfuncs()
+    shutdown = getattr(threading, "_shutdown", None)
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    if shutdown is None or run_exitfuncs is None:  # an interpreter without them: exit normally
+        sys.exit(code)
+    shutdown()
+    run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

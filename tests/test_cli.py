@@ -146,10 +146,14 @@ exit_now(3)
 """
 
 
-def test_exit_now_ends_as_a_normal_exit_would():
+@pytest.mark.parametrize("private_hooks", [True, False])
+def test_exit_now_ends_as_a_normal_exit_would(private_hooks):
     """What a normal exit does before the interpreter's teardown still happens: threads
-    joined, atexit handlers run, the output flushed; the code is the process's."""
-    r = subprocess.run([sys.executable, "-c", EXIT_NOW], capture_output=True, text=True,
+    joined, atexit handlers run, the output flushed; the code is the process's. Without
+    the interpreter's private exit hooks it is a normal exit, with the same output."""
+    code = EXIT_NOW if private_hooks else EXIT_NOW.replace(
+        "exit_now(3)", "del atexit._run_exitfuncs\nexit_now(3)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 3, r.stderr
     assert r.stdout.splitlines() == ["unflushed linethread done", "atexit ran"], r.stdout
