@@ -239,10 +239,11 @@ class CpuBackend(NumpyBackend):
         which the first reply paid and later ones did not): each loaded weight type's
         products on a small zero weight (decode rows, a captured step's two calls, a
         prefill, an embedding lookup), then the row norm, RoPE, a prefill's attention,
-        SiLU and a decode step's attention on small inputs. The model's weights are not
-        read: they stay where the load left them until a reply needs them. Once per
-        process for each set of types, activation mode and KV cache type."""
-        from inference.backends.cpu.warm import has_zero_weight, products
+        the model's activation (SiLU or GELU) and a decode step's attention on small
+        inputs. The model's weights are not read: they stay where the load left them until
+        a reply needs them. Once per process for each set of types, activation mode and
+        KV cache type."""
+        from inference.backends.cpu.warm import activation, has_zero_weight, products
 
         self.omp_wait = launch_kernel_threads(self._busy_now())  # before any kernel runs
         layers, head, table = self._weight_roles(model)
@@ -260,16 +261,14 @@ class CpuBackend(NumpyBackend):
         self._weight_types.clear()  # the zero weights products() made
         x = np.ones((1, 2, 3, 64), np.float32)
         self.rms_norm(x, np.ones(64, np.float32), 1e-6)
-        self.silu_mul(x, x)
+        op = getattr(getattr(model, "args", None), "mlp_op", "silu_mul")
+        activation(self, op)  # a decode row, and a prefill's shared out (its split, the workers)
         self.rope(x, 0, 10000.0)
         self.attention(x, x[:, :1], x[:, :1], 0.125, causal_offset=0)
-        # SiLU over column views of one stacked product (rows of a prefill), and a decode
-        # step's heads (transposed views) through attend_rows into a one-layer cache.
+        # The activation over column views of one stacked product (rows of a prefill), and
+        # a decode step's heads (transposed views) through attend_rows into a one-layer cache.
         gate_up = np.ones((1, 2, 128), np.float32)
-        self.silu_mul(gate_up[..., :64], gate_up[..., 64:])
-        # A prefill's SiLU big enough to be shared out (its split, the worker threads).
-        gate = np.ones((1, SHARE_MIN // 64, 64), np.float32)
-        self.silu_mul(gate, gate)
+        getattr(self, op)(gate_up[..., :64], gate_up[..., 64:])
         heads = np.ones((1, 1, 2, 64), np.float32).transpose(0, 2, 1, 3)
         self.attend_rows(heads, heads[:, :1], heads[:, :1], [KVCache(self, 1)], 0,
                          theta=10000.0, freq_factors=None, scale=0.125, window=None,
@@ -857,22 +856,31 @@ class CpuBackend(NumpyBackend):
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         if gate.shape != up.shape:
             return super().silu_mul(gate, up)
+        return self._act_mul(gate, up, fused.silu_mul_rows, fused.silu_mul_chunks)
+
+    def gelu_tanh_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        if gate.shape != up.shape:
+            return super().gelu_tanh_mul(gate, up)
+        return self._act_mul(gate, up, fused.gelu_tanh_mul_rows, fused.gelu_tanh_mul_chunks)
+
+    def _act_mul(self, gate: np.ndarray, up: np.ndarray, rows: Callable[..., None],
+                 chunks: Callable[..., None]) -> np.ndarray:
+        """``act(gate) * up`` by a fused kernel: ``rows`` over (T, n) rows, ``chunks`` the
+        same split between numba's threads. A prefill's is shared out in the pool the
+        products used; every element is computed alone, so the split changes no bit."""
         g, u = self._unit_rows(gate), self._unit_rows(up)
         out = np.empty(g.shape, dtype=np.float32)
         if self._tape is None and g.size >= SHARE_MIN:  # a prefill's: in the products' pool
             t, per = g.shape[0], fused.silu_rows_per(g.shape[1])
             if self._after_numba_products():
                 with self._numba_threads(self._shares(t // per + 1)):
-                    fused.silu_mul_chunks(g, u, out)
+                    chunks(g, u, out)
             else:
-                self._share(t // per + 1, lambda a, b: fused.silu_mul_rows(
+                self._share(t // per + 1, lambda a, b: rows(
                     g[a * per:b * per], u[a * per:b * per], out[a * per:b * per]))
         else:
-            self._taped(fused.silu_mul_rows, g, u, out)
+            self._taped(rows, g, u, out)
         return out.reshape(gate.shape)
-
-    def gelu_tanh_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        return self._recomputed(super().gelu_tanh_mul, gate, up)
 
     def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
         return self._recomputed(super().softcap, x, cap)

@@ -40,6 +40,25 @@ def silu_mul_rows(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
         silu_mul_flat(_unit(g[r], out), _unit(u[r], out), out[r])
 
 
+@_jit(fastmath=_NO_REASSOC)
+def gelu_tanh_mul_flat(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu_tanh(g) * u, as ``g * sigmoid(2 * inner)``: the same function as
+    ``0.5 * g * (1 + tanh(inner))``, inner = sqrt(2 / pi) * (g + 0.044715 g^3), through
+    :func:`.ir._exp`, so the loop vectorises (NumPy's form, four passes and a ``powf``
+    per element, took 22-30 ms for 138 x 10240 elements; a Gemma 3 4B prefill has 34)."""
+    for k in range(g.shape[0]):
+        x = g[k]
+        inner = _f32(-1.5957691216057308) * (x + _f32(0.044715) * (x * x * x))
+        out[k] = x / (_f32(1.0) + _exp(inner)) * u[k]
+
+
+@_jit(fastmath=_NO_REASSOC)
+def gelu_tanh_mul_rows(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    """:func:`silu_mul_rows` for :func:`gelu_tanh_mul_flat`."""
+    for r in range(g.shape[0]):
+        gelu_tanh_mul_flat(_unit(g[r], out), _unit(u[r], out), out[r])
+
+
 SILU_CHUNK = 4096  # elements per unit of silu_mul_chunks' split
 
 
@@ -60,6 +79,17 @@ def silu_mul_chunks(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
         a = c * per
         b = min(a + per, t)
         silu_mul_rows(g[a:b], u[a:b], out[a:b])
+
+
+@_jit(parallel=True, fastmath=_NO_REASSOC)
+def gelu_tanh_mul_chunks(g: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+    """:func:`silu_mul_chunks` for :func:`gelu_tanh_mul_rows`."""
+    t, n = g.shape
+    per = silu_rows_per(n)
+    for c in prange((t + per - 1) // per):
+        a = c * per
+        b = min(a + per, t)
+        gelu_tanh_mul_rows(g[a:b], u[a:b], out[a:b])
 
 
 @_jit(fastmath=_NO_REASSOC)

@@ -73,6 +73,18 @@ def products(backend: Any, qtype: str, *, prefill: bool = True, embedding: bool 
         backend._tape = None
 
 
+def activation(backend: Any, op: str) -> None:
+    """The activation op ``op`` (``silu_mul``, ``gelu_tanh_mul``) as a decode step and a
+    prefill call it: one row, and rows enough to be shared out."""
+    from inference.backends.cpu.backend import SHARE_MIN
+
+    act = getattr(backend, op)
+    x = np.ones((1, 1, 64), np.float32)
+    act(x, x)
+    x = np.ones((1, SHARE_MIN // 64, 64), np.float32)
+    act(x, x)
+
+
 Step = tuple[str, Callable[[], None]]  # (what it compiles, the call)
 
 
@@ -85,6 +97,7 @@ def warm(say: Callable[[str], None] = print, more: Sequence[Step] = ()) -> float
     backend = CpuBackend()
     steps: list[Step] = [
         (f"{q} products", lambda q=q: products(backend, q)) for q in WEIGHT_TYPES]
+    steps.append(("GELU-tanh", lambda: activation(backend, "gelu_tanh_mul")))
     steps += more
     for i, (what, run) in enumerate(steps, 1):
         t = time.perf_counter()
