@@ -26,7 +26,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from inference.backends.cpu.ir import _i64_of, _item_ptr, _jit
-from inference.backends.cpu.layout import GROUP, LANES
+from inference.backends.cpu.layout import (
+    AFFINE,
+    GROUP,
+    LANES,
+    SUPER6,
+    _block_scales,
+    scale_scratch,
+)
 from inference.backends.cpu.matvec_int import (
     _NO_FUSE,
     _maddwd,
@@ -98,7 +105,7 @@ def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
             if narrow:
                 acc = [[builder.sext(a, ir.VectorType(_i32, 16)) for a in ra] for ra in acc]
             halves.append([_runs(builder, ra, lanes_of) for ra in acc])
-        c = 8 if signature.args[0].dtype == types.int8 else 4  # the scales' row
+        c = 8 if signature.args[0].dtype == types.int8 else 4  # the scales' row (_scale_row)
         _tail_args(context, builder, signature, args, 6, blk, g, c).emit(
             row, _two_halves(halves))
         return context.get_dummy_value()
@@ -123,6 +130,16 @@ def _step(xp):  # type: ignore[no-untyped-def]  # numba only: rows a call of _bl
 def _step_ov(xp):  # type: ignore[no-untyped-def]
     n = ROWS[xp.dtype == types.int8]
     return lambda xp: n
+
+
+def _scale_row(codes):  # type: ignore[no-untyped-def]  # numba only: a block's row of scales
+    raise NotImplementedError
+
+
+@overload(_scale_row, inline="always")
+def _scale_row_ov(codes):  # type: ignore[no-untyped-def]
+    c = 8 if codes.dtype == types.int8 else 4  # as _make_block's
+    return lambda codes: c
 
 
 def _buffer(xp):  # type: ignore[no-untyped-def]  # numba only: a block's unpacked codes
@@ -187,16 +204,31 @@ def gemm_int(codes: np.ndarray, blocks: np.ndarray, kind: int, zero: float, xp: 
     u = _buffer(xp)
     acc = np.empty((rows, LANES), dtype=np.float32)
     step = _step(xp)
+    # SUPER6: a block's scales f32(d) * sc and biases -(f32(dmin) * m) made once, into
+    # the rows an AFFINE block holds them in (``own``), which the tail then reads, instead
+    # of at each step of rows. Both are exact in float32 and AFFINE's tail is SUPER6's
+    # expression, so every result keeps its bits (Q4_K 2048x2048, 138 rows, 1 thread:
+    # 11.7 ms against Q4_0's 10.4 before).
+    super6 = kind == SUPER6
+    c = _scale_row(codes)
+    own = np.zeros((1, c + 2, LANES), dtype=np.float32)
+    sg, sg2, zg = scale_scratch(LANES)
+    halves = blocks.view(np.uint16)
     for t in range(t0, t1):
         acc[:] = 0.0
         for g in range(groups):
             blk = t * groups + g
             _unpack(codes, blk, u)
+            if super6:
+                _block_scales(codes, blocks, halves, blk, c, kind, zero, sg, sg2, zg)
+                own[0, c] = sg
+                own[0, c + 1] = zg
+            scales, at, how = (own, 0, AFFINE) if super6 else (blocks, blk, kind)
             i = 0
             while rows - i >= step:
-                _block(codes, blk, u, xg[g], i, g, blocks, kind, zero, dx, xs, acc[i:])
+                _block(codes, at, u, xg[g], i, g, scales, how, zero, dx, xs, acc[i:])
                 i += step
             while i < rows:
-                _block1(codes, blk, u, xg[g], i, g, blocks, kind, zero, dx, xs, acc[i:])
+                _block1(codes, at, u, xg[g], i, g, scales, how, zero, dx, xs, acc[i:])
                 i += 1
         out[:, t * LANES:(t + 1) * LANES] = acc
