@@ -58,9 +58,11 @@ class TensorData:
         """``parts`` one after another along the rows, as one tensor; made on first use."""
         first = parts[0]
         rows = sum(t.shape[0] for t in parts)
-        return DeferredTensor(name, (rows, *first.shape[1:]), first.qtype,
-                              lambda: np.concatenate([t.data for t in parts]),
-                              first.layout, sum(t.data_nbytes for t in parts), extra)
+        out = DeferredTensor(name, (rows, *first.shape[1:]), first.qtype,
+                             lambda: np.concatenate([t.data for t in parts]),
+                             first.layout, sum(t.data_nbytes for t in parts), extra)
+        out.parts = tuple(parts)  # a reader of some rows can take them from these alone
+        return out
 
     @property
     def data_nbytes(self) -> int:
@@ -78,6 +80,7 @@ class DeferredTensor(TensorData):
         self._make: Callable[[], np.ndarray] | None = make
         self._data: np.ndarray | None = None
         self._layout, self._nbytes = layout, nbytes
+        self.parts: tuple[TensorData, ...] = ()  # stacked(): the tensors its rows join
         super().__init__(name, shape, qtype, None, extra or {})  # type: ignore[arg-type]
 
     @property  # type: ignore[override]

@@ -39,9 +39,11 @@ import json
 import mmap
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,10 +253,115 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
         hit = store.get(t)
         if hit is not None:
             return hit
-    w = _pack(t, bits)
+    w = _pack_shared(t, bits)
     if store is not None:
         store.put(t, w)
     return w
+
+
+# --- packing on every free core: which rows pack where --------------------------------------
+# Weights one worker packs at a time: spans of whole tiles of LANES rows, each packed by
+# _pack alone and copied into its place in the tensor's blocks. Rows pack independently,
+# so the bytes are those of one _pack over the whole tensor; NumPy releases the GIL in
+# the large array operations that make up most of the time.
+SPAN_WEIGHTS = 1 << 21
+# While spans pack, threads hand over the GIL after this many seconds (Python's default:
+# 0.005): the workers' Python between array operations waits less for one another.
+SWITCH_INTERVAL = 0.0005
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_switching = 0  # packs running with SWITCH_INTERVAL (under _pool_lock)
+_switch_before = 0.0
+
+
+def pack_workers() -> int:
+    """Threads that pack a tensor's spans: the cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def _span_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(pack_workers(), thread_name_prefix="pack")
+        return _pool
+
+
+@contextlib.contextmanager
+def _short_switches() -> Iterator[None]:
+    global _switching, _switch_before
+    with _pool_lock:
+        if not _switching:
+            _switch_before = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_before, SWITCH_INTERVAL))
+        _switching += 1
+    try:
+        yield
+    finally:
+        with _pool_lock:
+            _switching -= 1
+            if not _switching:
+                sys.setswitchinterval(_switch_before)
+
+
+def _span_rows(t: TensorData) -> int:
+    """Rows of ``t`` in one span: whole tiles of LANES, about SPAN_WEIGHTS weights."""
+    return max(LANES, SPAN_WEIGHTS // t.shape[1] // LANES * LANES)
+
+
+def _rows(t: TensorData, sources: list[tuple[int, np.ndarray]], r0: int, r1: int
+          ) -> TensorData:
+    """Rows r0..r1 of ``t`` as a tensor of their own, from ``sources`` (its data as
+    (first row, rows) pieces, one after another); MLX's per-row scales and biases cut the
+    same way."""
+    pieces = [a[max(r0 - s0, 0):r1 - s0] for s0, a in sources if s0 < r1 and s0 + len(a) > r0]
+    data = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    extra = {k: v[r0:r1] if isinstance(v, np.ndarray) and v.ndim and len(v) == t.shape[0]
+             else v for k, v in t.extra.items()}
+    return TensorData(t.name, (r1 - r0, t.shape[1]), t.qtype, data, extra)
+
+
+def _sources(t: TensorData) -> list[tuple[int, np.ndarray]]:
+    """``t``'s data as (first row, rows) pieces: a stacked tensor's parts as they are (no
+    joined copy; each part's own data made here, once), else its data whole."""
+    parts = getattr(t, "parts", ())
+    if not parts:
+        return [(0, t.data)]
+    out, r0 = [], 0
+    for p in parts:
+        out.append((r0, p.data))
+        r0 += p.shape[0]
+    return out
+
+
+def _pack_shared(t: TensorData, bits: int) -> PackedWeight:
+    """:func:`_pack` of ``t``, its spans of rows shared among :func:`pack_workers` threads
+    (one span: packed on this thread)."""
+    n_out, k = t.shape
+    step = _span_rows(t)
+    if n_out <= step or pack_workers() < 2:
+        return _pack(t, bits)
+    sources = _sources(t)
+    spans = [(r0, min(n_out, r0 + step)) for r0 in range(0, n_out, step)]
+    groups, tiles = k // GROUP, -(-n_out // LANES)
+    made: list[np.ndarray] = []  # the tensor's blocks, made by the first span packed
+    lock = threading.Lock()
+
+    def span(rows: tuple[int, int]) -> tuple[int, float, int]:
+        part = _pack(_rows(t, sources, *rows), bits)
+        with lock:
+            if not made:
+                made.append(np.empty((tiles * groups, *part.blocks.shape[1:]), np.float32))
+        b0 = rows[0] // LANES * groups
+        made[0][b0:b0 + len(part.blocks)] = part.blocks  # on the worker: copies in parallel
+        return part.bits, part.zero, part.kind
+
+    with _short_switches():
+        (bits_, zero, kind), *_ = _span_pool().map(span, spans)
+    return PackedWeight(made[0], bits_, zero, (n_out, k), kind)
 
 
 def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
@@ -440,6 +547,7 @@ class PackStore:
         self.index: dict[str, Any] = {}
         self.map: mmap.mmap | None = None
         self.new: list[tuple[str, dict[str, Any], PackedWeight]] = []
+        self.stream: _Stream | None = None  # packed.bin being written as the load packs
         self.missed = False
         try:
             self.index = json.loads((folder / "index.json").read_text())
@@ -477,34 +585,132 @@ class PackStore:
     def put(self, t: TensorData, w: PackedWeight) -> None:
         if self.map is None and all(name != t.name for name, _, _ in self.new):
             self.new.append((t.name, self._key(t, w.bits), w))
+            if self.stream is None and _aligned(self.new) >= MIN_STORE_BYTES:
+                self.stream = _Stream(self.folder.parent, self.new)
+            if self.stream is not None:
+                self.stream.send(len(self.new))
 
     def write(self) -> None:
-        """The collected weights as a complete store (written aside, then renamed in)."""
-        total = sum(-(-w.blocks.nbytes // ALIGN) * ALIGN for _, _, w in self.new)
-        if self.map is not None or self.missed or not self.new or total < MIN_STORE_BYTES:
-            return
-        if total > store_cap():
-            return
-        self.folder.parent.mkdir(parents=True, exist_ok=True)
-        evict(total, keep=self.folder)
-        if shutil.disk_usage(self.folder.parent).free < total + FREE_MARGIN:
-            return
-        tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.folder.parent))
+        """The collected weights as a complete store (written aside, then renamed in): the
+        file the load streamed as it packed, else written now from memory."""
+        stream, self.stream = self.stream, None
+        total = _aligned(self.new)
+        tmp = None if stream is None else stream.finish(len(self.new))
         try:
+            if self.map is not None or self.missed or not self.new or total < MIN_STORE_BYTES:
+                return
+            if total > store_cap():
+                return
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            evict(total, keep=self.folder)
+            if tmp is None:
+                if shutil.disk_usage(self.folder.parent).free < total + FREE_MARGIN:
+                    return
+                tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.folder.parent))
+                with open(tmp / "packed.bin", "wb") as f:
+                    for _, _, w in self.new:
+                        _append(f, w)
             index: dict[str, Any] = {"__model__": self.model}
-            with open(tmp / "packed.bin", "wb") as f:
-                for name, key, w in self.new:
-                    f.write(b"\0" * (-f.tell() % ALIGN))
-                    index[name] = {"key": key, "offset": f.tell(), "blocks": list(w.blocks.shape)}
-                    f.write(memoryview(np.ascontiguousarray(w.blocks)).cast("B"))
-                index["__bytes__"] = f.tell()
+            offset = 0
+            for name, key, w in self.new:
+                offset += -offset % ALIGN
+                index[name] = {"key": key, "offset": offset, "blocks": list(w.blocks.shape)}
+                offset += w.blocks.nbytes
+            index["__bytes__"] = offset
             (tmp / "index.json").write_text(json.dumps(index))
             os.rename(tmp, self.folder)  # fails if another process wrote it first: kept
             evict(0, keep=self.folder)  # its index counted too
         except OSError:
             pass
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def discard(self) -> None:
+        """Nothing written: a load that stopped (the file streamed so far removed)."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.finish(0)
+        self.new.clear()
+
+
+def _aligned(new: list[tuple[str, dict[str, Any], PackedWeight]]) -> int:
+    """Bytes of ``packed.bin`` holding these weights, each started on ALIGN."""
+    return sum(-(-w.blocks.nbytes // ALIGN) * ALIGN for _, _, w in new)
+
+
+def _append(f: Any, w: PackedWeight) -> None:
+    f.write(b"\0" * (-f.tell() % ALIGN))
+    f.write(memoryview(np.ascontiguousarray(w.blocks)).cast("B"))
+
+
+class _Stream:
+    """A ``packed.bin`` written on a thread of its own while the load packs: the first
+    ``send`` weights of ``items`` (the store's list, appended to as the load packs), in its
+    order, in a ``.writing-`` folder under ``parent`` (a folder :func:`stores` never lists;
+    PackStore.write renames it in). The disk's writes then overlap packing instead of
+    following it. It stops writing, and :meth:`finish` gives no folder, where the disk would
+    keep less than FREE_MARGIN free, the weights pass the store cap or a write fails."""
+
+    def __init__(self, parent: Path, items: list[tuple[str, dict[str, Any], PackedWeight]]
+                 ) -> None:
+        self.parent = parent
+        self.items = items
+        self.cond = threading.Condition()
+        self.sent = 0  # weights of items to write
+        self.closed = False
+        self.written = 0
+        self.failed = False
+        self.tmp: Path | None = None
+        self.thread = threading.Thread(target=self._run, name="pack-store", daemon=True)
+        self.thread.start()
+
+    def send(self, n: int) -> None:
+        with self.cond:
+            self.sent = n
+            self.cond.notify()
+
+    def finish(self, n: int) -> Path | None:
+        """Writes the first ``n`` items (0: stops now), waits, and gives the folder whose
+        ``packed.bin`` holds them all, or None (the folder removed)."""
+        with self.cond:
+            self.sent, self.closed = n, True
+            self.cond.notify()
+        self.thread.join()
+        if n and not self.failed and self.written == n:
+            return self.tmp
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        return None
+
+    def _run(self) -> None:
+        cap, total = store_cap(), 0
+        f = None
+        try:
+            while True:
+                with self.cond:
+                    while self.written >= self.sent and not self.closed:
+                        self.cond.wait()
+                    if self.written >= self.sent:
+                        return
+                w = self.items[self.written][2]
+                total += -(-w.blocks.nbytes // ALIGN) * ALIGN
+                if f is None:
+                    self.parent.mkdir(parents=True, exist_ok=True)
+                if total > cap or shutil.disk_usage(self.parent).free < (
+                        w.blocks.nbytes + FREE_MARGIN):
+                    self.failed = True
+                    return
+                if f is None:
+                    self.tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.parent))
+                    f = open(self.tmp / "packed.bin", "wb")  # noqa: SIM115 (closed below)
+                _append(f, w)
+                self.written += 1
+        except OSError:
+            self.failed = True
+        finally:
+            if f is not None:
+                f.close()
 
 
 @contextlib.contextmanager
@@ -521,6 +727,9 @@ def pack_store(identity: str | None) -> Iterator[PackStore | None]:
     before, _active.store = getattr(_active, "store", None), store
     try:
         yield store
+    except BaseException:
+        store.discard()
+        raise
     finally:
         _active.store = before
     store.write()
