@@ -71,3 +71,29 @@ def test_identity_follows_the_file(tmp_path: Path) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     b = read_gguf(path).identity
     assert a and b and a != b and str(path.resolve()) in a
+
+
+def _resident_kb(path: Path) -> int:
+    """Resident kB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+            inside = head[-1] == str(path)
+        elif inside and head[:1] == ["Rss:"]:
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps")
+def test_an_opened_store_is_mapped_in_whole(tmp_path: Path) -> None:
+    """Opening a store maps all its pages (madvise POPULATE_READ), so the first prefill does
+    not fault them in one by one; still shared with the file, not copied."""
+    if tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit()) < (5, 14):
+        pytest.skip("MADV_POPULATE_READ is Linux 5.14+")
+    n = 4 << 20
+    (tmp_path / "packed.bin").write_bytes(b"\1" * n)
+    (tmp_path / "index.json").write_text(f'{{"__bytes__": {n}}}')
+    s = PackStore(tmp_path)
+    assert s.map is not None and s.map[n - 1] == 1
+    assert _resident_kb((tmp_path / "packed.bin").resolve()) == n >> 10

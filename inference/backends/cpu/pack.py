@@ -28,8 +28,9 @@ Packed weights are kept on disk (:class:`PackStore`), in a folder beside the ker
 modification time, a digest of its header) and this layout's version: a model's first load
 packs and writes them, later loads map the packed file instead of packing, as fast as
 mapping the model file itself.
-The store is mapped copy-on-write: pages stay shared with the page cache and are read only
-when a product first needs them.
+The store is mapped copy-on-write: pages stay shared with the page cache; where the kernel
+can, they are all mapped in when the store opens (``_populate``), not faulted in one by one
+by the first prefill.
 """
 
 from __future__ import annotations
@@ -537,6 +538,21 @@ def evict(room: int, keep: Path | None = None, cap: int | None = None) -> list[P
     return gone
 
 
+# Linux's madvise(MADV_POPULATE_READ) (5.14+; Python 3.11 names no constant for it).
+MADV_POPULATE_READ = 22
+
+
+def _populate(m: mmap.mmap) -> None:
+    """Map every page of the store now (read, no copy), where the kernel can: the first
+    prefill would otherwise fault them in one by one. Measured on the AMD EPYC guest: a
+    fresh Llama 3.2 1B prefill's first touches of its packed weights took ~0.46 s (the
+    second prefill 1.6 s against the first's 2.1 s; its tied 128k-row output head 128 ms
+    against 13); populating Gemma 3 4B's 3.2 GB store took 0.10 s, Phi-3.5's 0.2-0.3 s."""
+    if os.uname().sysname == "Linux":
+        with contextlib.suppress(OSError):  # an older kernel: the pages fault in as read
+            m.madvise(MADV_POPULATE_READ)
+
+
 class PackStore:
     """The packed weights of one model file: read from ``packed.bin`` (mapped) when a
     complete store exists, else collected as the load packs them and written at its end."""
@@ -557,6 +573,7 @@ class PackStore:
                 if size != self.index.pop("__bytes__", -1) or not size:
                     raise ValueError("a store cut short")
                 self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            _populate(self.map)
             with contextlib.suppress(OSError):  # used now: the last to go (evict)
                 os.utime(folder / "index.json")
         except FileNotFoundError:
