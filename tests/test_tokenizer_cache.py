@@ -42,6 +42,18 @@ def test_second_load_reads_the_kept_tokenizer(ckpt, monkeypatch):
         Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity + "|other")
 
 
+def test_the_kept_tokenizer_knows_its_largest_id_without_the_vocabulary(ckpt, monkeypatch):
+    fresh = Tokenizer.from_gguf_metadata(ckpt.metadata).max_id  # read from the vocabulary
+    Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+    kept = Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+
+    def no_vocab(*args, **kwargs):
+        raise AssertionError("vocabulary read")
+
+    monkeypatch.setattr(kept, "backend", type("B", (), {"get_vocab": no_vocab})())
+    assert kept.max_id == fresh == len(ckpt.metadata["tokenizer.ggml.tokens"]) - 1
+
+
 def test_a_damaged_entry_builds_anew(ckpt, tmp_path):
     built = Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
     (entry,) = (tmp_path / "cache" / "tokenizer").iterdir()

@@ -44,6 +44,7 @@ class Tokenizer:
         backend.no_padding()
         backend.no_truncation()  # tokenizer.json files may carry a max_length; callers truncate
         self.backend = backend
+        self._max_id: int | None = None  # max_id, once read (the vocabulary does not change)
         self.kind = kind  # "byte_level" | "sentencepiece" | "generic": how to stream-decode
         self.strip_space = strip_space  # decode drops the space SentencePiece put in front
         self.prefix_space = prefix_space  # encode puts SentencePiece's dummy space in front
@@ -133,9 +134,13 @@ class Tokenizer:
         kept = load_pickle(path)
         if isinstance(kept, dict) and kept.get("version") == _CACHE_VERSION:
             try:
-                return cls(HFTokenizer.from_str(kept["json"]), **kept["args"])
+                tok = cls(HFTokenizer.from_str(kept["json"]), **kept["args"])
             except Exception:  # tokenizers raises plain Exception: a damaged entry, rebuilt
                 pass
+            else:
+                if isinstance(kept.get("max_id"), int):  # kept by the load that built it
+                    tok._max_id = kept["max_id"]
+                return tok
         md = {k: _plain(v) for k, v in metadata.items()
               if k.startswith("tokenizer.") or k.startswith("general.")}
         backend, info = gguf_vocab.build_from_gguf(md)
@@ -152,10 +157,11 @@ class Tokenizer:
                 "bos_token": text("bos_token_id"), "eos_token": text("eos_token_id"),
                 "pad_token": text("padding_token_id"), "unk_token": text("unknown_token_id"),
                 "extra_eos_ids": extra, "chat_template": md.get("tokenizer.chat_template")}
-        if path is not None:
+        tok = cls(backend, **args)
+        if path is not None:  # max_id too: reading it walks the whole vocabulary
             save_pickle(path, {"version": _CACHE_VERSION, "json": backend.to_str(),
-                               "args": args})
-        return cls(backend, **args)
+                               "args": args, "max_id": tok.max_id})
+        return tok
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
@@ -173,7 +179,10 @@ class Tokenizer:
     @property
     def max_id(self) -> int:
         """The largest id this tokenizer can produce (-1 for an empty vocabulary)."""
-        return max(self.backend.get_vocab(with_added_tokens=True).values(), default=-1)
+        if self._max_id is None:
+            self._max_id = max(self.backend.get_vocab(with_added_tokens=True).values(),
+                               default=-1)
+        return self._max_id
 
     def encode(self, text: str, add_special_tokens: bool = True,
                parse_special: bool = True, after: int | None = None) -> list[int]:
