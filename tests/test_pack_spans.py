@@ -23,6 +23,7 @@ def small_spans(monkeypatch: pytest.MonkeyPatch) -> None:
     """Spans of two tiles (64 rows), shared by two threads whatever the cores."""
     monkeypatch.setattr(cpu_pack, "SPAN_WEIGHTS", 2 * cpu_pack.LANES * K)
     monkeypatch.setattr(cpu_pack, "pack_workers", lambda: 2)
+    monkeypatch.setattr(cpu_pack, "SHARED_MIN_WEIGHTS", 0)
 
 
 def _same(t: TensorData) -> None:

@@ -266,6 +266,7 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
 # so the bytes are those of one _pack over the whole tensor; NumPy releases the GIL in
 # the large array operations that make up most of the time.
 SPAN_WEIGHTS = 1 << 21
+SHARED_MIN_WEIGHTS = 1 << 18  # smaller tensors pack in a few ms: on the calling thread
 # While spans pack, threads hand over the GIL after this many seconds (Python's default:
 # 0.005): the workers' Python between array operations waits less for one another.
 SWITCH_INTERVAL = 0.0005
@@ -308,9 +309,12 @@ def _short_switches() -> Iterator[None]:
                 sys.setswitchinterval(_switch_before)
 
 
-def _span_rows(t: TensorData) -> int:
-    """Rows of ``t`` in one span: whole tiles of LANES, about SPAN_WEIGHTS weights."""
-    return max(LANES, SPAN_WEIGHTS // t.shape[1] // LANES * LANES)
+def _span_rows(t: TensorData, workers: int) -> int:
+    """Rows of ``t`` in one span: whole tiles of LANES, at most about SPAN_WEIGHTS weights,
+    and at most a ``workers``-th of the rows (a small model's tensors share out too)."""
+    n_out, k = t.shape
+    share = -(-n_out // workers)
+    return max(LANES, min(SPAN_WEIGHTS // k, share + -share % LANES) // LANES * LANES)
 
 
 def _rows(t: TensorData, sources: list[tuple[int, np.ndarray]], r0: int, r1: int
@@ -342,8 +346,9 @@ def _pack_shared(t: TensorData, bits: int) -> PackedWeight:
     """:func:`_pack` of ``t``, its spans of rows shared among :func:`pack_workers` threads
     (one span: packed on this thread)."""
     n_out, k = t.shape
-    step = _span_rows(t)
-    if n_out <= step or pack_workers() < 2:
+    workers = pack_workers()
+    step = _span_rows(t, workers)
+    if n_out <= step or workers < 2 or n_out * k < SHARED_MIN_WEIGHTS:
         return _pack(t, bits)
     sources = _sources(t)
     spans = [(r0, min(n_out, r0 + step)) for r0 in range(0, n_out, step)]
