@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from inference.formats import read_checkpoint
+from inference.formats.cache import load_pickle, save_pickle
 from inference.store import resolve
 from inference.tokenizer import Tokenizer, gguf_vocab
 
@@ -42,8 +43,14 @@ def test_second_load_reads_the_kept_tokenizer(ckpt, monkeypatch):
         Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity + "|other")
 
 
-def test_the_kept_tokenizer_knows_its_largest_id_without_the_vocabulary(ckpt, monkeypatch):
+def test_the_kept_tokenizer_knows_its_largest_id_without_the_vocabulary(ckpt, monkeypatch,
+                                                                       tmp_path):
     fresh = Tokenizer.from_gguf_metadata(ckpt.metadata).max_id  # read from the vocabulary
+    Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+    (entry,) = (tmp_path / "cache" / "tokenizer").iterdir()
+    kept = load_pickle(entry)
+    del kept["max_id"]  # an entry written before max_id was kept: the next load adds it
+    save_pickle(entry, kept)
     Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
     kept = Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
 

@@ -140,6 +140,8 @@ class Tokenizer:
             else:
                 if isinstance(kept.get("max_id"), int):  # kept by the load that built it
                     tok._max_id = kept["max_id"]
+                else:  # an entry from before max_id was kept: added once
+                    save_pickle(path, {**kept, "max_id": tok.max_id})
                 return tok
         md = {k: _plain(v) for k, v in metadata.items()
               if k.startswith("tokenizer.") or k.startswith("general.")}
