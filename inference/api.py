@@ -21,6 +21,7 @@ from inference.errors import (
 )
 from inference.events import DoneEvent, GenerationEvent, MemorySample
 from inference.formats import read_checkpoint
+from inference.formats.gguf_file import forget_header
 from inference.formats.tensor import Checkpoint
 from inference.generate import stream_generate
 from inference.models import CAUSAL, architecture
@@ -344,7 +345,9 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     with _weight_store(B, ckpt, n_layers):
         model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
     ckpt.release_pages()  # pages read while converting; weights kept in file layout map again
-    del ckpt  # its views and temporaries go now (a GGUF header stays in the reader's cache)
+    if ckpt.format == "gguf":
+        forget_header(ckpt.path)  # the model holds what it needs: the vocabulary's strings go
+    del ckpt  # its views and temporaries go now
     trim_host_heap()
     keep_freed_heap()  # from here on, reuse what inference frees (prefill's temporaries)
     return model

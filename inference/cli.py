@@ -99,7 +99,7 @@ def say_compiling(done: int, total: int, module: str) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from inference.api import CausalLM, load_model
-    from inference.backends.base import host_rss
+    from inference.backends.base import host_rss, peak_rss
 
     if args.threads is not None and args.threads < 1:
         raise InvalidInputError("--threads must be at least 1.")
@@ -127,7 +127,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "ttft_s": done.ttft_s, "token_times_s": times,
             "threads": list(done.threads) if done.threads else None,
             "omp_wait": getattr(model.backend, "omp_wait", None),
-            "load_s": load_s, "rss_after_load_bytes": rss, "compile_s": compiled.seconds,
+            "load_s": load_s, "rss_after_load_bytes": rss, "peak_rss_bytes": peak_rss(),
+            "rss_after_reply_bytes": host_rss(), "compile_s": compiled.seconds,
             "compile_during_load_s": load_compile_s, "kernels_compiled": compiled.kernels,
         }))
     else:

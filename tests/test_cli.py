@@ -42,6 +42,7 @@ def test_generate_json(capsys):
     assert set(out) >= {"text", "token_ids", "prefill_tok_s", "decode_tok_s", "ttft_s"}
     assert 0 < len(out["token_ids"]) <= 8 and out["ttft_s"] > 0
     assert out["load_s"] > 0 and out["compile_s"] >= 0 and out["rss_after_load_bytes"] > 0
+    assert out["peak_rss_bytes"] >= max(out["rss_after_load_bytes"], out["rss_after_reply_bytes"])
     assert len(out["token_times_s"]) == len(out["token_ids"])
     assert out["token_times_s"] == sorted(out["token_times_s"])
 

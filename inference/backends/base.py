@@ -23,6 +23,7 @@ Array conventions (every backend):
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -130,6 +131,17 @@ def host_rss() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
+
+
+def peak_rss() -> int:
+    """The most resident memory this process has held so far, in bytes (getrusage's
+    ru_maxrss: kilobytes on Linux, bytes on macOS); its current RSS where that is not kept."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return host_rss()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def _glibc() -> Any:
