@@ -49,6 +49,13 @@ from inference.validate import (
 from inference.validate import token_ids as _token_ids
 
 
+def read_tokenizer(ckpt: Checkpoint) -> Tokenizer:
+    """The tokenizer a checkpoint carries (a GGUF's metadata, else the folder's files)."""
+    if ckpt.format == "gguf":
+        return Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+    return Tokenizer.from_dir(ckpt.path)
+
+
 class LoadedModel:
     """What every loaded model offers: its description, backend, and memory."""
 
@@ -57,7 +64,7 @@ class LoadedModel:
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
                  n_layers: int | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 cancel: threading.Event | None = None):
+                 cancel: threading.Event | None = None, tokenizer: Tokenizer | None = None):
         self.spec = spec
         self.backend = backend
         self.backend_reason = reason
@@ -68,6 +75,8 @@ class LoadedModel:
                       where=ckpt.path.name)
         if n_layers is not None:  # keep only the first layers (tests, kernel bring-up)
             self.args.num_hidden_layers = min(n_layers, self.args.num_hidden_layers)
+        self.tokenizer = read_tokenizer(ckpt) if tokenizer is None else tokenizer
+        tokenizer_fits(self.tokenizer, int(self.args.vocab_size), ckpt.path.name)
         weights = Weights(ckpt, backend, progress, cancel)
         self.model = arch.Model(self.args, backend, weights)
         if progress is not None:  # tensors the architecture does not use count as done
@@ -93,11 +102,6 @@ class CausalLM(LoadedModel, Generates):
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
                  n_layers: int | None = None, **kw: Any):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
-        if ckpt.format == "gguf":
-            self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
-        else:
-            self.tokenizer = Tokenizer.from_dir(ckpt.path)
-        tokenizer_fits(self.tokenizer, int(self.args.vocab_size), ckpt.path.name)
         # The file's own template, else its family's, else ChatML: template.template_source
         # says which and why, template.fallback_reason why the file's own was passed over.
         self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer)
@@ -227,9 +231,6 @@ class Encoder(LoadedModel):
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
                  n_layers: int | None = None, **kw: Any):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
-        self.tokenizer = (Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
-                          if ckpt.format == "gguf" else Tokenizer.from_dir(ckpt.path))
-        tokenizer_fits(self.tokenizer, int(self.args.vocab_size), ckpt.path.name)
         if ckpt.config["model_type"] in CAUSAL:  # a decoder embedder (Qwen3-Embedding)
             self.model = DecoderEncoder(self.model)
         self.pipeline = Pipeline.from_dir(ckpt.path, getattr(self.args, "pooling_type", -1))
@@ -342,8 +343,14 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
             raise InvalidInputError(f"The {B.name} backend has no prefill_dtype setting.")
         B.use_prefill_dtype(prefill_dtype)
     cls = CausalLM if model_type in CAUSAL and not declares_pooling(ckpt.path) else Encoder
+    # Built before the packed weights are mapped: its build holds the vocabulary and merges
+    # as Python objects (~150 MiB for Llama 3's 128k tokens), returned to the OS here rather
+    # than stacked on the weights' resident pages at the load's peak.
+    tokenizer = read_tokenizer(ckpt)
+    trim_host_heap()
     with _weight_store(B, ckpt, n_layers):
-        model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel)
+        model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel,
+                    tokenizer=tokenizer)
     ckpt.release_pages()  # pages read while converting; weights kept in file layout map again
     if ckpt.format == "gguf":
         forget_header(ckpt.path)  # the model holds what it needs: the vocabulary's strings go
