@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from inference.backends import select_backend
 from inference.backends.base import Backend, OpProfiler, keep_freed_heap, trim_host_heap
-from inference.chat_template import ChatTemplate
 from inference.embed import BatchLimits, Pipeline, declares_pooling, embed_ids
 from inference.errors import (
     ContextOverflowError,
@@ -29,6 +30,9 @@ from inference.models.common import Weights
 from inference.models.decoder_embed import DecoderEncoder
 from inference.prompt_cache import PromptCache
 from inference.remote import RemoteEncoder, RemoteLM, connect, is_url
+
+if TYPE_CHECKING:
+    from inference.chat_template import ChatTemplate
 from inference.sampling import SamplingParams
 from inference.store import ModelSpec, context_length, resolve
 from inference.tokenizer import Tokenizer
@@ -102,12 +106,23 @@ class CausalLM(LoadedModel, Generates):
     def __init__(self, spec: ModelSpec, ckpt: Checkpoint, backend: Backend, reason: str,
                  n_layers: int | None = None, **kw: Any):
         super().__init__(spec, ckpt, backend, reason, n_layers, **kw)
-        # The file's own template, else its family's, else ChatML: template.template_source
-        # says which and why, template.fallback_reason why the file's own was passed over.
-        self.template = ChatTemplate.for_checkpoint(ckpt, self.tokenizer)
+        # What the chat template is chosen from (the checkpoint's headers go with the load).
+        self._template_inputs = SimpleNamespace(
+            path=ckpt.path, chat_template=ckpt.chat_template,
+            config={"model_type": ckpt.config.get("model_type")},
+            metadata={k: v for k, v in ckpt.metadata.items() if k == "tokenizer.chat_template"})
         self.prompt_cache = PromptCache()  # the last turn's KV cache, reused by the next
         self.context_length = context_length(ckpt.config, self.args)
         backend.prepare(self.model)  # the first reply as fast as the next ones
+
+    @functools.cached_property
+    def template(self) -> ChatTemplate:
+        """The file's own template, else its family's, else ChatML: ``template_source`` says
+        which and why, ``fallback_reason`` why the file's own was passed over. Compiled when
+        first used, so a run without a chat never imports Jinja."""
+        from inference.chat_template import ChatTemplate
+
+        return ChatTemplate.for_checkpoint(self._template_inputs, self.tokenizer)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text_arg(text, "text"),

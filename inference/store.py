@@ -24,12 +24,11 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from inference.backends.base import ATTENTION_SCRATCH_BYTES
-from inference.chat_template import ChatTemplate
 from inference.embed import declares_pooling
 from inference.errors import (
     CancelledError,
@@ -81,7 +80,43 @@ class ModelSpec:
     context_length: int | None = None  # tokens the engine lets the model hold
     problem: str | None = None  # why the engine cannot run it (one sentence), else None
     # Which chat template a chat model gets and why (ChatTemplate.template_source), else None.
+    # Worked out when first read (it compiles the template), so a load never pays for it.
     chat_template: str | None = None
+
+
+class _TemplateSource:
+    """A chat model's :attr:`ModelSpec.chat_template`, worked out once when first asked for,
+    from the file's headers (read again then: a spec keeps no checkpoint alive)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.value: str | None = None
+        self.done = False
+
+    def __call__(self) -> str | None:
+        with self.lock:
+            if not self.done:
+                from inference.chat_template import ChatTemplate
+
+                try:
+                    self.value = ChatTemplate.source_of(read_checkpoint(self.path))
+                except InferdeskError as e:  # changed or gone since it was listed
+                    log.warning("cannot read the chat template of %s: %s", self.path, e)
+                self.done = True
+            return self.value
+
+
+def _get_chat_template(spec: ModelSpec) -> str | None:
+    value = spec.__dict__.get("_chat_template")
+    return value() if isinstance(value, _TemplateSource) else value
+
+
+def _set_chat_template(spec: ModelSpec, value: str | None | _TemplateSource) -> None:
+    spec.__dict__["_chat_template"] = value
+
+
+ModelSpec.chat_template = property(_get_chat_template, _set_chat_template)  # type: ignore[assignment]
 
 
 # --- specs --------------------------------------------------------------------------------
@@ -109,10 +144,17 @@ def spec_for_path(path: str | Path, *, name: str | None = None, source: str = "l
     if cached is None:
         cached = _describe(read_checkpoint(path), key[1])
         _spec_cache[key] = cached
-    default = path.stem if path.is_file() else path.name
-    return ModelSpec(**{**cached.__dict__, "name": name or default, "path": path,
+    described = {f.name: getattr(cached, f.name) for f in fields(ModelSpec)
+                 if f.name != "chat_template"}
+    return ModelSpec(**{**described, "name": _listed_name(path, name), "path": path,
                         "source": source, "repo_id": repo_id,
-                        "quant_types": list(cached.quant_types)})
+                        "quant_types": list(cached.quant_types),
+                        "chat_template": cached.__dict__.get("_chat_template")})
+
+
+def _listed_name(path: Path, name: str | None) -> str:
+    """The name a model is listed under: its store name, else its file's or folder's."""
+    return name or (path.stem if path.is_file() else path.name)
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -201,7 +243,7 @@ def _describe(ck: Checkpoint, file_size: int) -> ModelSpec:
     arch = str(cfg.get("model_type", "unknown"))
     kind = "encoder" if arch in ENCODER_TYPES or declares_pooling(ck.path) else "causal"
     ctx, problem = _runnable(ck, arch, kind)
-    template = ChatTemplate.source_of(ck) if kind == "causal" else None
+    template = _TemplateSource(ck.path) if kind == "causal" else None
     n_params = 0
     stored = 0
     for t in ck.tensors.values():
@@ -352,13 +394,29 @@ def discover(extra_paths: Iterable[str | Path] = (),
     models that read but cannot run carry their ``problem`` either way. The same file found
     twice is listed once (first source wins).
     """
-    specs: list[ModelSpec] = []
+    return _discover_among(_unique(_candidates(extra_paths)), include_unreadable)
+
+
+_Candidate = tuple[Path, str | None, str, str | None]
+
+
+def _unique(candidates: list[_Candidate]) -> list[_Candidate]:
+    """``candidates`` less any file found before (first source wins)."""
     seen: set[Path] = set()
-    for path, name, source, repo in _candidates(extra_paths):
-        real = path.resolve()
-        if real in seen:
-            continue
-        seen.add(real)
+    out = []
+    for c in candidates:
+        real = c[0].resolve()
+        if real not in seen:
+            seen.add(real)
+            out.append(c)
+    return out
+
+
+def _discover_among(candidates: Iterable[_Candidate],
+                   include_unreadable: bool = False) -> list[ModelSpec]:
+    """:func:`discover` over ``candidates`` (path, store name, source, repo id)."""
+    specs: list[ModelSpec] = []
+    for path, name, source, repo in candidates:
         try:
             specs.append(spec_for_path(path, name=name, source=source, repo_id=repo))
         except InferdeskError as e:
@@ -385,21 +443,24 @@ def resolve(name_or_path: str | Path, extra_paths: Iterable[str | Path] = ()) ->
     if _looks_like_path(name_or_path, text):
         raise ModelNotFoundError(f"No model file or directory at {text}.")
 
-    specs = discover(extra_paths)
     key = text.casefold()
-    stages: list[Callable[[ModelSpec], bool]] = [
-        lambda s: s.name.casefold() == key or (s.repo_id or "").casefold() == key,
-        lambda s: s.name.casefold().startswith(key),
-        lambda s: key in s.name.casefold() or key in (s.repo_id or "").casefold(),
+    stages: list[Callable[[str, str | None], bool]] = [
+        lambda name, repo: name.casefold() == key or (repo or "").casefold() == key,
+        lambda name, repo: name.casefold().startswith(key),
+        lambda name, repo: key in name.casefold() or key in (repo or "").casefold(),
     ]
-    for matches in ([s for s in specs if stage(s)] for stage in stages):
+    # Names come from paths, so only the candidates a stage matches are read (a cold read
+    # parses a whole GGUF header); an unreadable one is skipped as discover() skips it.
+    candidates = _unique(_candidates(extra_paths))
+    for stage in stages:
+        matches = _discover_among([c for c in candidates if stage(_listed_name(c[0], c[1]), c[3])])
         names = list(dict.fromkeys(s.name for s in matches))
         if len(names) == 1:
             return matches[0]  # same name twice: the first source (bundled) wins
         if len(names) > 1:
             raise ModelNotFoundError(f"Model name {text!r} is ambiguous: it matches "
                                      f"{', '.join(names)}.")
-    available = ", ".join(s.name for s in specs) or "none"
+    available = ", ".join(s.name for s in discover(extra_paths)) or "none"
     raise ModelNotFoundError(f"No model named {text!r} (available: {available}).")
 
 

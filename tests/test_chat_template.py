@@ -4,6 +4,7 @@ the right source, and fail with typed one-sentence errors."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -162,6 +163,34 @@ def test_the_model_card_says_which_template_before_loading(tmp_path):
     tokens = ["t", "0", "<|start_header_id|>"] + [f"t{i}" for i in range(VOCAB - 3)]
     llama3 = _gguf_without_template(tmp_path, "llama", tokens=tokens)
     assert spec_for_path(llama3).chat_template == "Llama 3's, by vocabulary: the file has none"
+
+
+def test_the_model_card_compiles_the_template_only_when_read(tmp_path, monkeypatch):
+    from inference import store
+
+    calls = []
+    real = ChatTemplate.source_of
+    monkeypatch.setattr(ChatTemplate, "source_of",
+                        classmethod(lambda cls, ck: calls.append(ck.path) or real(ck)))
+    spec = store.spec_for_path(_gguf_without_template(tmp_path, "gemma"), name="g")
+    assert calls == []  # a load describes the model without compiling its template
+    assert spec.chat_template == "Gemma's, by architecture: the file has none"
+    again = store.spec_for_path(spec.path)  # from the spec cache: worked out once
+    assert again.chat_template == spec.chat_template and len(calls) == 1
+    assert again.name != spec.name and again == store.spec_for_path(spec.path)
+
+
+def test_a_generate_imports_no_jinja():
+    """What `inferdesk generate` imports before its model loads: Jinja comes with a chat."""
+    import subprocess
+    import sys
+
+    code = ("import sys, inference.cli, inference.api, inference.store; "
+            "inference.cli.build_parser(); print('jinja2' in sys.modules)")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize(("model_type", "vocab", "turn", "source"), [

@@ -201,6 +201,16 @@ def test_discovers_the_fake_cache(fake_cache: Path, caplog: pytest.LogCaptureFix
     assert store.resolve("TINY-LLAMA").name == "tiny-llama.Q4_0"
 
 
+def test_resolving_a_name_reads_only_the_models_it_matches(
+        fake_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    read = []
+    real = store.read_checkpoint
+    monkeypatch.setattr(store, "read_checkpoint", lambda p: read.append(Path(p).name) or real(p))
+    store._spec_cache.clear()
+    assert store.resolve("tiny-llama").name == "tiny-llama.Q4_0"
+    assert read == ["tiny-llama.Q4_0.gguf"]
+
+
 def test_ambiguous_fragment(fake_cache: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="ambiguous.*tiny-llama.Q4_0.*tiny-bert|"
                                                  "ambiguous.*tiny-bert.*tiny-llama"):
