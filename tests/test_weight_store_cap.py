@@ -93,3 +93,26 @@ def test_the_cache_command_lists_and_clears(root, capsys):
     assert "1 stores" in out and "(model not recorded)" in out
     assert cli.main(["cache", "--clear"]) == 0
     assert stores() == [] and "removed 1 stores (300 B)" in capsys.readouterr().out
+
+
+def test_a_load_removes_the_writing_folders_a_killed_load_left(root):
+    import subprocess
+    import sys
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    dead = root / f"{pack.WRITING}{int(ended.stdout)}-abc"  # its writer has exited
+    alive = root / f"{pack.WRITING}{os.getpid()}-abc"  # being written by this process
+    unnamed_old = root / f"{pack.WRITING}xyz"  # no pid in the name: by age alone
+    unnamed_new = root / f"{pack.WRITING}uvw"
+    for d in (dead, alive, unnamed_old, unnamed_new):
+        d.mkdir(parents=True)
+        (d / "packed.bin").write_bytes(b"\0" * 8)
+    old = (unnamed_old / "packed.bin").stat().st_mtime - 2 * pack.STALE_WRITING_S
+    for p in (unnamed_old, unnamed_old / "packed.bin"):
+        os.utime(p, (old, old))
+    kept = _fake_store(root, "kept", 1.0)
+    with pack.pack_store("model.gguf|1|2|digest"):
+        pass
+    assert sorted(p.name for p in root.iterdir()) == sorted([alive.name, unnamed_new.name,
+                                                            kept.name])

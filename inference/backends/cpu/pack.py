@@ -43,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -543,6 +544,49 @@ def evict(room: int, keep: Path | None = None, cap: int | None = None) -> list[P
     return gone
 
 
+WRITING = ".writing-"  # a store being written: WRITING<writer's pid>-<random>
+STALE_WRITING_S = 3600.0  # a writing folder untouched this long is left over (a pid reused)
+
+
+def _writing_folder(parent: Path) -> Path:
+    """A new folder for a store being written, named after this process."""
+    return Path(tempfile.mkdtemp(prefix=f"{WRITING}{os.getpid()}-", dir=parent))
+
+
+def _writer_gone(name: str) -> bool:
+    """Whether the process named in a writing folder's name has ended (unnamed: unknown)."""
+    pid = name[len(WRITING):].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: running
+        return False
+    return False
+
+
+def sweep_unfinished(parent: Path, now: float | None = None) -> list[Path]:
+    """Remove the writing folders under ``parent`` a killed load left: their writer is gone,
+    or nothing in them changed for :data:`STALE_WRITING_S`; the folders removed."""
+    now = time.time() if now is None else now
+    try:
+        found = [d for d in parent.iterdir() if d.name.startswith(WRITING)]
+    except OSError:
+        return []
+    gone = []
+    for d in found:
+        try:
+            touched = max(p.stat().st_mtime for p in (d, *d.iterdir()))
+        except OSError:  # removed meanwhile by its writer
+            continue
+        if _writer_gone(d.name) or now - touched > STALE_WRITING_S:
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
+
+
 # Linux's madvise(MADV_POPULATE_READ) (5.14+; Python 3.11 names no constant for it).
 MADV_POPULATE_READ = 22
 
@@ -628,7 +672,7 @@ class PackStore:
             if tmp is None:
                 if shutil.disk_usage(self.folder.parent).free < total + FREE_MARGIN:
                     return
-                tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.folder.parent))
+                tmp = Path(_writing_folder(self.folder.parent))
                 with open(tmp / "packed.bin", "wb") as f:
                     for _, _, w in self.new:
                         _append(f, w)
@@ -724,7 +768,7 @@ class _Stream:
                     self.failed = True
                     return
                 if f is None:
-                    self.tmp = Path(tempfile.mkdtemp(prefix=".writing-", dir=self.parent))
+                    self.tmp = Path(_writing_folder(self.parent))
                     f = open(self.tmp / "packed.bin", "wb")  # noqa: SIM115 (closed below)
                 _append(f, w)
                 self.written += 1
@@ -745,6 +789,7 @@ def pack_store(identity: str | None) -> Iterator[PackStore | None]:
     if identity is None or folder is None:
         yield None
         return
+    sweep_unfinished(folder.parent)
     store = PackStore(folder, identity.split("|", 1)[0])
     before, _active.store = getattr(_active, "store", None), store
     try:
