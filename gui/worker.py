@@ -197,15 +197,23 @@ def discover(ctx: JobContext, extra_paths: list) -> list:
     import inference
 
     try:
-        return list(inference.discover(extra_paths=tuple(extra_paths),
-                                       include_unreadable=True))
+        return _with_templates(inference.discover(extra_paths=tuple(extra_paths),
+                                                  include_unreadable=True))
     except Exception:  # noqa: BLE001 - one unreadable added file must not hide the rest
         if not extra_paths:
             raise
-        ctx.progress(list(inference.discover()))
+        ctx.progress(_with_templates(inference.discover()))
         from inference.errors import InvalidInputError
 
         raise InvalidInputError("Some added model files could not be read.") from None
+
+
+def _with_templates(specs: list) -> list:
+    """``specs`` with each chat template line worked out here (a spec reads it when first
+    asked: the header read and template compile stay off the window's thread)."""
+    for spec in specs:
+        _ = spec.chat_template
+    return specs
 
 
 def probe(ctx: JobContext) -> list:

@@ -107,3 +107,24 @@ def test_a_model_that_cannot_run_says_why_and_cannot_be_loaded(listed, monkeypat
     # Selecting a model that runs clears the reason and enables Load again.
     p.table.selectRow(_row(p, TINY / "llama"))
     assert p.load_button.isEnabled() and not p.problem_label.isVisible()
+
+
+def test_the_listing_job_works_out_each_chat_template(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The discover job reads each chat template line, so the window's thread never compiles
+    a template when it shows a model card."""
+    from types import SimpleNamespace
+
+    from gui import worker
+    from inference import store
+    from tests.hostile_models import write_gguf
+
+    write_gguf(tmp_path / "mine.gguf", arch="gemma")
+    store._spec_cache.clear()
+    specs = worker.discover(SimpleNamespace(progress=lambda _: None), [str(tmp_path)])
+    mine = next(s for s in specs if s.name == "mine")
+
+    def unread(path: object) -> None:
+        raise AssertionError("the chat template was worked out on the window's thread")
+
+    monkeypatch.setattr(store, "read_checkpoint", unread)
+    assert mine.chat_template == "Gemma's, by architecture: the file has none"
