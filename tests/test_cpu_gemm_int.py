@@ -26,14 +26,14 @@ pytestmark = pytest.mark.skipif(features.form() != "avx2",
                                 reason="the GEMM's multiply-adds are AVX2 intrinsics")
 
 N = NumpyBackend()
-TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")  # 4-bit codes and 8-bit signed ones
+TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")  # 4-bit, 8-bit signed and Q6_K's 6-bit
 WIDTHS = list(cpu_quantize.LEVELS)
 
 
 def _gemm(w, xq, t0: int = 0, t1: int | None = None) -> np.ndarray:
     tiles = len(w.blocks) // w.groups
     out = np.zeros((xq[0].shape[0], tiles * LANES), dtype=np.float32)
-    gemm_int.gemm_int(w.codes, w.blocks, w.kind, w.zero, *xq, out, t0,
+    gemm_int.gemm_int(w.codes, w.high, w.blocks, w.kind, w.zero, *xq, out, t0,
                       tiles if t1 is None else t1)
     return out
 
@@ -81,7 +81,7 @@ def test_extreme_codes_and_activations_do_not_overflow(qtype, width):
 
 
 def test_prefill_products_take_the_gemm(monkeypatch):
-    """CpuBackend routes 4- and 8-bit prefill products with integer activations to the GEMM
+    """CpuBackend routes 4-, 6- and 8-bit prefill products with integer activations to the GEMM
     on AVX2, and 5-bit codes and float activations not; the results hold against NumPy
     either way."""
     calls = []

@@ -653,7 +653,7 @@ class CpuBackend(NumpyBackend):
         tiles = len(w.blocks) // w.groups
 
         def tiles_(t0: int, t1: int) -> None:
-            gemm_int.gemm_int(w.codes, w.blocks, w.kind, w.zero, *xq, out, t0, t1)
+            gemm_int.gemm_int(w.codes, w.high, w.blocks, w.kind, w.zero, *xq, out, t0, t1)
 
         return _w_columns(out, w), tiles_, tiles, tiles
 

@@ -6,7 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from inference.backends.cpu.ir import _f32, _jit
-from inference.backends.cpu.layout import GROUP, LANES, _block_scales, _high, scale_scratch
+from inference.backends.cpu.layout import (
+    GROUP,
+    LANES,
+    _block_scales,
+    _high,
+    code,
+    code_rows,
+    scale_scratch,
+)
 
 
 def dequant_t(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
@@ -44,9 +52,10 @@ def _dequant_t8(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind:
 def _dequant_t_nibbles(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
                        high: np.ndarray | None, kind: int, zero: float, groups: int, t0: int,
                        t1: int, out: np.ndarray) -> None:
-    """4-bit codes, or 5-bit ones with their plane of high bits ``high`` (nblk, 4, LANES)."""
+    """4-bit codes, or 5-bit / 6-bit ones with their planes of high bits ``high`` (nblk,
+    4, LANES) / (nblk, 2, 4, LANES)."""
     nl = codes.shape[2]
-    c = 4 if high is None else 5
+    c = code_rows(high)
     sg, sg2, zg = scale_scratch(nl)
     for t in range(t0, t1):
         col = (t - t0) * LANES
@@ -65,10 +74,10 @@ def _dequant_t_nibbles(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray
                 else:
                     hb = high[blk]
                     for lane in range(nl):
-                        a = np.int32(row[lane] & np.uint8(15)) | _high(hb, j, lane)
+                        a = code(np.int32(row[lane] & np.uint8(15)), hb, j, lane)
                         lo[lane] = sg[lane] * _f32(a) + zg[lane]
                     for lane in range(nl):
-                        b = np.int32(row[lane] >> np.uint8(4)) | _high(hb, j + 16, lane)
+                        b = code(np.int32(row[lane] >> np.uint8(4)), hb, j + 16, lane)
                         hi[lane] = sg2[lane] * _f32(b) + zg[lane]
 
 
@@ -85,14 +94,17 @@ def gather_rows(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, kind:
             _block_scales(codes, blocks, halves, blk, c, kind, zero, sg, sg2, zg)
             s, s2, z = sg[lane], sg2[lane], zg[lane]
             if bits != 8:
-                hb = codes[blk, 16:20]
+                hb, hb5 = codes[blk, 16:20], codes[blk, 20:24]  # planes of bits 4 and 5
                 for j in range(16):
                     q = np.int32(codes[blk, j, lane])
                     a = np.int32(q & 15)
                     b = np.int32(q >> 4)
-                    if bits == 5:
+                    if bits >= 5:
                         a |= _high(hb, j, lane)
                         b |= _high(hb, j + 16, lane)
+                    if bits == 6:  # Q6_K: bit 5, and q - 32
+                        a = (a | (_high(hb5, j, lane) << 1)) - 32
+                        b = (b | (_high(hb5, j + 16, lane) << 1)) - 32
                     out[i, g * GROUP + j] = s * _f32(a) + z
                     out[i, g * GROUP + 16 + j] = s2 * _f32(b) + z
             else:

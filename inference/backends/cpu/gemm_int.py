@@ -32,6 +32,7 @@ from inference.backends.cpu.layout import (
     LANES,
     SUPER6,
     _block_scales,
+    code,
     scale_scratch,
 )
 from inference.backends.cpu.matvec_int import (
@@ -52,7 +53,7 @@ _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntTyp
 # 4-bit codes x int8 0.48-0.79x its time, 4- and 8-bit codes x int16 0.61-0.90x. ``vpmaddwd``
 # (int16) does 16 multiply-adds an instruction, as many as an FMA, so int16 saves only the
 # dequantize and sgemm's packing; ``vpmaddubsw`` (int8) does 32.
-GEMM_BITS = frozenset({4, 8})
+GEMM_BITS = frozenset({4, 6, 8})
 # Token rows a call of the sums takes, by whether the activations are int8 (their
 # accumulators stay in AVX2's 16 registers): 4 for bytes (2 x 16-bit vectors a row), 2 for
 # words (4 x 32-bit vectors a row; with 3 the accumulators spilled).
@@ -60,7 +61,8 @@ ROWS = {True: 4, False: 2}
 
 
 def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
-    """An intrinsic ``(codes, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs)``: for
+    """An intrinsic ``(codes, high, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs)``
+    (``high`` as the decode kernels take it: its type tells the scales' row): for
     activation rows ``row .. row + n - 1`` (``n = nrows[narrow]``, narrow: ``xp`` int8) of
     group ``g`` (``xp`` its 32 codes of each row), the integer sums
     ``sum_j code_j[lane] * xp[row + r, j]`` over each
@@ -69,8 +71,8 @@ def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
     the decode kernels' own IR (:class:`.matvec_int._Tail`), added into ``accs[r]``."""
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        _, _, uty, xty = signature.args[:4]
-        _, cblk, uarr, xarr, crow, cg = args[:6]
+        _, high, _, uty, xty = signature.args[:5]
+        _, _, cblk, uarr, xarr, crow, cg = args[:7]
         narrow = xty.dtype == types.int8
         n = nrows[narrow]
         blk, row, g = (_i64_of(builder, v) for v in (cblk, crow, cg))
@@ -105,15 +107,16 @@ def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
             if narrow:
                 acc = [[builder.sext(a, ir.VectorType(_i32, 16)) for a in ra] for ra in acc]
             halves.append([_runs(builder, ra, lanes_of) for ra in acc])
-        c = 8 if signature.args[0].dtype == types.int8 else 4  # the scales' row (_scale_row)
-        _tail_args(context, builder, signature, args, 6, blk, g, c).emit(
+        c = (8 if signature.args[0].dtype == types.int8  # the scales' row (_scale_row)
+             else 4 if isinstance(high, types.NoneType) else 2 + high.ndim)
+        _tail_args(context, builder, signature, args, 7, blk, g, c).emit(
             row, _two_halves(halves))
         return context.get_dummy_value()
 
     @intrinsic
-    def block(typingctx, codes, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs
+    def block(typingctx, codes, high, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs
               ):  # type: ignore[no-untyped-def]
-        return (types.void(codes, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs),
+        return (types.void(codes, high, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs),
                 codegen)
 
     return block
@@ -132,14 +135,15 @@ def _step_ov(xp):  # type: ignore[no-untyped-def]
     return lambda xp: n
 
 
-def _scale_row(codes):  # type: ignore[no-untyped-def]  # numba only: a block's row of scales
+def _scale_row(codes, high):  # type: ignore[no-untyped-def]  # numba only: the scales' row
     raise NotImplementedError
 
 
 @overload(_scale_row, inline="always")
-def _scale_row_ov(codes):  # type: ignore[no-untyped-def]
-    c = 8 if codes.dtype == types.int8 else 4  # as _make_block's
-    return lambda codes: c
+def _scale_row_ov(codes, high):  # type: ignore[no-untyped-def]
+    c = (8 if codes.dtype == types.int8  # as _make_block's
+         else 4 if isinstance(high, types.NoneType) else 2 + high.ndim)
+    return lambda codes, high: c
 
 
 def _buffer(xp):  # type: ignore[no-untyped-def]  # numba only: a block's unpacked codes
@@ -165,6 +169,20 @@ def _unpack4(codes: np.ndarray, blk: int, u: np.ndarray) -> None:
 
 
 @_jit(inline="always")
+def _unpack6(codes: np.ndarray, high: np.ndarray, blk: int, u: np.ndarray) -> None:
+    """Block ``blk``'s 6-bit codes (:func:`_unpack4`'s nibbles, bits 4 and 5 from the
+    planes ``high``) into ``u`` as int16 pairs of Q6_K's signed ``q - 32``."""
+    hb = high[blk]
+    for p in range(16):
+        j, sh = (2 * p) & 15, np.uint8(4 * (p >> 3))
+        for lane in range(LANES):
+            a = np.int32((codes[blk, j, lane] >> sh) & np.uint8(15))
+            b = np.int32((codes[blk, j + 1, lane] >> sh) & np.uint8(15))
+            u[p, 2 * lane] = code(a, hb, 2 * p, lane)
+            u[p, 2 * lane + 1] = code(b, hb, 2 * p + 1, lane)
+
+
+@_jit(inline="always")
 def _unpack8(codes: np.ndarray, blk: int, u: np.ndarray) -> None:
     """Block ``blk``'s 8-bit codes into ``u`` as int16 pairs (:func:`_unpack4`'s order)."""
     for p in range(16):
@@ -173,26 +191,31 @@ def _unpack8(codes: np.ndarray, blk: int, u: np.ndarray) -> None:
             u[p, 2 * lane + 1] = codes[blk, 2 * p + 1, lane]
 
 
-def _unpack(codes, blk, u):  # type: ignore[no-untyped-def]  # numba only
+def _unpack(codes, high, blk, u):  # type: ignore[no-untyped-def]  # numba only
     raise NotImplementedError
 
 
 @overload(_unpack, inline="always")
-def _unpack_ov(codes, blk, u):  # type: ignore[no-untyped-def]
-    """:func:`_unpack8` for int8 codes (8-bit), else :func:`_unpack4`."""
+def _unpack_ov(codes, high, blk, u):  # type: ignore[no-untyped-def]
+    """:func:`_unpack8` for int8 codes (8-bit), :func:`_unpack6` for two planes of high
+    bits (Q6_K), else :func:`_unpack4`."""
     if codes.dtype == types.int8:
-        return lambda codes, blk, u: _unpack8(codes, blk, u)
-    return lambda codes, blk, u: _unpack4(codes, blk, u)
+        return lambda codes, high, blk, u: _unpack8(codes, blk, u)
+    if not isinstance(high, types.NoneType) and high.ndim == 4:
+        return lambda codes, high, blk, u: _unpack6(codes, high, blk, u)
+    return lambda codes, high, blk, u: _unpack4(codes, blk, u)
 
 
 @_jit(fastmath=_NO_FUSE)
-def gemm_int(codes: np.ndarray, blocks: np.ndarray, kind: int, zero: float, xp: np.ndarray,
-             dx: np.ndarray, xs: np.ndarray, out: np.ndarray, t0: int, t1: int) -> None:
+def gemm_int(codes: np.ndarray, high: np.ndarray | None, blocks: np.ndarray, kind: int,
+             zero: float, xp: np.ndarray, dx: np.ndarray, xs: np.ndarray, out: np.ndarray,
+             t0: int, t1: int) -> None:
     """out[:, tiles t0..t1's columns] = x @ W.T on the calling thread, for a packed W of
-    4-bit codes (``codes`` its uint8 view) or 8-bit ones (int8: Q8_0, Q6_K) and ``x``
-    quantized by :func:`.quantize.quantize_rows` (``xp`` int8 for 4-bit codes only, else
-    int16; ``dx``, ``xs``); ``out`` (T, tiles * LANES). Bitwise the decode kernels'
-    result for every row (module docstring)."""
+    4-bit codes (``codes`` its uint8 view, ``high`` None), Q6_K's 6-bit ones (``high``
+    its two planes of high bits) or 8-bit ones (int8: Q8_0) and ``x`` quantized by
+    :func:`.quantize.quantize_rows` (``xp`` int8 for 4-bit codes only, else int16;
+    ``dx``, ``xs``); ``out`` (T, tiles * LANES). Bitwise the decode kernels' result for
+    every row (module docstring)."""
     rows, groups = dx.shape
     # The activations group by group, each group's rows contiguous: read in place, the
     # rows of a group lie K bytes apart, on few cache sets (K a power of two), and evicted
@@ -210,7 +233,7 @@ def gemm_int(codes: np.ndarray, blocks: np.ndarray, kind: int, zero: float, xp: 
     # expression, so every result keeps its bits (Q4_K 2048x2048, 138 rows, 1 thread:
     # 11.7 ms against Q4_0's 10.4 before).
     super6 = kind == SUPER6
-    c = _scale_row(codes)
+    c = _scale_row(codes, high)
     own = np.zeros((1, c + 2, LANES), dtype=np.float32)
     sg, sg2, zg = scale_scratch(LANES)
     halves = blocks.view(np.uint16)
@@ -218,7 +241,7 @@ def gemm_int(codes: np.ndarray, blocks: np.ndarray, kind: int, zero: float, xp: 
         acc[:] = 0.0
         for g in range(groups):
             blk = t * groups + g
-            _unpack(codes, blk, u)
+            _unpack(codes, high, blk, u)
             if super6:
                 _block_scales(codes, blocks, halves, blk, c, kind, zero, sg, sg2, zg)
                 own[0, c] = sg
@@ -226,9 +249,10 @@ def gemm_int(codes: np.ndarray, blocks: np.ndarray, kind: int, zero: float, xp: 
             scales, at, how = (own, 0, AFFINE) if super6 else (blocks, blk, kind)
             i = 0
             while rows - i >= step:
-                _block(codes, at, u, xg[g], i, g, scales, how, zero, dx, xs, acc[i:])
+                _block(codes, high, at, u, xg[g], i, g, scales, how, zero, dx, xs, acc[i:])
                 i += step
             while i < rows:
-                _block1(codes, at, u, xg[g], i, g, scales, how, zero, dx, xs, acc[i:])
+                _block1(codes, high, at, u, xg[g], i, g, scales, how, zero, dx, xs,
+                        acc[i:])
                 i += 1
         out[:, t * LANES:(t + 1) * LANES] = acc

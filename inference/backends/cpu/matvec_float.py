@@ -28,7 +28,8 @@ AVX-512), unless the user set NUMBA_CPU_FEATURES. CPUs without AVX-512 are unaff
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from inference.backends.cpu.ir import _NO_REASSOC, PREFETCH, _f32, _half, _jit, _prefetch_block
 from inference.backends.cpu.layout import (
@@ -39,6 +40,8 @@ from inference.backends.cpu.layout import (
     SUB16,
     SUPER6,
     _block_scales,
+    code,
+    code_rows,
     scale_scratch,
 )
 
@@ -95,14 +98,59 @@ def _codes5(cb: np.ndarray, hb: np.ndarray, xi: np.ndarray, b0: int, lane: int) 
     return (p0 + p1) + (p2 + p3)
 
 
+def _codes_nib(cb, high, blk, xi, b0, lane):  # type: ignore[no-untyped-def]  # numba only
+    raise NotImplementedError
+
+
+@overload(_codes_nib, inline="always")
+def _codes_nib_ov(cb, high, blk, xi, b0, lane):  # type: ignore[no-untyped-def]
+    """:func:`_codes4`, or :func:`_codes5` when there is a plane of high bits (chosen when
+    numba compiles, by ``high``'s type). Two planes are Q6_K's, whose ``SUB16`` scales
+    take :func:`_sub16`: never this sum."""
+    if isinstance(high, types.NoneType):
+        return lambda cb, high, blk, xi, b0, lane: _codes4(cb, xi, b0, lane)
+    if high.ndim == 3:
+        return lambda cb, high, blk, xi, b0, lane: _codes5(cb, high[blk], xi, b0, lane)
+    return lambda cb, high, blk, xi, b0, lane: _f32(0.0)
+
+
 @_jit(inline="always", fastmath=_NO_REASSOC)
-def _codes_nib(cb: np.ndarray, high: np.ndarray | None, blk: int, xi: np.ndarray, b0: int,
-               lane: int) -> float:
-    """:func:`_codes4`, or :func:`_codes5` when there is a plane of high bits (the branch
-    is resolved when numba compiles: ``high`` is None or an array)."""
-    if high is None:
-        return _codes4(cb, xi, b0, lane)
-    return _codes5(cb, high[blk], xi, b0, lane)
+def _codes6(cb: np.ndarray, hb: np.ndarray, xi: np.ndarray, b0: int, lane: int,
+            j0: int) -> float:
+    """:func:`_codes16` over Q6_K's 6-bit codes ``q - 32`` (nibbles of ``cb``, bits 4 and
+    5 from the planes ``hb``), the same chains in the same order: the 8-bit form's bits."""
+    sh = np.int32(j0 >> 2)  # codes 16-31: the high nibbles
+    p0 = _f32(0.0)
+    p1 = _f32(0.0)
+    p2 = _f32(0.0)
+    p3 = _f32(0.0)
+    for j in range(j0, j0 + 16, 4):
+        i = j & 15
+        m = np.int32(15)
+        p0 += _f32(code((np.int32(cb[i, lane]) >> sh) & m, hb, j, lane)) * xi[b0 + j]
+        p1 += _f32(code((np.int32(cb[i + 1, lane]) >> sh) & m, hb, j + 1, lane)) * xi[b0 + j + 1]
+        p2 += _f32(code((np.int32(cb[i + 2, lane]) >> sh) & m, hb, j + 2, lane)) * xi[b0 + j + 2]
+        p3 += _f32(code((np.int32(cb[i + 3, lane]) >> sh) & m, hb, j + 3, lane)) * xi[b0 + j + 3]
+    return (p0 + p1) + (p2 + p3)
+
+
+def _sub16(cb, high, blk, xi, b0, lane, c):  # type: ignore[no-untyped-def]  # numba only
+    raise NotImplementedError
+
+
+@overload(_sub16, inline="always")
+def _sub16_ov(cb, high, blk, xi, b0, lane, c):  # type: ignore[no-untyped-def]
+    """``SUB16``'s sum of a lane over nibble codes: ``f(sc0) * sum(codes 0-15) + f(sc1) *
+    sum(codes 16-31)`` as :func:`matvec_q8_f32` takes it; only Q6_K's 6-bit codes (two
+    planes of high bits) are ``SUB16`` among them, the others never reach it."""
+    if isinstance(high, types.NoneType) or high.ndim != 4:
+        return lambda cb, high, blk, xi, b0, lane, c: _f32(0.0)
+
+    def sub16(cb, high, blk, xi, b0, lane, c):  # type: ignore[no-untyped-def]
+        hb = high[blk]
+        return (_f32(np.int32(np.int8(cb[4 * c, lane]))) * _codes6(cb, hb, xi, b0, lane, 0)
+                + _f32(np.int32(np.int8(cb[4 * c + 1, lane]))) * _codes6(cb, hb, xi, b0, lane, 16))
+    return sub16
 
 
 @_jit(inline="always", fastmath=_NO_REASSOC)
@@ -130,8 +178,9 @@ def _codes8(cb: np.ndarray, xi: np.ndarray, b0: int, lane: int) -> float:
 def matvec_q4_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, flat: np.ndarray,
               high: np.ndarray | None, kind: int, zero: float, x: np.ndarray,
               out: np.ndarray) -> None:
-    """out (T, tiles*LANES) = x (T, K) @ W.T for a 4-bit W, or a 5-bit W given its plane of
-    high bits ``high`` (nblk, 4, LANES); T is small (decode).
+    """out (T, tiles*LANES) = x (T, K) @ W.T for a 4-bit W, a 5-bit W given its plane of
+    high bits ``high`` (nblk, 4, LANES) or a 6-bit one (Q6_K, ``SUB16``) given its two
+    (nblk, 2, 4, LANES); T is small (decode).
 
     codes (nblk, 4*R, LANES), halves (nblk, R, 2*LANES) and flat (nblk*R*4*LANES,) are
     byte, uint16 and flat byte views of blocks (nblk, R, LANES) float32."""
@@ -140,7 +189,7 @@ def matvec_q4_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
     tiles = blocks.shape[0] // groups
     row_bytes = blocks.shape[1] * LANES * 4
     nl = codes.shape[2]  # == LANES, but a runtime trip count: see module docstring
-    c = 4 if high is None else 5  # the block's row of scales
+    c = code_rows(high)  # the block's row of scales
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
         sk, sk2, zk = scale_scratch(nl)
@@ -165,6 +214,10 @@ def matvec_q4_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
                     for lane in range(nl):
                         acc[lane] += (sg[lane] * _codes_nib(cb, high, blk, xi, b0, lane)
                                       + zg[lane] * xs)
+                elif kind == SUB16:  # Q6_K: matvec_q8_f32's expression, so its bits
+                    h = halves[blk, c]
+                    for lane in range(nl):
+                        acc[lane] += _half(h[nl + lane]) * _sub16(cb, high, blk, xi, b0, lane, c)
                 elif kind == SUPER6:  # AFFINE's scales, made in memory: AFFINE's bits
                     _block_scales(codes, blocks, halves, blk, c, kind, zero, sk, sk2, zk)
                     for lane in range(nl):

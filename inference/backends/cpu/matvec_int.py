@@ -183,13 +183,13 @@ class _Tail:
         ptr = self._ptr(self.tys[0], self.blocks, [self.blk if blk is None else blk, self.c, 0])
         return half_to_float(self.builder, self._vec(ptr, n, _i16, lane))
 
-    def _subscales(self, row: int, lane: int, n: int) -> ir.Value:
-        """Code bytes ``lane:lane+n`` of row ``row`` of the block (Q6_K's int8 scales)."""
+    def _subscales(self, row: int, lane: int, n: int, signed: bool = False) -> ir.Value:
+        """Code bytes ``lane:lane+n`` of row ``row`` of the block as float32: ``signed``
+        int8 (Q6_K's scales), else unsigned (SUPER6's 6-bit ones)."""
         cty, carr = self.codes
         ptr = self._ptr(cty, carr, [self.blk, row, lane])
         v = self._vec(ptr, n, _i8)
-        v = (self.builder.sext if cty.dtype == types.int8 else self.builder.zext)(
-            v, ir.VectorType(_i32, n))
+        v = (self.builder.sext if signed else self.builder.zext)(v, ir.VectorType(_i32, n))
         return self.builder.sitofp(v, ir.VectorType(ir.FloatType(), n))
 
     def emit(self, row0: ir.Value, sums: list[list[tuple[int, ir.Value, ir.Value | None]]]
@@ -258,8 +258,8 @@ class _Tail:
 
         def sub16() -> None:
             dq = [self._halves(LANES + lane, n) for lane, n in runs]
-            sc = [(self._subscales(32, lane, n), self._subscales(33, lane, n))
-                  for lane, n in runs]
+            sc = [(self._subscales(4 * self.c, lane, n, True),
+                   self._subscales(4 * self.c + 1, lane, n, True)) for lane, n in runs]
             accumulate(lambda d, xsum, k, n, a, h: b.fmul(
                 b.fmul(dq[k], splat(d, n)),
                 b.fadd(b.fmul(sc[k][0], b.sitofp(a, ir.VectorType(f32, n))),
@@ -305,8 +305,9 @@ Sums = list[list[tuple[int, ir.Value, ir.Value | None]]]  # per row: _Tail.emit'
 class _Block:
     """What a block intrinsic's sums read (:func:`_dot_intrinsic`): block ``blk`` of the
     codes, the activation rows ``rows`` (``row`` and the next ``nrows - 1``) of group ``g``,
-    and whether the codes are 5-bit (``five``: a plane of high bits), int8 (``signed``) and
-    the activations int8 (``narrow``)."""
+    how many planes of high bits the codes have (``planes``: 1 for 5-bit codes, ``five``;
+    2 for Q6_K's 6-bit ones, ``six``), whether they are int8 (``signed``) and the
+    activations int8 (``narrow``)."""
 
     def __init__(self, context, builder, signature, args, nrows: int,  # type: ignore
                  eight: bool) -> None:
@@ -316,7 +317,9 @@ class _Block:
         self.blk, self.row, self.g = (_i64_of(builder, v) for v in (cblk, crow, cg))
         self.rows = [builder.add(self.row, ir.Constant(_i64, r)) for r in range(nrows)]
         self.p0 = builder.mul(self.g, ir.Constant(_i64, 16))  # the group's first pair
-        self.five = not eight and not isinstance(signature.args[5], types.NoneType)
+        high = signature.args[5]
+        self.planes = 0 if eight or isinstance(high, types.NoneType) else high.ndim - 2
+        self.five, self.six = self.planes == 1, self.planes == 2
         self.signed = self.cty.dtype == types.int8
         self.narrow = self.xty.dtype == types.int8
 
@@ -328,38 +331,55 @@ class _Block:
         """Activation codes ``2p`` and ``2p + 1`` of the group in ``row`` as one integer."""
         return _pair(self.context, self.builder, self.xty, self.xarr, row, self.p0, p)
 
+    def planes_rows(self, vt: ir.VectorType) -> list[tuple[ir.Value, ...]]:
+        """The planes of high bits, each its 4 rows (bit ``p`` of code 2p / 2p+1 / 2p+16
+        / 2p+17), as vectors ``vt``."""
+        rows = self.code_rows(range(16, 16 + 4 * self.planes), vt)
+        return [tuple(rows[4 * k:4 * k + 4]) for k in range(self.planes)]
 
-def _dot_codegen(nrows: int, sums4: Callable[[_Block], Sums], sums8: Callable[[_Block], Sums]
-                 ):  # type: ignore[no-untyped-def]
+
+def _dot_codegen(nrows: int, sums4: Callable[[_Block], Sums], sums6: Callable[[_Block], Sums],
+                 sums8: Callable[[_Block], Sums]):  # type: ignore[no-untyped-def]
     """The code of a block over ``nrows`` activation rows (:func:`dot`'s arguments): int8
     ``codes`` are 8-bit (``sums8`` writes the block's integer sums), uint8 ones 4-bit or,
-    with ``high`` an array, 5-bit (``sums4``); then their float tail (:meth:`_Tail.emit`)
-    goes into ``accs``."""
+    with ``high`` an array of one plane, 5-bit (``sums4``), of two planes Q6_K's 6-bit
+    ``q - 32`` (``sums6``); then their float tail (:meth:`_Tail.emit`) goes into ``accs``."""
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         eight = signature.args[0].dtype == types.int8
         b = _Block(context, builder, signature, args, nrows, eight)
-        c = 8 if eight else 5 if b.five else 4
-        sums = (sums8 if eight else sums4)(b)
+        c = 8 if eight else 4 + b.planes
+        sums = (sums8 if eight else sums6 if b.six else sums4)(b)
         _tail_args(context, builder, signature, args, 6, b.blk, b.g, c).emit(b.row, sums)
         return context.get_dummy_value()
 
     return codegen
 
 
-def _nibbles(builder: ir.IRBuilder, u: ir.Value, tops: Sequence[ir.Value] | None = None,
-             bit: int = 0) -> tuple[ir.Value, ir.Value]:
-    """Code bytes ``u`` -> their low and high nibbles, the 4-bit codes; for 5-bit ones,
-    bit ``bit`` of ``tops[0]`` / ``tops[1]`` (vectors like ``u`` from the planes of high
-    bits) becomes bit 4 of the low / high code."""
+def _nibbles(builder: ir.IRBuilder, u: ir.Value,
+             tops: Sequence[tuple[ir.Value, ir.Value]] = (), bit: int = 0
+             ) -> tuple[ir.Value, ir.Value]:
+    """Code bytes ``u`` -> their low and high nibbles, the 4-bit codes; with planes of
+    high bits, bit ``bit`` of ``tops[k][0]`` / ``tops[k][1]`` (vectors like ``u`` from
+    plane k) becomes bit 4 + k of the low / high code."""
     n = u.type.count
     m15, four, one = (ir.Constant(u.type, [c] * n) for c in (15, 4, 1))
     lo, hi = builder.and_(u, m15), builder.and_(builder.lshr(u, four), m15)
-    if tops is None:
-        return lo, hi
     at = ir.Constant(u.type, [bit] * n)
-    high = [builder.shl(builder.and_(builder.lshr(top, at), one), four) for top in tops]
-    return builder.or_(lo, high[0]), builder.or_(hi, high[1])
+    for k, pair in enumerate(tops):
+        to = ir.Constant(u.type, [4 + k] * n)
+        high = [builder.shl(builder.and_(builder.lshr(top, at), one), to) for top in pair]
+        lo, hi = builder.or_(lo, high[0]), builder.or_(hi, high[1])
+    return lo, hi
+
+
+def _six(builder: ir.IRBuilder, u: ir.Value, tops: Sequence[tuple[ir.Value, ir.Value]],
+         bit: int, half: int) -> ir.Value:
+    """Q6_K's signed codes ``q - 32`` (-32..31, bytes) of code bytes ``u`` with their two
+    planes' ``tops`` (:func:`_nibbles`): the low nibbles' codes (``half`` 0: codes 0-15)
+    or the high ones' (1: codes 16-31)."""
+    code = _nibbles(builder, u, tops, bit)[half]
+    return builder.sub(code, ir.Constant(u.type, [32] * u.type.count))
 
 
 def _two_halves(halves: list[list[list[tuple[int, ir.Value]]]]) -> Sums:
@@ -404,17 +424,15 @@ def _pair_sums4(b: _Block) -> Sums:
             else ir.Constant(v8i32, [0] * 8))  # 8 lanes each, in _EIGHTS order
     acc = [[zero] * 4 for _ in b.rows]
     wide = [[ir.Constant(v16i32, [0] * 16)] * 4 for _ in b.rows]  # narrow: 32-bit sums
-    if b.five:  # bit 4 of codes (2p, 2p+1) / (2p+16, 2p+17) as pairs, per lane half
-        el, ol, eh, oh = b.code_rows((16, 17, 18, 19), v32i8)
-        tops = [(_interleave(builder, el, ol, lanes), _interleave(builder, eh, oh, lanes))
-                for lanes in _HALVES]
+    # bit 4 of codes (2p, 2p+1) / (2p+16, 2p+17) as pairs, per lane half
+    tops = [[(_interleave(builder, el, ol, lanes), _interleave(builder, eh, oh, lanes))
+             for el, ol, eh, oh in b.planes_rows(v32i8)] for lanes in _HALVES]
     for p in range(8):
         r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
         splat = _pair_bytes if b.narrow else _pair_words
         xs = [[splat(builder, b.pair(rw, p + o)) for o in (0, 8)] for rw in b.rows]
         for h, lanes in enumerate(_HALVES):
-            lo, hi = _nibbles(builder, _interleave(builder, r0, r1, lanes),
-                              tops[h] if b.five else None, p)
+            lo, hi = _nibbles(builder, _interleave(builder, r0, r1, lanes), tops[h], p)
             if b.narrow:
                 for a, (lo_x, hi_x) in zip(acc, xs, strict=True):
                     a[2 * h] = builder.add(a[2 * h], builder.call(maddubs, [lo, lo_x]))
@@ -457,6 +475,32 @@ def _pair_sums8(b: _Block) -> Sums:
             for h, lanes in enumerate(_HALVES):
                 pairs = _interleave(builder, r0, r1, lanes)
                 for e, words in enumerate(_words(builder, pairs, b.signed)):
+                    for a, x in zip(acc, xs, strict=True):
+                        a[2 * h + e] = builder.add(a[2 * h + e],
+                                                   builder.call(maddwd, [words, x]))
+        halves.append([_runs(builder, a, _EIGHTS) for a in acc])
+    return _two_halves(halves)
+
+
+def _pair_sums6(b: _Block) -> Sums:
+    """Q6_K's codes as :func:`_pair_sums8` takes int8 ones: each half block's signed codes
+    ``q - 32`` (low nibbles for codes 0-15, high for 16-31, with their two planes' bits)
+    widened to 16 bits, ``vpmaddwd`` (int8 activations too: int16 pairs), 32-bit sums:
+    the integer sums of the 8-bit form, so its bits."""
+    builder = b.builder
+    v32i8, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8)
+    maddwd = _maddwd(builder)
+    tops = [[(_interleave(builder, el, ol, lanes), _interleave(builder, eh, oh, lanes))
+             for el, ol, eh, oh in b.planes_rows(v32i8)] for lanes in _HALVES]
+    halves = []
+    for half in range(2):  # codes 0-15, then 16-31
+        acc = [[ir.Constant(v8i32, [0] * 8)] * 4 for _ in b.rows]  # _EIGHTS order
+        for p in range(8):
+            r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
+            xs = [_pair_words(builder, b.pair(rw, p + 8 * half)) for rw in b.rows]
+            for h, lanes in enumerate(_HALVES):
+                codes_ = _six(builder, _interleave(builder, r0, r1, lanes), tops[h], p, half)
+                for e, words in enumerate(_words(builder, codes_, signed=True)):
                     for a, x in zip(acc, xs, strict=True):
                         a[2 * h + e] = builder.add(a[2 * h + e],
                                                    builder.call(maddwd, [words, x]))
@@ -520,13 +564,12 @@ def _wide_sums4(b: _Block) -> Sums:
     v32i8, v16i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 16)
     pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
     acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in b.rows]  # lanes 0-15, 16-31
-    if b.five:  # bit 4 of codes (2p, 2p+1) and (2p+16, 2p+17), paired as the codes
-        el, ol, eh, oh = b.code_rows((16, 17, 18, 19), v32i8)
-        tops = (builder.shuffle_vector(el, ol, pairs), builder.shuffle_vector(eh, oh, pairs))
+    # bit 4 of codes (2p, 2p+1) and (2p+16, 2p+17), paired as the codes
+    tops = [(builder.shuffle_vector(el, ol, pairs), builder.shuffle_vector(eh, oh, pairs))
+            for el, ol, eh, oh in b.planes_rows(v32i8)]
     for p in range(8):
         r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
-        lo, hi = _nibbles(builder, builder.shuffle_vector(r0, r1, pairs),
-                          tops if b.five else None, p)
+        lo, hi = _nibbles(builder, builder.shuffle_vector(r0, r1, pairs), tops, p)
         for c, codes_ in enumerate((lo, hi)):  # codes 2p.. and 2p+16..
             words = _wide_words(builder, codes_, signed=False)
             for a, rw in zip(acc, b.rows, strict=True):
@@ -549,6 +592,28 @@ def _wide_sums8(b: _Block) -> Sums:
             words = _wide_words(builder, builder.shuffle_vector(r0, r1, pairs), b.signed)
             for a, rw in zip(acc, b.rows, strict=True):
                 x = _pair_words(builder, b.pair(rw, p), 16)
+                a[0] = _wide_madd(builder, a[0], words[0], x, len(b.rows))
+                a[1] = _wide_madd(builder, a[1], words[1], x, len(b.rows))
+        halves.append([[(0, a[0]), (16, a[1])] for a in acc])
+    return _two_halves(halves)
+
+
+def _wide_sums6(b: _Block) -> Sums:
+    """:func:`_pair_sums6` in 512-bit vectors, as :func:`_wide_sums8`."""
+    builder = b.builder
+    v32i8, v16i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 16)
+    pairs = ir.Constant(ir.VectorType(_i32, 64), _PAIRS64)
+    tops = [(builder.shuffle_vector(el, ol, pairs), builder.shuffle_vector(eh, oh, pairs))
+            for el, ol, eh, oh in b.planes_rows(v32i8)]
+    halves = []
+    for half in range(2):  # codes 0-15, then 16-31
+        acc = [[ir.Constant(v16i32, [0] * 16)] * 2 for _ in b.rows]
+        for p in range(8):
+            r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
+            codes_ = _six(builder, builder.shuffle_vector(r0, r1, pairs), tops, p, half)
+            words = _wide_words(builder, codes_, signed=True)
+            for a, rw in zip(acc, b.rows, strict=True):
+                x = _pair_words(builder, b.pair(rw, p + 8 * half), 16)
                 a[0] = _wide_madd(builder, a[0], words[0], x, len(b.rows))
                 a[1] = _wide_madd(builder, a[1], words[1], x, len(b.rows))
         halves.append([[(0, a[0]), (16, a[1])] for a in acc])
@@ -593,11 +658,10 @@ def _lane_sums4(b: _Block) -> Sums:
     v32i8, v32i16, v32i32 = (ir.VectorType(t, 32) for t in (_i8, _i16, _i32))
     acts = [_lane_acts(b, rw) for rw in b.rows]
     acc = [ir.Constant(v32i32, [0] * 32) for _ in b.rows]
-    if b.five:  # planes of bit 4: codes 2p / 2p+1 / 2p+16 / 2p+17 at bit p
-        planes = b.code_rows((16, 17, 18, 19), v32i8)
+    planes = b.planes_rows(v32i8)  # bit 4: codes 2p / 2p+1 / 2p+16 / 2p+17 at bit p
     for j in range(16):  # byte j: code j low, code j + 16 high
         (u,) = b.code_rows((j,), v32i8)
-        tops = (planes[j & 1], planes[2 + (j & 1)]) if b.five else None
+        tops = [(plane[j & 1], plane[2 + (j & 1)]) for plane in planes]
         lo, hi = _nibbles(builder, u, tops, j >> 1)
         for c, code in ((j, lo), (j + 16, hi)):
             wide16 = builder.zext(code, v32i16)
@@ -617,6 +681,25 @@ def _lane_sums8(b: _Block) -> Sums:
             (u,) = b.code_rows((j,), v32i8)
             wide16 = (builder.sext if b.signed else builder.zext)(u, v32i16)
             acc = [_lane_madd(builder, a, wide16, x, j) for a, x in zip(acc, acts, strict=True)]
+        halves.append([_runs(builder, [a], _LANE_RUNS) for a in acc])
+    return _two_halves(halves)
+
+
+def _lane_sums6(b: _Block) -> Sums:
+    """:func:`_pair_sums6` lane by lane, as :func:`_lane_sums8`."""
+    builder = b.builder
+    v32i8, v32i16, v32i32 = (ir.VectorType(t, 32) for t in (_i8, _i16, _i32))
+    acts = [_lane_acts(b, rw) for rw in b.rows]
+    planes = b.planes_rows(v32i8)
+    halves = []
+    for half in range(2):  # codes 0-15 (low nibbles), then 16-31 (high)
+        acc = [ir.Constant(v32i32, [0] * 32) for _ in b.rows]
+        for j in range(16):
+            (u,) = b.code_rows((j,), v32i8)
+            tops = [(plane[j & 1], plane[2 + (j & 1)]) for plane in planes]
+            wide16 = builder.sext(_six(builder, u, tops, j >> 1, half), v32i16)
+            acc = [_lane_madd(builder, a, wide16, x, j + 16 * half)
+                   for a, x in zip(acc, acts, strict=True)]
         halves.append([_runs(builder, [a], _LANE_RUNS) for a in acc])
     return _two_halves(halves)
 
@@ -642,9 +725,10 @@ def vnni_groups() -> bool:
     return ROW_GROUP == 8 and _vnni()
 
 
-# Each form's sums: (4/5-bit codes, 8-bit codes).
-SUMS = {"avx2": (_pair_sums4, _pair_sums8), "avx512": (_wide_sums4, _wide_sums8),
-        "lanes": (_lane_sums4, _lane_sums8)}
+# Each form's sums: (4/5-bit codes, Q6_K's 6-bit codes, 8-bit codes).
+SUMS = {"avx2": (_pair_sums4, _pair_sums6, _pair_sums8),
+        "avx512": (_wide_sums4, _wide_sums6, _wide_sums8),
+        "lanes": (_lane_sums4, _lane_sums6, _lane_sums8)}
 
 
 def make_dot(form_: str):  # type: ignore[no-untyped-def]
@@ -656,9 +740,10 @@ def make_dot(form_: str):  # type: ignore[no-untyped-def]
     codes are unpacked once for all ``nrows`` rows. ``nrows`` must be a constant where
     the intrinsic is typed (one body per row count); ``codes`` int8 are 8-bit codes, uint8
     4-bit ones (byte j: code j low, code j+16 high) or, with ``high`` an array (not None),
-    5-bit: bit 4 from the plane of high bits, code bytes 16-19 (``layout`` docstring; read
-    through ``codes``)."""
-    sums4, sums8 = SUMS[form_]
+    5-bit: bit 4 from the plane of high bits, code bytes 16-19, or with ``high`` of two
+    planes (4 dimensions) Q6_K's 6-bit ones, bit 5 from code bytes 20-23 (``layout``
+    docstring; read through ``codes``)."""
+    sums = SUMS[form_]
 
     @intrinsic(prefer_literal=True)
     def dot(typingctx, codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs, nrows
@@ -666,7 +751,7 @@ def make_dot(form_: str):  # type: ignore[no-untyped-def]
         if not isinstance(nrows, types.IntegerLiteral):
             return None
         sig = types.void(codes, blk, xp, row, g, high, blocks, kind, zero, dx, xs, accs, nrows)
-        return sig, _dot_codegen(nrows.literal_value, sums4, sums8)
+        return sig, _dot_codegen(nrows.literal_value, *sums)
 
     return dot
 

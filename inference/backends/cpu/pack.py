@@ -4,7 +4,8 @@ Codes, scales and biases per group of 32 come from :func:`formats.affine.block_g
 one decoder of GGML blocks into affine groups, exact for Q4_0/Q4_1/Q4_K/Q5_*/Q8_0/Q3_K);
 Q6_K, whose scales cover 16 weights, from ``quants.q6_k_fields`` (``SUB16``).
 4-bit types keep 4 bits a weight, 5-bit types (Q5_0, Q5_1, Q5_K, MLX 5-bit) a 4-bit code
-plus a bit in a plane of high bits (``layout`` docstring); other types take 8. Scales
+plus a bit in a plane of high bits (``layout`` docstring), Q6_K a 4-bit code plus two
+planes; other types take 8. Scales
 and biases stay float16 where
 the file has them so and both are needed (Q4_1, MLX with float16 scales: ``AFFINE_F16``),
 else float32; Q4_K and Q5_K keep the file's 6-bit scales and mins and float16 ``d``,
@@ -17,7 +18,7 @@ bias), as Q8_0's are.
 
 Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
 its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.11x, Q5_0 1.09x, Q5_1 1.0x, Q5_K
-1.09x, Q6_K 1.37x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
+1.09x, Q6_K 1.07x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
 Other types (Q3_K, Q2_K, F16, BF16, 3/6-bit MLX) stay as raw file bytes (1.0x):
 :mod:`.raw` reads the GGML ones and the floats block by block; MLX's are dequantized
 by NumPy a chunk of rows at a time (slow); they are views of the file's memory map, so
@@ -80,7 +81,7 @@ FOUR_BIT = frozenset({"Q4_0", "Q4_1", "Q4_K"})
 FIVE_BIT = frozenset({"Q5_0", "Q5_1", "Q5_K"})
 # Symmetric types store no bias row: w = scale * (code - zero). Q8_0 codes stay int8.
 SYMMETRIC_ZERO = {"Q4_0": 8.0, "Q5_0": 16.0, "Q8_0": 0.0}
-CODE_BITS = (4, 5, 8)  # a block's codes take as many float32 rows (4 * bits bytes a lane)
+CODE_BITS = (4, 5, 6, 8)  # a block's codes take as many float32 rows (4 * bits bytes a lane)
 _ROWS_PER_STEP = 1024  # repack this many rows at once: bounds the uint8-per-code temporary
 
 
@@ -90,7 +91,7 @@ class PackedWeight:
     tiles of ``LANES`` with zero scales."""
 
     blocks: np.ndarray  # (tiles * K/32, R, LANES) float32: code bytes, scale[, bias]
-    bits: int  # 4, 5 or 8
+    bits: int  # 4, 5, 6 (Q6_K) or 8
     zero: float  # SYMMETRIC: w = scale * (code - zero)
     shape: tuple[int, int]  # logical (out, in)
     kind: int = SYMMETRIC  # how a block holds its scales (layout docstring)
@@ -101,8 +102,11 @@ class PackedWeight:
                                       ).reshape(n, -1, LANES)
         self.halves = self.blocks.view(np.uint16)
         self.flat = self.blocks.reshape(-1).view(np.uint8)
-        # 5-bit codes: the plane of high bits (4 byte rows after the nibbles), else None.
-        self.high = self.codes[:, 16:20] if self.bits == 5 else None
+        # The planes of high bits after the nibbles: 5-bit codes (n, 4, LANES), 6-bit
+        # (n, 2, 4, LANES): bit 4's plane, then bit 5's; else None. The kernels specialise
+        # on its type (layout.code_rows).
+        self.high = (self.codes[:, 16:20] if self.bits == 5 else
+                     self.codes[:, 16:24].reshape(n, 2, 4, LANES) if self.bits == 6 else None)
 
     @property
     def scale_only_int8(self) -> bool:
@@ -217,7 +221,7 @@ def packed_nbytes(t: TensorData) -> int | None:
 
 
 def packed_bits(t: TensorData) -> int | None:
-    """4, 5 or 8 if ``t`` is packed under the memory rule, else None."""
+    """4, 5, 6 or 8 if ``t`` is packed under the memory rule, else None."""
     if len(t.shape) != 2 or t.shape[1] % GROUP:
         return None
     if t.qtype == "MLX":
@@ -225,7 +229,8 @@ def packed_bits(t: TensorData) -> int | None:
         return bits if bits in CODE_BITS else None
     if t.qtype not in BLOCK_TYPES or BLOCK_TYPES[t.qtype].is_float:
         return None
-    bits = 4 if t.qtype in FOUR_BIT else 5 if t.qtype in FIVE_BIT else 8
+    bits = (4 if t.qtype in FOUR_BIT else 5 if t.qtype in FIVE_BIT
+            else 6 if t.qtype == "Q6_K" else 8)
     file_bytes = t.shape[0] * BLOCK_TYPES[t.qtype].row_bytes(t.shape[1])
     scale_bytes = 4 if _kind(t) != AFFINE else 8  # per group: one float32 row, or two
     packed = t.shape[0] * t.shape[1] * (bits / 8 + scale_bytes / GROUP)
@@ -373,7 +378,8 @@ def _pack_shared(t: TensorData, bits: int) -> PackedWeight:
 
 def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
     """``t`` in lane blocks of its :func:`_kind` (or ``kind``: AFFINE for any type
-    :func:`formats.affine.block_groups` decodes)."""
+    :func:`formats.affine.block_groups` decodes). Q6_K with ``bits`` 8: int8 codes
+    ``q - 32`` (``SUB16``'s 8-bit form, the tests' reference for the 6-bit one)."""
     n_out, k = t.shape
     tiles, groups = -(-n_out // LANES), k // GROUP
     kind = _kind(t) if kind is None else kind
@@ -391,8 +397,10 @@ def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
             q, s, z = (np.pad(a, ((0, pad), (0, 0))) for a in (q, s, z))
         nt = len(q) // LANES
         q = q.view(np.uint8).reshape(nt, LANES, groups, GROUP).transpose(0, 2, 3, 1)
+        if bits == 6:  # q - 32 as int8 bytes -> q (0..63), modulo 256
+            q = q + np.uint8(32)
         if bits != 8:
-            q = _nibbles_and_high_bits(q) if bits == 5 else _nibbles(q)
+            q = _nibbles_and_high_bits(q, bits - 4) if bits > 4 else _nibbles(q)
         b0, b1 = r0 // LANES * groups, (r0 // LANES + nt) * groups
         code_bytes[b0:b1, : q.shape[2]] = q.reshape(b1 - b0, -1, LANES)
         s, z = (a.reshape(nt, LANES, groups).transpose(0, 2, 1).reshape(-1, LANES)
@@ -419,16 +427,19 @@ def _nibbles(q: np.ndarray) -> np.ndarray:
     return q[:, :, :16] | (q[:, :, 16:] << np.uint8(4))
 
 
-def _nibbles_and_high_bits(q: np.ndarray) -> np.ndarray:
-    """5-bit codes -> the 16 nibble bytes of :func:`_nibbles`, then 4 bytes of high bits:
-    bit p of byte 16 / 17 / 18 / 19 is bit 4 of code 2p / 2p+1 / 2p+16 / 2p+17. Codes
-    j and j+1 sit in adjacent nibble rows, so the integer kernels, which interleave two
-    rows, interleave bytes 16 and 17 (or 18 and 19) to the same pairs."""
-    top = (q >> np.uint8(4)).astype(np.uint8)
+def _nibbles_and_high_bits(q: np.ndarray, planes: int = 1) -> np.ndarray:
+    """Codes of ``4 + planes`` bits -> the 16 nibble bytes of :func:`_nibbles`, then 4
+    bytes of high bits a plane: bit p of byte 16 / 17 / 18 / 19 is bit 4 of code 2p /
+    2p+1 / 2p+16 / 2p+17, bytes 20-23 the same for bit 5. Codes j and j+1 sit in adjacent
+    nibble rows, so the integer kernels, which interleave two rows, interleave bytes 16
+    and 17 (or 18 and 19) to the same pairs."""
     weights = (np.uint8(1) << np.arange(8, dtype=np.uint8))[:, None]
-    planes = [(top[:, :, first::2][:, :, :8] * weights).sum(axis=2, dtype=np.uint8)
-              for first in (0, 1, 16, 17)]
-    return np.concatenate([_nibbles(q & np.uint8(15)), np.stack(planes, axis=2)], axis=2)
+    rows = []
+    for k in range(planes):
+        top = (q >> np.uint8(4 + k)) & np.uint8(1)
+        rows += [(top[:, :, first::2][:, :, :8] * weights).sum(axis=2, dtype=np.uint8)
+                 for first in (0, 1, 16, 17)]
+    return np.concatenate([_nibbles(q & np.uint8(15)), np.stack(rows, axis=2)], axis=2)
 
 
 def unpack(w: PackedWeight) -> np.ndarray:
@@ -437,13 +448,16 @@ def unpack(w: PackedWeight) -> np.ndarray:
     q = w.codes[:, : GROUP if w.bits == 8 else 16].astype(np.int32)
     if w.bits != 8:
         q = np.concatenate([q & 15, q >> 4], axis=1)
-    if w.bits == 5:
-        hb = w.high.astype(np.int32)  # (blocks, 4, LANES)
+    if w.bits in (5, 6):
+        hb = w.codes[:, 16:16 + 4 * (w.bits - 4)].astype(np.int32)  # (blocks, 4 a plane, LANES)
         p = np.arange(8)[None, :, None]
-        top = np.empty_like(q)
-        for i, first in enumerate((0, 1, 16, 17)):
-            top[:, first:first + 16:2] = (hb[:, i:i + 1] >> p) & 1
-        q = q | (top << 4)
+        for k in range(w.bits - 4):  # plane k: bit 4 + k
+            top = np.empty_like(q)
+            for i, first in enumerate((0, 1, 16, 17)):
+                top[:, first:first + 16:2] = (hb[:, 4 * k + i:4 * k + i + 1] >> p) & 1
+            q = q | (top << (4 + k))
+        if w.bits == 6:
+            q = q - 32  # Q6_K's signed q - 32
     if w.kind == SUPER6:
         h = w.blocks.view(np.float16)[:, c, LANES:].astype(np.float32)
         base = np.arange(len(h)) & ~(SUPER_GROUPS - 1)
@@ -452,16 +466,18 @@ def unpack(w: PackedWeight) -> np.ndarray:
         z = -(h[base + 1] * sc[:, 1])[:, None, :]
     elif w.kind == SUB16:
         d = w.blocks.view(np.float16)[:, c, LANES:].astype(np.float32)
-        sc = w.codes[:, 4 * c:4 * c + 2].astype(np.float32)  # (blocks, 2, LANES)
+        sc = w.codes[:, 4 * c:4 * c + 2].view(np.int8).astype(np.float32)  # (blocks, 2, LANES)
         s = np.repeat(d[:, None, :] * sc, 16, axis=1)  # d * scale, then * q: as the file
-        z = np.zeros_like(s[:, :1])
+        z = None  # no bias: a zero code keeps its product's sign, as the file's -0.0
     elif w.kind == AFFINE_F16:
         h = w.blocks.view(np.float16)[:, c].astype(np.float32)
         s, z = h[:, None, :LANES], h[:, None, LANES:]
     else:
         s = w.blocks[:, c][:, None, :]
         z = w.blocks[:, c + 1][:, None, :] if w.kind == AFFINE else -w.zero * s
-    v = q.astype(np.float32) * s + z  # (blocks, 32, LANES)
+    v = q.astype(np.float32) * s  # (blocks, 32, LANES)
+    if z is not None:
+        v = v + z
     tiles = len(v) // w.groups
     v = v.reshape(tiles, w.groups, GROUP, LANES).transpose(0, 3, 1, 2)
     return np.ascontiguousarray(v.reshape(tiles * LANES, w.shape[1])[: w.shape[0]])
@@ -469,7 +485,7 @@ def unpack(w: PackedWeight) -> np.ndarray:
 
 # --- the store of packed weights on disk ---------------------------------------------------
 # The layout's version: a change to PackedWeight's blocks, LANES or GROUP changes it.
-LAYOUT_VERSION = f"2-{LANES}-{GROUP}"
+LAYOUT_VERSION = f"3-{LANES}-{GROUP}"
 ALIGN = 64  # bytes: each tensor's blocks start on a cache line
 MIN_STORE_BYTES = 32 << 20  # smaller models pack in well under a second
 FREE_MARGIN = 1 << 30  # a store is written only where this much disk stays free after it

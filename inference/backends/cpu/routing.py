@@ -54,7 +54,7 @@ MATVEC_ROWS = 8
 # 0.69-0.71x (1.03-1.25x before that tail). Not on AVX2, where the decode kernels go by row
 # pairs (0.80-0.93x sgemm's speed on the Q3_K_M prefill): there 4/8-bit codes take the
 # integer GEMM (docs/cpu-backend.md, "Prefill").
-INTEGER_BITS = frozenset({4, 5, 8})
+INTEGER_BITS = frozenset({4, 5, 6, 8})
 
 Route = Literal["blas", "matvec_float", "matvec_int", "kdot", "raw", "products"]
 BLAS, MATVEC_FLOAT, MATVEC_INT, KDOT, RAW, PRODUCTS = (
