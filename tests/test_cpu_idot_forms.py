@@ -3,10 +3,11 @@
 AVX2). Each takes a block's exact integer sums and ends with their float tail (``_Tail``),
 plain IEEE multiplies and adds in a fixed order. So every form must equal NumPy's float32
 evaluation of the same expression from the exact integer sums bit for bit: for 4-bit, 5-bit
-(plane of high bits) and 8-bit (signed) codes, int16 and int8 activations,
-every scale layout (kind), and the row groups the kernels take (1, 2, 4, 8 rows sharing one
-unpacking of the codes). The kernels take whichever form the CPU has; this checks the lane
-form on every CPU (it compiles for any target), both x86 forms where the CPU has AVX-512BW,
+(plane of high bits), Q6_K's 6-bit (two planes) and 8-bit (signed) codes, int16 and int8
+activations, every scale layout (kind), and the row groups the kernels take (1, 2, 4, 8
+rows sharing one unpacking of the codes). The kernels take whichever form the CPU has; this
+checks the lane form on every CPU (it compiles for any target), both x86 forms where the CPU
+has AVX-512BW (elsewhere the 512-bit 6-bit form is compiled for such a target, not run),
 and the 512-bit form's multiply-adds of 4 and 8 rows both ways: one ``vpdpwssd`` (VNNI,
 inline asm) and ``vpmaddwd`` + ``vpaddd``. The float tail's result is compared, not the
 sums: they are exact integers, and float32 takes them exactly below 2**24 (every 4/5-bit sum
@@ -17,13 +18,17 @@ comparison stays bitwise, but an integer error below 4 there could go unseen
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from numba import njit
 
+from inference.backends.cpu import features as cpu_features
 from inference.backends.cpu import matvec_int as cpu_int
 from inference.backends.cpu import quantize as cpu_quantize
 from inference.backends.cpu.layout import AFFINE, AFFINE_F16, LANES, SUB16, SYMMETRIC
+from tests import early
 
 GROUPS = 2  # one block per group of 32 activations
 ROWS = 8  # activation rows: every group size divides it
@@ -171,3 +176,72 @@ def test_dot8_forms_equal_numpy(width, nrows, vnni, monkeypatch):
         _check(_runner(form, nrows), (codes, xp, None, dx, xs),
                (SYMMETRIC, AFFINE, AFFINE_F16, SUB16), blocks, 8, nrows, want, rng,
                subs=codes[:, 32:34])
+
+
+@pytest.mark.parametrize("vnni,nrows", CASES)
+@pytest.mark.parametrize("width", list(cpu_quantize.LEVELS))
+def test_dot6_forms_equal_numpy(width, nrows, vnni, monkeypatch):
+    """Q6_K's 6-bit codes: nibble rows 0-15, planes of bit 4 (rows 16-19) and bit 5 (20-23),
+    each code standing for ``q - 32``; the int8 scales of ``SUB16`` in rows 24-25."""
+    forms = _forms(monkeypatch, vnni, nrows)
+    rng = np.random.default_rng(nrows * 10 + 6)
+    codes = rng.integers(0, 256, (GROUPS, 28, LANES), dtype=np.uint8)
+    codes[0, :24, 0] = 0xFF  # lane 0 of block 0: every code 63, the largest
+    codes[0, :24, 1] = 0  # lane 1: every code 0, i.e. -32
+    values = np.concatenate([codes[:, :16] & 15, codes[:, :16] >> 4], axis=1).astype(np.int64)
+    for j in range(32):  # bit 4 + k of code 2p / 2p+1 / 2p+16 / 2p+17: bit p of plane k's row
+        for k in range(2):
+            row, p = 16 + 4 * k + (j % 2) + 2 * (j >= 16), (j % 16) // 2
+            values[:, j] |= ((codes[:, row] >> p) & 1).astype(np.int64) << (4 + k)
+    values -= 32
+    xp = _activations(width, ROWS, rng)
+    xs16 = xp.reshape(ROWS, GROUPS, 2, 16).astype(np.int64)  # codes 0-15 and 16-31 apart
+    want = np.einsum("ghjl,rghj->grhl", values.reshape(GROUPS, 2, 16, LANES), xs16)
+    assert np.abs(want).max() < 2**24  # exact in float32 (module docstring)
+    blocks, dx, xs = _scales(rng, 6)
+    high = codes[:, 16:24].reshape(GROUPS, 2, 4, LANES)  # the kernels' type: two planes
+    for form in forms:
+        _check(_runner(form, nrows), (codes, xp, high, dx, xs),
+               (SYMMETRIC, AFFINE, AFFINE_F16, SUB16), blocks, 6, nrows, want, rng,
+               subs=codes[:, 24:26].view(np.int8))
+
+
+AVX512_COMPILE = """
+from numba import types
+from inference.backends.cpu import features
+from inference.backends.cpu import matvec_int as cpu_int
+from tests.test_cpu_idot_forms import _runner
+
+assert features.form() == "avx512" and cpu_int._vnni()
+u8, f32 = types.uint8, types.float32
+for nrows in (1, 2, 8):  # a single row, a pair, a VNNI group
+    for width in (types.int16, types.int8):
+        _runner("avx512", nrows).compile((
+            types.Array(u8, 3, "C"), types.Array(width, 2, "C"), types.Array(u8, 4, "A"),
+            types.Array(f32, 3, "C"), types.int64, types.Array(f32, 2, "C"),
+            types.Array(f32, 2, "C"), types.Array(f32, 4, "C")))
+print("avx512 compiled")
+"""
+AVX512_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,"
+                   "+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+avx512f,"
+                   "+avx512bw,+avx512vl,+avx512dq,+avx512cd,+avx512vnni")
+
+
+def _avx512_steps(tmp: Path) -> list[early.Step] | str:
+    if cpu_int.wide():
+        return "the host runs the 512-bit form: the checks above cover it"
+    if not cpu_features._x86():
+        return "needs an x86 host (LLVM's x86 target)"
+    # a cache of its own: this target's entries beside the host's would race on their index
+    return [early.python(AVX512_COMPILE, NUMBA_CPU_NAME="icelake-server",
+                         NUMBA_CPU_FEATURES=AVX512_FEATURES, NUMBA_CACHE_DIR=str(tmp))]
+
+
+@pytest.mark.early(steps=_avx512_steps)
+def test_avx512_six_bit_form_compiles(request):
+    """Where the host has no AVX-512, the 512-bit form of Q6_K's 6-bit sums (the only one
+    the host cannot run here that is new) is at least compiled, for an AVX-512 VNNI target
+    in a subprocess, with one row, a pair and a group of 8 (``vpdpwssd``): nothing runs it.
+    (Started early in the run: tests/early.py.)"""
+    (out,) = early.result(request.node)
+    assert out.returncode == 0 and "avx512 compiled" in out.stdout, out.stderr[-3000:]
