@@ -482,16 +482,53 @@ def _pair_sums8(b: _Block) -> Sums:
     return _two_halves(halves)
 
 
+def _crumbs(builder: ir.IRBuilder, t4: ir.Value, t5: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Q6_K's planes of bit 4 (``t4``) and bit 5 (``t5``, flipped) as 2-bit crumbs (bit 4,
+    not bit 5) per code: code pair ``p``'s at bits ``p, p + 1`` of the first vector for even
+    ``p``, at ``p - 1, p`` of the second for odd ``p``; made once a block, so each code
+    takes its two high bits with one shift and one mask (:func:`_six4`)."""
+    vt = t4.type
+
+    def c(v: int) -> ir.Constant:
+        return ir.Constant(vt, [v] * vt.count)
+
+    t5 = builder.xor(t5, c(0xFF))
+    even = builder.or_(builder.and_(t4, c(0x55)), builder.shl(builder.and_(t5, c(0x55)), c(1)))
+    odd = builder.or_(builder.and_(builder.lshr(t4, c(1)), c(0x55)), builder.and_(t5, c(0xAA)))
+    return even, odd
+
+
+def _six4(builder: ir.IRBuilder, u: ir.Value, crumbs: tuple[ir.Value, ir.Value], p: int,
+          half: int) -> ir.Value:
+    """``4 * (q - 32)`` as signed bytes for code pair ``p`` of code bytes ``u``: the nibble
+    (low for ``half`` 0, high for 1) at bits 2-5, bit 4 at bit 6 and bit 5 flipped at bit 7,
+    i.e. ``4 * (q ^ 32)`` read as int8, which is ``4 * (q - 32)``: no subtraction, and the
+    sums are 4 times the codes' sums, exactly (divided back per block)."""
+    vt = u.type
+
+    def c(v: int) -> ir.Constant:
+        return ir.Constant(vt, [v] * vt.count)
+
+    nib = (builder.shl(u, c(2)) if half == 0 else builder.lshr(u, c(2)))
+    src, at = crumbs[p & 1], p - (p & 1)  # the crumb's bits at, at + 1 -> 6, 7
+    top = builder.shl(src, c(6 - at)) if at < 6 else src
+    return builder.or_(builder.and_(nib, c(0x3C)), builder.and_(top, c(0xC0)))
+
+
 def _pair_sums6(b: _Block) -> Sums:
-    """Q6_K's codes as :func:`_pair_sums8` takes int8 ones: each half block's signed codes
-    ``q - 32`` (low nibbles for codes 0-15, high for 16-31, with their two planes' bits)
-    widened to 16 bits, ``vpmaddwd`` (int8 activations too: int16 pairs), 32-bit sums:
-    the integer sums of the 8-bit form, so its bits."""
+    """Q6_K's codes as :func:`_pair_sums8` takes int8 ones: each half block's codes (low
+    nibbles for codes 0-15, high for 16-31, with their two planes' bits) as signed bytes
+    ``4 * (q - 32)`` (:func:`_six4`), widened to 16 bits, ``vpmaddwd`` (int8 activations
+    too: int16 pairs), 32-bit sums, divided by 4 (exact): the integer sums of the 8-bit
+    form, so its bits."""
     builder = b.builder
     v32i8, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8)
     maddwd = _maddwd(builder)
-    tops = [[(_interleave(builder, el, ol, lanes), _interleave(builder, eh, oh, lanes))
-             for el, ol, eh, oh in b.planes_rows(v32i8)] for lanes in _HALVES]
+    (el, ol, eh, oh), (el5, ol5, eh5, oh5) = b.planes_rows(v32i8)
+    crumbs = [[_crumbs(builder, _interleave(builder, a4, b4, lanes),
+                       _interleave(builder, a5, b5, lanes)) for lanes in _HALVES]
+              for a4, b4, a5, b5 in ((el, ol, el5, ol5), (eh, oh, eh5, oh5))]
+    two = ir.Constant(v8i32, [2] * 8)
     halves = []
     for half in range(2):  # codes 0-15, then 16-31
         acc = [[ir.Constant(v8i32, [0] * 8)] * 4 for _ in b.rows]  # _EIGHTS order
@@ -499,11 +536,13 @@ def _pair_sums6(b: _Block) -> Sums:
             r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
             xs = [_pair_words(builder, b.pair(rw, p + 8 * half)) for rw in b.rows]
             for h, lanes in enumerate(_HALVES):
-                codes_ = _six(builder, _interleave(builder, r0, r1, lanes), tops[h], p, half)
+                codes_ = _six4(builder, _interleave(builder, r0, r1, lanes), crumbs[half][h],
+                               p, half)
                 for e, words in enumerate(_words(builder, codes_, signed=True)):
                     for a, x in zip(acc, xs, strict=True):
                         a[2 * h + e] = builder.add(a[2 * h + e],
                                                    builder.call(maddwd, [words, x]))
+        acc = [[builder.ashr(v, two) for v in a] for a in acc]  # 4 * the sums, exactly
         halves.append([_runs(builder, a, _EIGHTS) for a in acc])
     return _two_halves(halves)
 
