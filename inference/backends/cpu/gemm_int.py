@@ -32,7 +32,6 @@ from inference.backends.cpu.layout import (
     LANES,
     SUPER6,
     _block_scales,
-    code,
     scale_scratch,
 )
 from inference.backends.cpu.matvec_int import (
@@ -169,17 +168,22 @@ def _unpack4(codes: np.ndarray, blk: int, u: np.ndarray) -> None:
 
 
 @_jit(inline="always")
-def _unpack6(codes: np.ndarray, high: np.ndarray, blk: int, u: np.ndarray) -> None:
+def _unpack6(codes: np.ndarray, blk: int, u: np.ndarray) -> None:
     """Block ``blk``'s 6-bit codes (:func:`_unpack4`'s nibbles, bits 4 and 5 from the
-    planes ``high``) into ``u`` as int16 pairs of Q6_K's signed ``q - 32``."""
-    hb = high[blk]
+    planes in code rows 16-19 and 20-23) into ``u`` as int16 pairs of Q6_K's signed
+    ``q - 32``. Read through ``codes`` (contiguous), so the lane loop vectorises."""
     for p in range(16):
-        j, sh = (2 * p) & 15, np.uint8(4 * (p >> 3))
+        j, sh = (2 * p) & 15, np.int32(4 * (p >> 3))
+        r, b = 16 + 2 * (p >> 3), np.int32(p & 7)  # codes 2p, 2p+1: plane rows r, r+1
         for lane in range(LANES):
-            a = np.int32((codes[blk, j, lane] >> sh) & np.uint8(15))
-            b = np.int32((codes[blk, j + 1, lane] >> sh) & np.uint8(15))
-            u[p, 2 * lane] = code(a, hb, 2 * p, lane)
-            u[p, 2 * lane + 1] = code(b, hb, 2 * p + 1, lane)
+            a = ((np.int32(codes[blk, j, lane]) >> sh) & np.int32(15)
+                 | ((np.int32(codes[blk, r, lane]) >> b) & np.int32(1)) << np.int32(4)
+                 | ((np.int32(codes[blk, r + 4, lane]) >> b) & np.int32(1)) << np.int32(5))
+            c = ((np.int32(codes[blk, j + 1, lane]) >> sh) & np.int32(15)
+                 | ((np.int32(codes[blk, r + 1, lane]) >> b) & np.int32(1)) << np.int32(4)
+                 | ((np.int32(codes[blk, r + 5, lane]) >> b) & np.int32(1)) << np.int32(5))
+            u[p, 2 * lane] = a - np.int32(32)
+            u[p, 2 * lane + 1] = c - np.int32(32)
 
 
 @_jit(inline="always")
@@ -202,7 +206,7 @@ def _unpack_ov(codes, high, blk, u):  # type: ignore[no-untyped-def]
     if codes.dtype == types.int8:
         return lambda codes, high, blk, u: _unpack8(codes, blk, u)
     if not isinstance(high, types.NoneType) and high.ndim == 4:
-        return lambda codes, high, blk, u: _unpack6(codes, high, blk, u)
+        return lambda codes, high, blk, u: _unpack6(codes, blk, u)
     return lambda codes, high, blk, u: _unpack4(codes, blk, u)
 
 
