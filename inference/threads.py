@@ -7,6 +7,21 @@ import time
 from typing import Any
 
 
+def usable_cpus() -> list[int] | None:
+    """The CPUs this process may run on (its affinity), or None where the OS has no
+    affinity call (macOS, Windows)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on: its affinity's, else the machine's."""
+    cpus = usable_cpus()
+    return len(cpus) if cpus else os.cpu_count() or 1
+
+
 def set_threads(n: int, backend: Any = None) -> str:
     """Cap the engine's thread pools at n: BLAS/OpenMP via threadpoolctl, and the backend's
     own pool (numba) through its set_threads hook. BLAS stays at one thread for a backend
@@ -64,8 +79,7 @@ class BusyCores:
     def __init__(self) -> None:
         import psutil
 
-        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else None
+        self.cpus = usable_cpus()
         self.cores = len(self.cpus) if self.cpus else os.cpu_count() or 1
         self._own = psutil.Process()
         self._count_niced = os.nice(0) > 0 if hasattr(os, "nice") else True

@@ -74,6 +74,7 @@ from inference.formats.quants import (
     unpack_mlx,
 )
 from inference.formats.tensor import TensorData
+from inference.threads import usable_cores
 from inference.units import parse_bytes
 
 MAX_GROWTH = 1.5
@@ -284,10 +285,7 @@ _switch_before = 0.0
 
 def pack_workers() -> int:
     """Threads that pack a tensor's spans: the cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity call (macOS, Windows)
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def _span_pool() -> ThreadPoolExecutor:
