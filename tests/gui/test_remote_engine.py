@@ -52,7 +52,11 @@ def _reply(w, text: str, max_tokens: int) -> object:
     w.chat.new_conversation()
     w.chat.sampling.set_values({"max_tokens": max_tokens, "temperature": 0.0, "seed": -1})
     assert w.chat.send(text)
-    wait_until(lambda: not w.chat.generating, GEN_TIMEOUT_MS, "the reply")
+    # The chat pane ends the reply on the job's result; the performance pane takes the same
+    # summary when the job has finished, after one more memory sample on the job's thread.
+    wait_until(lambda: not w.chat.generating
+               and not any(j.kind == "generate" for j in w.jobs.active()),
+               GEN_TIMEOUT_MS, "the reply")
     return w.chat.views()[-1]
 
 
