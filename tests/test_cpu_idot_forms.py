@@ -6,7 +6,8 @@ evaluation of the same expression from the exact integer sums bit for bit: for 4
 (plane of high bits), Q6_K's 6-bit (two planes) and 8-bit (signed) codes, int16 and int8
 activations, every scale layout (kind), and the row groups the kernels take (1, 2, 4, 8
 rows sharing one unpacking of the codes). The kernels take whichever form the CPU has; this
-checks the lane form on every CPU (it compiles for any target), both x86 forms where the CPU
+checks the lane form on every CPU (it compiles for any target), the AVX2 form on an AVX2 CPU
+(its 4-bit and Q6_K codes against int16 activations split into bytes), both x86 forms where the CPU
 has AVX-512BW (elsewhere the 512-bit 6-bit form is compiled for such a target, not run),
 and the 512-bit form's multiply-adds of 4 and 8 rows both ways: one ``vpdpwssd`` (VNNI,
 inline asm) and ``vpmaddwd`` + ``vpaddd``. The float tail's result is compared, not the
@@ -44,6 +45,8 @@ def _forms(monkeypatch, vnni: bool, nrows: int) -> list:
     one (the AVX2 form never takes ``vpdpwssd``), compiled as if the target had no VNNI
     (the intrinsics read ``_vnni`` when their runner compiles)."""
     forms = ["lanes"] if vnni and nrows <= 2 else []
+    if vnni and nrows <= 2 and cpu_features.form() == "avx2":
+        forms.append("avx2")  # the host's own, 4-bit and Q6_K codes on split activations
     if cpu_int.wide() and not vnni:
         monkeypatch.setattr(cpu_int, "_vnni", lambda: False)
         forms.append("avx512")
@@ -66,12 +69,20 @@ def _runner(form: str, nrows: int):
         for g in range(GROUPS):
             for r0 in range(0, xp.shape[0] - nrows + 1, nrows):
                 dot(codes, g, xp, r0, g, high, blocks, kind, ZERO, dx, xs, accs[g, r0], nrows)
-    return run
+
+    @njit
+    def split(codes, xp, high, blocks, kind, dx, xs, accs):
+        # int16 activations against 4-bit or Q6_K codes as the AVX2 kernels take them
+        run(codes, cpu_int.split_activations(xp, codes, high), high, blocks, kind, dx, xs, accs)
+    return split if form == "avx2" and cpu_features.form() == "avx2" else run
 
 
 def _activations(width: str, rows: int, rng: np.random.Generator) -> np.ndarray:
     level = cpu_quantize.LEVELS[width]
-    return rng.integers(-level, level + 1, (rows, GROUPS * 32)).astype(width)
+    xp = rng.integers(-level, level + 1, (rows, GROUPS * 32)).astype(width)
+    # the extremes in both halves of a group (int16: high bytes 127 and -128)
+    xp[0, [0, 1, 16, 17]], xp[1, [0, 1, 16, 17]] = level, -level
+    return xp
 
 
 def _codes4(rng, five):

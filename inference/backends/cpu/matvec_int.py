@@ -34,6 +34,13 @@ products as LLVM IR (numba ``@intrinsic``), unrolled over the block:
   codes 0-15 and 16-31 keep separate 16-bit sums, widened to 32 bits at the end.
 - everything else: codes widened to 16 bits, ``vpmaddwd``, 32-bit sums (at most
   16 * 255 * 32767 per half block, far inside 32 bits).
+- 4-bit and Q6_K's 6-bit codes against 16-bit ``q`` (the default): ``q`` split into its
+  bytes, ``256 * qh + ql`` (:func:`split_activations`, once a call), and each byte taken by
+  ``vpmaddubsw`` against the code bytes as they are (:func:`_split_sums4`,
+  :func:`_split_sums6`): the same exact sums without widening any code, which cost 12 of
+  the 14 shuffles a pair of code rows took, the ports the loop was bound by. Measured on
+  the 1B Llama's Q4_K_M weights, 1 thread (AMD EPYC, AVX2): Q4_K 60 -> 38 ns a block
+  (10.5 -> 16.5 GB/s), Q6_K 71 -> 68 ns (docs/benchmarks.md).
 Each intrinsic ends with the float tail of its rows, in IR too (:class:`_Tail`): the sums
 go from registers through the scales into the rows' float accumulators.
 Measured on SmolLM2's 1536x576 Q4_1 weight, 1 thread (AMD EPYC, AVX2), with the
@@ -65,7 +72,7 @@ from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from inference.backends.cpu.features import _x86, form, target_has
 from inference.backends.cpu.ir import (
@@ -322,6 +329,7 @@ class _Block:
         self.five, self.six = self.planes == 1, self.planes == 2
         self.signed = self.cty.dtype == types.int8
         self.narrow = self.xty.dtype == types.int8
+        self.split = self.xty.dtype == types.uint32  # :func:`split_activations`' bytes
 
     def code_rows(self, js: Sequence[int], vt: ir.VectorType) -> list[ir.Value]:
         """Code rows ``js`` of the block, each LANES bytes, as vectors ``vt``."""
@@ -330,6 +338,24 @@ class _Block:
     def pair(self, row: ir.Value, p: int) -> ir.Value:
         """Activation codes ``2p`` and ``2p + 1`` of the group in ``row`` as one integer."""
         return _pair(self.context, self.builder, self.xty, self.xarr, row, self.p0, p)
+
+    def split_pair(self, row: ir.Value, p: int, high: bool) -> ir.Value:
+        """Split activations (:func:`split_activations`): pair ``p`` of the group in ``row``,
+        its low bytes (``high`` False) or its high ones, broadcast to 16 byte pairs."""
+        builder = self.builder
+        word = self._split_word(row, 2 * p + int(high))
+        return builder.bitcast(_splat(builder, word, 8), ir.VectorType(_i8, 32))
+
+    def split_shift(self, row: ir.Value, half: int) -> ir.Value:
+        """Split activations: ``8192 * sum qh`` over codes ``16 half .. 16 half + 15`` of
+        the group in ``row`` (int32), broadcast to 8 lanes (:func:`_split_sums6`)."""
+        return _splat(self.builder, self._split_word(row, 32 + half), 8)
+
+    def _split_word(self, row: ir.Value, k: int) -> ir.Value:
+        builder = self.builder
+        at = builder.add(builder.mul(self.g, ir.Constant(_i64, SPLIT_WORDS)), ir.Constant(_i64, k))
+        ptr = _item_ptr(self.context, builder, self.xty, self.xarr, [row, at])
+        return builder.load(builder.bitcast(ptr, _i32.as_pointer()), align=4)
 
     def planes_rows(self, vt: ir.VectorType) -> list[tuple[ir.Value, ...]]:
         """The planes of high bits, each its 4 rows (bit ``p`` of code 2p / 2p+1 / 2p+16
@@ -413,8 +439,86 @@ _EIGHTS = [list(range(0, 8)), list(range(16, 24)), list(range(8, 16)), list(rang
 
 
 
+def _widen16(builder: ir.IRBuilder, wide: list[ir.Value], acc: ir.Value, times256: bool
+             ) -> None:
+    """Add the 16 signed 16-bit sums ``acc`` (lane order of :data:`_HALVES`) into ``wide``
+    (int32: even lanes, odd lanes), times 256 if ``times256``: shifts within each 32-bit
+    word, no shuffle."""
+    v8i32 = ir.VectorType(_i32, 8)
+
+    def c(v: int) -> ir.Constant:
+        return ir.Constant(v8i32, [v] * 8)
+
+    d = builder.bitcast(acc, v8i32)
+    even = builder.ashr(builder.shl(d, c(16)), c(8 if times256 else 16))
+    odd = builder.ashr(d, c(16))
+    if times256:
+        odd = builder.shl(odd, c(8))
+    wide[0], wide[1] = builder.add(wide[0], even), builder.add(wide[1], odd)
+
+
+def _lane_order(builder: ir.IRBuilder, parts: list[tuple[ir.Value, ir.Value]]
+                ) -> list[tuple[int, ir.Value]]:
+    """Per lane half of :data:`_HALVES`, its (even, odd) int32 sums from :func:`_widen16`,
+    as (first lane, 8 consecutive lanes' sums) runs."""
+    out = []
+    for (even, odd), lanes in zip(parts, _HALVES, strict=True):
+        for k, first in enumerate((lanes[0], lanes[8])):
+            mask = [i for m in range(4 * k, 4 * k + 4) for i in (m, 8 + m)]
+            out.append((first, builder.shuffle_vector(
+                even, odd, ir.Constant(ir.VectorType(_i32, 8), mask))))
+    return out
+
+
+def _split_sums4(b: _Block) -> Sums:
+    """4-bit codes against 16-bit activations split into bytes, ``q = 256 * qh + ql``
+    (:func:`split_activations`): per lane ``sum code * q = 256 * sum code * qh + sum code *
+    ql``, each sum a ``vpmaddubsw`` of the code bytes as they come out of the nibble masks
+    (unsigned) against a broadcast byte pair: ``ql`` (0..255) as the unsigned operand with
+    the codes as the signed one (a pair at most 2 * 255 * 15 = 7650), ``qh`` (-128..127)
+    signed with the codes unsigned (at most 2 * 15 * 128 = 3840 in size). So no code is
+    widened to 16 bits: the 16-bit form's per-pair ``vextracti128`` + ``vpmovzxbw`` (12
+    shuffles of its 14 a pair of code rows) are gone. The 16-bit sums (two pairs of rows
+    of ``ql`` products, 4 of ``qh``: at most 30600 / 30720) are widened every 2 / 4 pairs
+    by shifts within 32-bit words (even lanes, odd lanes; ``qh``'s times 256 on the way),
+    and put back in lane order once a block. Exact integer sums, the 16-bit form's."""
+    builder = b.builder
+    v32i8, v16i16, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16), ir.VectorType(_i32, 8)
+    maddubs = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]), "llvm.x86.avx2.pmadd.ub.sw")
+    z16, z32 = ir.Constant(v16i16, [0] * 16), ir.Constant(v8i32, [0] * 8)
+    low = [[z16, z16] for _ in b.rows]  # per row and lane half (_HALVES): ql's sums
+    high = [[z16, z16] for _ in b.rows]  # qh's
+    wide = [[[z32, z32], [z32, z32]] for _ in b.rows]  # per half: even, odd lanes
+
+    for p in range(8):
+        r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
+        # per row: (ql, qh) of pair p (codes 2p, 2p+1) and of pair p + 8 (2p+16, 2p+17)
+        xs = [[(b.split_pair(rw, p + o, False), b.split_pair(rw, p + o, True)) for o in (0, 8)]
+              for rw in b.rows]
+        for h, lanes in enumerate(_HALVES):
+            codes = _nibbles(builder, _interleave(builder, r0, r1, lanes))
+            for r, x in enumerate(xs):
+                for c, code in enumerate(codes):
+                    ql, qh = x[c]
+                    low[r][h] = builder.add(low[r][h], builder.call(maddubs, [ql, code]))
+                    high[r][h] = builder.add(high[r][h], builder.call(maddubs, [code, qh]))
+        for r in range(len(b.rows)):
+            for h in range(2):
+                if p % 2 == 1:
+                    _widen16(builder, wide[r][h], low[r][h], False)
+                    low[r][h] = z16
+                if p % 4 == 3:
+                    _widen16(builder, wide[r][h], high[r][h], True)
+                    high[r][h] = z16
+    return [[(lane, v, None) for lane, v in _lane_order(builder, [tuple(h) for h in w])]
+            for w in wide]
+
+
 def _pair_sums4(b: _Block) -> Sums:
     builder = b.builder
+    if b.split:
+        return _split_sums4(b)
     v32i8, v16i16 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16)
     v8i32, v16i32 = ir.VectorType(_i32, 8), ir.VectorType(_i32, 16)
     maddubs = cgutils.get_or_insert_function(
@@ -482,7 +586,8 @@ def _pair_sums8(b: _Block) -> Sums:
     return _two_halves(halves)
 
 
-def _crumbs(builder: ir.IRBuilder, t4: ir.Value, t5: ir.Value) -> tuple[ir.Value, ir.Value]:
+def _crumbs(builder: ir.IRBuilder, t4: ir.Value, t5: ir.Value, flip: bool = True
+            ) -> tuple[ir.Value, ir.Value]:
     """Q6_K's planes of bit 4 (``t4``) and bit 5 (``t5``, flipped) as 2-bit crumbs (bit 4,
     not bit 5) per code: code pair ``p``'s at bits ``p, p + 1`` of the first vector for even
     ``p``, at ``p - 1, p`` of the second for odd ``p``; made once a block, so each code
@@ -492,7 +597,8 @@ def _crumbs(builder: ir.IRBuilder, t4: ir.Value, t5: ir.Value) -> tuple[ir.Value
     def c(v: int) -> ir.Constant:
         return ir.Constant(vt, [v] * vt.count)
 
-    t5 = builder.xor(t5, c(0xFF))
+    if flip:
+        t5 = builder.xor(t5, c(0xFF))
     even = builder.or_(builder.and_(t4, c(0x55)), builder.shl(builder.and_(t5, c(0x55)), c(1)))
     odd = builder.or_(builder.and_(builder.lshr(t4, c(1)), c(0x55)), builder.and_(t5, c(0xAA)))
     return even, odd
@@ -515,6 +621,71 @@ def _six4(builder: ir.IRBuilder, u: ir.Value, crumbs: tuple[ir.Value, ir.Value],
     return builder.or_(builder.and_(nib, c(0x3C)), builder.and_(top, c(0xC0)))
 
 
+def _q6(builder: ir.IRBuilder, u: ir.Value, crumbs: tuple[ir.Value, ir.Value], p: int,
+        half: int) -> ir.Value:
+    """Q6_K's unsigned codes ``q`` (0..63, bytes) for code pair ``p`` of code bytes ``u``:
+    the nibble (low for ``half`` 0, high for 1) and the crumb of :func:`_crumbs` (made with
+    ``flip`` False) at bits 4-5."""
+    vt = u.type
+
+    def c(v: int) -> ir.Constant:
+        return ir.Constant(vt, [v] * vt.count)
+
+    nib = builder.and_(u if half == 0 else builder.lshr(u, c(4)), c(15))
+    src, at = crumbs[p & 1], p - (p & 1)  # the crumb's bits at, at + 1 -> 4, 5
+    top = (builder.shl(src, c(4 - at)) if at < 4 else
+           builder.lshr(src, c(at - 4)) if at > 4 else src)
+    return builder.or_(nib, builder.and_(top, c(0x30)))
+
+
+def _split_sums6(b: _Block) -> Sums:
+    """Q6_K's codes against split activations (:func:`split_activations`, ``q = 256 * qh +
+    ql``), each half block's sum ``sum (c - 32) * x`` as ``sum (c - 32) * ql + 256 * (sum c
+    * qh - 32 * sum qh)``: ``vpmaddubsw`` of ``ql`` (unsigned) against the signed bytes ``c
+    - 32`` (a pair at most 2 * 255 * 32 = 16320 in size) and of the unsigned codes ``c``
+    (0..63) against ``qh`` (at most 2 * 63 * 128 = 16128), 16-bit sums of two pairs of code
+    rows widened as :func:`_split_sums4` does; ``8192 * sum qh`` comes with the activations.
+    The exact integer sums of :func:`_pair_sums6`, with no code widened to 16 bits."""
+    builder = b.builder
+    v32i8, v16i16, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16), ir.VectorType(_i32, 8)
+    maddubs = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]), "llvm.x86.avx2.pmadd.ub.sw")
+    z16, z32 = ir.Constant(v16i16, [0] * 16), ir.Constant(v8i32, [0] * 8)
+    thirty_two = ir.Constant(v32i8, [32] * 32)
+    (el, ol, eh, oh), (el5, ol5, eh5, oh5) = b.planes_rows(v32i8)
+    crumbs = [[_crumbs(builder, _interleave(builder, a4, b4, lanes),
+                       _interleave(builder, a5, b5, lanes), flip=False) for lanes in _HALVES]
+              for a4, b4, a5, b5 in ((el, ol, el5, ol5), (eh, oh, eh5, oh5))]
+    halves = []
+    for half in range(2):  # codes 0-15, then 16-31
+        low = [[z16, z16] for _ in b.rows]
+        high = [[z16, z16] for _ in b.rows]
+        wide = [[[z32, z32], [z32, z32]] for _ in b.rows]
+        for p in range(8):
+            r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
+            xs = [(b.split_pair(rw, p + 8 * half, False), b.split_pair(rw, p + 8 * half, True))
+                  for rw in b.rows]
+            for h, lanes in enumerate(_HALVES):
+                q = _q6(builder, _interleave(builder, r0, r1, lanes), crumbs[half][h], p, half)
+                signed = builder.sub(q, thirty_two)
+                for r, (ql, qh) in enumerate(xs):
+                    low[r][h] = builder.add(low[r][h], builder.call(maddubs, [ql, signed]))
+                    high[r][h] = builder.add(high[r][h], builder.call(maddubs, [q, qh]))
+            if p % 2 == 1:
+                for r in range(len(b.rows)):
+                    for h in range(2):
+                        _widen16(builder, wide[r][h], low[r][h], False)
+                        _widen16(builder, wide[r][h], high[r][h], True)
+                        low[r][h] = high[r][h] = z16
+        rows = []
+        for r, rw in enumerate(b.rows):
+            shift = b.split_shift(rw, half)
+            rows.append([(lane, builder.sub(v, shift)) for lane, v in _lane_order(
+                builder, [tuple(w) for w in wide[r]])])
+        halves.append(rows)
+    return _two_halves(halves)
+
+
 def _pair_sums6(b: _Block) -> Sums:
     """Q6_K's codes as :func:`_pair_sums8` takes int8 ones: each half block's codes (low
     nibbles for codes 0-15, high for 16-31, with their two planes' bits) as signed bytes
@@ -522,6 +693,8 @@ def _pair_sums6(b: _Block) -> Sums:
     too: int16 pairs), 32-bit sums, divided by 4 (exact): the integer sums of the 8-bit
     form, so its bits."""
     builder = b.builder
+    if b.split:
+        return _split_sums6(b)
     v32i8, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i32, 8)
     maddwd = _maddwd(builder)
     (el, ol, eh, oh), (el5, ol5, eh5, oh5) = b.planes_rows(v32i8)
@@ -822,6 +995,51 @@ def _tile_rows(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray,
     out[i:i + n, t * LANES:(t + 1) * LANES] = accs[:n]
 
 
+SPLIT_WORDS = 34  # split activations' words a group: 16 pairs x (ql, qh), 2 Q6_K terms
+
+
+def split_activations(xp, codes, high):  # type: ignore[no-untyped-def]  # numba only
+    """What the AVX2 kernels multiply 4-bit and Q6_K's 6-bit codes by: int16 activations
+    ``xp`` (T, K) split into bytes, ``q = 256 * qh + ql`` with ``ql = q & 255`` (unsigned)
+    and ``qh = q >> 8`` (signed, -128..127 as ``|q| <= 32767``), as (T, K / 32 *
+    SPLIT_WORDS) uint32, per group of 32: for each pair of codes ``2p, 2p + 1``, word ``2p``
+    holds the bytes ``(ql_2p, ql_2p+1)`` twice and word ``2p + 1`` ``(qh_2p, qh_2p+1)``
+    twice, each one broadcast load (:func:`_split_sums4`); words 32 and 33 hold ``8192 *
+    sum qh`` over codes 0-15 and 16-31 (int32, :func:`_split_sums6`). Any other codes
+    (5- and 8-bit), activations or form: ``xp`` itself."""
+    raise NotImplementedError
+
+
+@overload(split_activations, inline="always")
+def _split_activations_ov(xp, codes, high):  # type: ignore[no-untyped-def]
+    if not (form() == "avx2" and xp.dtype == types.int16 and codes.dtype == types.uint8
+            and (isinstance(high, types.NoneType) or high.ndim == 4)):
+        return lambda xp, codes, high: xp
+
+    def split(xp, codes, high):  # type: ignore[no-untyped-def]
+        rows, groups = xp.shape[0], xp.shape[1] // 32
+        out = np.empty((rows, groups * SPLIT_WORDS), dtype=np.uint32)
+        m8 = np.int32(255)
+        for r in range(rows):
+            for g in range(groups):
+                o = g * SPLIT_WORDS
+                top0 = top1 = np.int32(0)  # sum qh over codes 0-15, 16-31
+                for p in range(16):
+                    a, b = np.int32(xp[r, 32 * g + 2 * p]), np.int32(xp[r, 32 * g + 2 * p + 1])
+                    lo = (a & m8) | ((b & m8) << np.int32(8))
+                    hi = ((a >> np.int32(8)) & m8) | (((b >> np.int32(8)) & m8) << np.int32(8))
+                    out[r, o + 2 * p] = np.uint32(lo * np.int32(0x10001))
+                    out[r, o + 2 * p + 1] = np.uint32(hi * np.int32(0x10001))
+                    if p < 8:
+                        top0 += (a >> np.int32(8)) + (b >> np.int32(8))
+                    else:
+                        top1 += (a >> np.int32(8)) + (b >> np.int32(8))
+                out[r, o + 32] = np.uint32(top0 * np.int32(8192))
+                out[r, o + 33] = np.uint32(top1 * np.int32(8192))
+        return out
+    return split
+
+
 @_jit(parallel=True, fastmath=_NO_FUSE)
 def matvec_packed_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
                       flat: np.ndarray, high: np.ndarray | None, kind: int, zero: float,
@@ -837,23 +1055,24 @@ def matvec_packed_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
     row's result is the same bits in any group."""
     rows = dx.shape[0]
     tiles = blocks.shape[0] // dx.shape[1]
+    xq = split_activations(xp, codes, high)
     for t in prange(tiles):
         accs = np.empty((ROW_GROUP, LANES), dtype=np.float32)
         i = 0
         while ROW_GROUP >= 4 and rows - i >= 4:  # groups of 8, then of 4 (AVX-512)
             if rows - i >= 8:
-                _tile_rows(codes, blocks, flat, high, kind, zero, xp, dx, xs, out, accs, t, i,
+                _tile_rows(codes, blocks, flat, high, kind, zero, xq, dx, xs, out, accs, t, i,
                            8)
                 i += 8
             else:
-                _tile_rows(codes, blocks, flat, high, kind, zero, xp, dx, xs, out, accs, t, i,
+                _tile_rows(codes, blocks, flat, high, kind, zero, xq, dx, xs, out, accs, t, i,
                            4)
                 i += 4
         while rows - i >= 2:
-            _tile_rows(codes, blocks, flat, high, kind, zero, xp, dx, xs, out, accs, t, i, 2)
+            _tile_rows(codes, blocks, flat, high, kind, zero, xq, dx, xs, out, accs, t, i, 2)
             i += 2
         if i < rows:
-            _tile_rows(codes, blocks, flat, high, kind, zero, xp, dx, xs, out, accs, t, i, 1)
+            _tile_rows(codes, blocks, flat, high, kind, zero, xq, dx, xs, out, accs, t, i, 1)
 
 
 @_jit()
