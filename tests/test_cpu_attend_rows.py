@@ -80,6 +80,9 @@ def test_windows_and_softcaps_take_the_composite(monkeypatch):
                         lambda self, *a, **kw: called.append(kw) or np.zeros(1))
     q, k, v = _step(1, 7)
     B.attend_rows(q, k, v, _caches([3], 8), 0, **{**KW, "softcap": 50.0})
+    B.attend_rows(q, k, v, _caches([4], 8), 0, **{**KW, "window": 4})  # hides key 0
+    assert len(called) == 2
+    # a window that hides no key from the new token: a full layer's fused call
     B.attend_rows(q, k, v, _caches([3], 8), 0, **{**KW, "window": 4})
     assert len(called) == 2
 

@@ -90,6 +90,29 @@ def test_replayed_steps_equal_eager_steps(name, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
 
 
+def test_a_sliding_window_replays_until_it_hides_a_key(monkeypatch):
+    """Local layers of a window W (set here on half of a tiny Llama's layers, as Gemma 3
+    has them) attend as full ones while the context is under W tokens: those steps replay;
+    from the first that would hide a key on, the steps are eager (the window masks, then
+    drops rows). The same tokens and logits as eager steps throughout."""
+    m = _model("llama3_q4_k")
+    prompt = len(m.tokenize("The quick brown fox"))
+    for i, layer in enumerate(m.model.layers):
+        monkeypatch.setattr(layer.attn, "window", prompt + 4 if i % 2 == 0 else None)
+    with monkeypatch.context() as mp:
+        want, want_rows, _ = _generate(m, False, mp)
+    with monkeypatch.context() as mp:
+        ran = []
+        real_run = StepReplayer._run
+        mp.setattr(StepReplayer, "_run", lambda self, *a: ran.append(1) or real_run(self, *a))
+        got, got_rows, s = _generate(m, True, mp)
+    assert s.steps.eager_reason is None and s.steps.verified == {1}
+    assert 0 < len(ran) < TOKENS - 4  # replays under the window, eager steps past it
+    assert got == want
+    for a, b in zip(got_rows, want_rows, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
+
+
 def test_sampled_tokens_are_the_eager_ones(monkeypatch):
     m = _model("qwen2")
     want, _, _ = _generate(m, False, monkeypatch, temperature=0.9)

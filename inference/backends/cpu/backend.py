@@ -64,7 +64,13 @@ from inference.backends.cpu.pack import (
     packed_bits,
     packed_nbytes,
 )
-from inference.backends.cpu.replay import CpuSampler, NotCapturable, StepReplayer, Tape
+from inference.backends.cpu.replay import (
+    CpuSampler,
+    NotCapturable,
+    StepReplayer,
+    Tape,
+    window_open,
+)
 from inference.backends.cpu.routing import (
     BLAS,
     GEMM_INT,
@@ -916,11 +922,12 @@ class CpuBackend(NumpyBackend):
                     layer: int, **kw: Any) -> np.ndarray:
         """The decode step's RoPE, cache writes and attention for every row in one kernel
         call (:func:`.attention.attend_rows`): one replay call a layer instead of six a
-        row. Sliding windows, soft-caps and a profiler (which times the ops one by one)
-        take the composite."""
+        row. Soft-caps, a sliding window that hides a key or has dropped rows
+        (:func:`.replay.window_open`) and a profiler (which times the ops one by one) take
+        the composite."""
         b, hq, t, d = q.shape
-        if (kw["window"] is not None or kw["softcap"] is not None or t != 1 or d % 2
-                or any(c.windows[layer] is not None for c in caches)
+        if (kw["softcap"] is not None or t != 1 or d % 2
+                or not all(window_open(c, layer, kw["window"]) for c in caches)
                 or any(op in vars(self) for op in ("rope", "attention"))):
             return super().attend_rows(q, k, v, caches, layer, **kw)
         for i, c in enumerate(caches):

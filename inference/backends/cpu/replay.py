@@ -15,8 +15,8 @@ the captured value plus its distance from the captured position; in a decode ste
 three are one fused call, ``CpuBackend.attend_rows``). NumPy expressions (Gemma's
 GELU, soft-caps) replay whole, copied into the captured output. An op that cannot be
 replayed (prefill-shaped attention, a gemm) raises :class:`NotCapturable` and the
-generation runs eagerly, as it does for sliding-window caches, batched caches and a
-profiler.
+generation runs eagerly, as it does for batched caches, a profiler and, once a sliding
+window hides a key or drops a row (:func:`window_open`), sliding-window caches.
 
 Checked, not trusted: the first replay after a capture runs beside an eager step at the
 same position and must agree (:data:`VERIFY_RTOL`), else replays stop for the generation.
@@ -151,7 +151,10 @@ class StepReplayer(EagerSteps):
         return (B.step_replay and self.eager_reason is None
                 and all(isinstance(c, KVCache) and c.keys[0] is not None
                         and c.offset < c.keys[0].shape[2]
-                        and all(w is None for w in c.windows) for c in caches)
+                        and all(window_open(c, layer) and c.keys[layer] is not None
+                                and c.offset < c.keys[layer].shape[2]
+                                for layer, w in enumerate(c.windows) if w is not None)
+                        for c in caches)
                 and not any(op in vars(B) for op in OPS))  # a profiler times each op
 
     def _run(self, r: StepReplay, ids: np.ndarray, caches: list[KVCache]) -> np.ndarray:
@@ -214,6 +217,16 @@ class CpuSampler(TokenSampler):
 
     def decode(self, model: Any, tok: Any, cache: Any) -> Any:
         return self.steps(model, self.as_input(tok), cache)
+
+
+def window_open(c: KVCache, layer: int, window: int | None = None) -> bool:
+    """Whether ``layer`` of ``c`` attends as a full layer at the next token: no sliding
+    window (the cache's, or ``window``), or one that has dropped no row (``start`` 0) and
+    hides none from that token (``offset < window``: it sees ``window`` positions, its own
+    included). Such a layer takes the fused decode call (``CpuBackend.attend_rows``) and
+    its steps replay: Gemma 3's local layers for a context's first ``window`` tokens."""
+    return all(w is None or (c.start[layer] == 0 and c.offset < w)
+               for w in (c.windows[layer], window))
 
 
 def _rewind(caches: list[KVCache], offsets: list[int]) -> None:
