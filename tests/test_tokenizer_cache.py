@@ -10,7 +10,8 @@ import pytest
 from inference.formats import read_checkpoint
 from inference.formats.cache import load_pickle, save_pickle
 from inference.store import resolve
-from inference.tokenizer import Tokenizer, gguf_vocab
+from inference.tokenizer import Tokenizer, core, gguf_vocab
+from inference.tokenizer import kept as kept_form
 
 TEXT = "Hello, <|im_start|>user\nünïcode 123   spaces\n\n<|im_end|> end"
 
@@ -66,3 +67,75 @@ def test_a_damaged_entry_builds_anew(ckpt, tmp_path):
     (entry,) = (tmp_path / "cache" / "tokenizer").iterdir()
     entry.write_bytes(entry.read_bytes()[:100])  # cut short
     _same(Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity), built)
+
+
+def _rebuilds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the builds from the file's metadata from now on."""
+    calls: list[int] = []
+    build = gguf_vocab.build_from_gguf
+
+    def counted(md):
+        calls.append(1)
+        return build(md)
+
+    monkeypatch.setattr(gguf_vocab, "build_from_gguf", counted)
+    return calls
+
+
+def test_the_kept_form_is_read_without_a_tokenizer_json(ckpt, monkeypatch):
+    built = Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+    builds = _rebuilds(monkeypatch)
+
+    class NoJson:
+        @staticmethod
+        def from_str(text):
+            raise AssertionError("read back from its JSON")
+
+    monkeypatch.setattr(core, "HFTokenizer", NoJson)
+    kept = Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+    assert not builds
+    assert kept.backend.to_str() == built.backend.to_str()  # model, parts and added tokens
+    assert kept.max_id == built.max_id == Tokenizer.from_gguf_metadata(ckpt.metadata).max_id
+    _same(kept, built)
+
+
+@pytest.mark.parametrize("damage", ["merges cut short", "an added token's id", "unknown form",
+                                    "a part's state", "not a dict"])
+def test_a_kept_form_that_does_not_rebuild_as_kept_builds_anew(ckpt, tmp_path, monkeypatch,
+                                                               damage):
+    built = Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+    (entry,) = (tmp_path / "cache" / "tokenizer").iterdir()
+    whole = load_pickle(entry)
+    form = whole["tokenizer"]
+    if damage == "merges cut short":
+        form["merges"] = form["merges"][:-4]
+    elif damage == "an added token's id":
+        form["added"][0] = (form["added"][0][0] + 1, form["added"][0][1])
+    elif damage == "unknown form":
+        form["form"] = kept_form.FORM + 1
+    elif damage == "a part's state":
+        form["parts"]["decoder"] = b"not a pickle"
+    else:
+        whole["tokenizer"] = ["not", "a", "dict"]
+    save_pickle(entry, whole)
+    builds = _rebuilds(monkeypatch)
+    again = Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+    assert builds == [1]
+    _same(again, built)
+    assert again.backend.to_str() == built.backend.to_str()
+
+
+def test_merges_split_at_once_or_one_by_one_alike():
+    merges = ["a b", "ab c", "Ġ t", "Ġt he"]
+    assert gguf_vocab._merge_pairs(merges) == [("a", "b"), ("ab", "c"), ("Ġ", "t"), ("Ġt", "he")]
+    odd = ["a b c", "d e"]  # a space inside a piece: split at the first, as before
+    assert gguf_vocab._merge_pairs(odd) == [("a", "b c"), ("d", "e")]
+    assert gguf_vocab._merge_pairs(["ab", "c d e"]) == [("ab",), ("c", "d e")]
+
+
+def test_metadata_lists_made_plain_at_once_or_one_by_one_alike():
+    bad = "ok\udcff"  # invalid UTF-8 kept by a reader as a surrogate escape
+    assert core._plain(["a", "b"]) == ["a", "b"]
+    assert core._plain(["a", bad]) == ["a", "ok\ufffd"]
+    assert core._plain([1, 2.5, True]) == [1, 2.5, True]
+    assert core._plain([b"x", "y"]) == ["x", "y"]

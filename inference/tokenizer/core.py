@@ -15,6 +15,7 @@ from tokenizers import pre_tokenizers
 from inference.errors import CorruptModelError, ModelNotFoundError
 from inference.formats.cache import key_path, load_pickle, save_pickle
 from inference.tokenizer import gguf_vocab
+from inference.tokenizer import kept as kept_form
 from inference.tokenizer.stream import StreamDecoder
 
 # Control tokens that end a turn in the chat formats we know; a model that emits one is done,
@@ -26,9 +27,9 @@ END_OF_TURN = frozenset({
 })
 
 # A kept GGUF tokenizer (Tokenizer.from_gguf_metadata) is read back only under the same
-# version: of this conversion (raise it when gguf_vocab builds tokenizers differently) and of
-# the tokenizers library that serialized it.
-_CACHE_VERSION = f"1|tokenizers {tokenizers_version}"
+# version: of this conversion (raise it when gguf_vocab builds tokenizers differently), of
+# the kept form (kept.FORM) and of the tokenizers library that serialized it.
+_CACHE_VERSION = f"1|form {kept_form.FORM}|tokenizers {tokenizers_version}"
 MIN_CACHED_TOKENS = 4096  # smaller vocabularies build in milliseconds: not worth a file
 
 
@@ -123,24 +124,25 @@ class Tokenizer:
         """From a GGUF file's raw key/values (``tokenizer.ggml.*``, original key names).
 
         ``identity`` (the file's, :attr:`Checkpoint.identity`): the tokenizer is kept in
-        the weight cache (:mod:`inference.formats.cache`) under it and read back by later
-        loads of the same file, skipping the conversion of the vocabulary to Python and
-        the Python passes over it (SmolLM2's 49k tokens: ~3x faster; a 128k-token Llama 3
-        vocabulary ~1.6x, the rest building the merges table)."""
+        the weight cache (:mod:`inference.formats.cache`) under it, in the form of
+        :mod:`.kept`, and read back by later loads of the same file, skipping the Python
+        passes over the vocabulary and the parse of a tokenizer.json."""
         tokens = metadata.get("tokenizer.ggml.tokens")
         big = tokens is not None and len(tokens) >= MIN_CACHED_TOKENS
         path = key_path("tokenizer", f"{identity}|{_CACHE_VERSION}") if identity and big \
             else None
         kept = load_pickle(path)
-        if isinstance(kept, dict) and kept.get("version") == _CACHE_VERSION:
+        backend = kept_form.restore(kept.get("tokenizer")) if isinstance(kept, dict) \
+            and kept.get("version") == _CACHE_VERSION else None
+        if backend is not None:
             try:
-                tok = cls(HFTokenizer.from_str(kept["json"]), **kept["args"])
-            except Exception:  # tokenizers raises plain Exception: a damaged entry, rebuilt
+                tok = cls(backend, **kept["args"])
+            except (KeyError, TypeError, ValueError, AttributeError):  # a damaged entry: rebuilt
                 pass
             else:
                 if isinstance(kept.get("max_id"), int):  # kept by the load that built it
                     tok._max_id = kept["max_id"]
-                else:  # an entry from before max_id was kept: added once
+                else:  # an entry without max_id: added once
                     save_pickle(path, {**kept, "max_id": tok.max_id})
                 return tok
         md = {k: _plain(v) for k, v in metadata.items()
@@ -160,9 +162,12 @@ class Tokenizer:
                 "pad_token": text("padding_token_id"), "unk_token": text("unknown_token_id"),
                 "extra_eos_ids": extra, "chat_template": md.get("tokenizer.chat_template")}
         tok = cls(backend, **args)
-        if path is not None:  # max_id too: reading it walks the whole vocabulary
-            save_pickle(path, {"version": _CACHE_VERSION, "json": backend.to_str(),
-                               "args": args, "max_id": tok.max_id})
+        # The largest id: the model's vocabulary's or an added token's.
+        tok._max_id = max(max(info["model"].vocab.values(), default=-1),
+                          max(tok._added, default=-1))
+        if path is not None:  # max_id too: reading it from the backend walks the vocabulary
+            save_pickle(path, {"version": _CACHE_VERSION, "args": args, "max_id": tok.max_id,
+                               "tokenizer": kept_form.dump(backend, info["model"])})
         return tok
 
     @classmethod
@@ -335,10 +340,22 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, list | tuple):
+        kinds = set(map(type, value))
+        if kinds <= {int, float, bool}:
+            return list(value)
+        if kinds == {str} and _valid_utf8("".join(value)):  # a vocabulary: checked at once
+            return list(value)
         return [_plain(v) for v in value]
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:  # invalid UTF-8 kept by the reader as surrogate escapes
-            return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(value, str) and not _valid_utf8(value):
+        # invalid UTF-8 kept by the reader as surrogate escapes
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     return value
+
+
+def _valid_utf8(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (holds no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

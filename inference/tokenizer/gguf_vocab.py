@@ -21,13 +21,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from itertools import repeat
 from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers.models import BPE, WordPiece
 
 from inference.errors import CorruptModelError, UnsupportedModelError
+from inference.tokenizer.kept import ModelRecipe
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -113,7 +114,8 @@ def check_supported(md: Mapping[str, Any]) -> None:
 
 
 def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]:
-    """A tokenizers.Tokenizer and facts about it (kind, add_bos, ...) from GGUF metadata."""
+    """A tokenizers.Tokenizer and facts about it (kind, add_bos, ..., and under "model"
+    the :class:`ModelRecipe` of its model) from GGUF metadata."""
     check_supported(md)
     model = md.get("tokenizer.ggml.model")
     tokens = list(md.get("tokenizer.ggml.tokens") or [])
@@ -124,8 +126,8 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
         raise CorruptModelError(
             f"This GGUF file lists {len(tokens)} tokens but {len(types)} token types.")
     if model == "bert":
-        tk = _wordpiece(md, tokens, types)
-        info = {"kind": "generic", "strip_space": False,
+        tk, recipe = _wordpiece(md, tokens, types)
+        info = {"kind": "generic", "strip_space": False, "model": recipe,
                 "add_bos": bool(md.get("tokenizer.ggml.add_bos_token", True)),
                 "add_eos": bool(md.get("tokenizer.ggml.add_eos_token", True))}
         cls = md.get("tokenizer.ggml.cls_token_id", md.get("tokenizer.ggml.bos_token_id"))
@@ -135,16 +137,17 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
             eos=(tokens[int(sep)], int(sep)) if info["add_eos"] and sep is not None else None)
         return tk, info
     if model == "gpt2":
-        tk, info = _byte_level_bpe(md, tokens, types), {"kind": "byte_level", "strip_space": False}
+        tk, recipe = _byte_level_bpe(md, tokens, types)
+        info = {"kind": "byte_level", "strip_space": False, "model": recipe}
         default_bos = md.get("tokenizer.ggml.pre") in LLAMA3_PRE
     else:  # "llama"
         add_space = bool(md.get("tokenizer.ggml.add_space_prefix", True))
         # Phi-3 (llama.cpp and transformers alike) puts the space in front of every piece of
         # text, after each added token too; the others once, in front of the whole text.
         each = add_space and md.get("general.architecture") == "phi3"
-        tk, info = _sentencepiece_bpe(md, tokens, types, add_space, each), {
-            "kind": "sentencepiece", "strip_space": add_space,
-            "prefix_space": add_space and not each}
+        tk, recipe = _sentencepiece_bpe(md, tokens, types, add_space, each)
+        info = {"kind": "sentencepiece", "strip_space": add_space, "model": recipe,
+                "prefix_space": add_space and not each}
         default_bos = True  # llama.cpp and transformers add BOS unless the file says not to
     info["add_bos"] = bool(md.get("tokenizer.ggml.add_bos_token", default_bos))
     info["add_eos"] = bool(md.get("tokenizer.ggml.add_eos_token", False))
@@ -152,24 +155,26 @@ def build_from_gguf(md: Mapping[str, Any]) -> tuple[HFTokenizer, dict[str, Any]]
     return tk, info
 
 
-def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) -> HFTokenizer:
+def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]
+                    ) -> tuple[HFTokenizer, ModelRecipe]:
     pre = str(md.get("tokenizer.ggml.pre") or "default")
     splits = PRE_TOKENIZER_SPLITS[pre]  # known: check_supported ran
     merges = md.get("tokenizer.ggml.merges")
     if not merges:
         raise CorruptModelError("This GGUF file's BPE tokenizer lists no merges.")
-    alphabet = set(byte_alphabet().values())
+    outside = _outside_byte_alphabet()
     spell = byte_alphabet()
-    vocab: dict[str, int] = {}
-    for i, tok in enumerate(tokens):
-        # Real BPE tokens are spelled in the byte alphabet; anything else (a raw added token
-        # such as "<think>" with a space) is respelled so the vocabulary stays consistent.
-        key = tok if set(tok) <= alphabet else "".join(spell[b] for b in tok.encode("utf-8"))
-        vocab.setdefault(key, i)
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    # Real BPE tokens are spelled in the byte alphabet; anything else (a raw added token
+    # such as "<think>" with a space) is respelled so the vocabulary stays consistent.
+    keys = tokens if not outside.search("".join(tokens)) else [
+        tok if not outside.search(tok) else "".join(spell[b] for b in tok.encode("utf-8"))
+        for tok in tokens]
+    # The first id of a piece listed twice, as dict.setdefault would keep.
+    vocab = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+    recipe = ModelRecipe("BPE", vocab, _merge_pairs(merges), {
+        "fuse_unk": False, "byte_fallback": False, "ignore_merges": pre in LLAMA3_PRE})
     try:
-        tk = HFTokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False,
-                             ignore_merges=pre in LLAMA3_PRE))
+        tk = HFTokenizer(recipe.build())
     except Exception as e:  # tokenizers raises plain Exception for merges of unknown tokens
         raise CorruptModelError(f"This GGUF file's BPE merges do not fit its vocabulary "
                                 f"({str(e).splitlines()[0] if str(e) else e!r}).") from None
@@ -180,12 +185,27 @@ def _byte_level_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int]) 
     # A control token spelled outside the byte alphabet is a converter's mislabel, as
     # transformers also judges; user-defined ones are matched whole, as llama.cpp does.
     _add_tokens(tk, tokens, types, special_types={CONTROL}, plain_types={USER_DEFINED},
-                keep=lambda t: set(t) <= alphabet)
-    return tk
+                keep=lambda t: not outside.search(t))
+    return tk, recipe
+
+
+@lru_cache(maxsize=1)
+def _outside_byte_alphabet() -> re.Pattern[str]:
+    """Matches a character GPT-2's byte alphabet does not have."""
+    return re.compile("[^" + re.escape("".join(byte_alphabet().values())) + "]")
+
+
+def _merge_pairs(merges: Sequence[str]) -> list[tuple[str, str]]:
+    """``"left right"`` merges as (left, right) pairs."""
+    if list(map(str.count, merges, repeat(" "))).count(1) == len(merges):
+        parts = " ".join(merges).split(" ")  # one space in each, the usual case: split at once
+        return list(zip(parts[0::2], parts[1::2], strict=True))
+    return [tuple(m.split(" ", 1)) for m in merges]
 
 
 def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int],
-                       add_space: bool, space_each: bool = False) -> HFTokenizer:
+                       add_space: bool, space_each: bool = False
+                       ) -> tuple[HFTokenizer, ModelRecipe]:
     scores = list(md.get("tokenizer.ggml.scores") or [])
     if len(scores) != len(tokens):
         raise CorruptModelError(
@@ -203,9 +223,9 @@ def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int
     if unk_id is None:
         unk_id = next((i for i, t in enumerate(types) if t == UNKNOWN), None)
     unk = tokens[int(unk_id)] if unk_id is not None else None
-    merges = _merges_from_scores(tokens, scores, types, vocab)
-    tk = HFTokenizer(BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True,
-                         byte_fallback=True))
+    recipe = ModelRecipe("BPE", vocab, _merges_from_scores(tokens, scores, types, vocab),
+                         {"unk_token": unk, "fuse_unk": True, "byte_fallback": True})
+    tk = HFTokenizer(recipe.build())
     # SentencePiece writes spaces as U+2581 and does not split on them. Its dummy prefix is
     # added by Tokenizer.encode, not by Metaspace: Metaspace skips it when the text already
     # starts with a space, where SentencePiece (and llama.cpp) add it all the same.
@@ -221,7 +241,7 @@ def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int
     tk.decoder = decoders.Sequence(steps)
     _add_tokens(tk, tokens, types, special_types={CONTROL, UNKNOWN}, plain_types={USER_DEFINED},
                 keep=lambda t: True, rstrip=_rstrip_tokens(md))
-    return tk
+    return tk, recipe
 
 
 def _rstrip_tokens(md: Mapping[str, Any]) -> frozenset[str]:
@@ -238,7 +258,8 @@ def _rstrip_tokens(md: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(added - {"<unk>", "<s>", "<|endoftext|>"})
 
 
-def _wordpiece(md: Mapping[str, Any], tokens: list[str], types: list[int]) -> HFTokenizer:
+def _wordpiece(md: Mapping[str, Any], tokens: list[str], types: list[int]
+               ) -> tuple[HFTokenizer, ModelRecipe]:
     """BERT's tokenizer from llama.cpp's "phantom space" vocabulary (see the module docstring)."""
     vocab: dict[str, int] = {}
     for i, (tok, ty) in enumerate(zip(tokens, types, strict=True)):
@@ -248,15 +269,16 @@ def _wordpiece(md: Mapping[str, Any], tokens: list[str], types: list[int]) -> HF
     unk_id = md.get("tokenizer.ggml.unknown_token_id")
     if unk_id is None or not 0 <= int(unk_id) < len(tokens):
         raise CorruptModelError("This GGUF file's WordPiece vocabulary names no unknown token.")
-    tk = HFTokenizer(WordPiece(vocab=vocab, unk_token=tokens[int(unk_id)],
-                               continuing_subword_prefix="##"))
+    recipe = ModelRecipe("WordPiece", vocab, (), {"unk_token": tokens[int(unk_id)],
+                                                  "continuing_subword_prefix": "##"})
+    tk = HFTokenizer(recipe.build())
     tk.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
                                                strip_accents=True, lowercase=True)
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tk.decoder = decoders.WordPiece(prefix="##")
     _add_tokens(tk, tokens, types, special_types={CONTROL, UNKNOWN}, plain_types={USER_DEFINED},
                 keep=lambda t: True)
-    return tk
+    return tk, recipe
 
 
 def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int],
