@@ -50,3 +50,45 @@ def test_prepare_tells_the_head_types_from_the_layers():
     # A model without an embed_tokens table: every loaded type, as before.
     b.weight(zero_weight("Q4_1"))
     assert b._weight_roles(SimpleNamespace()) == ({"Q8_0", "Q4_1", "F32"}, set(), None)
+
+
+LOCK_SCRIPT = r"""
+import numpy as np
+from llvmlite import binding as llvm
+from llvmlite.binding import ffi
+from numba.core import event
+
+from inference.backends.cpu import fused
+
+
+class Count(event.Listener):
+    n = 0
+
+    def on_start(self, ev):
+        Count.n += 1
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:llvm_lock", Count())
+callbacks = list(ffi.lib._lock._cblist)
+x = np.ones((3, 64), np.float32)
+fused.rms_norm_rows(x, np.ones(64, np.float32), 1e-6, np.empty_like(x))
+during = Count.n
+llvm.get_process_triple()  # an LLVM call after the load: numba's callbacks are back
+print("hits", sum(fused.rms_norm_rows.stats.cache_hits.values()), "during", during,
+      "after", Count.n - during, "same", ffi.lib._lock._cblist == callbacks)
+"""
+
+
+def test_a_cached_kernel_loads_without_numbas_llvm_lock_events() -> None:
+    """numba raises two events around every LLVM call (to time compiles); a cached load's
+    few hundred calls raise none, and the callbacks are back once it is loaded."""
+    out = subprocess.run([sys.executable, "-c", LOCK_SCRIPT], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    hits, during, after, same = out.stdout.split()[1::2]
+    assert same == "True" and int(after) >= 1, out.stdout
+    # A tree whose kernels are not compiled yet compiles this one: events run then.
+    assert int(during) == 0 or int(hits) == 0, out.stdout
