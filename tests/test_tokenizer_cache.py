@@ -3,6 +3,7 @@ instead of building it, tokenizes alike, and any other file or a damaged entry b
 
 from __future__ import annotations
 
+from collections import UserList
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,5 @@ def test_metadata_lists_made_plain_at_once_or_one_by_one_alike():
     assert core._plain(["a", bad]) == ["a", "ok\ufffd"]
     assert core._plain([1, 2.5, True]) == [1, 2.5, True]
     assert core._plain([b"x", "y"]) == ["x", "y"]
+    lazy = UserList(["a", bad])  # a reader's sequence that is not a list
+    assert core._plain(lazy) == ["a", "ok\ufffd"] and type(core._plain(lazy)) is list

@@ -339,7 +339,7 @@ def _plain(value: Any) -> Any:
         return bytes(value).decode("utf-8", errors="replace")
     if hasattr(value, "tolist"):
         value = value.tolist()
-    if isinstance(value, list | tuple):
+    if isinstance(value, Sequence) and not isinstance(value, str):  # lists, lazy arrays
         kinds = set(map(type, value))
         if kinds <= {int, float, bool}:
             return list(value)
