@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inference.backends import select_backend
-from inference.backends.base import Backend, OpProfiler, keep_freed_heap, trim_host_heap
+from inference.backends.base import (
+    Backend,
+    OpProfiler,
+    keep_freed_heap,
+    release_library_pages,
+    trim_host_heap,
+)
 from inference.embed import BatchLimits, Pipeline, declares_pooling, embed_ids
 from inference.errors import (
     ContextOverflowError,
@@ -372,4 +378,5 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     del ckpt  # its views and temporaries go now
     trim_host_heap()
     keep_freed_heap()  # from here on, reuse what inference frees (prefill's temporaries)
+    release_library_pages()  # the kernels are loaded: the compiler's code pages go
     return model

@@ -189,6 +189,53 @@ def keep_freed_heap(keep: int = HEAP_KEEP_BYTES) -> bool:
 
 _libc: Any = None
 
+_MADV_DONTNEED = 4
+# Libraries whose code runs only while kernels compile or load (numba's LLVM: 68 MiB of
+# resident code pages once a model's kernels are loaded from the cache, none of it read by
+# a reply whose kernels are all loaded).
+LOAD_ONLY_LIBRARIES = ("libllvmlite",)
+
+
+def release_library_pages(prefixes: Sequence[str] = LOAD_ONLY_LIBRARIES) -> int:
+    """Unmap the resident pages of the shared libraries whose file names start with one of
+    ``prefixes`` (Linux, glibc; else a no-op) and return how many bytes were resident.
+
+    Only mappings that cannot be written and hold no private copy of a page (smaps'
+    ``Anonymous: 0``) are touched: each page is the file's, so a later call into the
+    library faults it in again from the file, unchanged (the page cache still holds it
+    until the OS needs the room)."""
+    lib = _glibc()
+    if lib is None:
+        return 0
+    try:
+        with open("/proc/self/smaps") as f:
+            text = f.read()
+    except OSError:
+        return 0
+    import ctypes
+
+    spans: list[tuple[int, int, int]] = []
+    start = end = rss = 0
+    wanted = False
+    for line in text.splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = head[0].split("-")
+            start, end = int(lo, 16), int(hi, 16)
+            name = head[5].rsplit("/", 1)[-1] if len(head) > 5 else ""
+            wanted = "w" not in head[1] and name.startswith(tuple(prefixes))
+            rss = 0
+        elif wanted and head[:1] == ["Rss:"]:
+            rss = int(head[1]) << 10
+        elif wanted and head[:1] == ["Anonymous:"] and head[1] == "0" and rss:
+            spans.append((start, end, rss))
+    lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    released = 0
+    for lo, hi, rss in spans:
+        if lib.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) == 0:
+            released += rss
+    return released
+
 
 class TokenSampler:
     """Samples one generation's tokens: what :func:`inference.generate.generate_step` calls.

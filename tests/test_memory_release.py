@@ -1,0 +1,54 @@
+"""Once a model's kernels are loaded, the compiler's code pages (numba's LLVM) leave the
+process's resident memory; a later compile faults them in again and works."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from inference.backends.base import _glibc, release_library_pages
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or _glibc() is None, reason="smaps, glibc's madvise")
+
+
+def read_only_resident_kb(prefix: str) -> int:
+    """Resident kB of this process's read-only mappings of libraries named ``prefix``..."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            name = head[5].rsplit("/", 1)[-1] if len(head) > 5 else ""
+            inside = name.startswith(prefix) and "w" not in head[1]
+        elif inside and head[:1] == ["Rss:"]:
+            total += int(head[1])
+    return total
+
+
+def compile_one(constant: int) -> int:
+    """A new function through numba's LLVM (never cached): runs the compiler's code."""
+    import numba
+
+    @numba.njit(cache=False)
+    def add(x):
+        return x + constant
+
+    return add(1)
+
+
+def test_the_compilers_pages_go_and_come_back_when_used():
+    assert compile_one(2) == 3
+    before = read_only_resident_kb("libllvmlite")
+    assert before > 4 << 10  # the compiler ran: megabytes of its code are resident
+    released = release_library_pages()
+    after = read_only_resident_kb("libllvmlite")
+    assert released >= (before - after) << 10 > 0
+    assert after < before // 4
+    assert compile_one(5) == 6  # the library works again, its pages read from the file
+    assert read_only_resident_kb("libllvmlite") > after
+
+
+def test_a_library_not_named_keeps_its_pages():
+    before = read_only_resident_kb("libpython")
+    release_library_pages(("libllvmlite",))
+    assert read_only_resident_kb("libpython") >= before * 0.9
