@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from inference.backends.base import trim_host_heap
 from inference.errors import CancelledError, NumericalError
 from inference.events import DoneEvent, GenerationEvent, TokenEvent
 from inference.models.protocol import CausalModel
@@ -221,6 +222,11 @@ def stream_generate(
             yield from gen.push(tok)
     finally:
         steps.close()
-    yield from gen.close(memory=model.B.memory(),
-                         n_cached=prompt_cache.reused if prompt_cache is not None else 0,
-                         threads=model.B.threads())
+    try:
+        yield from gen.close(memory=model.B.memory(),
+                             n_cached=prompt_cache.reused if prompt_cache is not None else 0,
+                             threads=model.B.threads())
+    finally:
+        # The prefill's freed temporaries (up to keep_freed_heap's 256 MB after a long
+        # prompt) go back to the OS once the reply is out; within a prefill they are reused.
+        trim_host_heap()

@@ -95,3 +95,22 @@ def test_profile_records_op_times(smollm2):
     _, done = run(smollm2, prompt="Hi", max_tokens=2, sampling=GREEDY, profile=True)
     assert {"linear", "attention", "rms_norm"} <= set(done.op_times_s)
     assert "linear" not in vars(smollm2.backend)  # profiling off again: no shadows left
+
+
+def test_freed_heap_goes_back_once_the_reply_is_out(smollm2, monkeypatch):
+    """A prefill's freed temporaries stay for reuse within the reply (keep_freed_heap) and
+    are returned to the OS after its DoneEvent, also when the reader stops there."""
+    import inference.generate as gen_module
+
+    seen: list[str] = []
+    monkeypatch.setattr(gen_module, "trim_host_heap", lambda: seen.append("trim"))
+    for ev in smollm2.generate(prompt="Hello", max_tokens=3, sampling=GREEDY):
+        seen.append(type(ev).__name__)
+    assert seen[-2:] == ["DoneEvent", "trim"] and seen.count("trim") == 1
+    seen.clear()
+    events = smollm2.generate(prompt="Hello", max_tokens=3, sampling=GREEDY)
+    for ev in events:
+        if isinstance(ev, DoneEvent):
+            break
+    events.close()
+    assert seen == ["trim"]
