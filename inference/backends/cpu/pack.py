@@ -24,6 +24,10 @@ Other types (Q3_K, Q2_K, F16, BF16, 3/6-bit MLX) stay as raw file bytes (1.0x):
 by NumPy a chunk of rows at a time (slow); they are views of the file's memory map, so
 only the pages read are resident.
 
+A first load packs GGML types with :mod:`.pack_kernels` (one pass over the file's bytes,
+~0.6-1 GB/s a core against NumPy's 0.06-0.3 GB/s; the same bytes as :func:`_pack`, the
+NumPy packing kept as the layout's reference and for MLX).
+
 Packed weights are kept on disk (:class:`PackStore`), in a folder beside the kernel cache
 (:mod:`inference.formats.cache`) keyed by the model file's identity (resolved path, size,
 modification time, a digest of its header) and this layout's version: a model's first load
@@ -63,6 +67,7 @@ from inference.backends.cpu.layout import (
     SUPER_GROUPS,
     SYMMETRIC,
 )
+from inference.backends.cpu.pack_kernels import TYPE_CODES, pack_rows
 from inference.backends.cpu.raw import CODE, dequant_rows, run_size
 from inference.formats.affine import block_groups
 from inference.formats.cache import key_path
@@ -268,10 +273,11 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
 
 
 # --- packing on every free core: which rows pack where --------------------------------------
-# Weights one worker packs at a time: spans of whole tiles of LANES rows, each packed by
-# _pack alone and copied into its place in the tensor's blocks. Rows pack independently,
-# so the bytes are those of one _pack over the whole tensor; NumPy releases the GIL in
-# the large array operations that make up most of the time.
+# Weights one worker packs at a time: spans of whole tiles of LANES rows. GGML types: the
+# span's file bytes written by the kernel (nogil) straight into its tiles of the tensor's
+# blocks; MLX: packed by _pack alone and copied into place (NumPy releases the GIL in the
+# large array operations). Rows pack independently, so the bytes are those of one _pack
+# over the whole tensor.
 SPAN_WEIGHTS = 1 << 21
 SHARED_MIN_WEIGHTS = 1 << 18  # smaller tensors pack in a few ms: on the calling thread
 # While spans pack, threads hand over the GIL after this many seconds (Python's default:
@@ -348,11 +354,16 @@ def _sources(t: TensorData) -> list[tuple[int, np.ndarray]]:
 
 def _pack_shared(t: TensorData, bits: int) -> PackedWeight:
     """:func:`_pack` of ``t``, its spans of rows shared among :func:`pack_workers` threads
-    (one span: packed on this thread)."""
+    (one span: packed on this thread). GGML types are packed by :func:`.pack_kernels.pack_rows`
+    straight from the file's bytes into the tensor's blocks; others (MLX) by :func:`_pack`."""
     n_out, k = t.shape
     workers = pack_workers()
     step = _span_rows(t, workers)
-    if n_out <= step or workers < 2 or n_out * k < SHARED_MIN_WEIGHTS:
+    one = n_out <= step or workers < 2 or n_out * k < SHARED_MIN_WEIGHTS
+    code = TYPE_CODES.get(t.qtype)
+    if code is not None:
+        return _pack_file_rows(t, bits, code, n_out if one else step)
+    if one:
         return _pack(t, bits)
     sources = _sources(t)
     spans = [(r0, min(n_out, r0 + step)) for r0 in range(0, n_out, step)]
@@ -372,6 +383,26 @@ def _pack_shared(t: TensorData, bits: int) -> PackedWeight:
     with _short_switches():
         (bits_, zero, kind), *_ = _span_pool().map(span, spans)
     return PackedWeight(made[0], bits_, zero, (n_out, k), kind)
+
+
+def _pack_file_rows(t: TensorData, bits: int, code: int, step: int) -> PackedWeight:
+    """``t`` (a GGML type of :data:`.pack_kernels.TYPE_CODES`) packed by the kernel, spans of
+    ``step`` rows (whole tiles) on the pool's threads, each writing its own tiles' blocks."""
+    n_out, k = t.shape
+    kind = _kind(t)
+    blocks = np.empty((-(-n_out // LANES) * (k // GROUP), bits + 1, LANES), np.float32)
+    sources = _sources(t)
+
+    def span(rows: tuple[int, int]) -> None:
+        data = np.ascontiguousarray(_rows(t, sources, *rows).data)
+        pack_rows(data.view(np.uint8).reshape(rows[1] - rows[0], -1), code, blocks, rows[0])
+
+    if step >= n_out:
+        span((0, n_out))
+    else:
+        list(_span_pool().map(span, [(r0, min(n_out, r0 + step))
+                                     for r0 in range(0, n_out, step)]))
+    return PackedWeight(blocks, bits, SYMMETRIC_ZERO.get(t.qtype, 0.0), (n_out, k), kind)
 
 
 def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:

@@ -11,9 +11,10 @@ install pays the compiles.
 
 What runs, with the activation mode the backend would use (``INFERDESK_CPU_ACTIVATIONS``):
 each weight type's products at decode (one row, and the two calls a captured step makes)
-and at prefill, then the steps the caller adds (:mod:`inference.warm`: a short generation
-of the bundled chat model and an embedding of the bundled encoder, where installed: the
-norms, RoPE, attention, step replay, sampling). Those load models through the engine
+and at prefill, the packing of every GGML type a first load packs, then the steps the
+caller adds (:mod:`inference.warm`: a short generation of the bundled chat model and an
+embedding of the bundled encoder, where installed: the norms, RoPE, attention, step
+replay, sampling). Those load models through the engine
 above the backends, so this module takes them as arguments instead of importing it.
 """
 
@@ -73,6 +74,16 @@ def products(backend: Any, qtype: str, *, prefill: bool = True, embedding: bool 
         backend._tape = None
 
 
+def packing() -> None:
+    """Every GGML type's packing kernel (:mod:`.pack_kernels`: a model's first load packs
+    its weights with them), on a zero weight of each."""
+    from inference.backends.cpu.pack import pack
+    from inference.backends.cpu.pack_kernels import TYPE_CODES
+
+    for qtype in TYPE_CODES:
+        pack(zero_weight(qtype))
+
+
 def activation(backend: Any, op: str) -> None:
     """The activation op ``op`` (``silu_mul``, ``gelu_tanh_mul``) as a decode step and a
     prefill call it: one row, and rows enough to be shared out."""
@@ -98,6 +109,7 @@ def warm(say: Callable[[str], None] = print, more: Sequence[Step] = ()) -> float
     steps: list[Step] = [
         (f"{q} products", lambda q=q: products(backend, q)) for q in WEIGHT_TYPES]
     steps.append(("GELU-tanh", lambda: activation(backend, "gelu_tanh_mul")))
+    steps.append(("packing", packing))
     steps += more
     for i, (what, run) in enumerate(steps, 1):
         t = time.perf_counter()
