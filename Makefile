@@ -32,9 +32,11 @@ LOCK := requirements/$(if $(filter cuda12 cuda13,$(ACCEL)),$(ACCEL),default).txt
 RUN_EXTRAS := $(ACCEL)
 # The suite's extras; CuPy without a GPU (nvrtc) only where no cuda extra brings it.
 TEST_EXTRAS := test$(if $(ACCEL),$(comma)$(ACCEL))$(if $(filter cuda12 cuda13,$(ACCEL)),,$(comma)nvrtc)
-# No bytecode at install (--no-compile): pip would compile every module of every package
-# (83 MB); Python writes it for the modules that run, at the kernels' warm-up below and at
-# the app's first start.
+# No bytecode for the dependencies at install (--no-compile): pip would compile every module
+# of every package (83 MB); Python writes it for the modules that run. Our own packages are
+# an editable install, which pip never compiles: the kernels' step below compiles them
+# (~1 s the first command would otherwise spend), unless the environment forbids bytecode
+# (PYTHONDONTWRITEBYTECODE).
 PIP_INSTALL = $(PY) -m pip install -q --no-compile -c $(LOCK)
 
 .PHONY: run test lint lock clean clean-models fuzz
@@ -59,6 +61,7 @@ $(MODELS_STAMP): | $(STAMP)
 	touch $@
 
 $(KERNELS): $(STAMP) $(MODELS_STAMP) inference/warm.py $(wildcard inference/backends/cpu/*.py)
+	test -n "$$PYTHONDONTWRITEBYTECODE" || $(PY) -m compileall -q gui inference kernels
 	$(PY) -m inference.warm
 	touch $(KERNELS)
 
