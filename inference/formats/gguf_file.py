@@ -156,9 +156,9 @@ class GGUFHeader:
     """A GGUF file's parsed header: its key/values and its tensor directory, no tensor data.
 
     ``metadata`` holds every key/value under its own name: strings as ``str``, numbers as
-    Python scalars, string arrays as ``list[str]`` (invalid UTF-8 kept with
-    ``surrogateescape``), numeric arrays as read-only ``np.ndarray`` (copies, not views of
-    the file)."""
+    Python scalars, string arrays as :class:`.gguf_reader.StringArray` (a list of ``str``
+    decoded at its first read; invalid UTF-8 kept with ``surrogateescape``), numeric arrays
+    as read-only ``np.ndarray`` (copies, not views of the file)."""
 
     metadata: dict[str, Any]
     tensors: tuple[_TensorEntry, ...]

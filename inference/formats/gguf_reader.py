@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import struct
 import sys
+from collections import UserList
 from pathlib import Path
 from typing import Any
 
@@ -66,20 +67,44 @@ class _Reader(GGUFReader):
             raise ValueError(f"array length {length} does not fit in the file")
         offs = orig_offs + 12
         if item_type == _STRING:
-            size, strings = self._strings(offs, length)
-            parts: list[Any] = [raw_itype, alen, *strings]
+            if self._nested:  # inside an array of arrays: the reader's parts, a string each
+                size, strings = self._strings(offs, length)
+                parts: list[Any] = [raw_itype, alen, *strings]
+                data = list(range(2, 2 + length))
+            else:  # one part, the array's bytes: decoded at first use (StringArray)
+                size = self._extent(offs, length)
+                parts, data = [raw_itype, alen, self._data[offs:offs + size]], [2]
             types = [GGUFValueType.ARRAY, GGUFValueType.STRING] if length else [
                 GGUFValueType.ARRAY]
-            return offs - orig_offs + size, parts, list(range(2, 2 + length)), types
+            return offs - orig_offs + size, parts, data if length else [], types
         nptype = self.gguf_scalar_to_np.get(GGUFValueType(item_type))
         if nptype is None:  # nested arrays: rare and short, the reader's own walk
-            return super()._get_field_parts(orig_offs, raw_type)
+            self._nested += 1
+            try:
+                return super()._get_field_parts(orig_offs, raw_type)
+            finally:
+                self._nested -= 1
         values = self._get(offs, nptype, length)
         if len(values) != length:
             raise ValueError(f"array of {length} values does not fit in the file")
         types = [GGUFValueType.ARRAY, GGUFValueType(item_type)] if length else [
             GGUFValueType.ARRAY]
         return 12 + int(values.nbytes), [raw_itype, alen, values], [2] if length else [], types
+
+    _nested = 0  # arrays of arrays being read
+
+    def _extent(self, offs: int, count: int) -> int:
+        """Bytes of ``count`` length-prefixed strings from ``offs`` (lengths checked)."""
+        buf = memoryview(self._data)
+        unpack = _U64[self.byte_order].unpack_from
+        end, pos = len(buf), offs
+        for _ in range(count):
+            if pos + 8 > end:
+                raise ValueError("a string length does not fit in the file")
+            pos += 8 + unpack(buf, pos)[0]
+        if pos > end:
+            raise ValueError("a string does not fit in the file")
+        return pos - offs
 
     def _strings(self, offs: int, count: int) -> tuple[int, list[memoryview]]:
         """``count`` length-prefixed strings from ``offs``: their bytes and memoryviews of them.
@@ -141,6 +166,10 @@ def field_value(f: Any) -> Any:
         if len(types) == 1:  # empty array: no element type recorded
             return []
         if types[-1] == GGUFValueType.STRING:
+            blob = f.parts[f.data[0]]
+            if isinstance(blob, np.ndarray):  # the array's bytes (_Reader), after its length
+                alen = f.parts[f.data[0] - 1]
+                return StringArray(blob.tobytes(), int(alen[0]), not alen.dtype.isnative)
             return [str(f.parts[i], "utf-8", "surrogateescape") for i in f.data]
         if types[-1] == GGUFValueType.ARRAY:  # nested arrays: rare, keep the reader's view
             return f.contents()
@@ -153,6 +182,64 @@ def field_value(f: Any) -> Any:
     if types[0] == GGUFValueType.STRING:
         return bytes(f.parts[-1]).decode("utf-8", "surrogateescape")
     return f.parts[-1].tolist()[0]
+
+
+class StringArray(UserList):
+    """A GGUF array of strings (the vocabulary's tokens, its merges), kept as the file's
+    bytes and decoded to ``str`` (invalid UTF-8 kept with ``surrogateescape``) the first
+    time an item is read: reading a header, listing a model or loading one whose tokenizer
+    is cached never decodes its 128k-400k strings, and the header pickles as one bytes
+    object. ``len`` needs no decoding. Behaves as the list it decodes to (slices,
+    ``+`` and copies are plain lists)."""
+
+    def __init__(self, blob: bytes, count: int, swapped: bool = False) -> None:
+        self._blob, self._count, self._swapped = blob, count, swapped
+        self._items: list[str] | None = None
+
+    @property  # type: ignore[override]
+    def data(self) -> list[str]:
+        if self._items is None:
+            self._items = _decode_strings(self._blob, self._count, self._swapped)
+        return self._items
+
+    @data.setter
+    def data(self, value: list[str]) -> None:
+        self._items = list(value)
+
+    def __len__(self) -> int:
+        return self._count if self._items is None else len(self._items)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.data[i]
+
+    def __add__(self, other: Any) -> list[str]:
+        return self.data + list(other)
+
+    def __radd__(self, other: Any) -> list[str]:
+        return list(other) + self.data
+
+    def __mul__(self, n: int) -> list[str]:
+        return self.data * n
+
+    __rmul__ = __mul__
+
+    def copy(self) -> list[str]:
+        return list(self.data)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._items is not None and len(self._items) != self._count:  # changed: as a list
+            return (list, (self._items,))
+        return (StringArray, (self._blob, self._count, self._swapped))
+
+
+def _decode_strings(blob: bytes, count: int, swapped: bool) -> list[str]:
+    u64 = _U64["S" if swapped else "I"].unpack_from
+    out, pos = [], 0
+    for _ in range(count):
+        (n,) = u64(blob, pos)
+        out.append(str(blob[pos + 8:pos + 8 + n], "utf-8", "surrogateescape"))
+        pos += 8 + n
+    return out
 
 
 def describe_error(e: Exception) -> str:
