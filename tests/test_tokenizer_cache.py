@@ -13,6 +13,7 @@ from inference.formats.cache import load_pickle, save_pickle
 from inference.store import resolve
 from inference.tokenizer import Tokenizer, core, gguf_vocab
 from inference.tokenizer import kept as kept_form
+from inference.tokenizer.gguf_meta import read_metadata
 
 TEXT = "Hello, <|im_start|>user\nünïcode 123   spaces\n\n<|im_end|> end"
 
@@ -142,3 +143,20 @@ def test_metadata_lists_made_plain_at_once_or_one_by_one_alike():
     assert core._plain([b"x", "y"]) == ["x", "y"]
     lazy = UserList(["a", bad])  # a reader's sequence that is not a list
     assert core._plain(lazy) == ["a", "ok\ufffd"] and type(core._plain(lazy)) is list
+
+
+GOLDENS = Path(__file__).resolve().parent / "goldens"
+
+
+@pytest.mark.parametrize("name", ["families/phi3/tokenizer.gguf",  # SentencePiece BPE
+                                  "embedders/bert_bge.gguf"])  # WordPiece
+def test_other_kinds_read_back_from_their_kept_form(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERDESK_WEIGHT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(core, "MIN_CACHED_TOKENS", 0)  # these vocabularies are cut short
+    md = read_metadata(GOLDENS / name)
+    built = Tokenizer.from_gguf_metadata(md, f"test|{name}")
+    builds = _rebuilds(monkeypatch)
+    kept = Tokenizer.from_gguf_metadata(md, f"test|{name}")
+    assert not builds
+    assert kept.backend.to_str() == built.backend.to_str()
+    _same(kept, built)

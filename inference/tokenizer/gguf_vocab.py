@@ -19,9 +19,10 @@ Token types follow llama.cpp: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
@@ -223,8 +224,9 @@ def _sentencepiece_bpe(md: Mapping[str, Any], tokens: list[str], types: list[int
     if unk_id is None:
         unk_id = next((i for i, t in enumerate(types) if t == UNKNOWN), None)
     unk = tokens[int(unk_id)] if unk_id is not None else None
-    recipe = ModelRecipe("BPE", vocab, _merges_from_scores(tokens, scores, types, vocab),
-                         {"unk_token": unk, "fuse_unk": True, "byte_fallback": True})
+    merges, merge_ids = _merges_from_scores(tokens, scores, types, vocab)
+    recipe = ModelRecipe("BPE", vocab, merges,
+                         {"unk_token": unk, "fuse_unk": True, "byte_fallback": True}, merge_ids)
     tk = HFTokenizer(recipe.build())
     # SentencePiece writes spaces as U+2581 and does not split on them. Its dummy prefix is
     # added by Tokenizer.encode, not by Metaspace: Metaspace skips it when the text already
@@ -282,9 +284,10 @@ def _wordpiece(md: Mapping[str, Any], tokens: list[str], types: list[int]
 
 
 def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int],
-                        vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+                        vocab: Mapping[str, int]) -> tuple[list[tuple[str, str]], array]:
     """SentencePiece BPE merges the pair whose joined piece scores highest; as ranked merges
-    that is every split of every normal piece into two vocabulary pieces, best score first."""
+    that is every split of every normal piece into two vocabulary pieces, best score first.
+    The merges as pairs of pieces, and as their ids (left, right, left, ...)."""
     mergeable = {t for t, ty in zip(tokens, types, strict=True) if ty == NORMAL}
     found: list[tuple[float, int, int, str, str]] = []
     for tok, score, ty in zip(tokens, scores, types, strict=True):
@@ -295,7 +298,8 @@ def _merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: S
             if left in mergeable and right in mergeable:
                 found.append((-float(score), vocab[left], vocab[right], left, right))
     found.sort()
-    return [(left, right) for _, _, _, left, right in found]
+    ids = array("I", chain.from_iterable((a, b) for _, a, b, _, _ in found))
+    return [(left, right) for _, _, _, left, right in found], ids
 
 
 def _add_tokens(tk: HFTokenizer, tokens: list[str], types: list[int], *, special_types: set[int],

@@ -33,12 +33,14 @@ _MODELS = {"BPE": BPE, "WordPiece": WordPiece}
 @dataclass
 class ModelRecipe:
     """What a tokenizers model was built from: ``kind`` ("BPE" or "WordPiece"), the
-    vocabulary (piece -> id), BPE's merges as pairs of pieces, and the other arguments."""
+    vocabulary (piece -> id), BPE's merges as pairs of pieces, and the other arguments;
+    ``merge_ids``, where the builder has them: the merges' piece ids (left, right, ...)."""
 
     kind: str
     vocab: Mapping[str, int]
     merges: Sequence[tuple[str, str]] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    merge_ids: array | None = None
 
     def build(self) -> Any:
         if self.kind == "BPE":
@@ -50,7 +52,9 @@ def dump(backend: HFTokenizer, recipe: ModelRecipe) -> dict[str, Any]:
     """The kept form of ``backend``, whose model ``recipe`` built."""
     keys = list(recipe.vocab)
     ids = array("I", recipe.vocab.values())
-    merges = array("I", map(recipe.vocab.__getitem__, chain.from_iterable(recipe.merges)))
+    merges = recipe.merge_ids
+    if merges is None:
+        merges = array("I", map(recipe.vocab.__getitem__, chain.from_iterable(recipe.merges)))
     parts = {name: pickle.dumps(getattr(backend, name), protocol=pickle.HIGHEST_PROTOCOL)
              for name in _PARTS if getattr(backend, name) is not None}
     added = sorted(backend.get_added_tokens_decoder().items())
