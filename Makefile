@@ -35,7 +35,7 @@ TEST_EXTRAS := test$(if $(ACCEL),$(comma)$(ACCEL))$(if $(filter cuda12 cuda13,$(
 # No bytecode for the dependencies at install (--no-compile): pip would compile every module
 # of every package (83 MB); Python writes it for the modules that run. Our own packages are
 # an editable install, which pip never compiles: the kernels' step below compiles them
-# (~1 s the first command would otherwise spend), unless the environment forbids bytecode
+# (the bundled model's first generate 1.92 -> 1.73 s), unless the environment forbids bytecode
 # (PYTHONDONTWRITEBYTECODE).
 PIP_INSTALL = $(PY) -m pip install -q --no-compile -c $(LOCK)
 
