@@ -15,8 +15,9 @@ the captured value plus its distance from the captured position; in a decode ste
 three are one fused call, ``CpuBackend.attend_rows``). NumPy expressions (Gemma's
 GELU, soft-caps) replay whole, copied into the captured output. An op that cannot be
 replayed (prefill-shaped attention, a gemm) raises :class:`NotCapturable` and the
-generation runs eagerly, as it does for batched caches, a profiler and, once a sliding
-window hides a key or drops a row (:func:`window_open`), sliding-window caches.
+generation runs eagerly, as it does under a profiler and, once a sliding window hides a
+key or drops a row (:func:`window_open`), for sliding-window caches. Batched caches (the
+server's steps) replay too (:class:`StepReplayer`).
 
 Checked, not trusted: the first replay after a capture runs beside an eager step at the
 same position and must agree (:data:`VERIFY_RTOL`), else replays stop for the generation.
