@@ -322,6 +322,9 @@ def _weight_store(B: Backend, ckpt: Checkpoint, n_layers: int | None
     return pack_store(ckpt.identity)
 
 
+_library_pages_released = False  # by a load of this process (release_library_pages)
+
+
 def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
                n_layers: int | None = None,
                progress: Callable[[int, int], None] | None = None,
@@ -378,5 +381,11 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     del ckpt  # its views and temporaries go now
     trim_host_heap()
     keep_freed_heap()  # from here on, reuse what inference frees (prefill's temporaries)
-    release_library_pages()  # the kernels are loaded: the compiler's code pages go
+    global _library_pages_released
+    # The first model's kernels are loaded: the compiler's code pages go, once a process (a
+    # later load would drop only what an earlier model's kernels, loaded at their first
+    # call, faulted in and use again).
+    if not _library_pages_released:
+        release_library_pages()
+        _library_pages_released = True
     return model

@@ -52,3 +52,17 @@ def test_a_library_not_named_keeps_its_pages():
     before = read_only_resident_kb("libpython")
     release_library_pages(("libllvmlite",))
     assert read_only_resident_kb("libpython") >= before * 0.9
+
+
+def test_a_process_releases_the_pages_at_its_first_load_only(monkeypatch):
+    """A later load would only drop pages the earlier model's first run faulted in again
+    (kernels loaded at their first call), which its next reply faults in once more."""
+    import inference
+    import inference.api as api
+
+    calls = []
+    monkeypatch.setattr(api, "release_library_pages", lambda: calls.append(1) or 0)
+    monkeypatch.setattr(api, "_library_pages_released", False)
+    for _ in range(2):
+        inference.load_model("tests/goldens/tiny/llama", backend="cpu").close()
+    assert calls == [1]
