@@ -59,11 +59,24 @@ def threads_for(limit: int, others: float, cores: int) -> int:
     return max(1, min(limit, int(cores - others + 0.5)))
 
 
-def busy_seconds(cpus: Any, count_niced: bool) -> float:
+# A process niced this far below 0 outweighs a nice-0 one at least threefold for a shared
+# core's time slices (the kernel's weights: 3121 against 1024 at -5), so the nice-0 processes'
+# time ("user" in the CPU times) is left out of the busy cores it sees.
+OUTWEIGHS_NICE_0 = -5
+
+
+def counted_classes(own_nice: int) -> tuple[bool, bool]:
+    """Whose CPU time takes a process at ``own_nice``'s time slices: (processes at nice 0 or
+    below, processes niced above 0). The lower-priority class takes few of them."""
+    return own_nice > OUTWEIGHS_NICE_0, own_nice > 0
+
+
+def busy_seconds(cpus: Any, count_niced: bool, count_user: bool = True) -> float:
     """The busy CPU seconds in psutil ``cpu_times`` rows ``cpus`` (the hypervisor's steal
-    included); ``count_niced``: also the time of processes niced above 0 (the "nice" row).
-    Those take a core's time slices mostly when nothing of higher priority runs there."""
-    fields = ("user", "system", "irq", "softirq", "steal") + (("nice",) if count_niced else ())
+    included); ``count_niced``: the time of processes niced above 0 (the "nice" row);
+    ``count_user``: that of the rest (the "user" row). Kernel time always counts."""
+    fields = ("system", "irq", "softirq", "steal") + (("user",) if count_user else ()) + (
+        ("nice",) if count_niced else ())
     return sum(getattr(t, f, 0.0) for t in cpus for f in fields)
 
 
@@ -71,10 +84,12 @@ class BusyCores:
     """The cores other processes kept busy, on average, since the last look: the busy CPU
     time (the hypervisor's steal included) of the cores this process may run on (its
     affinity: ``cores`` of them) less this process's own, over the wall time between
-    looks (psutil). Processes niced above 0 count only while this one is niced too: at
-    nice 0 or below it takes their time slices (beside niced builds and tests, counting
-    them made the decode wait passively at 43-45 tok/s on the bundled model at 2 threads,
-    against 109-124 spinning; docs/benchmarks.md, 2026-11-29 02:05)."""
+    looks (psutil). Only processes of this one's priority class or higher count: niced
+    ones only while this one is niced too (beside niced builds and tests, counting them made
+    the decode wait passively at 43-45 tok/s on the bundled model at 2 threads, against
+    109-124 spinning; docs/benchmarks.md, 2026-11-29 02:05), and nice-0 ones not while this
+    one runs at ``OUTWEIGHS_NICE_0`` or lower (beside one nice-0 loop, a nice -10 decode
+    went to one thread at 0.68x llama.cpp's two)."""
 
     def __init__(self) -> None:
         import psutil
@@ -82,7 +97,8 @@ class BusyCores:
         self.cpus = usable_cpus()
         self.cores = len(self.cpus) if self.cpus else os.cpu_count() or 1
         self._own = psutil.Process()
-        self._count_niced = os.nice(0) > 0 if hasattr(os, "nice") else True
+        self._count_user, self._count_niced = counted_classes(
+            os.nice(0) if hasattr(os, "nice") else 1)
         self._mark = self._now()
 
     def _now(self) -> tuple[float, float, float]:
@@ -90,9 +106,10 @@ class BusyCores:
 
         per = psutil.cpu_times(percpu=True)
         mine = [per[i] for i in self.cpus if i < len(per)] if self.cpus else per
-        busy = busy_seconds(mine, self._count_niced)
+        busy = busy_seconds(mine, self._count_niced, self._count_user)
         own = self._own.cpu_times()
-        return time.monotonic(), busy, own.user + own.system
+        # its user time sits in a counted row unless the nice-0 row is left out
+        return time.monotonic(), busy, own.system + (own.user if self._count_user else 0.0)
 
     def others(self, window: float = LOAD_WINDOW_S, *, peek: bool = False) -> float | None:
         """None until ``window`` seconds have passed since the last look; ``peek``: the

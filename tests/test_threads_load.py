@@ -211,3 +211,39 @@ def test_niced_processes_count_as_busy_only_for_a_niced_process():
             SimpleNamespace(user=2.0, nice=0.0, system=0.0, idle=9.0, irq=0.125)]
     assert T.busy_seconds(cpus, count_niced=False) == 3.875
     assert T.busy_seconds(cpus, count_niced=True) == 7.875
+
+
+def test_nice_0_processes_do_not_count_against_a_process_that_outweighs_them():
+    """At nice -10 this process takes ~9 of 10 time slices of a core it shares with a nice-0
+    loop: that loop leaves it both cores. Kernel time (and the steal) still counts."""
+    from types import SimpleNamespace
+
+    cpus = [SimpleNamespace(user=2.0, nice=4.0, system=0.5, idle=9.0, steal=0.25)]
+    assert T.counted_classes(-10) == (False, False)
+    assert T.counted_classes(-1) == (True, False)
+    assert T.counted_classes(0) == (True, False)
+    assert T.counted_classes(5) == (True, True)
+    assert T.busy_seconds(cpus, *reversed(T.counted_classes(-10))) == 0.75
+    assert T.busy_seconds(cpus, *reversed(T.counted_classes(0))) == 2.75
+
+
+def test_busy_cores_at_a_high_priority_leaves_out_nice_0_time(monkeypatch):
+    """A nice -10 process beside one nice-0 loop on two cores sees no busy core: its own
+    user time is not subtracted from a row it does not count."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    def row(user: float, system: float) -> SimpleNamespace:
+        return SimpleNamespace(user=user, nice=0.0, system=system)
+
+    rows = iter([[row(0.0, 0.0), row(0.0, 0.0)], [row(1.0, 0.0), row(0.9, 0.1)]])
+    times = iter([SimpleNamespace(user=0.0, system=0.0), SimpleNamespace(user=0.9, system=0.1)])
+    clock = iter([100.0, 101.0, 101.0])
+    monkeypatch.setattr(T.os, "nice", lambda inc: -10)
+    monkeypatch.setattr(T, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(psutil, "cpu_times", lambda percpu: next(rows))
+    monkeypatch.setattr(psutil.Process, "cpu_times", lambda self: next(times))
+    monkeypatch.setattr(T.time, "monotonic", lambda: next(clock))
+    b = T.BusyCores()
+    assert b.others(window=0.5) == 0.0
