@@ -116,11 +116,16 @@ def _interleave(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int
 
 
 def _block_rows(context, builder, cty, carr, blk, rows, vt):  # type: ignore[no-untyped-def]
-    """Code rows ``rows`` of block ``blk`` (each LANES bytes) loaded as vectors ``vt``."""
+    """Code rows ``rows`` of block ``blk`` (each LANES bytes) loaded as vectors ``vt``.
+    In a C-contiguous ``codes`` (LANES codes a row) row ``j`` is ``j * LANES`` codes after
+    row 0: one pointer a block and constant offsets, not a pointer a row (which the
+    compiler hoisted out of the loop, one register each, and spilled)."""
     out = []
+    zero = ir.Constant(_i64, 0)
+    base = _item_ptr(context, builder, cty, carr, [blk, zero, zero])
     for j in rows:
-        ptr = _item_ptr(context, builder, cty, carr, [blk, ir.Constant(_i64, j),
-                                                      ir.Constant(_i64, 0)])
+        ptr = (builder.gep(base, [ir.Constant(_i64, j * LANES)]) if cty.layout == "C" else
+               _item_ptr(context, builder, cty, carr, [blk, ir.Constant(_i64, j), zero]))
         out.append(builder.load(builder.bitcast(ptr, vt.as_pointer()), align=1))
     return out
 
@@ -644,47 +649,71 @@ def _split_sums6(b: _Block) -> Sums:
     ql``), each half block's sum ``sum (c - 32) * x`` as ``sum (c - 32) * ql + 256 * (sum c
     * qh - 32 * sum qh)``: ``vpmaddubsw`` of ``ql`` (unsigned) against the signed bytes ``c
     - 32`` (a pair at most 2 * 255 * 32 = 16320 in size) and of the unsigned codes ``c``
-    (0..63) against ``qh`` (at most 2 * 63 * 128 = 16128), 16-bit sums of two pairs of code
-    rows widened as :func:`_split_sums4` does; ``8192 * sum qh`` comes with the activations.
-    The exact integer sums of :func:`_pair_sums6`, with no code widened to 16 bits."""
+    (0..63) against ``qh`` (at most 2 * 63 * 128 = 16128); ``8192 * sum qh`` comes with the
+    activations. One pass over the code bytes takes both halves (a byte's low nibble is
+    code ``j``, its high one ``j + 16``), each lane half (:data:`_HALVES`) in turn so that
+    its accumulators stay in registers. The 16-bit sums of two pairs of code rows go to 32
+    bits as ``vpmaddwd`` of their words interleaved, ``(ql part, qh part)`` against ``(1,
+    256)``: the shuffle ports, which bound the loop, take one interleave a widening instead
+    of shifts. The exact integer sums of :func:`_pair_sums6`, with no code widened to 16
+    bits."""
     builder = b.builder
     v32i8, v16i16, v8i32 = ir.VectorType(_i8, 32), ir.VectorType(_i16, 16), ir.VectorType(_i32, 8)
     maddubs = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]), "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = _maddwd(builder)
     z16, z32 = ir.Constant(v16i16, [0] * 16), ir.Constant(v8i32, [0] * 8)
     thirty_two = ir.Constant(v32i8, [32] * 32)
+    weights = ir.Constant(v16i16, [1, 256] * 8)  # (ql part, qh part) word pairs
+    # words 0-3, 8-11 (``vpunpcklwd``) and 4-7, 12-15 (``vpunpckhwd``), each with its pair
+    inter = [ir.Constant(ir.VectorType(_i32, 16), [i for w in words for i in (w, 16 + w)])
+             for words in ((0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15))]
     (el, ol, eh, oh), (el5, ol5, eh5, oh5) = b.planes_rows(v32i8)
     crumbs = [[_crumbs(builder, _interleave(builder, a4, b4, lanes),
-                       _interleave(builder, a5, b5, lanes), flip=False) for lanes in _HALVES]
-              for a4, b4, a5, b5 in ((el, ol, el5, ol5), (eh, oh, eh5, oh5))]
-    halves = []
-    for half in range(2):  # codes 0-15, then 16-31
-        low = [[z16, z16] for _ in b.rows]
-        high = [[z16, z16] for _ in b.rows]
-        wide = [[[z32, z32], [z32, z32]] for _ in b.rows]
-        for p in range(8):
-            r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
-            xs = [(b.split_pair(rw, p + 8 * half, False), b.split_pair(rw, p + 8 * half, True))
-                  for rw in b.rows]
-            for h, lanes in enumerate(_HALVES):
-                q = _q6(builder, _interleave(builder, r0, r1, lanes), crumbs[half][h], p, half)
+                       _interleave(builder, a5, b5, lanes), flip=False)
+               for a4, b4, a5, b5 in ((el, ol, el5, ol5), (eh, oh, eh5, oh5))]
+              for lanes in _HALVES]  # [h][half]
+    # per row, lane half and code half: 16-bit sums of ql's and qh's products, 32-bit ones
+    low = [[[z16, z16], [z16, z16]] for _ in b.rows]
+    high = [[[z16, z16], [z16, z16]] for _ in b.rows]
+    wide = [[[[z32, z32], [z32, z32]], [[z32, z32], [z32, z32]]] for _ in b.rows]
+    for p in range(8):
+        r0, r1 = b.code_rows((2 * p, 2 * p + 1), v32i8)
+        xs = [[(b.split_pair(rw, p + 8 * half, False), b.split_pair(rw, p + 8 * half, True))
+               for half in range(2)] for rw in b.rows]
+        for h, lanes in enumerate(_HALVES):
+            u = _interleave(builder, r0, r1, lanes)
+            for half in range(2):
+                q = _q6(builder, u, crumbs[h][half], p, half)
                 signed = builder.sub(q, thirty_two)
-                for r, (ql, qh) in enumerate(xs):
-                    low[r][h] = builder.add(low[r][h], builder.call(maddubs, [ql, signed]))
-                    high[r][h] = builder.add(high[r][h], builder.call(maddubs, [q, qh]))
-            if p % 2 == 1:
                 for r in range(len(b.rows)):
-                    for h in range(2):
-                        _widen16(builder, wide[r][h], low[r][h], False)
-                        _widen16(builder, wide[r][h], high[r][h], True)
-                        low[r][h] = high[r][h] = z16
-        rows = []
-        for r, rw in enumerate(b.rows):
+                    ql, qh = xs[r][half]
+                    low[r][h][half] = builder.add(low[r][h][half],
+                                                  builder.call(maddubs, [ql, signed]))
+                    high[r][h][half] = builder.add(high[r][h][half],
+                                                   builder.call(maddubs, [q, qh]))
+        if p % 2 == 1:
+            for r in range(len(b.rows)):
+                for h in range(2):
+                    for half in range(2):
+                        for k, mask in enumerate(inter):
+                            words = builder.shuffle_vector(low[r][h][half], high[r][h][half],
+                                                           mask)
+                            wide[r][h][half][k] = builder.add(
+                                wide[r][h][half][k], builder.call(maddwd, [words, weights]))
+                        low[r][h][half] = high[r][h][half] = z16
+    out: list[list[list[tuple[int, ir.Value]]]] = [[[], []] for _ in b.rows]  # row, half
+    for r, rw in enumerate(b.rows):
+        for half in range(2):
             shift = b.split_shift(rw, half)
-            rows.append([(lane, builder.sub(v, shift)) for lane, v in _lane_order(
-                builder, [tuple(w) for w in wide[r]])])
-        halves.append(rows)
-    return _two_halves(halves)
+            for h, lanes in enumerate(_HALVES):
+                # wide[..][0]: lanes[0:4] and lanes[8:12]; [1]: lanes[4:8] and lanes[12:16]
+                lo4, hi4 = wide[r][h][half]
+                for first, mask in ((lanes[0], [0, 1, 2, 3, 8, 9, 10, 11]),
+                                    (lanes[8], [4, 5, 6, 7, 12, 13, 14, 15])):
+                    run = builder.shuffle_vector(lo4, hi4, ir.Constant(v8i32, mask))
+                    out[r][half].append((first, builder.sub(run, shift)))
+    return _two_halves([[out[r][half] for r in range(len(b.rows))] for half in range(2)])
 
 
 def _pair_sums6(b: _Block) -> Sums:
