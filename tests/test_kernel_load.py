@@ -92,3 +92,63 @@ def test_a_cached_kernel_loads_without_numbas_llvm_lock_events() -> None:
     assert same == "True" and int(after) >= 1, out.stdout
     # A tree whose kernels are not compiled yet compiles this one: events run then.
     assert int(during) == 0 or int(hits) == 0, out.stdout
+
+
+BITCODE_SCRIPT = r"""
+import numba
+import numpy as np
+
+from inference.backends.cpu import fused, kernel_load
+
+read = []  # the symbols each load read from machine code
+real = kernel_load.defined_symbols
+kernel_load.defined_symbols = lambda code: (read.append(real(code)), read[-1])[1]
+
+x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+w = np.linspace(0.5, 1.5, 64, dtype=np.float32)
+out = np.empty_like(x)
+fused.rms_norm_rows(x, w, 1e-6, out)
+hits = sum(fused.rms_norm_rows.stats.cache_hits.values())
+(cres,) = fused.rms_norm_rows.overloads.values()
+lib = cres.library
+unparsed = lib._shared_module is None and isinstance(lib.__dict__.get("_unparsed_bitcode"), bytes)
+engine = lib.codegen._engine
+entry = engine.is_symbol_defined(cres.fndesc.llvm_func_name)
+symbols = read[-1] if read else None
+
+
+@numba.njit
+def twice(x, w, out):  # a compile that links the loaded kernel: its bitcode is read then
+    fused.rms_norm_rows(x, w, 1e-6, out)
+    return out * 2
+
+
+linked = np.allclose(twice(x, w, np.empty_like(x)), 2 * out)
+module = lib._get_module_for_linking()
+from_bitcode = {g.name for gs in (module.functions, module.global_variables) for g in gs
+                if not g.is_declaration}
+print("hits", hits, "unparsed", unparsed, "entry", entry, "linked", linked,
+      "same", not unparsed or symbols == from_bitcode)
+"""
+
+
+def test_a_cached_kernel_loads_without_parsing_its_bitcode() -> None:
+    """A cached kernel of ours loads its machine code alone: the bitcode kept beside it
+    stays unparsed until a compile links the kernel into another (which then computes
+    as the kernel does), and the symbols the engine learns from the machine code are the
+    ones numba reads from the bitcode."""
+    out = subprocess.run([sys.executable, "-c", BITCODE_SCRIPT], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    fields = dict(zip(out.stdout.split()[::2], out.stdout.split()[1::2], strict=True))
+    assert fields["entry"] == "True" and fields["linked"] == "True", out.stdout
+    assert fields["same"] == "True", out.stdout
+    # A tree whose kernels are not compiled yet compiles this one: nothing is loaded then.
+    assert fields["unparsed"] == "True" or fields["hits"] == "0", out.stdout
+
+
+def test_defined_symbols_reads_elf_objects_only() -> None:
+    from inference.backends.cpu.kernel_load import defined_symbols
+
+    assert defined_symbols(b"\xcf\xfa\xed\xfe" + bytes(60)) is None  # Mach-O: numba's own
+    assert defined_symbols(b"\x7fELF\x02\x01" + bytes(10)) is None  # cut short

@@ -9,7 +9,10 @@ runtime it links against (NRT), which :func:`_load_overload` initializes. Kernel
 :mod:`.kernel_cache`'s locators do not find (anything outside this repository) keep
 numba's own load. Nor do the loads raise numba's "numba:llvm_lock" events: numba hangs
 two Python callbacks on llvmlite's lock, run around each of the few hundred LLVM calls a
-load makes, to time compiles (:func:`_quiet_llvm_lock`).
+load makes, to time compiles (:func:`_quiet_llvm_lock`). Nor do they parse the LLVM bitcode
+numba keeps beside each kernel's machine code (a third of a load's time): only a compile
+that links the kernel into another reads it (:func:`_module_for_linking`), and the symbols
+the bitcode would name are read from the machine code's symbol table (:func:`_unserialize`).
 
 Not part of :mod:`.kernel_cache`: every kernel's cache stamp covers that file (and this
 one changes nothing a kernel's machine code holds).
@@ -18,16 +21,22 @@ one changes nothing a kernel's machine code holds).
 from __future__ import annotations
 
 import contextlib
+import struct
+import threading
 from collections.abc import Iterator
 from typing import Any
 
+from llvmlite import binding as ll
 from llvmlite.binding import ffi
-from numba.core import caching
+from numba.core import caching, codegen
 from numba.core.runtime import rtsys
 
 from inference.backends.cpu.kernel_cache import LOCATORS
 
 _numba_load_overload = caching.Cache.load_overload
+_numba_unserialize = codegen.CPUCodeLibrary._unserialize
+_numba_module_for_linking = codegen.CPUCodeLibrary._get_module_for_linking
+_loading = threading.local()  # .ours: this thread is in _load_overload for our locators
 
 
 def _load_overload(self: caching.Cache, sig: Any, target_context: Any) -> Any:
@@ -36,9 +45,79 @@ def _load_overload(self: caching.Cache, sig: Any, target_context: Any) -> Any:
         return _numba_load_overload(self, sig, target_context)
     with _quiet_llvm_lock():
         rtsys.initialize(target_context)
-        with self._guard_against_spurious_io_errors():
-            return self._load_overload(sig, target_context)
+        _loading.ours = True
+        try:
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+        finally:
+            _loading.ours = False
     return None  # the guard swallowed an I/O error: a miss, as in numba's own
+
+
+def _unserialize(cls: type, codegen_: Any, state: tuple[str, str, Any]) -> Any:
+    """numba's ``CPUCodeLibrary._unserialize`` of a cached kernel of ours, less parsing the
+    bitcode: the library takes the machine code as numba's does, keeps the bitcode unparsed
+    for :func:`_module_for_linking`, and the execution engine learns the symbols it defines
+    from the machine code's symbol table. Other kernels, other forms, and machine code whose
+    symbol table :func:`defined_symbols` cannot read keep numba's own."""
+    name, kind, data = state
+    symbols = None
+    if (kind == "object" and getattr(_loading, "ours", False)
+            and isinstance(getattr(codegen_._engine, "_defined_symbols", None), set)):
+        symbols = defined_symbols(data[0])
+    if symbols is None:
+        return _numba_unserialize.__func__(cls, codegen_, state)
+    object_code, bitcode = data
+    self = codegen_.create_library(name)
+    self.enable_object_caching()
+    self._set_compiled_object(object_code)
+    self._unparsed_bitcode = bitcode
+    self._finalize_final_module()
+    codegen_._engine._defined_symbols |= symbols
+    return self
+
+
+def _module_for_linking(self: Any) -> Any:
+    """numba's ``_get_module_for_linking``, parsing first the bitcode :func:`_unserialize`
+    kept (a compile links the kernel into another, or saves it)."""
+    bitcode = self.__dict__.pop("_unparsed_bitcode", None)
+    if bitcode is not None:
+        self._shared_module = ll.parse_bitcode(bitcode)
+    return _numba_module_for_linking(self)
+
+
+_ELF_HEADER = struct.Struct("<4sBB")  # magic, class (2: 64-bit), data (1: little-endian)
+_SECTION = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
+_SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, section, value, size
+_SYMTAB = 2  # section type
+_SECTION_OR_FILE = (3, 4)  # symbol types that name no function or variable
+
+
+def defined_symbols(object_code: bytes) -> set[str] | None:
+    """The names of the functions and variables a relocatable ELF64 little-endian object
+    defines (in a section: not undefined), as numba reads them from the module's bitcode;
+    None for any other object format or a table it cannot read."""
+    try:
+        magic, elf_class, order = _ELF_HEADER.unpack_from(object_code, 0)
+        if magic != b"\x7fELF" or elf_class != 2 or order != 1:
+            return None
+        (shoff,) = struct.unpack_from("<Q", object_code, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", object_code, 0x3A)
+        sections = [_SECTION.unpack_from(object_code, shoff + i * shentsize)
+                    for i in range(shnum)]
+        names: set[str] = set()
+        for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+            if kind != _SYMTAB:
+                continue
+            strings = sections[link][4]
+            for at in range(offset, offset + size, entsize or _SYMBOL.size):
+                name, info, _, section, _, _ = _SYMBOL.unpack_from(object_code, at)
+                if name and section and info & 0xF not in _SECTION_OR_FILE:
+                    start = strings + name
+                    names.add(object_code[start:object_code.index(b"\0", start)].decode())
+        return names
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        return None
 
 
 @contextlib.contextmanager
@@ -65,7 +144,13 @@ def _quiet_llvm_lock() -> Iterator[None]:
 
 def install() -> None:
     """Load our cached kernels through :func:`_load_overload` from now on (where numba's
-    cache has the methods it wraps; otherwise numba's own load stays)."""
+    cache has the methods it wraps; otherwise numba's own load stays), their machine code
+    through :func:`_unserialize` (where numba's code library has what it sets)."""
     if all(hasattr(caching.Cache, a) for a in ("_guard_against_spurious_io_errors",
                                                 "_load_overload")):
         caching.Cache.load_overload = _load_overload
+    library = codegen.CPUCodeLibrary
+    if all(hasattr(library, a) for a in ("enable_object_caching", "_set_compiled_object",
+                                         "_finalize_final_module")):
+        library._unserialize = classmethod(_unserialize)
+        library._get_module_for_linking = _module_for_linking
