@@ -372,7 +372,7 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     # than stacked on the weights' resident pages at the load's peak.
     tokenizer = read_tokenizer(ckpt)
     trim_host_heap()
-    with _weight_store(B, ckpt, n_layers):
+    with _weight_store(B, ckpt, n_layers) as store:
         model = cls(spec, ckpt, B, reason, n_layers=n_layers, progress=progress, cancel=cancel,
                     tokenizer=tokenizer)
     ckpt.release_pages()  # pages read while converting; weights kept in file layout map again
@@ -388,4 +388,6 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     if not _library_pages_released:
         release_library_pages()
         _library_pages_released = True
+    if store is not None:  # the packed weights resident last (PackStore.populate)
+        store.populate()
     return model

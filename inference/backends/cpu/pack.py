@@ -34,8 +34,9 @@ modification time, a digest of its header) and this layout's version: a model's 
 packs and writes them, later loads map the packed file instead of packing, as fast as
 mapping the model file itself.
 The store is mapped copy-on-write: pages stay shared with the page cache; where the kernel
-can, they are all mapped in when the store opens (``_populate``), not faulted in one by one
-by the first prefill.
+can, they are all mapped in at the load's end (:meth:`PackStore.populate`), not faulted in
+one by one by the first prefill. Opening the store maps none: until the load has loaded its
+kernels and dropped the compiler's code pages, the store's pages would only add to its peak.
 """
 
 from __future__ import annotations
@@ -667,7 +668,6 @@ class PackStore:
                 if size != self.index.pop("__bytes__", -1) or not size:
                     raise ValueError("a store cut short")
                 self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            _populate(self.map)
             with contextlib.suppress(OSError):  # used now: the last to go (evict)
                 os.utime(folder / "index.json")
         except FileNotFoundError:
@@ -675,6 +675,13 @@ class PackStore:
         except (OSError, ValueError, TypeError, AttributeError):  # unreadable: written anew
             self.index, self.map = {}, None
             shutil.rmtree(folder, ignore_errors=True)
+
+    def populate(self) -> None:
+        """Map every page of an opened store in now (:func:`_populate`); a store this load
+        packs and writes is already resident. The load calls it last: the peak of a load
+        then holds the store's pages or the compiler's and the load's temporaries, not both."""
+        if self.map is not None:
+            _populate(self.map)
 
     @staticmethod
     def _key(t: TensorData, bits: int) -> dict[str, Any]:
