@@ -382,9 +382,9 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
     trim_host_heap()
     keep_freed_heap()  # from here on, reuse what inference frees (prefill's temporaries)
     global _library_pages_released
-    # The first model's kernels are loaded: the compiler's code pages go, once a process (a
-    # later load would drop only what an earlier model's kernels, loaded at their first
-    # call, faulted in and use again).
+    # The first model's kernels are loaded: the libraries' code pages go (the compiler's, the
+    # tokenizer build's), once a process (a later load would drop only what an earlier
+    # model's kernels, loaded at their first call, faulted in and use again).
     if not _library_pages_released:
         release_library_pages()
         _library_pages_released = True

@@ -66,3 +66,39 @@ def test_a_process_releases_the_pages_at_its_first_load_only(monkeypatch):
     for _ in range(2):
         inference.load_model("tests/goldens/tiny/llama", backend="cpu").close()
     assert calls == [1]
+
+
+def test_every_librarys_unused_pages_go_and_come_back_when_used():
+    """With no names given, every shared library's clean pages go (NumPy's here), and the
+    library works again; a mapped file that is no library keeps its pages."""
+    import mmap
+
+    import numpy as np
+
+    assert float(np.sqrt(np.arange(1000.0)).sum()) > 0  # NumPy's code runs: pages resident
+    before = read_only_resident_kb("_multiarray_umath")
+    assert before > 256
+    with open(__file__, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    data_resident = sum(data[i] for i in range(0, len(data), 4096)) and \
+        read_only_resident_kb(Path(__file__).name)
+    release_library_pages()
+    assert read_only_resident_kb("_multiarray_umath") < before // 2
+    assert read_only_resident_kb(Path(__file__).name) == data_resident > 0
+    assert float(np.sqrt(np.arange(1000.0)).sum()) > 0
+    data.close()
+
+
+def test_a_load_maps_the_packed_store_in_after_the_libraries_pages_go(monkeypatch):
+    """The load's peak holds the store's pages or the compiler's and the load's temporaries,
+    not both: the store is populated last, after the libraries' pages went."""
+    import inference
+    import inference.api as api
+    from inference.backends.cpu import pack
+
+    calls = []
+    monkeypatch.setattr(api, "release_library_pages", lambda: calls.append("release") or 0)
+    monkeypatch.setattr(api, "_library_pages_released", False)
+    monkeypatch.setattr(pack.PackStore, "populate", lambda self: calls.append("populate"))
+    inference.load_model("tests/goldens/tiny/phi3_q4_0.gguf", backend="cpu").close()
+    assert calls == ["release", "populate"]
