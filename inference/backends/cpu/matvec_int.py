@@ -40,8 +40,10 @@ products as LLVM IR (numba ``@intrinsic``), unrolled over the block:
   :func:`_split_sums6`): the same exact sums without widening any code, which cost 12 of
   the 14 shuffles a pair of code rows took, the ports the loop was bound by. Measured in
   the Llama 1B and 3B Q4_K_M decode steps, 1 thread (AMD EPYC, AVX2): Q4_K 11.9-12.5 ->
-  15.7-16.1 GB/s of weights; Q6_K unchanged, 12.6-13.0 GB/s (its bits 4-5 cost what the
-  widening did; docs/benchmarks.md).
+  15.7-16.1 GB/s of weights; Q6_K 12.6-13.0 at first (its bits 4-5 cost what the
+  widening did), 14.3-14.5 (medians; runs 12.7-14.9) once both halves of its codes
+  shared one pass over the code bytes and its 16-bit sums went to 32 bits by
+  ``vpmaddwd`` instead of shifts (docs/benchmarks.md).
 Each intrinsic ends with the float tail of its rows, in IR too (:class:`_Tail`): the sums
 go from registers through the scales into the rows' float accumulators.
 Measured on SmolLM2's 1536x576 Q4_1 weight, 1 thread (AMD EPYC, AVX2), with the
