@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -87,6 +88,31 @@ class CompileClock:
             event.unregister("numba:compile", self._listener)
 
 
+_collection_paused = False  # by pause_collection, from a running collector
+
+
+def pause_collection() -> None:
+    """Pause Python's cyclic garbage collector for a one-shot command's start (numba's
+    import, the kernel modules, the model's load). What a start allocates is kept to the
+    end (registries, kernels, the model), so the collections its allocations trigger only
+    traverse it: 50-60 ms of a bundled-model `generate`, 35-40 of them in two full
+    collections. :func:`resume_collection` ends the pause."""
+    global _collection_paused
+    _collection_paused = gc.isenabled()
+    gc.disable()
+
+
+def resume_collection() -> None:
+    """Collection again after :func:`pause_collection` (else nothing), with what the
+    process holds so far frozen (``gc.freeze``): the first collection would otherwise
+    traverse every object the start allocated, all still in the youngest generation."""
+    global _collection_paused
+    if _collection_paused:
+        _collection_paused = False
+        gc.freeze()
+        gc.enable()
+
+
 def say_compiling(done: int, total: int, module: str) -> None:
     """``load_model``'s compile_progress on a terminal: the kernels being compiled or loaded,
     one line rewritten in place, cleared when the last is ready."""
@@ -110,6 +136,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                            compile_progress=say_compiling)
         load_s = time.perf_counter() - t0
         load_compile_s = compiled.seconds
+        resume_collection()
         if not isinstance(model, CausalLM):
             raise InvalidInputError(f"{model.name} is an embedding model; use `inferdesk embed`.")
         if args.threads is not None:
@@ -370,6 +397,8 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool = False) -> i
         parser.print_help()
         return 2
     try:
+        if whole_process and getattr(args, "ends_process", False):
+            pause_collection()  # the process ends with the command: its start is kept
         code = args.func(args)
         if whole_process and getattr(args, "ends_process", False):
             exit_now(code)

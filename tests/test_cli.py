@@ -170,6 +170,60 @@ def test_subprocess_generate_ends_with_its_whole_output():
     assert json.loads(r.stdout.splitlines()[-1])["n_generated"] == 2
 
 
+ONE_SHOT_GC = r"""
+import gc, os, sys
+import inference.api as api
+import inference.cli as cli
+
+phase = ["start"]
+collected = {"start": 0, "load": 0, "reply": 0}
+gc.callbacks.append(lambda p, info: p == "stop" and collected.__setitem__(
+    phase[0], collected[phase[0]] + 1))
+real_load = api.load_model
+
+
+def load_model(*a, **k):
+    phase[0] = "load"
+    model = real_load(*a, **k)
+    phase[0] = "reply"
+    return model
+
+
+api.load_model = load_model
+real_exit = os._exit
+os._exit = lambda code: (print("collected", collected["load"], "enabled", gc.isenabled(),
+                               "frozen", gc.get_freeze_count() > 0, file=sys.stderr),
+                         sys.stderr.flush(), real_exit(code))
+cli.main(["generate", "--model", "SmolLM2-135M-Instruct.Q4_1", "--prompt", "Hi",
+          "--max-tokens", "2", "--ignore-eos", "--backend", "cpu", "--json"],
+         whole_process=True)
+"""
+
+
+def test_a_one_shot_generate_loads_without_garbage_collection():
+    """The process `generate` ends loads its model with the cyclic collector paused (what
+    the load allocates is kept: a collection would only traverse it), then collects again
+    for the reply, with the load's objects frozen out of the collections."""
+    r = subprocess.run([sys.executable, "-c", ONE_SHOT_GC], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.splitlines()[-1])["n_generated"] == 2
+    line = r.stderr.splitlines()[-1].split()
+    assert line == ["collected", "0", "enabled", "True", "frozen", "True"], r.stderr[-3000:]
+
+
+def test_an_in_process_generate_keeps_the_collector(capsys):
+    """main() called in-process (not the process's entry point) leaves the collector alone."""
+    import gc
+
+    from inference.cli import main
+
+    assert main(["generate", "--model", "SmolLM2-135M-Instruct.Q4_1", "--prompt", "Hi",
+                 "--max-tokens", "1", "--backend", "cpu", "--json"]) == 0
+    capsys.readouterr()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
 def test_a_reader_that_leaves_ends_generate_quietly():
     """`inferdesk generate ... | head -c 0`: exit code 1, no traceback on stderr."""
     p = subprocess.Popen([sys.executable, "-m", "inference.cli", "generate", "--model",
