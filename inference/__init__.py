@@ -25,6 +25,7 @@ import os
 # several threads the backend lets it share the work instead.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import inference.threads  # noqa: E402,F401 (its first reading of the cores' load, at import)
 from inference.api import CausalLM, Encoder, load_model  # noqa: E402
 from inference.backends import probe_all  # noqa: E402
 from inference.sampling import SamplingParams  # noqa: E402

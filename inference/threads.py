@@ -59,57 +59,61 @@ def threads_for(limit: int, others: float, cores: int) -> int:
     return max(1, min(limit, int(cores - others + 0.5)))
 
 
-# A process niced this far below 0 outweighs a nice-0 one at least threefold for a shared
-# core's time slices (the kernel's weights: 3121 against 1024 at -5), so the nice-0 processes'
-# time ("user" in the CPU times) is left out of the busy cores it sees.
-OUTWEIGHS_NICE_0 = -5
-
-
-def counted_classes(own_nice: int) -> tuple[bool, bool]:
-    """Whose CPU time takes a process at ``own_nice``'s time slices: (processes at nice 0 or
-    below, processes niced above 0). The lower-priority class takes few of them."""
-    return own_nice > OUTWEIGHS_NICE_0, own_nice > 0
-
-
-def busy_seconds(cpus: Any, count_niced: bool, count_user: bool = True) -> float:
+def busy_seconds(cpus: Any, count_niced: bool) -> float:
     """The busy CPU seconds in psutil ``cpu_times`` rows ``cpus`` (the hypervisor's steal
-    included); ``count_niced``: the time of processes niced above 0 (the "nice" row);
-    ``count_user``: that of the rest (the "user" row). Kernel time always counts."""
-    fields = ("system", "irq", "softirq", "steal") + (("user",) if count_user else ()) + (
-        ("nice",) if count_niced else ())
+    included); ``count_niced``: also the time of processes niced above 0 (the "nice" row).
+    Those take a core's time slices mostly when nothing of higher priority runs there."""
+    fields = ("user", "system", "irq", "softirq", "steal") + (("nice",) if count_niced else ())
     return sum(getattr(t, f, 0.0) for t in cpus for f in fields)
+
+
+def _readings() -> tuple[int, float, Any, Any] | None:
+    """(this process's id, the clock, psutil's per-CPU times, this process's CPU times),
+    or None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    clock, per = time.monotonic(), psutil.cpu_times(percpu=True)
+    return os.getpid(), clock, per, psutil.Process().cpu_times()
+
+
+# The readings as the engine is imported. A process's first BusyCores averages from them, so
+# the first choice, at the load's end (numba's threads spin or sleep for the process), rests
+# on what ran beside the whole load; a load under 0.1 s had left it to the 1-minute load
+# average, which counts niced processes and lags (the bundled model's decode then waited
+# passively at half speed beside niced work).
+_AT_IMPORT = _readings()
 
 
 class BusyCores:
     """The cores other processes kept busy, on average, since the last look: the busy CPU
     time (the hypervisor's steal included) of the cores this process may run on (its
     affinity: ``cores`` of them) less this process's own, over the wall time between
-    looks (psutil). Only processes of this one's priority class or higher count: niced
-    ones only while this one is niced too (beside niced builds and tests, counting them made
-    the decode wait passively at 43-45 tok/s on the bundled model at 2 threads, against
-    109-124 spinning; docs/benchmarks.md, 2026-11-29 02:05), and nice-0 ones not while this
-    one runs at ``OUTWEIGHS_NICE_0`` or lower (beside one nice-0 loop, a nice -10 decode
-    went to one thread at 0.68x llama.cpp's two)."""
+    looks (psutil). Processes niced above 0 count only while this one is niced too: at
+    nice 0 or below it takes their time slices (beside niced builds and tests, counting
+    them made the decode wait passively at 43-45 tok/s on the bundled model at 2 threads,
+    against 109-124 spinning; docs/benchmarks.md, 2026-11-29 02:05). The CPU times do not
+    tell nice 0 from below it, so processes at nice 0 count at any priority: a spinning
+    decode beside an uncounted process of its own priority fell to 0.5-1 tok/s on the
+    bundled model, where one that waits passively ran at 89."""
 
     def __init__(self) -> None:
-        import psutil
-
         self.cpus = usable_cpus()
         self.cores = len(self.cpus) if self.cpus else os.cpu_count() or 1
-        self._own = psutil.Process()
-        self._count_user, self._count_niced = counted_classes(
-            os.nice(0) if hasattr(os, "nice") else 1)
-        self._mark = self._now()
+        self._count_niced = os.nice(0) > 0 if hasattr(os, "nice") else True
+        global _AT_IMPORT
+        first, _AT_IMPORT = _AT_IMPORT, None  # the process's first one starts at the import
+        self._mark = self._reduce(first) if first and first[0] == os.getpid() else self._now()
 
     def _now(self) -> tuple[float, float, float]:
-        import psutil
+        return self._reduce(_readings())
 
-        per = psutil.cpu_times(percpu=True)
+    def _reduce(self, readings: Any) -> tuple[float, float, float]:
+        """(clock, busy seconds counted, own seconds counted) from ``_readings()``."""
+        _, clock, per, own = readings
         mine = [per[i] for i in self.cpus if i < len(per)] if self.cpus else per
-        busy = busy_seconds(mine, self._count_niced, self._count_user)
-        own = self._own.cpu_times()
-        # its user time sits in a counted row unless the nice-0 row is left out
-        return time.monotonic(), busy, own.system + (own.user if self._count_user else 0.0)
+        return clock, busy_seconds(mine, self._count_niced), own.user + own.system
 
     def others(self, window: float = LOAD_WINDOW_S, *, peek: bool = False) -> float | None:
         """None until ``window`` seconds have passed since the last look; ``peek``: the

@@ -26,6 +26,12 @@ def test_one_thread_per_free_core(limit, others, cores, want):
     assert T.threads_for(limit, others, cores) == want
 
 
+@pytest.fixture(autouse=True)
+def _no_import_readings(monkeypatch):
+    """Each BusyCores here starts from its own first reading, not the engine's import."""
+    monkeypatch.setattr(T, "_AT_IMPORT", None)
+
+
 class FakeTimes:
     """BusyCores._now's readings in turn: (wall, machine busy, own) seconds."""
 
@@ -213,37 +219,27 @@ def test_niced_processes_count_as_busy_only_for_a_niced_process():
     assert T.busy_seconds(cpus, count_niced=True) == 7.875
 
 
-def test_nice_0_processes_do_not_count_against_a_process_that_outweighs_them():
-    """At nice -10 this process takes ~9 of 10 time slices of a core it shares with a nice-0
-    loop: that loop leaves it both cores. Kernel time (and the steal) still counts."""
-    from types import SimpleNamespace
-
-    cpus = [SimpleNamespace(user=2.0, nice=4.0, system=0.5, idle=9.0, steal=0.25)]
-    assert T.counted_classes(-10) == (False, False)
-    assert T.counted_classes(-1) == (True, False)
-    assert T.counted_classes(0) == (True, False)
-    assert T.counted_classes(5) == (True, True)
-    assert T.busy_seconds(cpus, *reversed(T.counted_classes(-10))) == 0.75
-    assert T.busy_seconds(cpus, *reversed(T.counted_classes(0))) == 2.75
-
-
-def test_busy_cores_at_a_high_priority_leaves_out_nice_0_time(monkeypatch):
-    """A nice -10 process beside one nice-0 loop on two cores sees no busy core: its own
-    user time is not subtracted from a row it does not count."""
+def test_the_first_busy_cores_averages_from_the_engine_import(monkeypatch):
+    """A load shorter than the first window still gets a reading of the cores' load: the
+    process's first BusyCores starts at the readings taken as the engine was imported (one
+    nice-0 loop beside it on one of two cores for the 2 s since), once; a forked child's
+    inherited readings are not its own."""
     from types import SimpleNamespace
 
     import psutil
 
-    def row(user: float, system: float) -> SimpleNamespace:
-        return SimpleNamespace(user=user, nice=0.0, system=system)
+    def row(user: float) -> SimpleNamespace:
+        return SimpleNamespace(user=user, nice=0.0, system=0.0)
 
-    rows = iter([[row(0.0, 0.0), row(0.0, 0.0)], [row(1.0, 0.0), row(0.9, 0.1)]])
-    times = iter([SimpleNamespace(user=0.0, system=0.0), SimpleNamespace(user=0.9, system=0.1)])
-    clock = iter([100.0, 101.0, 101.0])
-    monkeypatch.setattr(T.os, "nice", lambda inc: -10)
+    own = SimpleNamespace(user=0.5, system=0.0)
+    monkeypatch.setattr(T.os, "nice", lambda inc: 0)
     monkeypatch.setattr(T, "usable_cpus", lambda: [0, 1])
-    monkeypatch.setattr(psutil, "cpu_times", lambda percpu: next(rows))
-    monkeypatch.setattr(psutil.Process, "cpu_times", lambda self: next(times))
-    monkeypatch.setattr(T.time, "monotonic", lambda: next(clock))
-    b = T.BusyCores()
-    assert b.others(window=0.5) == 0.0
+    monkeypatch.setattr(psutil, "cpu_times", lambda percpu: [row(2.0), row(0.5)])
+    monkeypatch.setattr(psutil.Process, "cpu_times", lambda self: own)
+    monkeypatch.setattr(T.time, "monotonic", lambda: 12.0)
+    start = (os.getpid(), 10.0, [row(0.0), row(0.0)], SimpleNamespace(user=0.0, system=0.0))
+    monkeypatch.setattr(T, "_AT_IMPORT", start)
+    assert T.BusyCores().others(0.1, peek=True) == 1.0  # (2.5 busy - 0.5 ours) / 2 s
+    assert T._AT_IMPORT is None and T.BusyCores().others(0.1) is None  # used once
+    monkeypatch.setattr(T, "_AT_IMPORT", (os.getpid() + 1, *start[1:]))
+    assert T.BusyCores().others(0.1) is None  # another process's readings
