@@ -59,3 +59,21 @@ def test_fused_weight_with_wrong_rows_names_the_tensor() -> None:
     w = Weights(Checkpoint(Path("m.gguf"), "gguf", {}, {"qkv": t}), NumpyBackend())
     with pytest.raises(UnsupportedModelError, match="qkv has 10 rows, expected 4 \\+ 4"):
         w.linears(["q", "k"], fused="qkv", sizes=[4, 4])
+
+
+def test_a_decoder_process_does_not_import_the_encoders_code() -> None:
+    """The registry imports an architecture's module at its first lookup: loading and
+    running a decoder keeps BERT's code out of the process (and the other way round)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, inference, inference.cli; from inference.models import ARCHITECTURES, "
+            "architecture; before = 'inference.models.bert' in sys.modules; "
+            "known = 'bert' in ARCHITECTURES and len(ARCHITECTURES) == len(list(ARCHITECTURES)); "
+            "architecture('llama'); after = 'inference.models.bert' in sys.modules; "
+            "print(before, known, after, architecture('xlm-roberta').__name__)")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.stdout.split() == ["False", "True", "False", "inference.models.bert"]
