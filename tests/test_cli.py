@@ -218,10 +218,13 @@ def test_an_in_process_generate_keeps_the_collector(capsys):
 
     from inference.cli import main
 
+    # earlier tests in this process may have frozen objects (the GUI's collector guard);
+    # frozen objects that die leave the count, a freeze would add the load's ~10^5
+    frozen = gc.get_freeze_count()
     assert main(["generate", "--model", "SmolLM2-135M-Instruct.Q4_1", "--prompt", "Hi",
                  "--max-tokens", "1", "--backend", "cpu", "--json"]) == 0
     capsys.readouterr()
-    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen
 
 
 def test_a_reader_that_leaves_ends_generate_quietly():
