@@ -67,13 +67,10 @@ def busy_seconds(cpus: Any, count_niced: bool) -> float:
     return sum(getattr(t, f, 0.0) for t in cpus for f in fields)
 
 
-def _readings() -> tuple[int, float, Any, Any] | None:
-    """(this process's id, the clock, psutil's per-CPU times, this process's CPU times),
-    or None without psutil."""
-    try:
-        import psutil
-    except ImportError:
-        return None
+def _readings() -> tuple[int, float, Any, Any]:
+    """(this process's id, the clock, psutil's per-CPU times, this process's CPU times)."""
+    import psutil
+
     clock, per = time.monotonic(), psutil.cpu_times(percpu=True)
     return os.getpid(), clock, per, psutil.Process().cpu_times()
 
