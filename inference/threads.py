@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def usable_cpus() -> list[int] | None:
@@ -60,19 +60,121 @@ def threads_for(limit: int, others: float, cores: int) -> int:
 
 
 def busy_seconds(cpus: Any, count_niced: bool) -> float:
-    """The busy CPU seconds in psutil ``cpu_times`` rows ``cpus`` (the hypervisor's steal
-    included); ``count_niced``: also the time of processes niced above 0 (the "nice" row).
-    Those take a core's time slices mostly when nothing of higher priority runs there."""
+    """The busy CPU seconds in ``cpus`` rows (:func:`cpu_times` or psutil's; the hypervisor's
+    steal included); ``count_niced``: also the time of processes niced above 0 (the "nice"
+    row). Those take a core's time slices mostly when nothing of higher priority runs there."""
     fields = ("user", "system", "irq", "softirq", "steal") + (("nice",) if count_niced else ())
     return sum(getattr(t, f, 0.0) for t in cpus for f in fields)
 
 
-def _readings() -> tuple[int, float, Any, Any]:
-    """(this process's id, the clock, psutil's per-CPU times, this process's CPU times)."""
-    import psutil
+class CpuTimes(NamedTuple):
+    """One CPU's row of /proc/stat, in seconds (psutil's names)."""
 
-    clock, per = time.monotonic(), psutil.cpu_times(percpu=True)
-    return os.getpid(), clock, per, psutil.Process().cpu_times()
+    user: float
+    nice: float
+    system: float
+    idle: float
+    iowait: float = 0.0
+    irq: float = 0.0
+    softirq: float = 0.0
+    steal: float = 0.0
+
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+
+
+def cpu_times() -> list[Any]:
+    """Each CPU's times since boot: /proc/stat where there is one (no import: it is read as
+    the engine is imported), else psutil's ``cpu_times(percpu=True)``."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        import psutil
+
+        return list(psutil.cpu_times(percpu=True))
+    rows = []
+    for line in text.splitlines():
+        if line.startswith(b"cpu") and line[3:4].isdigit():
+            ticks = line.split()[1:9]
+            rows.append(CpuTimes(*(int(t) * _TICK_S for t in ticks)))
+    return rows
+
+
+def process_times() -> dict[int, tuple[float, int]]:
+    """Every process's (CPU seconds since it started, nice) by id: /proc/<pid>/stat where
+    there is a /proc (~20 us a process), else psutil. The nice is its main thread's."""
+    if not os.path.isdir("/proc/self"):
+        import psutil
+
+        return {p.pid: (p.info["cpu_times"].user + p.info["cpu_times"].system, p.info["nice"])
+                for p in psutil.process_iter(["cpu_times", "nice"])
+                if p.info["cpu_times"] is not None and isinstance(p.info["nice"], int)}
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile, or is not ours to read
+            continue
+        # after the command name (in parentheses, which may hold any byte): the state
+        # first, then utime and stime at 12 and 13, the nice at 17
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 16:
+            out[int(name)] = ((int(fields[11]) + int(fields[12])) * _TICK_S, int(fields[16]))
+    return out
+
+
+def priority_weight(theirs: int, ours: int) -> float:
+    """The part of a process at nice ``theirs``'s CPU time that counts as taken from one at
+    nice ``ours``: all of it at our priority or higher; below it, the kernel's share of a
+    contended core between the two (CFS weights fall 1.25x a nice level: a nice-0 process
+    gets ~1 slice in 10 beside one at nice -10, its time counts 0.107)."""
+    return min(1.0, 1.25 ** (ours - theirs))
+
+
+def _own_nice() -> int | None:
+    """This process's nice, or None where the OS has none (Windows)."""
+    return os.nice(0) if hasattr(os, "nice") else None
+
+
+class Readings(NamedTuple):
+    """What one look at the load reads (:func:`readings`)."""
+
+    pid: int
+    clock: float
+    cpus: list[Any]  # each CPU's times since boot (cpu_times)
+    own: float  # this process's CPU seconds
+    procs: dict[int, tuple[float, int]] | None  # process_times(), where read
+
+
+def readings(per_process: bool) -> Readings:
+    """The clock, the CPUs' times and this process's (``os.times``), and, if
+    ``per_process``, every process's (:func:`process_times`)."""
+    own = os.times()
+    return Readings(os.getpid(), time.monotonic(), cpu_times(), own.user + own.system,
+                    process_times() if per_process else None)
+
+
+def _weigh_processes() -> bool:
+    """Whether looks weigh each process by its priority: while this process runs at a
+    negative nice, where the CPUs' times cannot tell nice 0 from ours."""
+    nice = _own_nice()
+    return nice is not None and nice < 0
+
+
+def _import_readings() -> Readings | None:
+    """The readings as the engine is imported, where the OS gives them without psutil
+    (Linux's /proc: ~0.1 ms; ~1-5 ms more at a negative nice, one file a process), else
+    None (the first look then starts its own window)."""
+    if not os.path.exists("/proc/stat"):
+        return None
+    try:
+        return readings(_weigh_processes())
+    except (OSError, ValueError):
+        return None
 
 
 # The readings as the engine is imported. A process's first BusyCores averages from them, so
@@ -80,45 +182,76 @@ def _readings() -> tuple[int, float, Any, Any]:
 # on what ran beside the whole load; a load under 0.1 s had left it to the 1-minute load
 # average, which counts niced processes and lags (the bundled model's decode then waited
 # passively at half speed beside niced work).
-_AT_IMPORT = _readings()
+_AT_IMPORT = _import_readings()
+
+
+class Mark(NamedTuple):
+    """One look reduced to what BusyCores compares: the clock, the busy seconds counted on
+    our cores, this process's seconds, the kernel's own (interrupts, steal) there, and the
+    processes' (seconds, nice) where weighed."""
+
+    clock: float
+    busy: float
+    own: float
+    kernel: float
+    procs: dict[int, tuple[float, int]] | None
 
 
 class BusyCores:
     """The cores other processes kept busy, on average, since the last look: the busy CPU
     time (the hypervisor's steal included) of the cores this process may run on (its
     affinity: ``cores`` of them) less this process's own, over the wall time between
-    looks (psutil). Processes niced above 0 count only while this one is niced too: at
-    nice 0 or below it takes their time slices (beside niced builds and tests, counting
-    them made the decode wait passively at 43-45 tok/s on the bundled model at 2 threads,
-    against 109-124 spinning; docs/benchmarks.md, 2026-11-29 02:05). The CPU times do not
-    tell nice 0 from below it, so processes at nice 0 count at any priority: a spinning
-    decode beside an uncounted process of its own priority fell to 0.5-1 tok/s on the
-    bundled model, where one that waits passively ran at 89."""
+    looks. Processes niced above 0 count only while this one is niced too: at nice 0 or
+    below it takes their time slices (beside niced builds and tests, counting them made
+    the decode wait passively at 43-45 tok/s on the bundled model at 2 threads, against
+    109-124 spinning; docs/benchmarks.md, 2026-11-29 02:05).
+
+    At a negative nice the CPUs' times cannot tell a nice-0 process from one at ours, so
+    each process whose CPU time rose is weighed by its priority (:func:`priority_weight`):
+    one of our priority or higher counts whole (beside an uncounted one of its own priority
+    a spinning decode fell to 0.5-1 tok/s), a nice-0 one at a tenth beside nice -10 (it gets
+    about one time slice in ten of a core we want; counted whole, a nice -10 decode beside
+    one nice-0 loop waited passively at 0.71x llama.cpp's). That sum, plus the interrupts and
+    steal of our cores, is capped at the cores' own reading (a process pinned elsewhere
+    takes none of ours)."""
 
     def __init__(self) -> None:
         self.cpus = usable_cpus()
         self.cores = len(self.cpus) if self.cpus else os.cpu_count() or 1
-        self._count_niced = os.nice(0) > 0 if hasattr(os, "nice") else True
+        nice = _own_nice()
+        self._nice = nice
+        self._count_niced = nice is None or nice > 0
+        self._weigh = nice is not None and nice < 0
         global _AT_IMPORT
         first, _AT_IMPORT = _AT_IMPORT, None  # the process's first one starts at the import
-        self._mark = self._reduce(first) if first and first[0] == os.getpid() else self._now()
+        usable = (first is not None and first.pid == os.getpid()
+                  and (first.procs is not None) == self._weigh)
+        self._mark = self._reduce(first) if usable else self._now()
 
-    def _now(self) -> tuple[float, float, float]:
-        return self._reduce(_readings())
+    def _now(self) -> Mark:
+        return self._reduce(readings(self._weigh))
 
-    def _reduce(self, readings: Any) -> tuple[float, float, float]:
-        """(clock, busy seconds counted, own seconds counted) from ``_readings()``."""
-        _, clock, per, own = readings
-        mine = [per[i] for i in self.cpus if i < len(per)] if self.cpus else per
-        return clock, busy_seconds(mine, self._count_niced), own.user + own.system
+    def _reduce(self, r: Readings) -> Mark:
+        mine = [r.cpus[i] for i in self.cpus if i < len(r.cpus)] if self.cpus else r.cpus
+        kernel = sum(getattr(t, f, 0.0) for t in mine for f in ("irq", "softirq", "steal"))
+        return Mark(r.clock, busy_seconds(mine, self._count_niced), r.own, kernel, r.procs)
 
     def others(self, window: float = LOAD_WINDOW_S, *, peek: bool = False) -> float | None:
         """None until ``window`` seconds have passed since the last look; ``peek``: the
         window goes on (the next look averages from the same start)."""
-        if time.monotonic() - self._mark[0] < window:
+        if time.monotonic() - self._mark.clock < window:
             return None
-        (t0, busy0, own0), now = self._mark, self._now()
+        before, now = self._mark, self._now()
         if not peek:
             self._mark = now
-        t1, busy1, own1 = now
-        return max(0.0, (busy1 - busy0 - (own1 - own0)) / (t1 - t0))
+        seconds = now.clock - before.clock
+        cores = max(0.0, now.busy - before.busy - (now.own - before.own))
+        if now.procs is None or before.procs is None or self._nice is None:
+            return cores / seconds
+        weighed = now.kernel - before.kernel
+        pid = os.getpid()
+        for p, (cpu, nice) in now.procs.items():
+            rose = cpu - before.procs.get(p, (0.0, 0))[0]  # a new one: all of its time
+            if rose > 0 and p != pid:
+                weighed += rose * priority_weight(nice, self._nice)
+        return min(cores, max(0.0, weighed)) / seconds

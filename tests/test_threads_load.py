@@ -36,7 +36,7 @@ class FakeTimes:
     """BusyCores._now's readings in turn: (wall, machine busy, own) seconds."""
 
     def __init__(self, readings):
-        self.readings = list(readings)
+        self.readings = [T.Mark(*r, 0.0, None) for r in readings]
 
     def __call__(self):
         return self.readings.pop(0)
@@ -60,7 +60,7 @@ def test_busy_cores_read_the_cores_this_process_may_use():
     if hasattr(os, "sched_getaffinity"):
         assert b.cores == len(os.sched_getaffinity(0))
     time.sleep(T.LOAD_WINDOW_S)
-    others = b.others()  # a real reading: psutil's times of those cores
+    others = b.others()  # a real reading: the OS's times of those cores
     assert others is not None and 0.0 <= others <= b.cores + 0.5  # ticks round (10 ms)
 
 
@@ -219,27 +219,80 @@ def test_niced_processes_count_as_busy_only_for_a_niced_process():
     assert T.busy_seconds(cpus, count_niced=True) == 7.875
 
 
+def _row(user: float, nice: float = 0.0) -> T.CpuTimes:
+    return T.CpuTimes(user=user, nice=nice, system=0.0, idle=0.0)
+
+
 def test_the_first_busy_cores_averages_from_the_engine_import(monkeypatch):
     """A load shorter than the first window still gets a reading of the cores' load: the
     process's first BusyCores starts at the readings taken as the engine was imported (one
     nice-0 loop beside it on one of two cores for the 2 s since), once; a forked child's
     inherited readings are not its own."""
-    from types import SimpleNamespace
-
-    import psutil
-
-    def row(user: float) -> SimpleNamespace:
-        return SimpleNamespace(user=user, nice=0.0, system=0.0)
-
-    own = SimpleNamespace(user=0.5, system=0.0)
     monkeypatch.setattr(T.os, "nice", lambda inc: 0)
     monkeypatch.setattr(T, "usable_cpus", lambda: [0, 1])
-    monkeypatch.setattr(psutil, "cpu_times", lambda percpu: [row(2.0), row(0.5)])
-    monkeypatch.setattr(psutil.Process, "cpu_times", lambda self: own)
+    now = T.Readings(os.getpid(), 12.0, [_row(2.0), _row(0.5)], 0.5, None)
+    monkeypatch.setattr(T, "readings", lambda per_process: now)
     monkeypatch.setattr(T.time, "monotonic", lambda: 12.0)
-    start = (os.getpid(), 10.0, [row(0.0), row(0.0)], SimpleNamespace(user=0.0, system=0.0))
+    start = T.Readings(os.getpid(), 10.0, [_row(0.0), _row(0.0)], 0.0, None)
     monkeypatch.setattr(T, "_AT_IMPORT", start)
     assert T.BusyCores().others(0.1, peek=True) == 1.0  # (2.5 busy - 0.5 ours) / 2 s
     assert T._AT_IMPORT is None and T.BusyCores().others(0.1) is None  # used once
-    monkeypatch.setattr(T, "_AT_IMPORT", (os.getpid() + 1, *start[1:]))
+    monkeypatch.setattr(T, "_AT_IMPORT", start._replace(pid=os.getpid() + 1))
     assert T.BusyCores().others(0.1) is None  # another process's readings
+
+
+@pytest.mark.parametrize(("their_nice", "want"), [
+    (0, 0.8 ** 10),  # a nice-0 loop beside us at nice -10: ~1 time slice in 10
+    (-10, 1.0),  # one of our own priority takes its fair share: counted whole
+    (-15, 1.0),  # a higher priority: whole too
+    (19, 0.8 ** 29),  # a nice-19 one next to nothing
+])
+def test_at_a_negative_nice_each_process_counts_by_its_priority(monkeypatch, their_nice,
+                                                                 want):
+    """At nice -10 the CPUs' "user" time holds nice-0 and nice -10 processes alike: the
+    busy cores come from each process whose CPU time rose, weighed by its priority against
+    ours; an idle process and this one do not count."""
+    me = os.getpid()
+    monkeypatch.setattr(T.os, "nice", lambda inc: -10)
+    monkeypatch.setattr(T, "usable_cpus", lambda: [0, 1])
+    # 2 s: the loop (pid 1) on one core, ours 0.5 s, an idle pid 2, a new pid 3 0.2 s.
+    before = T.Readings(me, 10.0, [_row(0.0), _row(0.0)], 0.0,
+                        {1: (5.0, their_nice), 2: (7.0, -10), me: (0.0, -10)})
+    after = T.Readings(me, 12.0, [_row(2.2), _row(0.5)], 0.5,
+                       {1: (7.0, their_nice), 2: (7.0, -10), 3: (0.2, -10), me: (0.5, -10)})
+    asked = []
+    monkeypatch.setattr(T, "readings", lambda per_process: asked.append(per_process) or after)
+    monkeypatch.setattr(T, "_AT_IMPORT", before)
+    monkeypatch.setattr(T.time, "monotonic", lambda: 12.0)
+    others = T.BusyCores().others(0.1)
+    assert asked == [True]  # read process by process
+    assert others == pytest.approx((2.0 * want + 0.2) / 2.0)
+
+
+def test_a_process_pinned_elsewhere_takes_none_of_our_cores(monkeypatch):
+    """The processes' weighed time is capped at what our cores' own times show busy."""
+    me = os.getpid()
+    monkeypatch.setattr(T.os, "nice", lambda inc: -10)
+    monkeypatch.setattr(T, "usable_cpus", lambda: [0])  # the loop runs on CPU 1
+    before = T.Readings(me, 10.0, [_row(0.0), _row(0.0)], 0.0, {1: (0.0, -10)})
+    after = T.Readings(me, 12.0, [_row(0.0), _row(2.0)], 0.0, {1: (2.0, -10)})
+    monkeypatch.setattr(T, "readings", lambda per_process: after)
+    monkeypatch.setattr(T, "_AT_IMPORT", before)
+    monkeypatch.setattr(T.time, "monotonic", lambda: 12.0)
+    assert T.BusyCores().others(0.1) == 0.0
+
+
+def test_the_cpus_times_are_read_without_psutil(monkeypatch):
+    """/proc/stat and /proc/<pid>/stat give what psutil would (it costs ~20 ms to import)."""
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc")
+    import psutil
+
+    ours, theirs = T.cpu_times(), psutil.cpu_times(percpu=True)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.user == pytest.approx(b.user, abs=1.0)  # read at two moments
+    procs = T.process_times()
+    own = psutil.Process()
+    assert procs[os.getpid()][1] == own.nice()
+    assert procs[os.getpid()][0] == pytest.approx(sum(own.cpu_times()[:2]), abs=0.5)
