@@ -152,3 +152,25 @@ def test_defined_symbols_reads_elf_objects_only() -> None:
 
     assert defined_symbols(b"\xcf\xfa\xed\xfe" + bytes(60)) is None  # Mach-O: numba's own
     assert defined_symbols(b"\x7fELF\x02\x01" + bytes(10)) is None  # cut short
+
+
+def test_a_kernel_of_ours_opens_its_cache_at_first_use() -> None:
+    """Decorating a kernel of this repository leaves its cache unopened (numba's checks of
+    the cache folders and the source stamp cost ~0.4 ms a kernel at import); the first use
+    opens numba's own, with our locator, in its place. Other functions keep numba's."""
+    import numba
+    from numba.core.caching import FunctionCache
+
+    from inference.backends.cpu import fused
+    from inference.backends.cpu.kernel_cache import LOCATORS
+    from inference.backends.cpu.kernel_load import CacheOnFirstUse
+
+    ours = numba.njit(cache=True)(fused.rms_norm_rows.py_func)
+    assert isinstance(ours._cache, CacheOnFirstUse)
+    assert isinstance(ours._cache._impl.locator, LOCATORS)  # the first use opens it
+    assert isinstance(ours._cache, FunctionCache)
+
+    def theirs(x: float) -> float:  # a test's function: not this repository's
+        return x + 1.0
+
+    assert isinstance(numba.njit(cache=True)(theirs)._cache, FunctionCache)

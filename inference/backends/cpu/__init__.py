@@ -18,7 +18,11 @@ Files, by what they hold (docs/ops.md maps each op to its method and kernel):
 - ``warm``: every kernel compiled into numba's cache once, at install.
 """
 
-from inference.backends.cpu.backend import (
+from inference.backends.cpu.kernel_load import install as _install_kernel_load
+
+_install_kernel_load()  # before any kernel module below is imported (decorated)
+
+from inference.backends.cpu.backend import (  # noqa: E402
     ACTIVATIONS,
     ACTIVATIONS_ENV,
     MATVEC_ROWS,

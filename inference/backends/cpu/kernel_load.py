@@ -13,6 +13,12 @@ load makes, to time compiles (:func:`_quiet_llvm_lock`). Nor do they parse the L
 numba keeps beside each kernel's machine code (a third of a load's time): only a compile
 that links the kernel into another reads it (:func:`_module_for_linking`), and the symbols
 the bitcode would name are read from the machine code's symbol table (:func:`_unserialize`).
+Nor does decorating a kernel of ours open its cache: numba's ``enable_caching`` builds a
+``FunctionCache`` (the locators' checks of the cache folders, the source stamp, the index
+names) for every ``cache=True`` kernel as its module is imported, ~0.4 ms each for the
+92 kernels, where a process runs a few dozen of them; :func:`_enable_caching` leaves a
+:class:`CacheOnFirstUse` instead, which builds numba's cache when something first asks
+it for anything (the kernel's first call looks its signature up there).
 
 Not part of :mod:`.kernel_cache`: every kernel's cache stamp covers that file (and this
 one changes nothing a kernel's machine code holds).
@@ -28,14 +34,16 @@ from typing import Any
 
 from llvmlite import binding as ll
 from llvmlite.binding import ffi
-from numba.core import caching, codegen
+from numba.core import caching, codegen, dispatcher
 from numba.core.runtime import rtsys
 
 from inference.backends.cpu.kernel_cache import LOCATORS
+from inference.backends.cpu.kernel_cache import _ours as is_ours
 
 _numba_load_overload = caching.Cache.load_overload
 _numba_unserialize = codegen.CPUCodeLibrary._unserialize
 _numba_module_for_linking = codegen.CPUCodeLibrary._get_module_for_linking
+_numba_enable_caching = dispatcher.Dispatcher.enable_caching
 _loading = threading.local()  # .ours: this thread is in _load_overload for our locators
 
 
@@ -142,10 +150,45 @@ def _quiet_llvm_lock() -> Iterator[None]:
             callbacks[:0] = kept
 
 
+class CacheOnFirstUse:
+    """A dispatcher's cache until it is first used: then numba's own (``enable_caching``),
+    which takes this one's place on the dispatcher and answers this and every later use."""
+
+    __slots__ = ("_dispatcher",)
+
+    def __init__(self, owner: Any) -> None:
+        self._dispatcher = owner
+
+    def __getattr__(self, name: str) -> Any:
+        owner = self._dispatcher
+        if owner._cache is self:  # two threads' first calls: the cache is made once
+            with _opening:
+                if owner._cache is self:
+                    _numba_enable_caching(owner)
+        return getattr(owner._cache, name)
+
+
+_opening = threading.Lock()
+
+
+def _enable_caching(self: Any) -> None:
+    """numba's ``Dispatcher.enable_caching``, deferred to the cache's first use
+    (:class:`CacheOnFirstUse`) for kernels of this repository."""
+    code = getattr(getattr(self, "py_func", None), "__code__", None)
+    if code is not None and is_ours(code.co_filename):
+        self._cache = CacheOnFirstUse(self)
+    else:
+        _numba_enable_caching(self)
+
+
 def install() -> None:
     """Load our cached kernels through :func:`_load_overload` from now on (where numba's
     cache has the methods it wraps; otherwise numba's own load stays), their machine code
-    through :func:`_unserialize` (where numba's code library has what it sets)."""
+    through :func:`_unserialize` (where numba's code library has what it sets), and open
+    their caches at first use (:func:`_enable_caching`). Before the first kernel is
+    decorated: the package's ``__init__`` runs it."""
+    if dispatcher.Dispatcher.enable_caching is _numba_enable_caching:
+        dispatcher.Dispatcher.enable_caching = _enable_caching
     if all(hasattr(caching.Cache, a) for a in ("_guard_against_spurious_io_errors",
                                                 "_load_overload")):
         caching.Cache.load_overload = _load_overload
