@@ -138,3 +138,23 @@ def test_a_header_parsed_by_an_earlier_process_comes_from_disk(
     _same_stamp_rewrite(tiny, tiny.read_bytes().replace(b"tok5", b"kot5", 1))
     monkeypatch.setattr(gguf_file, "open_gguf", parse)
     assert read_gguf(tiny).metadata["tokenizer.ggml.tokens"][5] == "kot5"  # not the disk's
+
+
+def test_a_kept_header_is_read_back_without_gguf_py(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a kept header pickles names no class of the gguf-py reader's module: reading
+    it back in a new process imports none of gguf-py (~20 ms of a load)."""
+    import pickle
+    import pickletools
+
+    from inference.formats import gguf_file
+
+    monkeypatch.setenv("INFERDESK_WEIGHT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_file, "MIN_HEADER_BYTES", 0)
+    read_gguf(tiny)
+    (kept,) = (tmp_path / "cache" / "headers").iterdir()
+    modules = {arg for op, arg, _ in pickletools.genops(kept.read_bytes())
+               if "UNICODE" in op.name and str(arg).startswith("inference")}
+    assert "inference.formats.strings" in modules  # the vocabulary's StringArray
+    assert not any("gguf_reader" in m for m in modules), modules
+    assert pickle.loads(kept.read_bytes()).metadata["tokenizer.ggml.tokens"]

@@ -156,7 +156,7 @@ class GGUFHeader:
     """A GGUF file's parsed header: its key/values and its tensor directory, no tensor data.
 
     ``metadata`` holds every key/value under its own name: strings as ``str``, numbers as
-    Python scalars, string arrays as :class:`.gguf_reader.StringArray` (a list of ``str``
+    Python scalars, string arrays as :class:`.strings.StringArray` (a list of ``str``
     decoded at its first read; invalid UTF-8 kept with ``surrogateescape``), numeric arrays
     as read-only ``np.ndarray`` (copies, not views of the file)."""
 
@@ -253,14 +253,25 @@ def read_header(path: str | Path) -> tuple[GGUFHeader, np.ndarray]:
     if stamp is not None and stamp[0] == len(data):  # parsed what was stat'ed
         _HEADERS.put(key, stamp, header)
         if header.length >= MIN_HEADER_BYTES:
-            save_pickle(key_path("headers", f"{key}|{stamp}"), header)
+            save_pickle(_header_path(key, stamp), header)
     return header, data
+
+
+# Raised when what a kept header pickles changes: 2, its strings' class moved to
+# :mod:`.strings` (a form-1 entry would import gguf-py to be read).
+HEADER_FORM = 2
+
+
+def _header_path(key: str, stamp: tuple[int, int]) -> Path | None:
+    """Where the parsed header of the file ``key`` (its resolved path) at ``stamp`` (size,
+    mtime) is kept between processes."""
+    return key_path("headers", f"{key}|{stamp}|{HEADER_FORM}")
 
 
 def _from_disk(key: str, stamp: tuple[int, int], data: np.ndarray) -> GGUFHeader | None:
     """The header parsed by an earlier process, if the file is as it was then (stamp in the
     key; the header's bytes hash the same)."""
-    header = load_pickle(key_path("headers", f"{key}|{stamp}"))
+    header = load_pickle(_header_path(key, stamp))
     if not isinstance(header, GGUFHeader) or _digest(data[:header.length]) != header.digest:
         return None
     for v in header.metadata.values():

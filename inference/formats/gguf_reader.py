@@ -5,9 +5,6 @@ cached parse of the file exists)."""
 from __future__ import annotations
 
 import re
-import struct
-import sys
-from collections import UserList
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +12,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from inference.errors import CorruptModelError, ModelNotFoundError, UnsupportedModelError
+from inference.formats.strings import U64, StringArray
 
 # Smallest encodings, used to reject counts that cannot fit in the file (a corrupt count
 # would otherwise make the reader loop for a very long time before running off the end).
@@ -23,7 +21,6 @@ _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 _ARRAY = int(GGUFValueType.ARRAY)
 _STRING = int(GGUFValueType.STRING)
 # A u64 in the file's byte order ("I": the host's, "S": swapped), as GGUFReader names them.
-_U64 = {"I": struct.Struct("=Q"), "S": struct.Struct("<Q" if sys.byteorder == "big" else ">Q")}
 
 
 class _UnknownType(Exception):
@@ -96,7 +93,7 @@ class _Reader(GGUFReader):
     def _extent(self, offs: int, count: int) -> int:
         """Bytes of ``count`` length-prefixed strings from ``offs`` (lengths checked)."""
         buf = memoryview(self._data)
-        unpack = _U64[self.byte_order].unpack_from
+        unpack = U64[self.byte_order].unpack_from
         end, pos = len(buf), offs
         for _ in range(count):
             if pos + 8 > end:
@@ -112,7 +109,7 @@ class _Reader(GGUFReader):
         One slice per string (the reader makes two NumPy views, ~60x slower); the views
         support ``tobytes`` and ``nbytes``, as the reader's parts do."""
         buf = memoryview(self._data)
-        u64 = _U64[self.byte_order]
+        u64 = U64[self.byte_order]
         end, pos, out = len(buf), offs, []
         for _ in range(count):
             if pos + 8 > end:
@@ -182,64 +179,6 @@ def field_value(f: Any) -> Any:
     if types[0] == GGUFValueType.STRING:
         return bytes(f.parts[-1]).decode("utf-8", "surrogateescape")
     return f.parts[-1].tolist()[0]
-
-
-class StringArray(UserList):
-    """A GGUF array of strings (the vocabulary's tokens, its merges), kept as the file's
-    bytes and decoded to ``str`` (invalid UTF-8 kept with ``surrogateescape``) the first
-    time an item is read: reading a header, listing a model or loading one whose tokenizer
-    is cached never decodes its 128k-400k strings, and the header pickles as one bytes
-    object. ``len`` needs no decoding. Behaves as the list it decodes to (slices,
-    ``+`` and copies are plain lists)."""
-
-    def __init__(self, blob: bytes, count: int, swapped: bool = False) -> None:
-        self._blob, self._count, self._swapped = blob, count, swapped
-        self._items: list[str] | None = None
-
-    @property  # type: ignore[override]
-    def data(self) -> list[str]:
-        if self._items is None:
-            self._items = _decode_strings(self._blob, self._count, self._swapped)
-        return self._items
-
-    @data.setter
-    def data(self, value: list[str]) -> None:
-        self._items = list(value)
-
-    def __len__(self) -> int:
-        return self._count if self._items is None else len(self._items)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self.data[i]
-
-    def __add__(self, other: Any) -> list[str]:
-        return self.data + list(other)
-
-    def __radd__(self, other: Any) -> list[str]:
-        return list(other) + self.data
-
-    def __mul__(self, n: int) -> list[str]:
-        return self.data * n
-
-    __rmul__ = __mul__
-
-    def copy(self) -> list[str]:
-        return list(self.data)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        if self._items is not None and len(self._items) != self._count:  # changed: as a list
-            return (list, (self._items,))
-        return (StringArray, (self._blob, self._count, self._swapped))
-
-
-def _decode_strings(blob: bytes, count: int, swapped: bool) -> list[str]:
-    u64 = _U64["S" if swapped else "I"].unpack_from
-    out, pos = [], 0
-    for _ in range(count):
-        (n,) = u64(blob, pos)
-        out.append(str(blob[pos + 8:pos + 8 + n], "utf-8", "surrogateescape"))
-        pos += 8 + n
-    return out
 
 
 def describe_error(e: Exception) -> str:
