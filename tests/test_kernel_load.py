@@ -174,3 +174,32 @@ def test_a_kernel_of_ours_opens_its_cache_at_first_use() -> None:
         return x + 1.0
 
     assert isinstance(numba.njit(cache=True)(theirs)._cache, FunctionCache)
+
+
+def test_a_kernel_load_rebuilds_numbas_helper_environments_without_their_modules() -> None:
+    """As one of our kernels loads, the environment of a numba helper compiled into it
+    (NumPy's dtype lowering, in numba.np.npyimpl: 50-60 ms of imports) is rebuilt without
+    importing the helper's module, which only object-mode code would read; outside such a
+    load, and for modules already imported, numba rebuilds it as before."""
+    from numba.core import environment
+
+    from inference.backends.cpu import kernel_load
+
+    name = "numba.np.not_a_module_of_numbas"
+    kernel_load._loading.ours = True
+    try:
+        env = environment._rebuild_env(name, [1.5], "_ZN08NumbaEnv_test_helper")
+    finally:
+        kernel_load._loading.ours = False
+    assert env.globals == {"__name__": name} and list(env.consts) == [1.5]
+    assert environment.lookup_environment("_ZN08NumbaEnv_test_helper") is env
+    import pytest
+
+    with pytest.raises(ImportError):  # not loading a kernel of ours: numba's own
+        environment._rebuild_env(name, [], "_ZN08NumbaEnv_test_other")
+    kernel_load._loading.ours = True
+    try:  # an imported module: its real globals
+        env = environment._rebuild_env("numba.core.environment", [], "_ZN08NumbaEnv_test_real")
+    finally:
+        kernel_load._loading.ours = False
+    assert env.globals is environment.__dict__

@@ -13,6 +13,11 @@ load makes, to time compiles (:func:`_quiet_llvm_lock`). Nor do they parse the L
 numba keeps beside each kernel's machine code (a third of a load's time): only a compile
 that links the kernel into another reads it (:func:`_module_for_linking`), and the symbols
 the bitcode would name are read from the machine code's symbol table (:func:`_unserialize`).
+Nor does a load import numba's modules whose compiled helpers a kernel links in (NumPy's
+``dtype`` and ``searchsorted`` lowerings in the parallel attention kernel: ``numba.np.npyimpl``,
+which fills numba's whole ufunc table as it is imported, and ``numba.np.arraymath``, 50-60
+ms): numba rebuilds each helper's environment from its module's globals, which only
+object-mode code reads (:func:`_rebuild_env`).
 Nor does decorating a kernel of ours open its cache: numba's ``enable_caching`` builds a
 ``FunctionCache`` (the locators' checks of the cache folders, the source stamp, the index
 names) for every ``cache=True`` kernel as its module is imported, ~0.4 ms each for the
@@ -28,13 +33,14 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from llvmlite import binding as ll
 from llvmlite.binding import ffi
-from numba.core import caching, codegen, dispatcher
+from numba.core import caching, codegen, dispatcher, environment
 from numba.core.runtime import rtsys
 
 from inference.backends.cpu.kernel_cache import LOCATORS
@@ -44,6 +50,7 @@ _numba_load_overload = caching.Cache.load_overload
 _numba_unserialize = codegen.CPUCodeLibrary._unserialize
 _numba_module_for_linking = codegen.CPUCodeLibrary._get_module_for_linking
 _numba_enable_caching = dispatcher.Dispatcher.enable_caching
+_numba_rebuild_env = environment._rebuild_env
 _loading = threading.local()  # .ours: this thread is in _load_overload for our locators
 
 
@@ -60,6 +67,24 @@ def _load_overload(self: caching.Cache, sig: Any, target_context: Any) -> Any:
         finally:
             _loading.ours = False
     return None  # the guard swallowed an I/O error: a miss, as in numba's own
+
+
+def _rebuild_env(modname: str, consts: Any, env_name: str) -> Any:
+    """numba's ``_rebuild_env`` (what a cached kernel's pickled environments call), less
+    importing a numba module not imported yet as one of our kernels loads: the environment
+    of a numba helper compiled into the kernel takes a stand-in for that module's globals,
+    holding its name. Compiled helpers of numba's are nopython code, which reads only an
+    environment's constants; only object-mode code reads its globals. Any other environment
+    is numba's own."""
+    if (getattr(_loading, "ours", False) and modname.startswith("numba.")
+            and modname not in sys.modules
+            and environment.lookup_environment(env_name) is None):
+        env = environment.Environment({"__name__": modname})
+        env.consts[:] = consts
+        env.env_name = env_name
+        environment.Environment._memo[env_name] = env
+        return env
+    return _numba_rebuild_env(modname, consts, env_name)
 
 
 def _unserialize(cls: type, codegen_: Any, state: tuple[str, str, Any]) -> Any:
@@ -189,6 +214,8 @@ def install() -> None:
     decorated: the package's ``__init__`` runs it."""
     if dispatcher.Dispatcher.enable_caching is _numba_enable_caching:
         dispatcher.Dispatcher.enable_caching = _enable_caching
+    if environment._rebuild_env is _numba_rebuild_env:  # what cached kernels' pickles name
+        environment._rebuild_env = _rebuild_env
     if all(hasattr(caching.Cache, a) for a in ("_guard_against_spurious_io_errors",
                                                 "_load_overload")):
         caching.Cache.load_overload = _load_overload
