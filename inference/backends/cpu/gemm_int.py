@@ -24,7 +24,6 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
-from numba.np.arrayobj import make_array, populate_array
 
 from inference.backends.cpu.ir import _i64_of, _item_ptr, _jit
 from inference.backends.cpu.layout import (
@@ -157,12 +156,14 @@ def _buffer(typingctx, xp):  # type: ignore[no-untyped-def]
     aty = types.Array(dtype, 2, "C")
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        from numba.np.arrayobj import populate_array  # a compile's: not every import's 23 ms
+
         ety = context.get_data_type(dtype)
         n = 16 * 2 * LANES
         slot = cgutils.alloca_once(builder, ir.ArrayType(ety, n))
         slot.align = 64
         data = builder.bitcast(slot, ety.as_pointer())
-        ary = make_array(aty)(context, builder)
+        ary = context.make_array(aty)(context, builder)
         size = context.get_constant(types.intp, dtype.bitwidth // 8)
         populate_array(ary, data=data,
                        shape=[context.get_constant(types.intp, 16),
