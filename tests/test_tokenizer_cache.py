@@ -160,3 +160,18 @@ def test_other_kinds_read_back_from_their_kept_form(name, tmp_path, monkeypatch)
     assert not builds
     assert kept.backend.to_str() == built.backend.to_str()
     _same(kept, built)
+
+
+def test_the_kept_form_holds_the_models_own_inputs(ckpt, tmp_path):
+    """The kept BPE model is the dict and the merge tuples its constructor takes, each
+    merge's pieces the vocabulary's own strings (kept once in the pickle): restoring it
+    rebuilds nothing in Python first."""
+    Tokenizer.from_gguf_metadata(ckpt.metadata, ckpt.identity)
+    (entry,) = (tmp_path / "cache" / "tokenizer").iterdir()
+    form = load_pickle(entry)["tokenizer"]
+    vocab, merges = form["vocab"], form["merges"]
+    assert isinstance(vocab, dict) and isinstance(merges, list)
+    assert (form["n_vocab"], form["n_merges"]) == (len(vocab), len(merges))
+    assert len(merges) == len(ckpt.metadata["tokenizer.ggml.merges"])
+    keys = {id(k) for k in vocab}
+    assert all(id(a) in keys and id(b) in keys for a, b in merges[:1000])
