@@ -203,3 +203,26 @@ def test_a_kernel_load_rebuilds_numbas_helper_environments_without_their_modules
     finally:
         kernel_load._loading.ours = False
     assert env.globals is environment.__dict__
+
+
+def test_an_array_argument_is_typed_as_numba_types_it_without_numpy_ma() -> None:
+    """A kernel's array argument whose class is ndarray is typed without numba's masked-array
+    check (which imports numpy.ma, 13 ms of a first load), as numba types it; a masked
+    array and a dtype numba has no type for keep numba's errors."""
+    import numpy as np
+    import pytest
+    from numba.core import errors
+    from numba.core.typing import typeof
+
+    from inference.backends.cpu import kernel_load
+
+    assert typeof.typeof_impl.dispatch(np.ndarray) is kernel_load._typeof_ndarray
+    base = np.zeros((4, 6), np.float32)
+    frozen = np.zeros(3, np.uint8)
+    frozen.flags.writeable = False
+    for a in (base, base.T, base[:, ::2], frozen, np.array([object()]), np.zeros(2, "M8[s]")):
+        assert typeof.typeof(a) == kernel_load._numba_typeof_ndarray(a, None)
+    with pytest.raises(errors.NumbaTypeError):
+        typeof.typeof(np.ma.masked_array([1.0, 2.0]))
+    with pytest.raises(errors.NumbaValueError):
+        typeof.typeof(np.zeros(2, ">f4" if np.little_endian else "<f4"))  # swapped bytes

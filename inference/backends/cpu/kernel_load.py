@@ -18,6 +18,10 @@ Nor does a load import numba's modules whose compiled helpers a kernel links in 
 which fills numba's whole ufunc table as it is imported, and ``numba.np.arraymath``, 50-60
 ms): numba rebuilds each helper's environment from its module's globals, which only
 object-mode code reads (:func:`_rebuild_env`).
+Nor does the first call of a kernel import ``numpy.ma`` (13 ms): numba types an array
+argument it has not seen the like of through ``typeof``, whose check that it is no masked
+array reads ``np.ma``; an array whose class is ``ndarray`` itself is none
+(:func:`_typeof_ndarray`).
 Nor does decorating a kernel of ours open its cache: numba's ``enable_caching`` builds a
 ``FunctionCache`` (the locators' checks of the cache folders, the source stamp, the index
 names) for every ``cache=True`` kernel as its module is imported, ~0.4 ms each for the
@@ -38,10 +42,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from llvmlite import binding as ll
 from llvmlite.binding import ffi
-from numba.core import caching, codegen, dispatcher, environment
+from numba.core import caching, codegen, dispatcher, environment, types
+from numba.core.errors import NumbaNotImplementedError
 from numba.core.runtime import rtsys
+from numba.core.typing import typeof
+from numba.np import numpy_support
 
 from inference.backends.cpu.kernel_cache import LOCATORS
 from inference.backends.cpu.kernel_cache import _ours as is_ours
@@ -51,6 +59,7 @@ _numba_unserialize = codegen.CPUCodeLibrary._unserialize
 _numba_module_for_linking = codegen.CPUCodeLibrary._get_module_for_linking
 _numba_enable_caching = dispatcher.Dispatcher.enable_caching
 _numba_rebuild_env = environment._rebuild_env
+_numba_typeof_ndarray = typeof.typeof_impl.dispatch(np.ndarray)
 _loading = threading.local()  # .ours: this thread is in _load_overload for our locators
 
 
@@ -85,6 +94,21 @@ def _rebuild_env(modname: str, consts: Any, env_name: str) -> Any:
         environment.Environment._memo[env_name] = env
         return env
     return _numba_rebuild_env(modname, consts, env_name)
+
+
+def _typeof_ndarray(val: np.ndarray, c: Any) -> Any:
+    """numba's type of an array argument, less the masked-array check for an array whose
+    class is ``ndarray`` itself (a subclass, or a dtype numba has no type for, takes
+    numba's own, with its errors)."""
+    if type(val) is np.ndarray:
+        try:
+            dtype = numpy_support.from_dtype(val.dtype)
+        except NumbaNotImplementedError:
+            pass
+        else:
+            return types.Array(dtype, val.ndim, numpy_support.map_layout(val),
+                               readonly=not val.flags.writeable)
+    return _numba_typeof_ndarray(val, c)
 
 
 def _unserialize(cls: type, codegen_: Any, state: tuple[str, str, Any]) -> Any:
@@ -216,6 +240,8 @@ def install() -> None:
         dispatcher.Dispatcher.enable_caching = _enable_caching
     if environment._rebuild_env is _numba_rebuild_env:  # what cached kernels' pickles name
         environment._rebuild_env = _rebuild_env
+    if typeof.typeof_impl.dispatch(np.ndarray) is _numba_typeof_ndarray:
+        typeof.typeof_impl.register(np.ndarray)(_typeof_ndarray)
     if all(hasattr(caching.Cache, a) for a in ("_guard_against_spurious_io_errors",
                                                 "_load_overload")):
         caching.Cache.load_overload = _load_overload
