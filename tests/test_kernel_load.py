@@ -176,10 +176,10 @@ def test_a_kernel_of_ours_opens_its_cache_at_first_use() -> None:
     assert isinstance(numba.njit(cache=True)(theirs)._cache, FunctionCache)
 
 
-def test_a_kernel_load_rebuilds_numbas_helper_environments_without_their_modules() -> None:
-    """As one of our kernels loads, the environment of a numba helper compiled into it
+def test_a_kernel_load_rebuilds_numbas_library_environments_without_their_modules() -> None:
+    """As one of our kernels loads, the environment of a numba library function compiled into it
     (NumPy's dtype lowering, in numba.np.npyimpl: 50-60 ms of imports) is rebuilt without
-    importing the helper's module, which only object-mode code would read; outside such a
+    importing the function's module, which only object-mode code would read; outside such a
     load, and for modules already imported, numba rebuilds it as before."""
     from numba.core import environment
 
@@ -188,11 +188,11 @@ def test_a_kernel_load_rebuilds_numbas_helper_environments_without_their_modules
     name = "numba.np.not_a_module_of_numbas"
     kernel_load._loading.ours = True
     try:
-        env = environment._rebuild_env(name, [1.5], "_ZN08NumbaEnv_test_helper")
+        env = environment._rebuild_env(name, [1.5], "_ZN08NumbaEnv_test_library")
     finally:
         kernel_load._loading.ours = False
     assert env.globals == {"__name__": name} and list(env.consts) == [1.5]
-    assert environment.lookup_environment("_ZN08NumbaEnv_test_helper") is env
+    assert environment.lookup_environment("_ZN08NumbaEnv_test_library") is env
     import pytest
 
     with pytest.raises(ImportError):  # not loading a kernel of ours: numba's own

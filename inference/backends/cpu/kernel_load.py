@@ -13,11 +13,11 @@ load makes, to time compiles (:func:`_quiet_llvm_lock`). Nor do they parse the L
 numba keeps beside each kernel's machine code (a third of a load's time): only a compile
 that links the kernel into another reads it (:func:`_module_for_linking`), and the symbols
 the bitcode would name are read from the machine code's symbol table (:func:`_unserialize`).
-Nor does a load import numba's modules whose compiled helpers a kernel links in (NumPy's
-``dtype`` and ``searchsorted`` lowerings in the parallel attention kernel: ``numba.np.npyimpl``,
-which fills numba's whole ufunc table as it is imported, and ``numba.np.arraymath``, 50-60
-ms): numba rebuilds each helper's environment from its module's globals, which only
-object-mode code reads (:func:`_rebuild_env`).
+Nor does a load import the numba modules whose compiled library functions a kernel links
+in (NumPy's ``dtype`` and ``searchsorted`` lowerings in the parallel attention kernel:
+``numba.np.npyimpl``, which fills numba's whole ufunc table as it is imported, and
+``numba.np.arraymath``, 50-60 ms): numba rebuilds each such function's environment from
+its module's globals, which only object-mode code reads (:func:`_rebuild_env`).
 Nor does the first call of a kernel import ``numpy.ma`` (13 ms): numba types an array
 argument it has not seen the like of through ``typeof``, whose check that it is no masked
 array reads ``np.ma``; an array whose class is ``ndarray`` itself is none
@@ -81,10 +81,10 @@ def _load_overload(self: caching.Cache, sig: Any, target_context: Any) -> Any:
 def _rebuild_env(modname: str, consts: Any, env_name: str) -> Any:
     """numba's ``_rebuild_env`` (what a cached kernel's pickled environments call), less
     importing a numba module not imported yet as one of our kernels loads: the environment
-    of a numba helper compiled into the kernel takes a stand-in for that module's globals,
-    holding its name. Compiled helpers of numba's are nopython code, which reads only an
-    environment's constants; only object-mode code reads its globals. Any other environment
-    is numba's own."""
+    of a numba library function compiled into the kernel takes a stand-in for that module's
+    globals, holding its name. numba's compiled library functions are nopython code, which
+    reads only an environment's constants; only object-mode code reads its globals. Any
+    other environment is numba's own."""
     if (getattr(_loading, "ours", False) and modname.startswith("numba.")
             and modname not in sys.modules
             and environment.lookup_environment(env_name) is None):
