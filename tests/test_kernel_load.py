@@ -226,3 +226,46 @@ def test_an_array_argument_is_typed_as_numba_types_it_without_numpy_ma() -> None
         typeof.typeof(np.ma.masked_array([1.0, 2.0]))
     with pytest.raises(errors.NumbaValueError):
         typeof.typeof(np.zeros(2, ">f4" if np.little_endian else "<f4"))  # swapped bytes
+
+
+RUNTIME_SCRIPT = r"""
+import numba
+import numpy as np
+from numba.core.runtime import nrtdynmod
+
+built = []
+real = nrtdynmod.create_nrt_module
+nrtdynmod.create_nrt_module = lambda ctx: (built.append(1), real(ctx))[1]
+
+from inference.backends.cpu import fused  # noqa: E402 (after the spy)
+
+x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+out = np.empty_like(x)
+fused.rms_norm_rows(x, np.ones(64, np.float32), 1e-6, out)  # the runtime, at the first load
+
+
+@numba.njit
+def allocates(n):  # compiled now: links the runtime's functions, allocates through them
+    return (np.arange(n) * 2.0).sum()
+
+
+assert allocates(10) == 90.0
+print("built", len(built))
+"""
+
+
+def test_numbas_runtime_is_compiled_once_then_read_back(tmp_path) -> None:
+    """The runtime's LLVM functions (compiled at every process's first kernel load, ~20 ms)
+    are kept in the weight cache by the first process and read back by the next, which
+    still compiles and runs a kernel that allocates through them."""
+    import os
+
+    env = {**os.environ, "INFERDESK_WEIGHT_CACHE": str(tmp_path)}
+    built = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", RUNTIME_SCRIPT], capture_output=True,
+                             text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        built.append(int(out.stdout.split()[-1]))
+    assert built == [1, 0]
+    assert list((tmp_path / "runtime").iterdir())

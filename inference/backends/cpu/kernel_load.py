@@ -18,6 +18,11 @@ in (NumPy's ``dtype`` and ``searchsorted`` lowerings in the parallel attention k
 ``numba.np.npyimpl``, which fills numba's whole ufunc table as it is imported, and
 ``numba.np.arraymath``, 50-60 ms): numba rebuilds each such function's environment from
 its module's globals, which only object-mode code reads (:func:`_rebuild_env`).
+Nor does the first load compile numba's runtime (NRT: its atomic reference counts and
+memory-info accessors, an LLVM module of its own, ~20 ms at every process's first kernel):
+its machine code is kept beside the packed weights, keyed by numba's and llvmlite's
+versions and the CPU numba compiles for, and loaded as a kernel's is
+(:func:`_compile_nrt_functions`).
 Nor does the first call of a kernel import ``numpy.ma`` (13 ms): numba types an array
 argument it has not seen the like of through ``typeof``, whose check that it is no masked
 array reads ``np.ma``; an array whose class is ``ndarray`` itself is none
@@ -47,7 +52,7 @@ from llvmlite import binding as ll
 from llvmlite.binding import ffi
 from numba.core import caching, codegen, dispatcher, environment, types
 from numba.core.errors import NumbaNotImplementedError
-from numba.core.runtime import rtsys
+from numba.core.runtime import nrtdynmod, rtsys
 from numba.core.typing import typeof
 from numba.np import numpy_support
 
@@ -60,6 +65,7 @@ _numba_module_for_linking = codegen.CPUCodeLibrary._get_module_for_linking
 _numba_enable_caching = dispatcher.Dispatcher.enable_caching
 _numba_rebuild_env = environment._rebuild_env
 _numba_typeof_ndarray = typeof.typeof_impl.dispatch(np.ndarray)
+_numba_compile_nrt_functions = nrtdynmod.compile_nrt_functions
 _loading = threading.local()  # .ours: this thread is in _load_overload for our locators
 
 
@@ -94,6 +100,39 @@ def _rebuild_env(modname: str, consts: Any, env_name: str) -> Any:
         environment.Environment._memo[env_name] = env
         return env
     return _numba_rebuild_env(modname, consts, env_name)
+
+
+def _runtime_key(codegen_: Any) -> str:
+    """What the runtime's machine code depends on: the compiler's versions and target."""
+    import llvmlite
+    import numba
+
+    return f"nrt|{numba.__version__}|{llvmlite.__version__}|{codegen_.magic_tuple()}"
+
+
+def _compile_nrt_functions(ctx: Any) -> Any:
+    """numba's ``compile_nrt_functions`` (the runtime's LLVM functions, which ``rtsys``
+    compiles once a process), read back from the weight cache where an earlier process
+    kept its machine code; else compiled as numba does, and kept."""
+    from inference.formats.cache import key_path, load_pickle, save_pickle
+
+    codegen_ = ctx.codegen()
+    path = key_path("runtime", _runtime_key(codegen_))
+    state = load_pickle(path)
+    if isinstance(state, tuple) and len(state) == 3 and state[1] == "object":
+        _loading.ours = True  # the machine code's symbols are read as a kernel's
+        try:
+            return codegen_.unserialize_library(state)
+        except Exception:  # noqa: BLE001 (llvmlite raises plain errors): compiled below
+            pass
+        finally:
+            _loading.ours = False
+    ir_mod, library = nrtdynmod.create_nrt_module(ctx)
+    library.enable_object_caching()
+    library.add_ir_module(ir_mod)
+    library.finalize()
+    save_pickle(path, library.serialize_using_object_code())
+    return library
 
 
 def _typeof_ndarray(val: np.ndarray, c: Any) -> Any:
@@ -240,6 +279,9 @@ def install() -> None:
         dispatcher.Dispatcher.enable_caching = _enable_caching
     if environment._rebuild_env is _numba_rebuild_env:  # what cached kernels' pickles name
         environment._rebuild_env = _rebuild_env
+    if (nrtdynmod.compile_nrt_functions is _numba_compile_nrt_functions
+            and all(hasattr(nrtdynmod, a) for a in ("create_nrt_module",))):
+        nrtdynmod.compile_nrt_functions = _compile_nrt_functions
     if typeof.typeof_impl.dispatch(np.ndarray) is _numba_typeof_ndarray:
         typeof.typeof_impl.register(np.ndarray)(_typeof_ndarray)
     if all(hasattr(caching.Cache, a) for a in ("_guard_against_spurious_io_errors",
