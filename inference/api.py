@@ -353,8 +353,14 @@ def load_model(name_or_path: str | Path | ModelSpec, backend: str = "auto",
         return connect(str(name_or_path), api_key=api_key)
     if n_layers is not None:
         n_layers = int_arg(n_layers, "n_layers", 1)
-    spec = name_or_path if isinstance(name_or_path, ModelSpec) else resolve(str(name_or_path))
-    ckpt = read_checkpoint(spec.path)
+    if isinstance(name_or_path, ModelSpec):
+        spec, ckpt = name_or_path, read_checkpoint(name_or_path.path)
+    else:  # a model file is read once, for its description and its load
+        path = Path(str(name_or_path).strip()).expanduser()
+        ckpt = read_checkpoint(path) if path.is_file() else None
+        spec = resolve(str(name_or_path), checkpoint=ckpt)
+        if ckpt is None:
+            ckpt = read_checkpoint(spec.path)
     model_type = ckpt.config.get("model_type", "?")
     mod = architecture(model_type, ckpt.path.name)
     qtypes = {t.qtype for t in ckpt.tensors.values()}

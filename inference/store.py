@@ -125,8 +125,10 @@ _spec_cache: dict[tuple[str, int, int], ModelSpec] = {}
 
 
 def spec_for_path(path: str | Path, *, name: str | None = None, source: str = "local",
-                  repo_id: str | None = None) -> ModelSpec:
-    """Describe the model at ``path`` (a .gguf file or a model directory); typed errors."""
+                  repo_id: str | None = None, checkpoint: Checkpoint | None = None
+                  ) -> ModelSpec:
+    """Describe the model at ``path`` (a .gguf file or a model directory); typed errors.
+    ``checkpoint``: the file's, read already (a load reads its file once)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelNotFoundError(f"No model file or directory at {path}.")
@@ -142,7 +144,8 @@ def spec_for_path(path: str | Path, *, name: str | None = None, source: str = "l
     key = (str(path.resolve()), sum(s.st_size for s in st), max(s.st_mtime_ns for s in st))
     cached = _spec_cache.get(key)
     if cached is None:
-        cached = _describe(read_checkpoint(path), key[1])
+        cached = _describe(checkpoint if checkpoint is not None else read_checkpoint(path),
+                           key[1])
         _spec_cache[key] = cached
     described = {f.name: getattr(cached, f.name) for f in fields(ModelSpec)
                  if f.name != "chat_template"}
@@ -427,9 +430,11 @@ def _discover_among(candidates: Iterable[_Candidate],
     return specs
 
 
-def resolve(name_or_path: str | Path, extra_paths: Iterable[str | Path] = ()) -> ModelSpec:
+def resolve(name_or_path: str | Path, extra_paths: Iterable[str | Path] = (), *,
+            checkpoint: Checkpoint | None = None) -> ModelSpec:
     """A store name (case-insensitive; an unambiguous prefix or fragment will do), a Hub
-    repo id already in the cache, or a path -> its :class:`ModelSpec`."""
+    repo id already in the cache, or a path -> its :class:`ModelSpec`. ``checkpoint``: the
+    file at that path, read already (:func:`spec_for_path`)."""
     text = str(name_or_path).strip()
     if not text:
         raise InvalidInputError("No model given: pass a store name or a path.")
@@ -438,8 +443,9 @@ def resolve(name_or_path: str | Path, extra_paths: Iterable[str | Path] = ()) ->
         real = path.resolve()
         for cand, name, source, repo in _candidates(extra_paths):  # a known path's name
             if cand.resolve() == real:  # only this one is read (a load reads no other)
-                return spec_for_path(cand, name=name, source=source, repo_id=repo)
-        return spec_for_path(path)
+                return spec_for_path(cand, name=name, source=source, repo_id=repo,
+                                     checkpoint=checkpoint)
+        return spec_for_path(path, checkpoint=checkpoint)
     if _looks_like_path(name_or_path, text):
         raise ModelNotFoundError(f"No model file or directory at {text}.")
 

@@ -158,3 +158,20 @@ def test_a_kept_header_is_read_back_without_gguf_py(
     assert "inference.formats.strings" in modules  # the vocabulary's StringArray
     assert not any("gguf_reader" in m for m in modules), modules
     assert pickle.loads(kept.read_bytes()).metadata["tokenizer.ggml.tokens"]
+
+
+def test_a_load_by_path_reads_the_file_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load given a model file's path reads it once, for its description and its load
+    (each read builds every tensor's view and hashes the header)."""
+    from inference import store
+    from inference.api import load_model
+    from inference.formats import gguf_file
+
+    path = store.resolve("SmolLM2-135M-Instruct.Q4_1").path
+    monkeypatch.setattr(store, "_spec_cache", {})  # as in a new process
+    reads: list[Path] = []
+    read = gguf_file.read_gguf
+    monkeypatch.setattr(gguf_file, "read_gguf", lambda p: (reads.append(Path(p)), read(p))[1])
+    model = load_model(str(path), backend="numpy", n_layers=1)
+    assert reads == [path]
+    assert model.spec.path == path and model.spec.architecture == "llama"

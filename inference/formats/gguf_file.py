@@ -147,7 +147,7 @@ class _TensorEntry:
     rows: tuple[int, ...]
 
     def view(self, data: np.ndarray) -> np.ndarray:
-        n = int(np.prod(self.rows)) * self.dtype.itemsize
+        n = math.prod(self.rows) * self.dtype.itemsize
         return data[self.offset:self.offset + n].view(self.dtype).reshape(self.rows)
 
 
