@@ -31,7 +31,7 @@ WIDTHS = list(cpu_quantize.LEVELS)
 
 
 def _gemm(w, xq, t0: int = 0, t1: int | None = None) -> np.ndarray:
-    tiles = len(w.blocks) // w.groups
+    tiles = len(w.codes) // w.groups
     out = np.zeros((xq[0].shape[0], tiles * LANES), dtype=np.float32)
     gemm_int.gemm_int(w.codes, w.high, w.blocks, w.kind, w.zero, *xq, out, t0,
                       tiles if t1 is None else t1)

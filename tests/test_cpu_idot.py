@@ -113,7 +113,7 @@ def test_one_call_linear_is_bitwise_the_two_calls(ci, qtype):
     w = ci.weight(_weight(qtype))
     x = np.random.default_rng(2).standard_normal((8, 512)).astype(np.float32) * 3
     for rows in range(1, 9):
-        one, two = (np.empty((rows, len(w.blocks) // w.groups * LANES), dtype=np.float32)
+        one, two = (np.empty((rows, len(w.codes) // w.groups * LANES), dtype=np.float32)
                     for _ in range(2))
         ci._matvec_into(x[:rows], w, one)
         xq = cpu_quantize.quantize_rows(x[:rows], ci.activations,

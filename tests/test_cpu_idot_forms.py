@@ -109,8 +109,12 @@ def _scales(rng, c: int):
 
 def _expected(kind, blocks, c, dx, xs, isum, subs=None):
     """NumPy float32, the tail's order: ``isum`` (GROUPS, ROWS, LANES) or, where ``subs``
-    (Q6_K's sub-scales, GROUPS x 2 x LANES) is given, (GROUPS, ROWS, 2, LANES)."""
-    halves = blocks[:, c].view(np.float16).astype(f32)  # (GROUPS, 2 * LANES)
+    (Q6_K's sub-scales, GROUPS x 2 x LANES) is given, (GROUPS, ROWS, 2, LANES). SUB16:
+    ``blocks`` are the super rows, block g's ``d`` the first LANES halves of row g // 8."""
+    if kind == SUB16:
+        halves = np.repeat(blocks[:, 0].view(np.float16).astype(f32), 8, axis=0)
+    else:
+        halves = blocks[:, c].view(np.float16).astype(f32)  # (GROUPS, 2 * LANES)
     out = np.empty((GROUPS, ROWS, LANES), dtype=f32)
     for g in range(GROUPS):
         for r in range(ROWS):
@@ -118,7 +122,7 @@ def _expected(kind, blocks, c, dx, xs, isum, subs=None):
             if kind == SUB16:
                 s0, s1 = isum[g, r].astype(f32)
                 sc0, sc1 = subs[g].astype(f32)
-                term = (halves[g, LANES:] * d) * (sc0 * s0 + sc1 * s1)
+                term = (halves[g, :LANES] * d) * (sc0 * s0 + sc1 * s1)
             else:
                 s = isum[g, r] if isum.ndim == 3 else isum[g, r].sum(axis=0)
                 s = s.astype(f32)
@@ -137,11 +141,13 @@ def _check(run, args, kinds, blocks, c, nrows, want, rng, subs=None):
     f32_row = rng.standard_normal((GROUPS, LANES)).astype(f32)
     f16_row = rng.standard_normal((GROUPS, 2 * LANES)).astype(np.float16).view(f32)
     for kind in kinds:
-        blocks[:, c] = f16_row if kind in (AFFINE_F16, SUB16) else f32_row
+        blocks[:, c] = f16_row if kind == AFFINE_F16 else f32_row
+        # SUB16: the super row of the blocks' super-block (GROUPS < 8: one), its d
+        scales = f16_row[:1, None] if kind == SUB16 else blocks
         codes, xp, *rest, dx, xs = args
         accs = np.zeros((GROUPS, ROWS, nrows, LANES), dtype=f32)
-        run(codes, xp, *rest, blocks, kind, dx, xs, accs)
-        exp = _expected(kind, blocks, c, dx, xs, want, subs)
+        run(codes, xp, *rest, scales, kind, dx, xs, accs)
+        exp = _expected(kind, scales, c, dx, xs, want, subs)
         for r0 in range(0, ROWS, nrows):
             got = accs[:, r0]  # (GROUPS, nrows, LANES)
             np.testing.assert_array_equal(got.view(np.uint32),

@@ -1,6 +1,7 @@
-"""Q6_K in 7 rows a block (inference/backends/cpu/layout.py): 4-bit nibbles, two planes of
-high bits (bits 4 and 5) and the ``SUB16`` row of scales, against its earlier 8-bit form
-(one int8 code ``q - 32`` a byte, 9 rows), which the kernels still take.
+"""Q6_K in 26 byte rows a block (inference/backends/cpu/layout.py): 4-bit nibbles, two
+planes of high bits (bits 4 and 5) and the ``SUB16`` int8 scales, its float16 ``d`` in the
+super-block's super row (the file's 840 bytes a 1024 weights), against its earlier 8-bit
+form (one int8 code ``q - 32`` a byte, 34 byte rows), which the kernels still take.
 
 The codes are the same integers either way and every kernel keeps its sums and float
 expression, so each must give bitwise what it gives the 8-bit form: the decode mat-vecs
@@ -47,13 +48,13 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint32)
 
 
-def test_q6_k_is_seven_rows_and_unpacks_to_gguf_py(pair):
+def test_q6_k_is_as_large_as_the_file_and_unpacks_to_gguf_py(pair):
     t, w, old = pair
-    assert (w.bits, w.kind, w.blocks.shape[1], old.blocks.shape[1]) == (6, SUB16, 7, 9)
+    assert (w.bits, w.kind, w.codes.shape[1], old.codes.shape[1]) == (6, SUB16, 26, 34)
     assert cpu_pack.packed_nbytes(t) == w.nbytes
     padded = -(-ROWS // 32) * 32  # rows in whole tiles
-    assert w.nbytes / (padded * BLOCK_TYPES["Q6_K"].row_bytes(K)) < 1.07  # the file's 840 / 896
-    assert np.shares_memory(w.high, w.blocks)  # the planes are a view, not a copy
+    assert w.nbytes == padded * BLOCK_TYPES["Q6_K"].row_bytes(K)  # as the file: 840 / 1024
+    assert np.shares_memory(w.high, w.data)  # the planes are a view, not a copy
     want = dequantize(np.asarray(t.data), GGMLQuantizationType.Q6_K).astype(np.float32)
     np.testing.assert_array_equal(_bits(cpu_pack.unpack(w)), _bits(want.reshape(ROWS, K)))
     np.testing.assert_array_equal(_bits(cpu_pack.unpack(old)), _bits(want.reshape(ROWS, K)))
@@ -78,7 +79,7 @@ def test_prefill_kernels_give_the_8_bit_forms_bits(pair):
     """dequant+sgemm's dequantization and the integer GEMM, called directly (which of
     them a product takes depends on the CPU: tests/test_cpu_routing.py)."""
     _, w, old = pair
-    tiles = len(w.blocks) // w.groups
+    tiles = len(w.codes) // w.groups
     outs = []
     for v in (w, old):
         wt = np.empty((K, tiles * 32), dtype=np.float32)

@@ -1,6 +1,6 @@
-"""Q4_K and Q5_K in the ``SUPER6`` lane layout (inference/backends/cpu/layout.py): one row
-of scales a block (the file's 6-bit scales and mins, its float16 d and dmin once per
-super-block) instead of ``AFFINE``'s float32 scale and bias rows.
+"""Q4_K and Q5_K in the ``SUPER6`` lane layout (inference/backends/cpu/layout.py): two byte
+rows of scales a block (the file's 6-bit scales and mins) and the float16 d and dmin once
+per super-block (its super row), instead of ``AFFINE``'s float32 scale and bias rows.
 
 ``f32(d) * sc`` and ``-(f32(dmin) * m)`` are exact in float32, so every kernel must give
 bitwise what it gives the same weights packed ``AFFINE``, and unpacking must give gguf-py's
@@ -42,9 +42,11 @@ def pair(request):
     return t, cpu_pack._pack(t, bits), cpu_pack._pack(t, bits, AFFINE)
 
 
-def test_super6_is_one_row_of_scales_and_unpacks_to_gguf_py(pair):
+def test_super6_is_two_byte_rows_of_scales_and_unpacks_to_gguf_py(pair):
     t, w, a = pair
-    assert (w.kind, w.blocks.shape[1], a.blocks.shape[1]) == (SUPER6, w.bits + 1, w.bits + 2)
+    # a block: its code bytes and two byte rows (sc, m); AFFINE: two float32 rows
+    assert (w.kind, w.codes.shape[1], a.blocks.shape[1]) == (SUPER6, 4 * w.bits + 2,
+                                                             w.bits + 2)
     assert cpu_pack.packed_nbytes(t) == w.nbytes
     want = dequantize(np.asarray(t.data), GGMLQuantizationType[t.qtype]).astype(np.float32)
     np.testing.assert_array_equal(cpu_pack.unpack(w).view(np.uint32),

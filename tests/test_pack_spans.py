@@ -32,8 +32,8 @@ def _same(t: TensorData) -> None:
     whole, shared = cpu_pack._pack(t, bits), cpu_pack._pack_shared(t, bits)
     assert (shared.bits, shared.zero, shared.kind, shared.shape) == (
         whole.bits, whole.zero, whole.kind, whole.shape)
-    assert shared.blocks.shape == whole.blocks.shape
-    assert shared.blocks.tobytes() == whole.blocks.tobytes()
+    assert shared.data.shape == whole.data.shape
+    assert shared.data.tobytes() == whole.data.tobytes()
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -57,7 +57,7 @@ def test_stacked_parts_meeting_inside_a_span() -> None:
     assert bits is not None
     shared = cpu_pack._pack_shared(t, bits)  # before t.data exists: from the parts
     assert t._data is None  # type: ignore[attr-defined]
-    assert shared.blocks.tobytes() == cpu_pack._pack(t, bits).blocks.tobytes()
+    assert shared.data.tobytes() == cpu_pack._pack(t, bits).data.tobytes()
 
 
 def _pack_all(fail: bool = False) -> list[cpu_pack.PackedWeight | cpu_pack.RawWeight]:
@@ -98,4 +98,4 @@ def test_streamed_store_is_the_store_written_from_memory(tmp_path: Path,
     again = cpu_pack.PackStore(folder)  # read back: the weights this load packed
     for i, (q, w) in enumerate(zip(TYPES, made, strict=True)):
         got = again.get(_named(random_tensor(q, ROWS, K, i), i))
-        assert got is not None and got.blocks.tobytes() == w.blocks.tobytes()
+        assert got is not None and got.data.tobytes() == w.data.tobytes()

@@ -649,7 +649,7 @@ class CpuBackend(NumpyBackend):
             r0, r1 = t0 * LANES, min(n_out, t1 * LANES)
             np.matmul(x, wt[:, : r1 - r0], out=y[:, r0:r1])
 
-        return y, tiles, len(w.blocks) // w.groups, _tile_step(k)
+        return y, tiles, len(w.codes) // w.groups, _tile_step(k)
 
     def _gemm_plan(self, xq: tuple[np.ndarray, ...], w: PackedWeight
                    ) -> tuple[np.ndarray, Callable[[int, int], None], int, int]:
@@ -657,7 +657,7 @@ class CpuBackend(NumpyBackend):
         once (``xq``): W's tiles shared out, each thread's whole range in one call. Each
         row's result is the bits the decode mat-vec gives it."""
         out = _lanes_out(xq[0].shape[0], w)
-        tiles = len(w.blocks) // w.groups
+        tiles = len(w.codes) // w.groups
 
         def tiles_(t0: int, t1: int) -> None:
             gemm_int.gemm_int(w.codes, w.high, w.blocks, w.kind, w.zero, *xq, out, t0, t1)
@@ -1117,7 +1117,7 @@ def _close_all(workers: list[SpinWorker]) -> None:
 def _lanes_out(rows: int, w: PackedWeight) -> np.ndarray:
     """What a mat-vec kernel of ``w`` writes for ``rows`` rows: W's whole tiles of lanes
     (columns past W's rows where its last tile is partial)."""
-    return np.empty((rows, len(w.blocks) // w.groups * LANES), dtype=np.float32)
+    return np.empty((rows, len(w.codes) // w.groups * LANES), dtype=np.float32)
 
 
 def _w_columns(out: np.ndarray, w: PackedWeight) -> np.ndarray:

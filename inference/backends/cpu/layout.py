@@ -19,21 +19,28 @@ Output rows are grouped in tiles of ``LANES`` rows and the input dimension in gr
   biases; ``AFFINE_F16`` row ``C`` holds float16 scales then float16 biases, for types
   whose file stores them so (Q4_1, MLX with float16 scales): one row fewer, so a Q4_1
   block is as large as in the file; ``SUB16`` (Q6_K, 6-bit codes standing for ``q - 32``)
-  row ``C`` holds as bytes an int8 scale for codes 0-15 and one for codes 16-31 of each
-  lane, then the lane's float16 ``d``: ``w = (d * scale) * (q - 32)``, as in the file
-  (the kernels also take it over 8-bit int8 codes ``q - 32``, the layout before the
-  6-bit one: the tests' reference); ``SUPER6``
-  (Q4_K, Q5_K: 6-bit sub-block scales under a float16 super-block scale) row ``C`` holds
-  as bytes each lane's 6-bit scale ``sc`` (byte row ``4C``) and min ``m`` (``4C + 1``),
-  then float16s: the super-block's ``d`` in the row of its first group (``8k``) and its
-  ``dmin`` in that of the next (``8k + 1``), zero in the others; a block finds them at
-  ``blk & ~7`` and the block after it (:func:`super_block`: a super-block is 8 groups of
-  one tile, and a tile's groups are consecutive blocks). ``scale = f32(d) * sc`` and
-  ``bias = -(f32(dmin) * m)`` are exact in float32 (11-bit times 6-bit mantissas), the
-  values ``AFFINE`` stores in two float32 rows: 1 bit a weight for 2.
+  byte rows ``4C`` and ``4C + 1`` hold an int8 scale for codes 0-15 and one for codes
+  16-31 of each lane, under the super-block's float16 ``d``: ``w = (d * scale) * (q -
+  32)``, as in the file (the kernels also take it over 8-bit int8 codes ``q - 32``, the
+  layout before the 6-bit one: the tests' reference); ``SUPER6`` (Q4_K, Q5_K: 6-bit
+  sub-block scales under a float16 super-block scale) byte rows ``4C`` and ``4C + 1``
+  hold each lane's 6-bit scale ``sc`` and min ``m``; ``scale = f32(d) * sc`` and ``bias =
+  -(f32(dmin) * m)`` are exact in float32 (11-bit times 6-bit mantissas), the values
+  ``AFFINE`` stores in two float32 rows.
 
-Bytes a weight against the file: Q4_K 1.11x, Q5_K 1.09x, Q6_K 1.07x (7 rows of 128 bytes
-for 1024 weights, the file 840).
+The K-quant kinds (``SUB16``, ``SUPER6``) keep a block to its bytes: its ``4C`` code byte
+rows, then the two byte rows of scales, ``4C + 2`` rows of LANES bytes (:func:`block_rows`),
+not padded to whole float32 rows. The float16 scales that a super-block's 8 groups share
+(:data:`SUPER_GROUPS` consecutive blocks of one tile: a tile's groups are consecutive
+blocks) sit after all the blocks, one super row a super-block (:func:`super_row`):
+SUPER6 LANES float32 words, the lanes' ``d`` as float16 then their ``dmin``; SUB16
+LANES / 2 words, the lanes' ``d``. The kernels read the blocks through the byte view
+``codes`` (nblk, 4C + 2, LANES) and the super rows through ``blocks`` (nsb, 1, words)
+float32, the array that holds the float rows of scales of the other kinds.
+
+Bytes a weight against the file: Q4_K 592 a 1024 weights against 576 (1.028x), Q5_K 720
+against 704 (1.023x), Q6_K 840 as the file (1.0x); the layout that gave each block a
+whole float32 row of scales took Q4_K 1.11x, Q5_K 1.09x, Q6_K 1.07x.
 """
 
 from __future__ import annotations
@@ -47,14 +54,26 @@ from inference.backends.cpu.ir import _f32, _half, _jit
 LANES = 32
 GROUP = 32
 SYMMETRIC, AFFINE, AFFINE_F16, SUB16, SUPER6 = 0, 1, 2, 3, 4  # scale layouts (above)
-SUPER_GROUPS = 8  # SUPER6: groups of 32 in a K-quant super-block
+SUPER_GROUPS = 8  # SUB16, SUPER6: groups of 32 in a K-quant super-block
+SUPER_SHIFT = 3  # log2(SUPER_GROUPS)
+
+
+def block_rows(bits: int) -> int:
+    """SUB16 / SUPER6: rows of LANES bytes a block of ``bits``-bit codes takes (its codes,
+    then its two rows of scales)."""
+    return 4 * bits + 2
+
+
+def super_words(kind: int) -> int:
+    """Float32 words of a super row: SUPER6 the lanes' ``d`` and ``dmin`` as float16,
+    SUB16 their ``d``; other kinds have none."""
+    return LANES if kind == SUPER6 else LANES // 2 if kind == SUB16 else 0
 
 
 @_jit(inline="always")
-def super_block(blk: int) -> int:
-    """SUPER6: the block whose row of scales holds block ``blk``'s float16 ``d`` (and the
-    block after it, ``dmin``)."""
-    return blk - (blk & (SUPER_GROUPS - 1))
+def super_row(blk: int) -> int:
+    """SUB16 / SUPER6: the super row holding block ``blk``'s float16 ``d`` (and ``dmin``)."""
+    return blk >> SUPER_SHIFT
 
 
 @_jit(inline="always")
@@ -107,18 +126,18 @@ def _block_scales(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, blk
     (``sg2``), and its bias (``zg``), as float32."""
     n = sg.shape[0]
     if kind == SUB16:
-        d = halves[blk, c]
+        d = halves[super_row(blk), 0]
         for lane in range(n):
-            dl = _half(d[n + lane])
+            dl = _half(d[lane])
             sg[lane] = dl * _f32(np.int32(np.int8(codes[blk, 4 * c, lane])))  # int8 scales
             sg2[lane] = dl * _f32(np.int32(np.int8(codes[blk, 4 * c + 1, lane])))
             zg[lane] = _f32(0.0)
         return
     if kind == SUPER6:
-        d, dmin = halves[super_block(blk), c], halves[super_block(blk) + 1, c]
+        h = halves[super_row(blk), 0]
         for lane in range(n):
-            sg[lane] = _half(d[n + lane]) * _f32(np.int32(codes[blk, 4 * c, lane]))
-            zg[lane] = -(_half(dmin[n + lane]) * _f32(np.int32(codes[blk, 4 * c + 1, lane])))
+            sg[lane] = _half(h[lane]) * _f32(np.int32(codes[blk, 4 * c, lane]))
+            zg[lane] = -(_half(h[n + lane]) * _f32(np.int32(codes[blk, 4 * c + 1, lane])))
     elif kind == AFFINE_F16:
         row = halves[blk, c]
         for lane in range(n):

@@ -43,6 +43,7 @@ from inference.backends.cpu.layout import (
     code,
     code_rows,
     scale_scratch,
+    super_row,
 )
 
 
@@ -183,11 +184,12 @@ def matvec_q4_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
     (nblk, 2, 4, LANES); T is small (decode).
 
     codes (nblk, 4*R, LANES), halves (nblk, R, 2*LANES) and flat (nblk*R*4*LANES,) are
-    byte, uint16 and flat byte views of blocks (nblk, R, LANES) float32."""
+    byte, uint16 and flat byte views of blocks (nblk, R, LANES) float32; SUB16 / SUPER6:
+    codes the blocks' bytes, blocks the super rows (:mod:`.layout`)."""
     groups = x.shape[1] // GROUP
     xsum = group_sums(x)
-    tiles = blocks.shape[0] // groups
-    row_bytes = blocks.shape[1] * LANES * 4
+    tiles = codes.shape[0] // groups
+    row_bytes = codes.shape[1] * LANES  # a block's bytes (codes: its byte view)
     nl = codes.shape[2]  # == LANES, but a runtime trip count: see module docstring
     c = code_rows(high)  # the block's row of scales
     for t in prange(tiles):
@@ -215,9 +217,9 @@ def matvec_q4_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
                         acc[lane] += (sg[lane] * _codes_nib(cb, high, blk, xi, b0, lane)
                                       + zg[lane] * xs)
                 elif kind == SUB16:  # Q6_K: matvec_q8_f32's expression, so its bits
-                    h = halves[blk, c]
+                    h = halves[super_row(blk), 0]
                     for lane in range(nl):
-                        acc[lane] += _half(h[nl + lane]) * _sub16(cb, high, blk, xi, b0, lane, c)
+                        acc[lane] += _half(h[lane]) * _sub16(cb, high, blk, xi, b0, lane, c)
                 elif kind == SUPER6:  # AFFINE's scales, made in memory: AFFINE's bits
                     _block_scales(codes, blocks, halves, blk, c, kind, zero, sk, sk2, zk)
                     for lane in range(nl):
@@ -240,8 +242,8 @@ def matvec_q8_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
     the branch kept the lane loops from vectorising."""
     groups = x.shape[1] // GROUP
     xsum = group_sums(x)
-    tiles = blocks.shape[0] // groups
-    row_bytes = blocks.shape[1] * LANES * 4
+    tiles = codes.shape[0] // groups
+    row_bytes = codes.shape[1] * LANES  # a block's bytes (codes: its byte view)
     nl = codes.shape[2]  # == LANES, but a runtime trip count: see module docstring
     for t in prange(tiles):
         acc = np.empty(nl, dtype=np.float32)
@@ -256,9 +258,9 @@ def matvec_q8_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
                 b0 = g * GROUP
                 xs = xsum[i, g]
                 if kind == SUB16:  # Q6_K: a scale per 16 codes times a float16 d
-                    h = halves[blk, 8]
+                    h = halves[super_row(blk), 0]
                     for lane in range(nl):
-                        acc[lane] += _half(h[nl + lane]) * (
+                        acc[lane] += _half(h[lane]) * (
                             _f32(np.int32(cb[32, lane])) * _codes16(cb, xi, b0, lane, 0)
                             + _f32(np.int32(cb[33, lane])) * _codes16(cb, xi, b0, lane, 16))
                 elif kind == AFFINE_F16:
@@ -316,8 +318,8 @@ def matvec_q8_f32_pairs(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarra
     batching relies on this exactness (inference/server/scheduler.py)."""
     rows = x.shape[0]
     groups = x.shape[1] // GROUP
-    tiles = blocks.shape[0] // groups
-    row_bytes = blocks.shape[1] * LANES * 4
+    tiles = codes.shape[0] // groups
+    row_bytes = codes.shape[1] * LANES  # a block's bytes (codes: its byte view)
     nl = codes.shape[2]
     for t in prange(tiles):
         acc = np.zeros((rows, nl), dtype=np.float32)
@@ -341,9 +343,9 @@ def matvec_q8_f32_pairs(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarra
                 for r in range(2):
                     a = acc[i + r]
                     if kind == SUB16:
-                        d = halves[blk, 8]
+                        d = halves[super_row(blk), 0]
                         for lane in range(nl):
-                            a[lane] += _half(d[nl + lane]) * (
+                            a[lane] += _half(d[lane]) * (
                                 _f32(np.int32(cb[32, lane])) * s[r * nl + lane]
                                 + _f32(np.int32(cb[33, lane])) * h[r * nl + lane])
                     else:

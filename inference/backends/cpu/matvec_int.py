@@ -87,7 +87,14 @@ from inference.backends.cpu.ir import (
     _splat,
     half_to_float,
 )
-from inference.backends.cpu.layout import AFFINE, AFFINE_F16, LANES, SUB16, SUPER6, SUPER_GROUPS
+from inference.backends.cpu.layout import (
+    AFFINE,
+    AFFINE_F16,
+    LANES,
+    SUB16,
+    SUPER6,
+    SUPER_SHIFT,
+)
 from inference.backends.cpu.quantize import _quantized
 
 _f32 = np.float32
@@ -192,11 +199,18 @@ class _Tail:
         ptr = self._ptr(self.tys[0], self.blocks, [self.blk, row, lane])
         return self._vec(ptr, n, ir.FloatType())
 
-    def _halves(self, lane: int, n: int, blk: ir.Value | None = None) -> ir.Value:
-        """float16 values ``lane:lane+n`` of row ``c`` of the block (or of block ``blk``)
-        read as 2 * LANES halves."""
-        ptr = self._ptr(self.tys[0], self.blocks, [self.blk if blk is None else blk, self.c, 0])
+    def _halves(self, lane: int, n: int, blk: ir.Value | None = None, row: int | None = None
+                ) -> ir.Value:
+        """float16 values ``lane:lane+n`` of row ``c`` of the block (or of row ``row`` of
+        entry ``blk`` of ``blocks``) read as 2 * LANES halves."""
+        ptr = self._ptr(self.tys[0], self.blocks, [self.blk if blk is None else blk,
+                                                   self.c if row is None else row, 0])
         return half_to_float(self.builder, self._vec(ptr, n, _i16, lane))
+
+    def _super(self, lane: int, n: int) -> ir.Value:
+        """float16 values ``lane:lane+n`` of the block's super row (SUB16, SUPER6)."""
+        sb = self.builder.ashr(self.blk, ir.Constant(_i64, SUPER_SHIFT))
+        return self._halves(lane, n, sb, 0)
 
     def _subscales(self, row: int, lane: int, n: int, signed: bool = False) -> ir.Value:
         """Code bytes ``lane:lane+n`` of row ``row`` of the block as float32: ``signed``
@@ -257,11 +271,8 @@ class _Tail:
                          for lane, n in runs])
 
         def super6() -> None:
-            top = b.and_(self.blk, ir.Constant(_i64, -SUPER_GROUPS))
-            nxt = b.add(top, ir.Constant(_i64, 1))
-            with_scales([(b.fmul(self._halves(LANES + lane, n, top),
-                                 self._subscales(4 * self.c, lane, n)),
-                          b.fneg(b.fmul(self._halves(LANES + lane, n, nxt),
+            with_scales([(b.fmul(self._super(lane, n), self._subscales(4 * self.c, lane, n)),
+                          b.fneg(b.fmul(self._super(LANES + lane, n),
                                         self._subscales(4 * self.c + 1, lane, n))))
                          for lane, n in runs])
 
@@ -272,7 +283,7 @@ class _Tail:
                               splat(b.fmul(self.zero, xsum), n))))
 
         def sub16() -> None:
-            dq = [self._halves(LANES + lane, n) for lane, n in runs]
+            dq = [self._super(lane, n) for lane, n in runs]
             sc = [(self._subscales(4 * self.c, lane, n, True),
                    self._subscales(4 * self.c + 1, lane, n, True)) for lane, n in runs]
             accumulate(lambda d, xsum, k, n, a, h: b.fmul(
@@ -1017,7 +1028,7 @@ def _tile_rows(codes: np.ndarray, blocks: np.ndarray, flat: np.ndarray,
     """Rows ``i:i+n`` of tile ``t`` of ``out``, the ``n`` rows sharing each unpacking of a
     block's codes. Inlined, with ``n`` a constant at every call: one dot body a loop."""
     groups = dx.shape[1]
-    row_bytes = blocks.shape[1] * LANES * 4
+    row_bytes = codes.shape[1] * LANES  # a block's bytes (codes: its byte view)
     accs[:n] = 0.0
     for g in range(groups):
         blk = t * groups + g
@@ -1086,7 +1097,7 @@ def matvec_packed_int(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray,
     groups' loop ran up to 10% slower at B=2 (the loop then held three inlined dots). A
     row's result is the same bits in any group."""
     rows = dx.shape[0]
-    tiles = blocks.shape[0] // dx.shape[1]
+    tiles = codes.shape[0] // dx.shape[1]
     xq = split_activations(xp, codes, high)
     for t in prange(tiles):
         accs = np.empty((ROW_GROUP, LANES), dtype=np.float32)

@@ -9,7 +9,8 @@ planes; other types take 8. Scales
 and biases stay float16 where
 the file has them so and both are needed (Q4_1, MLX with float16 scales: ``AFFINE_F16``),
 else float32; Q4_K and Q5_K keep the file's 6-bit scales and mins and float16 ``d``,
-``dmin`` (``SUPER6``: a Q4_K scale is a float16 times a 6-bit integer, not a float16).
+``dmin`` (``SUPER6``: a Q4_K scale is a float16 times a 6-bit integer, not a float16), the
+float16s once a super-block (``layout``: the K-quants' super rows).
 
 8-bit codes are signed whatever the type (one kernel per code width, so a model's first
 load compiles fewer of them): MLX's unsigned 8-bit codes ``c`` become ``c - 128`` with the
@@ -17,8 +18,8 @@ bias moved by ``128 * scale`` (in float32: one rounding of at most 2^-24 of the 
 bias), as Q8_0's are.
 
 Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
-its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.11x, Q5_0 1.09x, Q5_1 1.0x, Q5_K
-1.09x, Q6_K 1.07x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
+its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.03x, Q5_0 1.09x, Q5_1 1.0x, Q5_K
+1.02x, Q6_K 1.0x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
 Other types (Q3_K, Q2_K, F16, BF16, 3/6-bit MLX) stay as raw file bytes (1.0x):
 :mod:`.raw` reads the GGML ones and the floats block by block; MLX's are dequantized
 by NumPy a chunk of rows at a time (slow); they are views of the file's memory map, so
@@ -67,6 +68,8 @@ from inference.backends.cpu.layout import (
     SUPER6,
     SUPER_GROUPS,
     SYMMETRIC,
+    block_rows,
+    super_words,
 )
 from inference.backends.cpu.pack_kernels import TYPE_CODES, pack_rows
 from inference.backends.cpu.raw import CODE, dequant_rows, run_size
@@ -97,18 +100,31 @@ class PackedWeight:
     """An (out, in) matrix in lane blocks (see :mod:`.layout`); rows padded to whole
     tiles of ``LANES`` with zero scales."""
 
-    blocks: np.ndarray  # (tiles * K/32, R, LANES) float32: code bytes, scale[, bias]
+    # float32: (tiles * K/32, R, LANES) blocks of code bytes, scale[, bias]; SUB16 and
+    # SUPER6: (n,), the blocks' bytes then the super rows (layout docstring)
+    data: np.ndarray
     bits: int  # 4, 5, 6 (Q6_K) or 8
     zero: float  # SYMMETRIC: w = scale * (code - zero)
     shape: tuple[int, int]  # logical (out, in)
     kind: int = SYMMETRIC  # how a block holds its scales (layout docstring)
 
     def __post_init__(self) -> None:
-        n = self.blocks.shape[0]
-        self.codes = self.blocks.view(np.int8 if self.bits == 8 else np.uint8  # module doc
-                                      ).reshape(n, -1, LANES)
+        code_type = np.int8 if self.bits == 8 else np.uint8  # module docstring
+        if self.kind in (SUB16, SUPER6):
+            n = -(-self.shape[0] // LANES) * (self.shape[1] // GROUP)
+            flat = self.data.reshape(-1).view(np.uint8)
+            cut = n * block_rows(self.bits) * LANES
+            self.flat = flat[:cut]  # the blocks' bytes (prefetched by the kernels)
+            self.codes = self.flat.view(code_type).reshape(n, -1, LANES)
+            # the super rows, where the kernels read the other kinds' float scales
+            self.blocks = flat[cut:].view(np.float32).reshape(
+                n // SUPER_GROUPS, 1, super_words(self.kind))
+        else:
+            n = self.data.shape[0]
+            self.blocks = self.data
+            self.codes = self.data.view(code_type).reshape(n, -1, LANES)
+            self.flat = self.data.reshape(-1).view(np.uint8)
         self.halves = self.blocks.view(np.uint16)
-        self.flat = self.blocks.reshape(-1).view(np.uint8)
         # The planes of high bits after the nibbles: 5-bit codes (n, 4, LANES), 6-bit
         # (n, 2, 4, LANES): bit 4's plane, then bit 5's; else None. The kernels specialise
         # on its type (layout.code_rows).
@@ -127,7 +143,7 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        return int(self.blocks.nbytes)
+        return int(self.data.nbytes)
 
 
 @dataclass
@@ -222,9 +238,16 @@ def packed_nbytes(t: TensorData) -> int | None:
     bits = packed_bits(t)
     if bits is None:
         return None
-    tiles, groups = -(-t.shape[0] // LANES), t.shape[1] // GROUP
-    rows = bits + (2 if _kind(t) == AFFINE else 1)
-    return tiles * groups * rows * LANES * 4
+    return 4 * int(np.prod(_data_shape(t, bits, _kind(t))))
+
+
+def _data_shape(t: TensorData, bits: int, kind: int) -> tuple[int, ...]:
+    """The float32 shape of a PackedWeight's ``data`` for ``t`` in ``bits``-bit codes."""
+    nblk = -(-t.shape[0] // LANES) * (t.shape[1] // GROUP)
+    if kind in (SUB16, SUPER6):
+        return (nblk * block_rows(bits) * LANES // 4
+                + nblk // SUPER_GROUPS * super_words(kind),)
+    return (nblk, bits + (2 if kind == AFFINE else 1), LANES)
 
 
 def packed_bits(t: TensorData) -> int | None:
@@ -239,8 +262,8 @@ def packed_bits(t: TensorData) -> int | None:
     bits = (4 if t.qtype in FOUR_BIT else 5 if t.qtype in FIVE_BIT
             else 6 if t.qtype == "Q6_K" else 8)
     file_bytes = t.shape[0] * BLOCK_TYPES[t.qtype].row_bytes(t.shape[1])
-    scale_bytes = 4 if _kind(t) != AFFINE else 8  # per group: one float32 row, or two
-    packed = t.shape[0] * t.shape[1] * (bits / 8 + scale_bytes / GROUP)
+    tiles = -(-t.shape[0] // LANES)  # the bytes of the rows, less the last tile's padding
+    packed = 4 * np.prod(_data_shape(t, bits, _kind(t))) * t.shape[0] / (tiles * LANES)
     return bits if packed <= MAX_GROWTH * file_bytes else None
 
 
@@ -376,9 +399,9 @@ def _pack_shared(t: TensorData, bits: int) -> PackedWeight:
         part = _pack(_rows(t, sources, *rows), bits)
         with lock:
             if not made:
-                made.append(np.empty((tiles * groups, *part.blocks.shape[1:]), np.float32))
+                made.append(np.empty((tiles * groups, *part.data.shape[1:]), np.float32))
         b0 = rows[0] // LANES * groups
-        made[0][b0:b0 + len(part.blocks)] = part.blocks  # on the worker: copies in parallel
+        made[0][b0:b0 + len(part.data)] = part.data  # on the worker: copies in parallel
         return part.bits, part.zero, part.kind
 
     with _short_switches():
@@ -391,19 +414,22 @@ def _pack_file_rows(t: TensorData, bits: int, code: int, step: int) -> PackedWei
     ``step`` rows (whole tiles) on the pool's threads, each writing its own tiles' blocks."""
     n_out, k = t.shape
     kind = _kind(t)
-    blocks = np.empty((-(-n_out // LANES) * (k // GROUP), bits + 1, LANES), np.float32)
+    w = PackedWeight(np.empty(_data_shape(t, bits, kind), np.float32), bits,
+                     SYMMETRIC_ZERO.get(t.qtype, 0.0), (n_out, k), kind)
+    out8 = w.codes.view(np.uint8)
     sources = _sources(t)
 
     def span(rows: tuple[int, int]) -> None:
         data = np.ascontiguousarray(_rows(t, sources, *rows).data)
-        pack_rows(data.view(np.uint8).reshape(rows[1] - rows[0], -1), code, blocks, rows[0])
+        pack_rows(data.view(np.uint8).reshape(rows[1] - rows[0], -1), code, out8, w.blocks,
+                  rows[0])
 
     if step >= n_out:
         span((0, n_out))
     else:
         list(_span_pool().map(span, [(r0, min(n_out, r0 + step))
                                      for r0 in range(0, n_out, step)]))
-    return PackedWeight(blocks, bits, SYMMETRIC_ZERO.get(t.qtype, 0.0), (n_out, k), kind)
+    return w
 
 
 def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
@@ -411,13 +437,14 @@ def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
     :func:`formats.affine.block_groups` decodes). Q6_K with ``bits`` 8: int8 codes
     ``q - 32`` (``SUB16``'s 8-bit form, the tests' reference for the 6-bit one)."""
     n_out, k = t.shape
-    tiles, groups = -(-n_out // LANES), k // GROUP
+    groups = k // GROUP
     kind = _kind(t) if kind is None else kind
     c = bits  # rows of codes
-    blocks = np.zeros((tiles * groups, c + (2 if kind == AFFINE else 1), LANES),
-                      dtype=np.float32)
-    code_bytes = blocks.view(np.uint8).reshape(len(blocks), -1, LANES)
-    halves = blocks.view(np.float16)  # (n, R, 2 * LANES)
+    w = PackedWeight(np.zeros(_data_shape(t, bits, kind), np.float32), bits,
+                     SYMMETRIC_ZERO.get(t.qtype, 0.0), (n_out, k), kind)
+    blocks = w.blocks
+    code_bytes = w.codes.view(np.uint8)
+    halves = w.halves.view(np.float16)  # (n, R, 2 * LANES); SUB16/SUPER6 super rows
     for r0 in range(0, n_out, _ROWS_PER_STEP):  # _ROWS_PER_STEP is a multiple of LANES
         r1 = min(n_out, r0 + _ROWS_PER_STEP)
         q, s, z = (_q6_k_groups if kind == SUB16 else _k_groups if kind == SUPER6
@@ -439,7 +466,12 @@ def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
             pairs = np.ascontiguousarray(s, "<i2")  # one tile: s is a strided view
             code_bytes[b0:b1, 4 * c:4 * c + 2] = pairs.view(np.uint8).reshape(
                 -1, LANES, 2).transpose(0, 2, 1)
-            halves[b0:b1, c, LANES:] = z.astype(np.uint16).view(np.float16)
+            # z per block: the super-block's d (SUPER6: d, dmin) in its first (two) groups
+            z16 = z.astype(np.uint16).view(np.float16).reshape(-1, SUPER_GROUPS, LANES)
+            sb = slice(b0 // SUPER_GROUPS, b1 // SUPER_GROUPS)
+            halves[sb, 0, :LANES] = z16[:, 0]
+            if kind == SUPER6:
+                halves[sb, 0, LANES:] = z16[:, 1]
         elif kind == AFFINE_F16:
             s16, z16 = s.astype(np.float16), z.astype(np.float16)
             if not (np.array_equal(s16, s) and np.array_equal(z16, z)):
@@ -449,7 +481,7 @@ def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
             blocks[b0:b1, c] = s
             if kind == AFFINE:
                 blocks[b0:b1, c + 1] = z
-    return PackedWeight(blocks, bits, SYMMETRIC_ZERO.get(t.qtype, 0.0), (n_out, k), kind)
+    return w
 
 
 def _nibbles(q: np.ndarray) -> np.ndarray:
@@ -488,14 +520,14 @@ def unpack(w: PackedWeight) -> np.ndarray:
             q = q | (top << (4 + k))
         if w.bits == 6:
             q = q - 32  # Q6_K's signed q - 32
+    if w.kind in (SUB16, SUPER6):  # each block's super row (d, then SUPER6's dmin)
+        sup = np.repeat(w.halves[:, 0].view(np.float16).astype(np.float32), SUPER_GROUPS, 0)
     if w.kind == SUPER6:
-        h = w.blocks.view(np.float16)[:, c, LANES:].astype(np.float32)
-        base = np.arange(len(h)) & ~(SUPER_GROUPS - 1)
         sc = w.codes[:, 4 * c:4 * c + 2].astype(np.float32)  # (blocks, 2, LANES)
-        s = (h[base] * sc[:, 0])[:, None, :]
-        z = -(h[base + 1] * sc[:, 1])[:, None, :]
+        s = (sup[:, :LANES] * sc[:, 0])[:, None, :]
+        z = -(sup[:, LANES:] * sc[:, 1])[:, None, :]
     elif w.kind == SUB16:
-        d = w.blocks.view(np.float16)[:, c, LANES:].astype(np.float32)
+        d = sup[:, :LANES]
         sc = w.codes[:, 4 * c:4 * c + 2].view(np.int8).astype(np.float32)  # (blocks, 2, LANES)
         s = np.repeat(d[:, None, :] * sc, 16, axis=1)  # d * scale, then * q: as the file
         z = None  # no bias: a zero code keeps its product's sign, as the file's -0.0
@@ -515,7 +547,7 @@ def unpack(w: PackedWeight) -> np.ndarray:
 
 # --- the store of packed weights on disk ---------------------------------------------------
 # The layout's version: a change to PackedWeight's blocks, LANES or GROUP changes it.
-LAYOUT_VERSION = f"3-{LANES}-{GROUP}"
+LAYOUT_VERSION = f"4-{LANES}-{GROUP}"
 ALIGN = 64  # bytes: each tensor's blocks start on a cache line
 MIN_STORE_BYTES = 32 << 20  # smaller models pack in well under a second
 FREE_MARGIN = 1 << 30  # a store is written only where this much disk stays free after it
@@ -732,8 +764,8 @@ class PackStore:
             offset = 0
             for name, key, w in self.new:
                 offset += -offset % ALIGN
-                index[name] = {"key": key, "offset": offset, "blocks": list(w.blocks.shape)}
-                offset += w.blocks.nbytes
+                index[name] = {"key": key, "offset": offset, "blocks": list(w.data.shape)}
+                offset += w.data.nbytes
             index["__bytes__"] = offset
             (tmp / "index.json").write_text(json.dumps(index))
             os.rename(tmp, self.folder)  # fails if another process wrote it first: kept
@@ -754,12 +786,12 @@ class PackStore:
 
 def _aligned(new: list[tuple[str, dict[str, Any], PackedWeight]]) -> int:
     """Bytes of ``packed.bin`` holding these weights, each started on ALIGN."""
-    return sum(-(-w.blocks.nbytes // ALIGN) * ALIGN for _, _, w in new)
+    return sum(-(-w.data.nbytes // ALIGN) * ALIGN for _, _, w in new)
 
 
 def _append(f: Any, w: PackedWeight) -> None:
     f.write(b"\0" * (-f.tell() % ALIGN))
-    f.write(memoryview(np.ascontiguousarray(w.blocks)).cast("B"))
+    f.write(memoryview(np.ascontiguousarray(w.data)).cast("B"))
 
 
 class _Stream:
@@ -812,11 +844,11 @@ class _Stream:
                     if self.written >= self.sent:
                         return
                 w = self.items[self.written][2]
-                total += -(-w.blocks.nbytes // ALIGN) * ALIGN
+                total += -(-w.data.nbytes // ALIGN) * ALIGN
                 if f is None:
                     self.parent.mkdir(parents=True, exist_ok=True)
                 if total > cap or shutil.disk_usage(self.parent).free < (
-                        w.blocks.nbytes + FREE_MARGIN):
+                        w.data.nbytes + FREE_MARGIN):
                     self.failed = True
                     return
                 if f is None:

@@ -5,9 +5,10 @@ bytes with no temporaries.
 The bytes are those of :func:`.pack._pack` (NumPy, the reference the tests compare with):
 codes in the nibble / high-bit planes of their width, then the scale row of the type's kind
 (``SYMMETRIC``: float32 ``d``; ``AFFINE_F16``: float16 ``d`` then ``m``, the file's bits;
-``SUPER6``: the 6-bit scale and min as bytes, the super-block's ``d`` / ``dmin`` bits in its
-first two groups; ``SUB16``: the two int8 scales, then ``d``'s bits). Rows past the
-tensor's end, up to a whole tile, hold zero codes and scales (Q6_K: code 32, its zero).
+``SUPER6``: the 6-bit scale and min as bytes, and in the super-block's super row its ``d``
+and ``dmin`` bits; ``SUB16``: the two int8 scales, and ``d``'s bits in the super row).
+Rows past the tensor's end, up to a whole tile, hold zero codes and scales (Q6_K: code 32,
+its zero).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from inference.backends.cpu.ir import _half, _jit
-from inference.backends.cpu.layout import GROUP, LANES, SUPER_GROUPS
+from inference.backends.cpu.layout import GROUP, LANES, SUPER_GROUPS, super_row
 
 # The kernels' type codes.
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K = range(8)
@@ -115,7 +116,8 @@ def _group_codes(raw: np.ndarray, row: int, t: int, g: int, q: np.ndarray
 @_jit(inline="always")
 def _group_scales(raw: np.ndarray, row: int, t: int, g: int, out8: np.ndarray,
                   out16: np.ndarray, out32: np.ndarray, blk: int, lane: int, c: int) -> None:
-    """Row ``c`` (the scale row) of block ``blk`` for one lane, from group ``g`` of a row."""
+    """Row ``c`` (the scale row) of block ``blk`` for one lane, from group ``g`` of a row;
+    K-quants: byte rows ``4c``, ``4c + 1`` and the block's super row (in ``out16``)."""
     if t == Q4_0 or t == Q5_0 or t == Q8_0:
         out32[blk, c, lane] = _half(_u16(raw, row, g * _BLOCK_BYTES[t]))
     elif t == Q4_1 or t == Q5_1:
@@ -136,13 +138,16 @@ def _group_scales(raw: np.ndarray, row: int, t: int, g: int, out8: np.ndarray,
                                                          << np.uint8(4))
         out8[blk, 4 * c, lane] = sc
         out8[blk, 4 * c + 1, lane] = mn
-        out16[blk, c, LANES + lane] = _u16(raw, row, base + 2 * sub) if sub < 2 else np.uint16(0)
+        if sub == 0:
+            out16[super_row(blk), 0, lane] = _u16(raw, row, base)  # d
+            out16[super_row(blk), 0, LANES + lane] = _u16(raw, row, base + 2)  # dmin
     else:  # Q6_K: int8 scales of codes 0-15 and 16-31, then d
         sub = g % SUPER_GROUPS
         base = (g // SUPER_GROUPS) * 210
         out8[blk, 4 * c, lane] = raw[row, base + 192 + 2 * sub]
         out8[blk, 4 * c + 1, lane] = raw[row, base + 193 + 2 * sub]
-        out16[blk, c, LANES + lane] = _u16(raw, row, base + 208)
+        if sub == 0:
+            out16[super_row(blk), 0, lane] = _u16(raw, row, base + 208)
 
 
 @_jit(inline="always")
@@ -157,18 +162,20 @@ def _zero_scales(t: int, out8: np.ndarray, out16: np.ndarray, out32: np.ndarray,
     else:
         out8[blk, 4 * c, lane] = np.uint8(0)
         out8[blk, 4 * c + 1, lane] = np.uint8(0)
-        out16[blk, c, LANES + lane] = np.uint16(0)
+        if (blk & (SUPER_GROUPS - 1)) == 0:
+            out16[super_row(blk), 0, lane] = np.uint16(0)
+            if t != Q6_K:
+                out16[super_row(blk), 0, LANES + lane] = np.uint16(0)
 
 
 @_jit(inline="always")
-def _pack_rows(raw: np.ndarray, t: int, blocks: np.ndarray, row0: int) -> None:
+def _pack_rows(raw: np.ndarray, t: int, out8: np.ndarray, blocks: np.ndarray, row0: int
+               ) -> None:
     """:func:`pack_rows` for type code ``t`` (a constant where it is inlined)."""
     rows = raw.shape[0]
-    n = blocks.shape[0]
     bits = _BITS[t]
     c = bits  # the scale row
-    out8 = blocks.view(np.uint8).reshape(n, -1, LANES)
-    out16 = blocks.view(np.uint16).reshape(n, -1, 2 * LANES)
+    out16 = blocks.view(np.uint16)
     groups = raw.shape[1] // _BLOCK_BYTES[t] * (SUPER_GROUPS if t >= Q4_K else 1)
     q = np.empty(GROUP, np.uint8)
     for r in range(rows + (-rows) % LANES):
@@ -189,57 +196,60 @@ def _pack_rows(raw: np.ndarray, t: int, blocks: np.ndarray, row0: int) -> None:
 
 # One kernel a type: its code a constant, the branches on it folded away.
 @_jit
-def _q4_0(raw: np.ndarray, blocks: np.ndarray, row0: int) -> None:
-    _pack_rows(raw, Q4_0, blocks, row0)
+def _q4_0(raw: np.ndarray, out8: np.ndarray, blocks: np.ndarray, row0: int) -> None:
+    _pack_rows(raw, Q4_0, out8, blocks, row0)
 
 
 @_jit
-def _q4_1(raw: np.ndarray, blocks: np.ndarray, row0: int) -> None:
-    _pack_rows(raw, Q4_1, blocks, row0)
+def _q4_1(raw: np.ndarray, out8: np.ndarray, blocks: np.ndarray, row0: int) -> None:
+    _pack_rows(raw, Q4_1, out8, blocks, row0)
 
 
 @_jit
-def _q5_0(raw: np.ndarray, blocks: np.ndarray, row0: int) -> None:
-    _pack_rows(raw, Q5_0, blocks, row0)
+def _q5_0(raw: np.ndarray, out8: np.ndarray, blocks: np.ndarray, row0: int) -> None:
+    _pack_rows(raw, Q5_0, out8, blocks, row0)
 
 
 @_jit
-def _q5_1(raw: np.ndarray, blocks: np.ndarray, row0: int) -> None:
-    _pack_rows(raw, Q5_1, blocks, row0)
+def _q5_1(raw: np.ndarray, out8: np.ndarray, blocks: np.ndarray, row0: int) -> None:
+    _pack_rows(raw, Q5_1, out8, blocks, row0)
 
 
 @_jit
-def _q8_0(raw: np.ndarray, blocks: np.ndarray, row0: int) -> None:
-    _pack_rows(raw, Q8_0, blocks, row0)
+def _q8_0(raw: np.ndarray, out8: np.ndarray, blocks: np.ndarray, row0: int) -> None:
+    _pack_rows(raw, Q8_0, out8, blocks, row0)
 
 
 @_jit
-def _q4_k(raw: np.ndarray, blocks: np.ndarray, row0: int) -> None:
-    _pack_rows(raw, Q4_K, blocks, row0)
+def _q4_k(raw: np.ndarray, out8: np.ndarray, blocks: np.ndarray, row0: int) -> None:
+    _pack_rows(raw, Q4_K, out8, blocks, row0)
 
 
 @_jit
-def _q5_k(raw: np.ndarray, blocks: np.ndarray, row0: int) -> None:
-    _pack_rows(raw, Q5_K, blocks, row0)
+def _q5_k(raw: np.ndarray, out8: np.ndarray, blocks: np.ndarray, row0: int) -> None:
+    _pack_rows(raw, Q5_K, out8, blocks, row0)
 
 
 @_jit
-def _q6_k(raw: np.ndarray, blocks: np.ndarray, row0: int) -> None:
-    _pack_rows(raw, Q6_K, blocks, row0)
+def _q6_k(raw: np.ndarray, out8: np.ndarray, blocks: np.ndarray, row0: int) -> None:
+    _pack_rows(raw, Q6_K, out8, blocks, row0)
 
 
 _BY_CODE = (_q4_0, _q4_1, _q5_0, _q5_1, _q8_0, _q4_k, _q5_k, _q6_k)
 
 
-def pack_rows(raw: np.ndarray, t: int, blocks: np.ndarray, row0: int) -> None:
+def pack_rows(raw: np.ndarray, t: int, out8: np.ndarray, blocks: np.ndarray, row0: int
+              ) -> None:
     """Rows ``row0 .. row0 + len(raw)`` of a tensor of type code ``t`` (``raw``: their file
-    bytes, (rows, bytes a row) uint8) into ``blocks``, the whole tensor's (tiles * groups,
-    R, LANES) float32 lane blocks; ``row0`` a multiple of LANES. The tile holding the last
-    row is completed with padding rows. Releases the GIL.
+    bytes, (rows, bytes a row) uint8) into the whole tensor's lane blocks: ``out8`` their
+    bytes (tiles * groups, rows of LANES bytes, LANES) uint8 and ``blocks`` the float32
+    array the kernels read scales from (:class:`.pack.PackedWeight`'s ``codes`` as uint8
+    and ``blocks``); ``row0`` a multiple of LANES. The tile holding the last row is
+    completed with padding rows. Releases the GIL.
 
     ``raw`` is taken read-only whatever it is (a model file's map is): one compiled
     signature a type, the one the install's warm-up compiles."""
     if raw.flags.writeable:
         raw = raw.view()
         raw.flags.writeable = False
-    _BY_CODE[t](raw, blocks, row0)
+    _BY_CODE[t](raw, out8, blocks, row0)
