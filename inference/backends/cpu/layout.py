@@ -39,8 +39,7 @@ LANES / 2 words, the lanes' ``d``. The kernels read the blocks through the byte 
 float32, the array that holds the float rows of scales of the other kinds.
 
 Bytes a weight against the file: Q4_K 592 a 1024 weights against 576 (1.028x), Q5_K 720
-against 704 (1.023x), Q6_K 840 as the file (1.0x); the layout that gave each block a
-whole float32 row of scales took Q4_K 1.11x, Q5_K 1.09x, Q6_K 1.07x.
+against 704 (1.023x), Q6_K 840 as the file (1.0x).
 """
 
 from __future__ import annotations
