@@ -27,6 +27,10 @@ Nor does the first call of a kernel import ``numpy.ma`` (13 ms): numba types an 
 argument it has not seen the like of through ``typeof``, whose check that it is no masked
 array reads ``np.ma``; an array whose class is ``ndarray`` itself is none
 (:func:`_typeof_ndarray`).
+Nor does a kernel's first call scan the installed packages for numba extensions (6-8 ms:
+numba's dispatch hook runs ``entrypoints.init_all`` before it types the arguments): the
+target context's refresh, which numba runs before any compile, loads them, and a cached
+kernel of ours types only arrays and numbers (:func:`_extensions_at_compile`).
 Nor does decorating a kernel of ours open its cache: numba's ``enable_caching`` builds a
 ``FunctionCache`` (the locators' checks of the cache folders, the source stamp, the index
 names) for every ``cache=True`` kernel as its module is imported, ~0.4 ms each for the
@@ -259,12 +263,20 @@ class CacheOnFirstUse:
 _opening = threading.Lock()
 
 
+def _extensions_at_compile() -> None:
+    """A kernel of ours's dispatch hook: numba's extensions are not loaded before its
+    arguments are typed, only by the refresh that precedes a compile."""
+
+
 def _enable_caching(self: Any) -> None:
     """numba's ``Dispatcher.enable_caching``, deferred to the cache's first use
-    (:class:`CacheOnFirstUse`) for kernels of this repository."""
+    (:class:`CacheOnFirstUse`) for kernels of this repository, whose dispatch hook
+    becomes :func:`_extensions_at_compile`."""
     code = getattr(getattr(self, "py_func", None), "__code__", None)
     if code is not None and is_ours(code.co_filename):
         self._cache = CacheOnFirstUse(self)
+        if hasattr(self, "_compilation_chain_init_hook"):
+            self._compilation_chain_init_hook = _extensions_at_compile
     else:
         _numba_enable_caching(self)
 
