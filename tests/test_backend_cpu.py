@@ -63,13 +63,14 @@ def test_pack_is_exact_and_within_memory_rule(qtype):
     assert isinstance(w, PackedWeight)
     np.testing.assert_array_equal(unpack(w), dequantize_raw(t.data, qtype))
     # bytes held per byte of file, padding to 96 rows aside: Q4_1 keeps its float16 scale
-    # and bias in one row (as large as the file); Q4_K keeps its 6-bit scales and mins as
+    # and bias in one row (as large as the file); Q4_0, Q5_0, Q8_0 their float16 d after
+    # the blocks (as the file); Q4_K keeps its 6-bit scales and mins as
     # two rows of bytes and float16 d, dmin once a super-block (a 128-byte super row for
     # 8 blocks); Q6_K its int8 scales per 16 weights as two rows of bytes and float16 d
     # once a super-block (64 bytes), as the file; 5-bit codes take one row more than 4-bit
     # ones (the plane of high bits), so Q5_1 is as large as the file too
-    growth = {"Q4_0": 640 / 576, "Q4_1": 1.0, "Q4_K": 592 / 576, "Q5_0": 768 / 704,
-              "Q5_1": 1.0, "Q5_K": 720 / 704, "Q8_0": 1152 / 1088, "Q6_K": 1.0}
+    growth = {"Q4_0": 1.0, "Q4_1": 1.0, "Q4_K": 592 / 576, "Q5_0": 1.0,
+              "Q5_1": 1.0, "Q5_K": 720 / 704, "Q8_0": 1.0, "Q6_K": 1.0}
     assert w.nbytes == pytest.approx(growth[qtype] * t.data.nbytes * 96 / 70)
 
 

@@ -28,7 +28,14 @@ from numba import njit
 from inference.backends.cpu import features as cpu_features
 from inference.backends.cpu import matvec_int as cpu_int
 from inference.backends.cpu import quantize as cpu_quantize
-from inference.backends.cpu.layout import AFFINE, AFFINE_F16, LANES, SUB16, SYMMETRIC
+from inference.backends.cpu.layout import (
+    AFFINE,
+    AFFINE_F16,
+    LANES,
+    SUB16,
+    SYMMETRIC,
+    SYMMETRIC_F16,
+)
 from tests import early
 
 GROUPS = 2  # one block per group of 32 activations
@@ -113,6 +120,8 @@ def _expected(kind, blocks, c, dx, xs, isum, subs=None):
     ``blocks`` are the super rows, block g's ``d`` the first LANES halves of row g // 8."""
     if kind == SUB16:
         halves = np.repeat(blocks[:, 0].view(np.float16).astype(f32), 8, axis=0)
+    elif kind == SYMMETRIC_F16:  # a super row a block
+        halves = blocks[:, 0].view(np.float16).astype(f32)
     else:
         halves = blocks[:, c].view(np.float16).astype(f32)  # (GROUPS, 2 * LANES)
     out = np.empty((GROUPS, ROWS, LANES), dtype=f32)
@@ -130,6 +139,8 @@ def _expected(kind, blocks, c, dx, xs, isum, subs=None):
                     term = halves[g, :LANES] * (d * s) + halves[g, LANES:] * xsum
                 elif kind == AFFINE:
                     term = blocks[g, c] * (d * s) + blocks[g, c + 1] * xsum
+                elif kind == SYMMETRIC_F16:
+                    term = halves[g, :LANES] * (d * s - f32(ZERO) * xsum)
                 else:
                     term = blocks[g, c] * (d * s - f32(ZERO) * xsum)
             out[g, r] = f32(0.0) + term
@@ -143,7 +154,8 @@ def _check(run, args, kinds, blocks, c, nrows, want, rng, subs=None):
     for kind in kinds:
         blocks[:, c] = f16_row if kind == AFFINE_F16 else f32_row
         # SUB16: the super row of the blocks' super-block (GROUPS < 8: one), its d
-        scales = f16_row[:1, None] if kind == SUB16 else blocks
+        scales = (f16_row[:1, None] if kind == SUB16 else f16_row[:, None]
+                  if kind == SYMMETRIC_F16 else blocks)
         codes, xp, *rest, dx, xs = args
         accs = np.zeros((GROUPS, ROWS, nrows, LANES), dtype=f32)
         run(codes, xp, *rest, scales, kind, dx, xs, accs)
@@ -170,7 +182,7 @@ def test_dot4_forms_equal_numpy(width, five, nrows, vnni, monkeypatch):
     high = codes[:, 16:20] if five else None
     for form in forms:
         _check(_runner(form, nrows), (codes, xp, high, dx, xs),
-               (SYMMETRIC, AFFINE, AFFINE_F16), blocks, c, nrows, want, rng)
+               (SYMMETRIC, AFFINE, AFFINE_F16, SYMMETRIC_F16), blocks, c, nrows, want, rng)
 
 
 @pytest.mark.parametrize("vnni,nrows", CASES)
@@ -191,7 +203,7 @@ def test_dot8_forms_equal_numpy(width, nrows, vnni, monkeypatch):
     blocks, dx, xs = _scales(rng, 8)
     for form in forms:
         _check(_runner(form, nrows), (codes, xp, None, dx, xs),
-               (SYMMETRIC, AFFINE, AFFINE_F16, SUB16), blocks, 8, nrows, want, rng,
+               (SYMMETRIC, AFFINE, AFFINE_F16, SUB16, SYMMETRIC_F16), blocks, 8, nrows, want, rng,
                subs=codes[:, 32:34])
 
 
@@ -219,7 +231,7 @@ def test_dot6_forms_equal_numpy(width, nrows, vnni, monkeypatch):
     high = codes[:, 16:24].reshape(GROUPS, 2, 4, LANES)  # the kernels' type: two planes
     for form in forms:
         _check(_runner(form, nrows), (codes, xp, high, dx, xs),
-               (SYMMETRIC, AFFINE, AFFINE_F16, SUB16), blocks, 6, nrows, want, rng,
+               (SYMMETRIC, AFFINE, AFFINE_F16, SUB16, SYMMETRIC_F16), blocks, 6, nrows, want, rng,
                subs=codes[:, 24:26].view(np.int8))
 
 

@@ -37,9 +37,12 @@ SUPER6 LANES float32 words, the lanes' ``d`` as float16 then their ``dmin``; SUB
 LANES / 2 words, the lanes' ``d``. The kernels read the blocks through the byte view
 ``codes`` (nblk, 4C + 2, LANES) and the super rows through ``blocks`` (nsb, 1, words)
 float32, the array that holds the float rows of scales of the other kinds.
+``SYMMETRIC_F16`` (Q4_0, Q5_0, Q8_0: ``SYMMETRIC`` with the file's float16 ``d``) keeps a
+block to its code bytes and its lanes' ``d`` in a super row of its own (LANES / 2 words, row
+``blk``): ``w = f32(d) * (code - zero)``, the value ``SYMMETRIC``'s float32 row held.
 
 Bytes a weight against the file: Q4_K 592 a 1024 weights against 576 (1.028x), Q5_K 720
-against 704 (1.023x), Q6_K 840 as the file (1.0x).
+against 704 (1.023x), Q6_K 840 as the file (1.0x), Q4_0 / Q5_0 / Q8_0 as the file.
 """
 
 from __future__ import annotations
@@ -52,21 +55,27 @@ from inference.backends.cpu.ir import _f32, _half, _jit
 
 LANES = 32
 GROUP = 32
-SYMMETRIC, AFFINE, AFFINE_F16, SUB16, SUPER6 = 0, 1, 2, 3, 4  # scale layouts (above)
+SYMMETRIC, AFFINE, AFFINE_F16, SUB16, SUPER6, SYMMETRIC_F16 = range(6)  # scale layouts
+SPLIT = (SUB16, SUPER6, SYMMETRIC_F16)  # kinds whose float16 scales sit after the blocks
 SUPER_GROUPS = 8  # SUB16, SUPER6: groups of 32 in a K-quant super-block
 SUPER_SHIFT = 3  # log2(SUPER_GROUPS)
 
 
-def block_rows(bits: int) -> int:
-    """SUB16 / SUPER6: rows of LANES bytes a block of ``bits``-bit codes takes (its codes,
-    then its two rows of scales)."""
-    return 4 * bits + 2
+def block_rows(bits: int, kind: int) -> int:
+    """:data:`SPLIT` kinds: rows of LANES bytes a block of ``bits``-bit codes takes (its
+    codes, then SUB16's / SUPER6's two rows of scale bytes)."""
+    return 4 * bits + (0 if kind == SYMMETRIC_F16 else 2)
 
 
 def super_words(kind: int) -> int:
     """Float32 words of a super row: SUPER6 the lanes' ``d`` and ``dmin`` as float16,
-    SUB16 their ``d``; other kinds have none."""
-    return LANES if kind == SUPER6 else LANES // 2 if kind == SUB16 else 0
+    SUB16 and SYMMETRIC_F16 their ``d``; other kinds have none."""
+    return LANES if kind == SUPER6 else LANES // 2 if kind in SPLIT else 0
+
+
+def super_blocks(kind: int) -> int:
+    """Blocks a super row serves: a K-quant super-block's 8, SYMMETRIC_F16's one."""
+    return 1 if kind == SYMMETRIC_F16 else SUPER_GROUPS
 
 
 @_jit(inline="always")
@@ -132,7 +141,12 @@ def _block_scales(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, blk
             sg2[lane] = dl * _f32(np.int32(np.int8(codes[blk, 4 * c + 1, lane])))
             zg[lane] = _f32(0.0)
         return
-    if kind == SUPER6:
+    if kind == SYMMETRIC_F16:
+        d = halves[blk, 0]
+        for lane in range(n):
+            sg[lane] = _half(d[lane])
+            zg[lane] = -_f32(zero) * sg[lane]
+    elif kind == SUPER6:
         h = halves[super_row(blk), 0]
         for lane in range(n):
             sg[lane] = _half(h[lane]) * _f32(np.int32(codes[blk, 4 * c, lane]))

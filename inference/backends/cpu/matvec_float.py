@@ -39,6 +39,7 @@ from inference.backends.cpu.layout import (
     LANES,
     SUB16,
     SUPER6,
+    SYMMETRIC_F16,
     _block_scales,
     code,
     code_rows,
@@ -225,6 +226,11 @@ def matvec_q4_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
                     for lane in range(nl):
                         acc[lane] += (sk[lane] * _codes_nib(cb, high, blk, xi, b0, lane)
                                       + zk[lane] * xs)
+                elif kind == SYMMETRIC_F16:  # SYMMETRIC's float32 scales, as float16
+                    h, zx = halves[blk, 0], _f32(zero) * xs
+                    for lane in range(nl):
+                        acc[lane] += _half(h[lane]) * (_codes_nib(cb, high, blk, xi, b0, lane)
+                                                       - zx)
                 else:
                     sg, zx = blocks[blk, c], _f32(zero) * xs
                     for lane in range(nl):
@@ -272,6 +278,10 @@ def matvec_q8_f32(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarray, fla
                     sg, zg = blocks[blk, 8], blocks[blk, 9]
                     for lane in range(nl):
                         acc[lane] += sg[lane] * _codes8(cb, xi, b0, lane) + zg[lane] * xs
+                elif kind == SYMMETRIC_F16:
+                    h, zx = halves[blk, 0], _f32(zero) * xs
+                    for lane in range(nl):
+                        acc[lane] += _half(h[lane]) * (_codes8(cb, xi, b0, lane) - zx)
                 else:
                     sg, zx = blocks[blk, 8], _f32(zero) * xs
                     for lane in range(nl):
@@ -348,6 +358,10 @@ def matvec_q8_f32_pairs(codes: np.ndarray, blocks: np.ndarray, halves: np.ndarra
                             a[lane] += _half(d[lane]) * (
                                 _f32(np.int32(cb[32, lane])) * s[r * nl + lane]
                                 + _f32(np.int32(cb[33, lane])) * h[r * nl + lane])
+                    elif kind == SYMMETRIC_F16:
+                        d = halves[blk, 0]
+                        for lane in range(nl):
+                            a[lane] += _half(d[lane]) * (s[r * nl + lane] + h[r * nl + lane])
                     else:
                         sg = blocks[blk, 8]
                         for lane in range(nl):

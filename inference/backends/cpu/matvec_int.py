@@ -94,6 +94,7 @@ from inference.backends.cpu.layout import (
     SUB16,
     SUPER6,
     SUPER_SHIFT,
+    SYMMETRIC_F16,
 )
 from inference.backends.cpu.quantize import _quantized
 
@@ -228,7 +229,8 @@ class _Tail:
         None where one sum covers the block). The expressions, per kind:
 
         - AFFINE_F16 / AFFINE: ``s * (d * f(isum)) + z * xsum``
-        - SYMMETRIC: ``s * (d * f(isum) - f32(zero) * xsum)``
+        - SYMMETRIC: ``s * (d * f(isum) - f32(zero) * xsum)``; SYMMETRIC_F16 the same with
+          ``s = f(d16)`` from the block's super row (the float32 SYMMETRIC holds)
         - SUB16 (two sums): ``(dq * d) * (f(sc0) * f(isum0) + f(sc1) * f(isum1))``
         - SUPER6: as AFFINE with ``s = f(dk) * f(sc)``, ``z = -(f(dmin) * f(m))`` (exact:
           the bits AFFINE stores)
@@ -276,8 +278,9 @@ class _Tail:
                                         self._subscales(4 * self.c + 1, lane, n))))
                          for lane, n in runs])
 
-        def symmetric() -> None:
-            sg = [self._scales(self.c, lane, n) for lane, n in runs]
+        def symmetric(half: bool = False) -> None:
+            sg = [self._halves(lane, n, self.blk, 0) if half else self._scales(self.c, lane, n)
+                  for lane, n in runs]
             accumulate(lambda d, xsum, k, n, a, h: b.fmul(
                 sg[k], b.fsub(b.fmul(splat(d, n), isum(a, h)),
                               splat(b.fmul(self.zero, xsum), n))))
@@ -292,7 +295,7 @@ class _Tail:
                        b.fmul(sc[k][1], b.sitofp(h, ir.VectorType(f32, n))))))
 
         cases = [(AFFINE_F16, partial(affine, True)), (AFFINE, partial(affine, False)),
-                 (SUPER6, super6)]
+                 (SUPER6, super6), (SYMMETRIC_F16, partial(symmetric, True))]
         if two:
             cases.append((SUB16, sub16))
         fn = b.function

@@ -7,10 +7,10 @@ Q6_K, whose scales cover 16 weights, from ``quants.q6_k_fields`` (``SUB16``).
 plus a bit in a plane of high bits (``layout`` docstring), Q6_K a 4-bit code plus two
 planes; other types take 8. Scales
 and biases stay float16 where
-the file has them so and both are needed (Q4_1, MLX with float16 scales: ``AFFINE_F16``),
-else float32; Q4_K and Q5_K keep the file's 6-bit scales and mins and float16 ``d``,
-``dmin`` (``SUPER6``: a Q4_K scale is a float16 times a 6-bit integer, not a float16), the
-float16s once a super-block (``layout``: the K-quants' super rows).
+the file has them so (Q4_1, MLX with float16 scales: ``AFFINE_F16``; Q4_0, Q5_0, Q8_0's
+``d``: ``SYMMETRIC_F16``), else float32; Q4_K and Q5_K keep the file's 6-bit scales and
+mins and float16 ``d``, ``dmin`` (``SUPER6``: a Q4_K scale is a float16 times a 6-bit
+integer, not a float16), the float16s once a super-block (``layout``: the super rows).
 
 8-bit codes are signed whatever the type (one kernel per code width, so a model's first
 load compiles fewer of them): MLX's unsigned 8-bit codes ``c`` become ``c - 128`` with the
@@ -18,8 +18,8 @@ bias moved by ``128 * scale`` (in float32: one rounding of at most 2^-24 of the 
 bias), as Q8_0's are.
 
 Memory rule: a tensor is packed only if its packed size is at most ``MAX_GROWTH`` times
-its bytes in the file (Q4_0 1.11x, Q4_1 1.0x, Q4_K 1.03x, Q5_0 1.09x, Q5_1 1.0x, Q5_K
-1.02x, Q6_K 1.0x, Q8_0 1.06x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
+its bytes in the file (Q4_0 1.0x, Q4_1 1.0x, Q4_K 1.03x, Q5_0 1.0x, Q5_1 1.0x, Q5_K
+1.02x, Q6_K 1.0x, Q8_0 1.0x, MLX 4- and 5-bit with float16 scales 1.0x, 8-bit 1.18x).
 Other types (Q3_K, Q2_K, F16, BF16, 3/6-bit MLX) stay as raw file bytes (1.0x):
 :mod:`.raw` reads the GGML ones and the floats block by block; MLX's are dequantized
 by NumPy a chunk of rows at a time (slow); they are views of the file's memory map, so
@@ -64,11 +64,14 @@ from inference.backends.cpu.layout import (
     AFFINE_F16,
     GROUP,
     LANES,
+    SPLIT,
     SUB16,
     SUPER6,
     SUPER_GROUPS,
     SYMMETRIC,
+    SYMMETRIC_F16,
     block_rows,
+    super_blocks,
     super_words,
 )
 from inference.backends.cpu.pack_kernels import TYPE_CODES, pack_rows
@@ -110,15 +113,15 @@ class PackedWeight:
 
     def __post_init__(self) -> None:
         code_type = np.int8 if self.bits == 8 else np.uint8  # module docstring
-        if self.kind in (SUB16, SUPER6):
+        if self.kind in SPLIT:
             n = -(-self.shape[0] // LANES) * (self.shape[1] // GROUP)
             flat = self.data.reshape(-1).view(np.uint8)
-            cut = n * block_rows(self.bits) * LANES
+            cut = n * block_rows(self.bits, self.kind) * LANES
             self.flat = flat[:cut]  # the blocks' bytes (prefetched by the kernels)
             self.codes = self.flat.view(code_type).reshape(n, -1, LANES)
             # the super rows, where the kernels read the other kinds' float scales
             self.blocks = flat[cut:].view(np.float32).reshape(
-                n // SUPER_GROUPS, 1, super_words(self.kind))
+                n // super_blocks(self.kind), 1, super_words(self.kind))
         else:
             n = self.data.shape[0]
             self.blocks = self.data
@@ -135,7 +138,7 @@ class PackedWeight:
     def scale_only_int8(self) -> bool:
         """8-bit signed codes with a scale and no bias (Q8_0, Q6_K): w = scale * code."""
         return self.bits == 8 and (
-            self.kind == SUB16 or (self.kind == SYMMETRIC and self.zero == 0))
+            self.kind == SUB16 or (self.kind in (SYMMETRIC, SYMMETRIC_F16) and self.zero == 0))
 
     @property
     def groups(self) -> int:
@@ -244,9 +247,9 @@ def packed_nbytes(t: TensorData) -> int | None:
 def _data_shape(t: TensorData, bits: int, kind: int) -> tuple[int, ...]:
     """The float32 shape of a PackedWeight's ``data`` for ``t`` in ``bits``-bit codes."""
     nblk = -(-t.shape[0] // LANES) * (t.shape[1] // GROUP)
-    if kind in (SUB16, SUPER6):
-        return (nblk * block_rows(bits) * LANES // 4
-                + nblk // SUPER_GROUPS * super_words(kind),)
+    if kind in SPLIT:
+        return (nblk * block_rows(bits, kind) * LANES // 4
+                + nblk // super_blocks(kind) * super_words(kind),)
     return (nblk, bits + (2 if kind == AFFINE else 1), LANES)
 
 
@@ -269,7 +272,7 @@ def packed_bits(t: TensorData) -> int | None:
 
 def _kind(t: TensorData) -> int:
     if t.qtype in SYMMETRIC_ZERO:
-        return SYMMETRIC
+        return SYMMETRIC_F16  # the file's float16 d, kept so
     if t.qtype == "Q6_K":
         return SUB16  # a scale per 16 weights: kept exact, not requantized
     if t.qtype in ("Q4_K", "Q5_K"):
@@ -472,6 +475,11 @@ def _pack(t: TensorData, bits: int, kind: int | None = None) -> PackedWeight:
             halves[sb, 0, :LANES] = z16[:, 0]
             if kind == SUPER6:
                 halves[sb, 0, LANES:] = z16[:, 1]
+        elif kind == SYMMETRIC_F16:
+            s16 = s.astype(np.float16)
+            if not np.array_equal(s16, s):
+                raise AssertionError(f"{t.name}: scales not exact in float16")
+            halves[b0:b1, 0, :LANES] = s16
         elif kind == AFFINE_F16:
             s16, z16 = s.astype(np.float16), z.astype(np.float16)
             if not (np.array_equal(s16, s) and np.array_equal(z16, z)):
@@ -531,6 +539,9 @@ def unpack(w: PackedWeight) -> np.ndarray:
         sc = w.codes[:, 4 * c:4 * c + 2].view(np.int8).astype(np.float32)  # (blocks, 2, LANES)
         s = np.repeat(d[:, None, :] * sc, 16, axis=1)  # d * scale, then * q: as the file
         z = None  # no bias: a zero code keeps its product's sign, as the file's -0.0
+    elif w.kind == SYMMETRIC_F16:
+        s = w.halves[:, 0, None, :LANES].view(np.float16).astype(np.float32)
+        z = -w.zero * s
     elif w.kind == AFFINE_F16:
         h = w.blocks.view(np.float16)[:, c].astype(np.float32)
         s, z = h[:, None, :LANES], h[:, None, LANES:]
@@ -547,7 +558,7 @@ def unpack(w: PackedWeight) -> np.ndarray:
 
 # --- the store of packed weights on disk ---------------------------------------------------
 # The layout's version: a change to PackedWeight's blocks, LANES or GROUP changes it.
-LAYOUT_VERSION = f"4-{LANES}-{GROUP}"
+LAYOUT_VERSION = f"5-{LANES}-{GROUP}"
 ALIGN = 64  # bytes: each tensor's blocks start on a cache line
 MIN_STORE_BYTES = 32 << 20  # smaller models pack in well under a second
 FREE_MARGIN = 1 << 30  # a store is written only where this much disk stays free after it

@@ -4,7 +4,8 @@ bytes with no temporaries.
 
 The bytes are those of :func:`.pack._pack` (NumPy, the reference the tests compare with):
 codes in the nibble / high-bit planes of their width, then the scale row of the type's kind
-(``SYMMETRIC``: float32 ``d``; ``AFFINE_F16``: float16 ``d`` then ``m``, the file's bits;
+(``SYMMETRIC_F16``: ``d``'s bits in the block's own super row; ``AFFINE_F16``: float16
+``d`` then ``m``, the file's bits;
 ``SUPER6``: the 6-bit scale and min as bytes, and in the super-block's super row its ``d``
 and ``dmin`` bits; ``SUB16``: the two int8 scales, and ``d``'s bits in the super row).
 Rows past the tensor's end, up to a whole tile, hold zero codes and scales (Q6_K: code 32,
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inference.backends.cpu.ir import _half, _jit
+from inference.backends.cpu.ir import _jit
 from inference.backends.cpu.layout import GROUP, LANES, SUPER_GROUPS, super_row
 
 # The kernels' type codes.
@@ -115,11 +116,11 @@ def _group_codes(raw: np.ndarray, row: int, t: int, g: int, q: np.ndarray
 
 @_jit(inline="always")
 def _group_scales(raw: np.ndarray, row: int, t: int, g: int, out8: np.ndarray,
-                  out16: np.ndarray, out32: np.ndarray, blk: int, lane: int, c: int) -> None:
+                  out16: np.ndarray, blk: int, lane: int, c: int) -> None:
     """Row ``c`` (the scale row) of block ``blk`` for one lane, from group ``g`` of a row;
     K-quants: byte rows ``4c``, ``4c + 1`` and the block's super row (in ``out16``)."""
     if t == Q4_0 or t == Q5_0 or t == Q8_0:
-        out32[blk, c, lane] = _half(_u16(raw, row, g * _BLOCK_BYTES[t]))
+        out16[blk, 0, lane] = _u16(raw, row, g * _BLOCK_BYTES[t])
     elif t == Q4_1 or t == Q5_1:
         base = g * _BLOCK_BYTES[t]
         out16[blk, c, lane] = _u16(raw, row, base)
@@ -151,11 +152,11 @@ def _group_scales(raw: np.ndarray, row: int, t: int, g: int, out8: np.ndarray,
 
 
 @_jit(inline="always")
-def _zero_scales(t: int, out8: np.ndarray, out16: np.ndarray, out32: np.ndarray, blk: int,
+def _zero_scales(t: int, out8: np.ndarray, out16: np.ndarray, blk: int,
                  lane: int, c: int) -> None:
     """The bytes of one lane's scale row that :func:`_group_scales` writes, as zeros."""
     if t == Q4_0 or t == Q5_0 or t == Q8_0:
-        out32[blk, c, lane] = np.float32(0.0)
+        out16[blk, 0, lane] = np.uint16(0)
     elif t == Q4_1 or t == Q5_1:
         out16[blk, c, lane] = np.uint16(0)
         out16[blk, c, LANES + lane] = np.uint16(0)
@@ -185,13 +186,13 @@ def _pack_rows(raw: np.ndarray, t: int, out8: np.ndarray, blocks: np.ndarray, ro
             for g in range(groups):
                 m4, m5 = _group_codes(raw, r, t, g, q)
                 _put_codes(out8, b0 + g, lane, q, bits, m4, m5)
-                _group_scales(raw, r, t, g, out8, out16, blocks, b0 + g, lane, c)
+                _group_scales(raw, r, t, g, out8, out16, b0 + g, lane, c)
         else:
             q[:] = np.uint8(0)
             m5 = np.uint32(0xFFFFFFFF if t == Q6_K else 0)  # Q6_K: code 32, its zero
             for g in range(groups):
                 _put_codes(out8, b0 + g, lane, q, bits, np.uint32(0), m5)
-                _zero_scales(t, out8, out16, blocks, b0 + g, lane, c)
+                _zero_scales(t, out8, out16, b0 + g, lane, c)
 
 
 # One kernel a type: its code a constant, the branches on it folded away.
