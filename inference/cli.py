@@ -291,7 +291,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0
     for e in reversed(entries):
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
-        print(f"{human_bytes(e.nbytes):>9}  {used}  {e.model or '(model not recorded)'}")
+        stale = "" if e.current else "  (an older layout: removed first)"
+        print(f"{human_bytes(e.nbytes):>9}  {used}  {e.model or '(model not recorded)'}{stale}")
     where = entries[0].folder.parent if entries else "none yet"
     print(f"{len(entries)} stores, {human_bytes(sum(e.nbytes for e in entries))} of "
           f"{human_bytes(store_cap())} ({CAP_ENV}); folder: {where}")

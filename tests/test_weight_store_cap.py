@@ -52,6 +52,25 @@ def test_least_recently_used_go_first(root):
     assert [e.folder for e in stores()] == [b]
 
 
+def test_a_store_of_another_layout_goes_before_any_of_this_one(root, capsys):
+    """After an upgrade that changes the layout, the old stores can never be read again:
+    they make room first, however recently they were used."""
+    ours = _fake_store(root, "ours", 100)
+    (ours / "index.json").write_text(json.dumps({"__layout__": pack.LAYOUT_VERSION}))
+    os.utime(ours / "index.json", (100, 100))
+    older = _fake_store(root, "older", 200)
+    (older / "index.json").write_text(json.dumps({"__layout__": "0-old"}))
+    os.utime(older / "index.json", (200, 200))
+    unrecorded = _fake_store(root, "unrecorded", 300)  # written before layouts were recorded
+    assert [e.folder for e in stores()] == [older, unrecorded, ours]
+    assert [e.current for e in stores()] == [False, False, True]
+    assert cli.main(["cache"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("an older layout" in line for line in lines) == 2
+    assert evict(400) == [older, unrecorded]  # ~950 + 400 over 1000: both old ones, not ours
+    assert ours.exists()
+
+
 def test_mapping_a_store_makes_it_the_most_recent(root):
     old, new = _fake_store(root, "old", 100), _fake_store(root, "new", 200)
     (old / "index.json").write_text(json.dumps({"__bytes__": 298, "__model__": "m.gguf"}))
@@ -71,6 +90,7 @@ def test_a_written_store_makes_room_and_names_its_model(root, monkeypatch):
     store.write()
     listed = stores()
     assert [e.folder for e in listed][-1] == root / "new" and listed[-1].model == "/models/m.gguf"
+    assert listed[-1].current  # its layout recorded
     assert sum(e.nbytes for e in listed) <= 1000
     assert not a.exists() and b.exists()  # only as many old ones as the new one needed
 

@@ -590,10 +590,12 @@ class StoreEntry:
     nbytes: int
     last_used: float  # seconds since the epoch: written, or last mapped by a load
     model: str | None  # the model file it was packed from (None: not recorded)
+    current: bool = True  # in this version's LAYOUT_VERSION (else no load of ours reads it)
 
 
 def stores() -> list[StoreEntry]:
-    """The complete stores under the cache root, least recently used first."""
+    """The complete stores under the cache root: those of another layout first (a load of
+    this version never reads them), then least recently used first."""
     folder = key_path("packed", "")
     if folder is None or not folder.parent.is_dir():
         return []
@@ -605,21 +607,26 @@ def stores() -> list[StoreEntry]:
             size = (d / "packed.bin").stat().st_size + index.stat().st_size
         except OSError:  # being written (a .writing- folder), or cut short
             continue
-        out.append(StoreEntry(d, size, used, _model_of(index)))
-    return sorted(out, key=lambda e: e.last_used)
+        model, layout = _recorded(index)
+        out.append(StoreEntry(d, size, used, model, layout == LAYOUT_VERSION))
+    return sorted(out, key=lambda e: (e.current, e.last_used))
 
 
-def _model_of(index: Path) -> str | None:
+def _recorded(index: Path) -> tuple[str | None, str | None]:
+    """The model file and the layout a store's index records (None: not recorded)."""
     try:
-        model = json.loads(index.read_text()).get("__model__")
+        head = json.loads(index.read_text())
+        model, layout = head.get("__model__"), head.get("__layout__")
     except (OSError, ValueError, AttributeError):
-        return None
-    return model if isinstance(model, str) else None
+        return None, None
+    return (model if isinstance(model, str) else None,
+            layout if isinstance(layout, str) else None)
 
 
 def evict(room: int, keep: Path | None = None, cap: int | None = None) -> list[Path]:
-    """Remove the least recently used stores (never ``keep``) until they all take at most
-    ``cap`` (None: :func:`store_cap`) less ``room`` bytes; the folders removed."""
+    """Remove stores in :func:`stores`' order (another layout's, then the least recently
+    used; never ``keep``) until they all take at most ``cap`` (None: :func:`store_cap`)
+    less ``room`` bytes; the folders removed."""
     entries = stores()
     total = sum(e.nbytes for e in entries)
     limit = store_cap() if cap is None else cap
@@ -706,6 +713,7 @@ class PackStore:
         try:
             self.index = json.loads((folder / "index.json").read_text())
             self.index.pop("__model__", None)
+            self.index.pop("__layout__", None)
             with open(folder / "packed.bin", "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size != self.index.pop("__bytes__", -1) or not size:
@@ -771,7 +779,7 @@ class PackStore:
                 with open(tmp / "packed.bin", "wb") as f:
                     for _, _, w in self.new:
                         _append(f, w)
-            index: dict[str, Any] = {"__model__": self.model}
+            index: dict[str, Any] = {"__model__": self.model, "__layout__": LAYOUT_VERSION}
             offset = 0
             for name, key, w in self.new:
                 offset += -offset % ALIGN
