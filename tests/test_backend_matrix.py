@@ -119,7 +119,8 @@ def test_explicit_backend_lacking_op_is_refused_before_weights_load(fake, monkey
                        "intermediate_size": 64, "num_attention_heads": 2, "vocab_size": 8},
                       {"model.embed_tokens.weight":
                        TensorData("e", (8, 32), "F32", np.zeros((8, 32), np.float32))})
-    monkeypatch.setattr(api, "resolve", lambda name: types.SimpleNamespace(path=ckpt.path))
+    monkeypatch.setattr(api, "resolve",
+                        lambda name, checkpoint=None: types.SimpleNamespace(path=ckpt.path))
     monkeypatch.setattr(api, "read_checkpoint", lambda path: ckpt)
     with pytest.raises(MissingOpError, match="rms_norm"):
         api.load_model("tiny", backend="fake")
