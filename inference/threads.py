@@ -158,10 +158,10 @@ def readings(per_process: bool) -> Readings:
                     process_times() if per_process else None)
 
 
-def _weigh_processes() -> bool:
+def _weigh_processes(nice: int | None) -> bool:
     """Whether looks weigh each process by its priority: while this process runs at a
-    negative nice, where the CPUs' times cannot tell nice 0 from ours."""
-    nice = _own_nice()
+    negative ``nice`` (:func:`_own_nice`), where the CPUs' times cannot tell nice 0 from
+    ours."""
     return nice is not None and nice < 0
 
 
@@ -172,7 +172,7 @@ def _import_readings() -> Readings | None:
     if not os.path.exists("/proc/stat"):
         return None
     try:
-        return readings(_weigh_processes())
+        return readings(_weigh_processes(_own_nice()))
     except (OSError, ValueError):
         return None
 
@@ -221,7 +221,7 @@ class BusyCores:
         nice = _own_nice()
         self._nice = nice
         self._count_niced = nice is None or nice > 0
-        self._weigh = nice is not None and nice < 0
+        self._weigh = _weigh_processes(nice)
         global _AT_IMPORT
         first, _AT_IMPORT = _AT_IMPORT, None  # the process's first one starts at the import
         usable = (first is not None and first.pid == os.getpid()

@@ -292,7 +292,7 @@ def install() -> None:
     if environment._rebuild_env is _numba_rebuild_env:  # what cached kernels' pickles name
         environment._rebuild_env = _rebuild_env
     if (nrtdynmod.compile_nrt_functions is _numba_compile_nrt_functions
-            and all(hasattr(nrtdynmod, a) for a in ("create_nrt_module",))):
+            and hasattr(nrtdynmod, "create_nrt_module")):
         nrtdynmod.compile_nrt_functions = _compile_nrt_functions
     if typeof.typeof_impl.dispatch(np.ndarray) is _numba_typeof_ndarray:
         typeof.typeof_impl.register(np.ndarray)(_typeof_ndarray)
