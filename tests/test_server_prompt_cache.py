@@ -122,8 +122,9 @@ def test_an_idle_server_lets_its_prompt_cache_go(engine, monkeypatch):  # noqa: 
 
     from inference.server import scheduler as scheduler_module
 
-    trims: list[int] = []
-    monkeypatch.setattr(scheduler_module, "trim_host_heap", lambda: trims.append(1))
+    trimmed_by: list[threading.Thread] = []  # every scheduler alive in the process trims here
+    monkeypatch.setattr(scheduler_module, "trim_host_heap",
+                        lambda: trimmed_by.append(threading.current_thread()))
     llm = engine.llm
     ids = llm.plan(messages=_conv(0), max_tokens=2)[0]
     greedy = [SamplingParams(temperature=0.0)]
@@ -136,10 +137,11 @@ def test_an_idle_server_lets_its_prompt_cache_go(engine, monkeypatch):  # noqa: 
         try:
             _run_together(sched, [ids], 2, greedy)
             deadline = time.monotonic() + (60 if idle else 1)  # 0: nothing may come
-            while not cleared and time.monotonic() < deadline:
-                time.sleep(0.02)
+            while not (cleared and sched._thread in trimmed_by) and time.monotonic() < deadline:
+                time.sleep(0.02)  # the clear is seen before the trim that follows it
+            trims = [t for t in trimmed_by if t is sched._thread]
             if idle:
-                assert cleared == [1] and len(sched.pool) == 0 and trims == [1]
+                assert cleared == [1] and len(sched.pool) == 0 and trims == [sched._thread]
             else:
                 assert cleared == [] and len(sched.pool) == 1
         finally:
