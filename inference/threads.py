@@ -45,6 +45,9 @@ def set_threads(n: int, backend: Any = None) -> str:
 # A thread count is chosen again after at least this long: the busy cores are an average
 # over the window since the last choice (a shorter one mostly measures our own spin-down).
 LOAD_WINDOW_S = 0.5
+# Niced processes' CPU time below this share of the window is not looked into process by
+# process (a daemon's wake-ups): reading every process costs ~25 us each.
+NICED_NOISE = 0.02
 
 
 def threads_for(limit: int, others: float, cores: int) -> int:
@@ -135,6 +138,43 @@ def priority_weight(theirs: int, ours: int) -> float:
     return min(1.0, 1.25 ** (ours - theirs))
 
 
+_NO_GROUP = ("", 0)  # every process in one scheduling group: nice alone orders them
+
+
+def sched_group(pid: int | str = "self") -> tuple[str, int]:
+    """The scheduling group a process's threads compete in, and the group's nice: nice
+    orders processes only inside one group; between groups the kernel shares a core by the
+    groups' own weights. A CPU cgroup other than the root is a group (cgroup v1's ``cpu``
+    hierarchy, or v2 where the cpu controller is on); in the root, with the kernel's
+    autogroups on (one per session: a terminal, a desktop's launch), the autogroup is,
+    with its own nice. ``_NO_GROUP`` where neither applies or /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return _NO_GROUP
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") and path != "/":  # v1
+            return f"cgroup:{path}", 0
+        if controllers == "" and path != "/" and _v2_cpu_controlled(path):
+            return f"cgroup:{path}", 0
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:  # present when autogroups are on
+            name, _, nice = f.read().split()
+        return name, int(nice)
+    except (OSError, ValueError):
+        return _NO_GROUP
+
+
+def _v2_cpu_controlled(path: str) -> bool:
+    try:
+        with open(f"/sys/fs/cgroup{path}/cgroup.controllers") as f:
+            return "cpu" in f.read().split()
+    except OSError:
+        return False
+
+
 def _own_nice() -> int | None:
     """This process's nice, or None where the OS has none (Windows)."""
     return os.nice(0) if hasattr(os, "nice") else None
@@ -195,6 +235,7 @@ class Mark(NamedTuple):
     own: float
     kernel: float
     procs: dict[int, tuple[float, int]] | None
+    niced: float = 0.0  # the niced processes' seconds on our cores, where not in ``busy``
 
 
 class BusyCores:
@@ -213,7 +254,15 @@ class BusyCores:
     about one time slice in ten of a core we want; counted whole, a nice -10 decode beside
     one nice-0 loop waited passively at 0.71x llama.cpp's). That sum, plus the interrupts and
     steal of our cores, is capped at the cores' own reading (a process pinned elsewhere
-    takes none of ours)."""
+    takes none of ours).
+
+    Priority orders processes only inside one scheduling group (:func:`sched_group`): with
+    the kernel's autogroups, a loop started from another terminal gets half the contended
+    core whatever our nice, and a niced build in another session a full share. A process
+    in another group counts whole (by the groups' nice where both are autogroups); at
+    nice 0, niced time is looked into process by process once it shows (beside one nice-0
+    loop in another autogroup a nice -10 decode weighing it at a tenth spun at 1.5 tok/s
+    against llama.cpp's 13; docs/benchmarks.md)."""
 
     def __init__(self) -> None:
         self.cpus = usable_cpus()
@@ -222,6 +271,9 @@ class BusyCores:
         self._nice = nice
         self._count_niced = nice is None or nice > 0
         self._weigh = _weigh_processes(nice)
+        self._group = sched_group() if nice is not None else _NO_GROUP
+        self._groups: dict[int, tuple[str, int]] = {}  # other processes', as first read
+        self._niced_alone = False  # at nice 0: the last look saw niced time, read each process
         global _AT_IMPORT
         first, _AT_IMPORT = _AT_IMPORT, None  # the process's first one starts at the import
         usable = (first is not None and first.pid == os.getpid()
@@ -229,12 +281,39 @@ class BusyCores:
         self._mark = self._reduce(first) if usable else self._now()
 
     def _now(self) -> Mark:
-        return self._reduce(readings(self._weigh))
+        return self._reduce(readings(self._weigh or self._niced_alone))
 
     def _reduce(self, r: Readings) -> Mark:
         mine = [r.cpus[i] for i in self.cpus if i < len(r.cpus)] if self.cpus else r.cpus
         kernel = sum(getattr(t, f, 0.0) for t in mine for f in ("irq", "softirq", "steal"))
-        return Mark(r.clock, busy_seconds(mine, self._count_niced), r.own, kernel, r.procs)
+        niced = 0.0 if self._count_niced else sum(getattr(t, "nice", 0.0) for t in mine)
+        return Mark(r.clock, busy_seconds(mine, self._count_niced), r.own, kernel, r.procs,
+                    niced)
+
+    def _weight(self, pid: int, nice: int) -> float:
+        """How much of process ``pid``'s CPU time counts as taken from ours: by priority
+        inside our scheduling group; from another group, by the groups' nice where both
+        are autogroups, else whole (its group gets its own share whatever its nice)."""
+        group = self._groups.get(pid)
+        if group is None:
+            group = self._groups[pid] = sched_group(pid)
+        if group == self._group:
+            return priority_weight(nice, self._nice or 0)
+        if self._group[0].startswith("/autogroup") and group[0].startswith("/autogroup"):
+            return priority_weight(group[1], self._group[1])
+        return 1.0
+
+    def _weighed(self, before: Mark, now: Mark, only_niced: bool) -> float:
+        """The seconds other processes took from our cores between two looks, each weighed
+        (:meth:`_weight`); ``only_niced``: the processes niced above 0 only."""
+        weighed = 0.0
+        pid = os.getpid()
+        assert before.procs is not None and now.procs is not None
+        for p, (cpu, nice) in now.procs.items():
+            rose = cpu - before.procs.get(p, (0.0, 0))[0]  # a new one: all of its time
+            if rose > 0 and p != pid and (nice > 0 or not only_niced):
+                weighed += rose * self._weight(p, nice)
+        return weighed
 
     def others(self, window: float = LOAD_WINDOW_S, *, peek: bool = False) -> float | None:
         """None until ``window`` seconds have passed since the last look; ``peek``: the
@@ -246,12 +325,18 @@ class BusyCores:
             self._mark = now
         seconds = now.clock - before.clock
         cores = max(0.0, now.busy - before.busy - (now.own - before.own))
-        if now.procs is None or before.procs is None or self._nice is None:
+        niced = now.niced - before.niced
+        if self._weigh and now.procs is not None and before.procs is not None:
+            weighed = now.kernel - before.kernel + self._weighed(before, now, False)
+            return min(cores, max(0.0, weighed)) / seconds
+        if niced <= NICED_NOISE * seconds or self._group == _NO_GROUP:
+            self._niced_alone = False
             return cores / seconds
-        weighed = now.kernel - before.kernel
-        pid = os.getpid()
-        for p, (cpu, nice) in now.procs.items():
-            rose = cpu - before.procs.get(p, (0.0, 0))[0]  # a new one: all of its time
-            if rose > 0 and p != pid:
-                weighed += rose * priority_weight(nice, self._nice)
-        return min(cores, max(0.0, weighed)) / seconds
+        # Niced processes ran while we are at nice 0: in our group they take few of our time
+        # slices; in another group (another session's build, say) a full share. Until each
+        # process is read at two looks, their time counts whole.
+        if not peek:
+            self._niced_alone = True
+        if now.procs is None or before.procs is None:
+            return (cores + niced) / seconds
+        return (cores + min(niced, self._weighed(before, now, True))) / seconds

@@ -255,6 +255,7 @@ def test_at_a_negative_nice_each_process_counts_by_its_priority(monkeypatch, the
     me = os.getpid()
     monkeypatch.setattr(T.os, "nice", lambda inc: -10)
     monkeypatch.setattr(T, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(T, "sched_group", lambda pid="self": T._NO_GROUP)  # one group
     # 2 s: the loop (pid 1) on one core, ours 0.5 s, an idle pid 2, a new pid 3 0.2 s.
     before = T.Readings(me, 10.0, [_row(0.0), _row(0.0)], 0.0,
                         {1: (5.0, their_nice), 2: (7.0, -10), me: (0.0, -10)})
@@ -274,12 +275,93 @@ def test_a_process_pinned_elsewhere_takes_none_of_our_cores(monkeypatch):
     me = os.getpid()
     monkeypatch.setattr(T.os, "nice", lambda inc: -10)
     monkeypatch.setattr(T, "usable_cpus", lambda: [0])  # the loop runs on CPU 1
+    monkeypatch.setattr(T, "sched_group", lambda pid="self": T._NO_GROUP)
     before = T.Readings(me, 10.0, [_row(0.0), _row(0.0)], 0.0, {1: (0.0, -10)})
     after = T.Readings(me, 12.0, [_row(0.0), _row(2.0)], 0.0, {1: (2.0, -10)})
     monkeypatch.setattr(T, "readings", lambda per_process: after)
     monkeypatch.setattr(T, "_AT_IMPORT", before)
     monkeypatch.setattr(T.time, "monotonic", lambda: 12.0)
     assert T.BusyCores().others(0.1) == 0.0
+
+
+@pytest.mark.parametrize(("theirs", "want"), [
+    (("/autogroup-1", 0), 1.0),  # a loop from another terminal: its group's half, whole
+    (("/autogroup-1", 10), 0.8 ** 10),  # another autogroup niced below ours
+    (("cgroup:/user.slice/app.scope", 0), 1.0),  # another CPU cgroup: whole
+    (("/autogroup-2", 0), 0.8 ** 10),  # our own autogroup: by the processes' nice
+])
+def test_priority_counts_only_inside_a_scheduling_group(monkeypatch, theirs, want):
+    """At nice -10 a nice-0 loop in another scheduling group is not held back by our
+    priority: its time counts whole, or by the two autogroups' nice."""
+    me = os.getpid()
+    monkeypatch.setattr(T.os, "nice", lambda inc: -10)
+    monkeypatch.setattr(T, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(T, "sched_group",
+                        lambda pid="self": ("/autogroup-2", 0) if pid == "self" else theirs)
+    before = T.Readings(me, 10.0, [_row(0.0), _row(0.0)], 0.0, {1: (5.0, 0), me: (0.0, -10)})
+    after = T.Readings(me, 12.0, [_row(2.0), _row(0.5)], 0.5, {1: (7.0, 0), me: (0.5, -10)})
+    monkeypatch.setattr(T, "readings", lambda per_process: after)
+    monkeypatch.setattr(T, "_AT_IMPORT", before)
+    monkeypatch.setattr(T.time, "monotonic", lambda: 12.0)
+    assert T.BusyCores().others(0.1) == pytest.approx(2.0 * want / 2.0)
+
+
+@pytest.mark.parametrize(("theirs", "want"), [
+    (("/autogroup-1", 0), 1.0),  # a niced build in another session: a full share
+    (("/autogroup-2", 0), 0.8 ** 10),  # ours: it takes few of our slices
+])
+def test_at_nice_0_niced_time_is_looked_into_once_it_shows(monkeypatch, theirs, want):
+    """At nice 0 niced processes' time is left out only when they share our scheduling
+    group: it counts whole until each process has been read at two looks, then by group."""
+    me = os.getpid()
+    monkeypatch.setattr(T.os, "nice", lambda inc: 0)
+    monkeypatch.setattr(T, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(T, "sched_group",
+                        lambda pid="self": ("/autogroup-2", 0) if pid == "self" else theirs)
+    clock = [10.0]
+    monkeypatch.setattr(T.time, "monotonic", lambda: clock[0])
+    asked = []
+
+    def readings(per_process):  # a nice-10 process (pid 1) busy on one core, 1 s a second
+        asked.append(per_process)
+        t = clock[0] - 10.0
+        return T.Readings(me, clock[0], [_row(0.0, nice=t), _row(0.0)], 0.0,
+                          {1: (t, 10), me: (0.0, 0)} if per_process else None)
+    monkeypatch.setattr(T, "readings", readings)
+    monkeypatch.setattr(T, "_AT_IMPORT", None)
+    busy = T.BusyCores()
+    seen = []
+    for _ in range(3):
+        clock[0] += 2.0
+        seen.append(busy.others(0.1))
+    assert asked == [False, False, True, True]  # process by process once niced time showed
+    assert seen == [1.0, 1.0, pytest.approx(want)]
+
+
+def test_at_nice_0_niced_time_in_one_group_is_left_out(monkeypatch):
+    """With no scheduling groups (no autogroups, the root cgroup) niced processes take few of
+    a nice-0 process's slices: left out, and no process is read."""
+    me = os.getpid()
+    monkeypatch.setattr(T.os, "nice", lambda inc: 0)
+    monkeypatch.setattr(T, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(T, "sched_group", lambda pid="self": T._NO_GROUP)
+    before = T.Readings(me, 10.0, [_row(0.0), _row(0.0)], 0.0, None)
+    after = T.Readings(me, 12.0, [_row(0.0, nice=2.0), _row(0.0)], 0.0, None)
+    asked = []
+    monkeypatch.setattr(T, "readings", lambda per_process: asked.append(per_process) or after)
+    monkeypatch.setattr(T, "_AT_IMPORT", before)
+    monkeypatch.setattr(T.time, "monotonic", lambda: 12.0)
+    assert T.BusyCores().others(0.1) == 0.0 and asked == [False]
+
+
+def test_sched_group_reads_this_process(monkeypatch):
+    """/proc names this process's group: an autogroup with its nice, a CPU cgroup, or none."""
+    if not os.path.exists("/proc/self/cgroup"):
+        pytest.skip("no /proc")
+    group, nice = T.sched_group()
+    assert group == "" or group.startswith(("/autogroup-", "cgroup:/"))
+    assert isinstance(nice, int)
+    assert T.sched_group(2 ** 31 - 1) == T._NO_GROUP  # no such process
 
 
 def test_the_cpus_times_are_read_without_psutil(monkeypatch):
