@@ -97,6 +97,7 @@ def generate_step(model: CausalModel, prompt_ids: Sequence[int], sampling: Sampl
                     prompt_cache.fed(t)
             tok = nxt
     finally:
+        sampler.close()
         if owned:
             prompt_cache.end()
 

@@ -47,6 +47,7 @@ def _generate(m, replay: bool, monkeypatch, temperature: float = 0.0
               ) -> tuple[list[int], list[np.ndarray], CpuSampler]:
     """Tokens, the logits row of each step, and the sampler of one generation."""
     B = m.backend
+    B.drop_steps()  # each generation here captures anew (ops are patched between them)
     monkeypatch.setattr(B, "step_replay", replay)
     rows: list[np.ndarray] = []
     made: list[CpuSampler] = []
@@ -252,6 +253,56 @@ def test_linears_of_one_input_share_its_quantized_rows_in_a_replay():
         call()
     for w, y in zip(ws, ys, strict=True):
         np.testing.assert_array_equal(y, B.linear(x, w))
+
+
+def test_a_later_generation_rebinds_the_models_capture(monkeypatch):
+    """The model's replayer outlives a generation: the next one rebinds its capture to
+    the new cache (checked once, beside an eager step), and from the one after that on
+    the first decode step is a replay; the tokens stay the eager ones. Between
+    generations the replayer holds no cache, and it goes with the model."""
+    import gc
+    import weakref
+
+    m = _model("llama3_q4_k")
+    B = m.backend
+    want, _, _ = _generate(m, False, monkeypatch)
+    B.drop_steps()
+    eager = []
+    real_verify = StepReplayer._verify
+    monkeypatch.setattr(StepReplayer, "_verify",
+                        lambda self, *a: eager.append(1) or real_verify(self, *a))
+    prompt = m.tokenize("The quick brown fox")
+    params = SamplingParams(temperature=0.0, seed=7)
+    runs = []
+    for _ in range(3):
+        eager.clear()
+        steps = generate_step(m.model, prompt, params, np.random.default_rng(3),
+                              max_len=len(prompt) + TOKENS + 1)
+        toks = [next(steps) for _ in range(TOKENS)]
+        steps.close()
+        kept = B._steps[m.model]
+        runs.append((toks, kept.captures, kept.rebinds, len(eager)))
+        assert not B._lent and kept.replay is not None and kept.replay.buffers == ()
+    assert [r[0] for r in runs] == [want] * 3
+    assert [r[1:] for r in runs] == [(1, 0, 1), (1, 1, 1), (1, 2, 0)]
+    held = weakref.ref(kept)
+    del kept, steps
+    B.drop_steps()
+    gc.collect()
+    assert held() is None
+
+
+def test_a_generation_beside_another_gets_its_own_replayer():
+    m = _model("llama3_q4_k")
+    B = m.backend
+    B.drop_steps()
+    first, kept = B.borrow_steps(m.model)
+    second, kept2 = B.borrow_steps(m.model)
+    assert kept and not kept2 and second is not first
+    B.return_steps(first)
+    again, kept3 = B.borrow_steps(m.model)
+    assert kept3 and again is first
+    B.return_steps(again)
 
 
 def test_a_new_batch_rebinds_the_capture_of_its_size():

@@ -288,6 +288,9 @@ class TokenSampler:
     def read(self, tok: Any) -> int:
         return int(tok)
 
+    def close(self) -> None:
+        """The generation is over (ended, stopped or cancelled)."""
+
 
 class EagerSteps:
     """A backend's decode steps run as they come (no captured step to replay)."""

@@ -166,6 +166,12 @@ class CpuBackend(NumpyBackend):
         self._blas: Any = None
         self._pool: list[SpinWorker] | None = None
         self._sharing = threading.Lock()  # one share-out at a time has the worker threads
+        # Each model's decode-step replayer, kept between generations (borrow_steps), and
+        # the ones a generation has now.
+        self._steps: weakref.WeakKeyDictionary[Any, StepReplayer] = (
+            weakref.WeakKeyDictionary())
+        self._lent: set[StepReplayer] = set()
+        self._steps_lock = threading.Lock()
         self.kv_dtype = np.dtype(np.float32)
         self._qtypes: set[str] = set()  # the weight types loaded (prepare's key)
         # Each loaded weight's type by the id of what weight() returned (prepare: which
@@ -239,6 +245,39 @@ class CpuBackend(NumpyBackend):
 
     def decode_steps(self) -> StepReplayer:
         return StepReplayer(self)
+
+    def borrow_steps(self, model: Any) -> tuple[StepReplayer, bool]:
+        """The replayer of ``model``'s decode steps for one generation, and whether it is
+        the one kept for the model (hand it back with :meth:`return_steps`). Kept from
+        one generation to the next, its captures and checks outlive the generation: the
+        next one rebinds the capture to its own cache instead of capturing anew, and
+        once a rebinding was checked, runs no eager step at all. A generation that runs
+        while another has the kept one (or of a model that cannot be a weak key) gets a
+        replayer of its own, as before."""
+        with self._steps_lock:
+            try:
+                steps = self._steps.get(model)
+                if steps is None:
+                    steps = self._steps[model] = StepReplayer(self)
+            except TypeError:  # not hashable or not weakly referable
+                return StepReplayer(self), False
+            if steps in self._lent:
+                return StepReplayer(self), False
+            self._lent.add(steps)
+        steps.eager_reason = None  # replays stopped in the last generation: tried again
+        return steps, True
+
+    def return_steps(self, steps: StepReplayer) -> None:
+        """A generation ended with ``steps`` (:meth:`borrow_steps`): they let go of its
+        cache and wait for the model's next generation."""
+        steps.let_go()
+        with self._steps_lock:
+            self._lent.discard(steps)
+
+    def drop_steps(self) -> None:
+        """Forget the kept replayers (the next generation of every model captures anew)."""
+        with self._steps_lock:
+            self._steps.clear()
 
     def prepare(self, model: Any) -> None:
         """The compiled kernels the first reply runs, loaded now, at load (numba loads a

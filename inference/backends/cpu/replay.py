@@ -114,6 +114,19 @@ class StepReplayer(EagerSteps):
             return self._verify(model, ids, cache, caches)
         return self._run(r, ids, caches)
 
+    def let_go(self) -> None:
+        """Keep the captures but hold no cache (a generation ended): the one in use is
+        unbound, or dropped where it cannot be; the next step with caches rebinds it or
+        captures anew."""
+        r = self.replay
+        if r is None:
+            return
+        if r.tape.binders and all(bind(None) for bind in r.tape.binders):
+            r.buffers = ()  # a step with caches rebinds it first
+        else:
+            self._kept = {n: k for n, k in self._kept.items() if k is not r}
+            self.replay = None
+
     def release(self) -> None:
         """Drop the captured steps (they hold their batches' buffers), and the reason
         replays stopped, if any; the batch sizes already checked stay checked: this
@@ -209,15 +222,27 @@ class StepReplayer(EagerSteps):
 
 
 class CpuSampler(TokenSampler):
-    """The synchronous sampler, stepping by replay where it can (see the module)."""
+    """The synchronous sampler, stepping by replay where it can (see the module). Its
+    steps are the model's replayer, kept by the backend from one generation to the next
+    (``CpuBackend.borrow_steps``): a later generation rebinds the capture to its cache
+    and, once a rebinding was checked, its first decode step is a replay, not a capture
+    and a check. :meth:`close` hands the replayer back, holding no cache."""
 
     def __init__(self, backend: Any, params: SamplingParams, prompt_ids: Sequence[int],
                  rng: np.random.Generator):
         super().__init__(backend, params, prompt_ids, rng)
-        self.steps = backend.decode_steps()
+        self.steps: StepReplayer | None = None  # borrowed at the first decode step
+        self._borrowed = False
 
     def decode(self, model: Any, tok: Any, cache: Any) -> Any:
+        if self.steps is None:
+            self.steps, self._borrowed = self.B.borrow_steps(model)
         return self.steps(model, self.as_input(tok), cache)
+
+    def close(self) -> None:
+        if self.steps is not None and self._borrowed:
+            self._borrowed = False
+            self.B.return_steps(self.steps)
 
 
 def window_open(c: KVCache, layer: int, window: int | None = None) -> bool:
