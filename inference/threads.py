@@ -146,7 +146,7 @@ def sched_group(pid: int | str = "self") -> tuple[str, int]:
     orders processes only inside one group; between groups the kernel shares a core by the
     groups' own weights. A CPU cgroup other than the root is a group (cgroup v1's ``cpu``
     hierarchy, or v2 where the cpu controller is on); in the root, with the kernel's
-    autogroups on (one per session: a terminal, a desktop's launch), the autogroup is,
+    autogroups on (one per ``setsid``: a terminal, a desktop's launch), the autogroup is,
     with its own nice. ``_NO_GROUP`` where neither applies or /proc cannot tell."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
@@ -258,7 +258,7 @@ class BusyCores:
 
     Priority orders processes only inside one scheduling group (:func:`sched_group`): with
     the kernel's autogroups, a loop started from another terminal gets half the contended
-    core whatever our nice, and a niced build in another session a full share. A process
+    core whatever our nice, and a niced build in another terminal a full share. A process
     in another group counts whole (by the groups' nice where both are autogroups); at
     nice 0, niced time is looked into process by process once it shows (beside one nice-0
     loop in another autogroup a nice -10 decode weighing it at a tenth spun at 1.5 tok/s
@@ -333,7 +333,7 @@ class BusyCores:
             self._niced_alone = False
             return cores / seconds
         # Niced processes ran while we are at nice 0: in our group they take few of our time
-        # slices; in another group (another session's build, say) a full share. Until each
+        # slices; in another group (another terminal's build, say) a full share. Until each
         # process is read at two looks, their time counts whole.
         if not peek:
             self._niced_alone = True
