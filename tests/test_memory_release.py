@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.backends.base import _glibc, release_library_pages
+from inference.backends.base import _glibc, _is_library, library_spans, release_library_pages
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or _glibc() is None, reason="smaps, glibc's madvise")
@@ -102,3 +102,74 @@ def test_a_load_maps_the_packed_store_in_after_the_libraries_pages_go(monkeypatc
     monkeypatch.setattr(pack.PackStore, "populate", lambda self: calls.append("populate"))
     inference.load_model("tests/goldens/tiny/phi3_q4_0.gguf", backend="cpu").close()
     assert calls == ["release", "populate"]
+
+
+def spans_line_by_line(smaps: str, prefixes=None) -> list[tuple[int, int, int]]:
+    """The mappings release_library_pages releases, read line by line (its earlier parse)."""
+    spans, start, end, rss, wanted = [], 0, 0, 0, False
+    for line in smaps.splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = head[0].split("-")
+            start, end = int(lo, 16), int(hi, 16)
+            name = head[5].rsplit("/", 1)[-1] if len(head) > 5 else ""
+            wanted = "w" not in head[1] and _is_library(name) and (
+                prefixes is None or name.startswith(tuple(prefixes)))
+            rss = 0
+        elif wanted and head[:1] == ["Rss:"]:
+            rss = int(head[1]) << 10
+        elif wanted and head[:1] == ["Anonymous:"] and head[1] == "0" and rss:
+            spans.append((start, end, rss))
+    return spans
+
+
+SMAPS = """\
+7f0000000000-7f0000001000 r--p 00000000 08:01 11   /usr/lib/liba.so.6
+Size:                  4 kB
+Rss:                   4 kB
+Anonymous:             0 kB
+VmFlags: rd mr mw me
+7f0000001000-7f0000003000 r-xp 00001000 08:01 11   /usr/lib/liba.so.6
+Size:                  8 kB
+Rss:                   8 kB
+Anonymous:             0 kB
+7f0000003000-7f0000004000 r--p 00003000 08:01 11   /usr/lib/liba.so.6
+Rss:                   4 kB
+Anonymous:             4 kB
+7f0000004000-7f0000005000 rw-p 00004000 08:01 11   /usr/lib/liba.so.6
+Rss:                   4 kB
+Anonymous:             0 kB
+7f0000005000-7f0000006000 r-xp 00000000 08:01 12   /opt/x/libb.so (deleted)
+Rss:                   4 kB
+Anonymous:             0 kB
+7f0000006000-7f0000008000 r-xp 00000000 08:01 13   /opt/x/libc.so
+Rss:                   0 kB
+Anonymous:             0 kB
+7f0000008000-7f0000009000 r--p 00000000 08:01 14   /data/model.gguf
+Rss:                   4 kB
+Anonymous:             0 kB
+7f0000009000-7f000000a000 r-xp 00000000 08:01 15   /opt/x/libsomething.sox
+Rss:                   4 kB
+Anonymous:             0 kB
+7f000000a000-7f000000c000 rw-p 00000000 00:00 0 \n\
+Rss:                   8 kB
+Anonymous:             8 kB
+7f000000c000-7f000000d000 r-xp 00000000 08:01 16   /opt/x/libd.so.1.2
+Size:                  4 kB
+Rss:                   4 kB
+Anonymous:             0 kB
+"""
+
+
+def test_the_mappings_released_are_those_a_line_by_line_reading_finds():
+    """Read-only, resident, no private copy, a library's (by its file name, prefixes):
+    on a made-up smaps and on this process's own."""
+    assert library_spans(SMAPS) == [(0x7F0000000000, 0x7F0000001000, 4096),
+                                    (0x7F0000001000, 0x7F0000003000, 8192),
+                                    (0x7F0000005000, 0x7F0000006000, 4096),
+                                    (0x7F000000C000, 0x7F000000D000, 4096)]
+    for prefixes in (None, ("liba",), ("libb", "libd"), ("libz",)):
+        assert library_spans(SMAPS, prefixes) == spans_line_by_line(SMAPS, prefixes)
+    own = Path("/proc/self/smaps").read_text()
+    assert library_spans(own) == spans_line_by_line(own) != []
+    assert library_spans(own, ("libpython",)) == spans_line_by_line(own, ("libpython",))
