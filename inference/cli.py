@@ -59,7 +59,10 @@ class CompileClock:
         self._listener: Any = None
 
     def __enter__(self) -> CompileClock:
+        from inference.numba_import import import_numba
+
         try:
+            import_numba()
             from numba.core import event
         except ImportError:
             return self

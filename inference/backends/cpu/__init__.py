@@ -18,7 +18,11 @@ Files, by what they hold (docs/ops.md maps each op to its method and kernel):
 - ``warm``: every kernel compiled into numba's cache once, at install.
 """
 
-from inference.backends.cpu.kernel_load import install as _install_kernel_load
+from inference.numba_import import import_numba as _import_numba
+
+_import_numba()  # first, where nothing imported numba yet (two of its imports deferred)
+
+from inference.backends.cpu.kernel_load import install as _install_kernel_load  # noqa: E402
 
 _install_kernel_load()  # before any kernel module below is imported (decorated)
 
