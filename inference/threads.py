@@ -313,8 +313,9 @@ class BusyCores:
             rose = cpu - before.procs.get(p, (0.0, 0))[0]  # a new one: all of its time
             if rose > 0 and p != pid and (nice > 0 or not only_niced):
                 weighed += rose * self._weight(p, nice)
-        self._groups = {p: g for p, g in self._groups.items() if p in now.procs}  # gone: a
-        return weighed  # reused pid is read afresh
+        # forget the processes that have gone: a reused pid is read afresh
+        self._groups = {p: g for p, g in self._groups.items() if p in now.procs}
+        return weighed
 
     def others(self, window: float = LOAD_WINDOW_S, *, peek: bool = False) -> float | None:
         """None until ``window`` seconds have passed since the last look; ``peek``: the
