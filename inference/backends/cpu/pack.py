@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from inference.backends.base import huge_pages
 from inference.backends.cpu.layout import (
     AFFINE,
     AFFINE_F16,
@@ -719,6 +720,7 @@ class PackStore:
                 if size != self.index.pop("__bytes__", -1) or not size:
                     raise ValueError("a store cut short")
                 self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            huge_pages(np.frombuffer(self.map, np.uint8))  # streamed each token: 2 MiB pages
             with contextlib.suppress(OSError):  # used now: the last to go (evict)
                 os.utime(folder / "index.json")
         except FileNotFoundError:
