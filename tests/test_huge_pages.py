@@ -6,6 +6,8 @@ rows up in. What is checked is the advice the kernel recorded for each mapping (
 
 from __future__ import annotations
 
+import mmap
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,9 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from inference.backends.base import huge_pages
+from inference.backends.base import huge_pages, huge_share
+from inference.backends.cpu import pack
 from inference.backends.cpu.backend import CpuBackend
-from inference.backends.cpu.pack import PackStore, RawWeight
+from inference.backends.cpu.pack import SMALL_PAGES, PackStore, RawWeight
 
 SMAPS = Path("/proc/self/smaps")
 pytestmark = pytest.mark.skipif(
@@ -61,11 +64,15 @@ def test_only_the_pages_inside_the_array_are_advised(tmp_path: Path) -> None:
     assert not huge_pages(m[:100])  # no whole page inside: nothing asked
 
 
+def _store(folder: Path, n: int) -> PackStore:
+    (folder / "packed.bin").write_bytes(b"\1" * n)
+    (folder / "index.json").write_text(f'{{"__bytes__": {n}}}')
+    return PackStore(folder)
+
+
 def test_an_opened_store_is_advised_whole(tmp_path: Path) -> None:
     n = 4 * MIB
-    (tmp_path / "packed.bin").write_bytes(b"\1" * n)
-    (tmp_path / "index.json").write_text(f'{{"__bytes__": {n}}}')
-    store = PackStore(tmp_path)
+    store = _store(tmp_path, n)
     assert store.map is not None
     (span,) = _advised((tmp_path / "packed.bin").resolve())
     assert span[1] - span[0] == n
@@ -93,3 +100,91 @@ def test_streamed_file_weights_are_advised_and_a_lookup_table_is_not(tmp_path: P
     assert _covered(spans, layer.raw) and _covered(spans, head.raw)
     assert tied == _touches(spans, table.raw)
     assert B._raw_weights == []  # each load's weights once
+
+
+def test_huge_share_reads_the_mappings_that_hold_the_array(tmp_path: Path) -> None:
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"\1" * (4 * MIB))
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    a = np.frombuffer(m, np.uint8)
+    assert huge_share(a) is None  # nothing resident yet
+    assert int(a.sum()) == 4 * MIB
+    share = huge_share(a)
+    assert share is not None and 0.0 <= share <= 1.0
+    del a
+    m.close()
+
+
+@pytest.fixture
+def drops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The page-cache drops a store asks for (posix_fadvise), passed on to the OS."""
+    seen: list[int] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        seen.append(advice)
+        real(fd, offset, length, advice)
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    monkeypatch.setattr(pack, "REREAD_MIN_BYTES", MIB)
+    monkeypatch.setattr(pack, "_huge_pages_on", lambda: True)
+    return seen
+
+
+def _shares(monkeypatch: pytest.MonkeyPatch, *values: float) -> list[float]:
+    """huge_share() answers ``values`` in turn; returns what is left of them."""
+    left = list(values)
+    monkeypatch.setattr(pack, "huge_share", lambda a: left.pop(0))
+    return left
+
+
+def test_a_store_mostly_in_small_pages_is_read_again(tmp_path: Path, drops: list[int],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    left = _shares(monkeypatch, 0.1, 0.95)
+    store = _store(tmp_path, 4 * MIB)
+    store.populate()
+    assert drops == [os.POSIX_FADV_DONTNEED] and left == []
+    assert store.map is not None and store.map[0] == store.map[4 * MIB - 1] == 1
+    assert not (tmp_path / SMALL_PAGES).exists()
+
+
+def test_a_store_read_again_in_vain_is_marked_and_left_alone_after(
+        tmp_path: Path, drops: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    _shares(monkeypatch, 0.1, 0.15)
+    _store(tmp_path, 4 * MIB).populate()
+    assert drops == [os.POSIX_FADV_DONTNEED] and (tmp_path / SMALL_PAGES).exists()
+    left = _shares(monkeypatch, 0.1)
+    PackStore(tmp_path).populate()
+    assert drops == [os.POSIX_FADV_DONTNEED] and left == [0.1]  # not even looked at
+
+
+@pytest.mark.parametrize(("size", "share", "looked"),
+                         [(4 * MIB, 0.9, True), (MIB // 2, 0.1, False)])
+def test_a_store_in_2_mib_pages_or_a_small_one_is_not_read_again(
+        tmp_path: Path, drops: list[int], monkeypatch: pytest.MonkeyPatch, size: int,
+        share: float, looked: bool) -> None:
+    left = _shares(monkeypatch, share)
+    _store(tmp_path, size).populate()
+    assert drops == [] and (left == []) == looked
+
+
+def test_a_store_written_in_4_kib_pieces_is_read_again_through_the_os(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real path, no stand-ins: a store whose page cache holds 4 KiB folios (written
+    4 KiB at a time) is dropped and read in again, its bytes intact. Whether the OS then
+    gives 2 MiB pages is its own (a filesystem without large folios gives none): the store
+    ends mostly in 2 MiB pages, or is marked so that no later load tries again."""
+    monkeypatch.setattr(pack, "REREAD_MIN_BYTES", MIB)
+    n = 8 * MIB
+    with open(tmp_path / "packed.bin", "wb") as f:
+        for _ in range(n // 4096):
+            f.write(b"\1" * 4096)
+    (tmp_path / "index.json").write_text(f'{{"__bytes__": {n}}}')
+    store = PackStore(tmp_path)
+    store.populate()
+    assert store.map is not None
+    whole = np.frombuffer(store.map, np.uint8)
+    assert int(whole.sum()) == n
+    share = huge_share(whole)
+    assert (share is not None and share >= pack.REREAD_BELOW) or (
+        tmp_path / SMALL_PAGES).exists() or not pack._huge_pages_on()

@@ -239,6 +239,29 @@ _SMAPS_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)[ \t]+(\S+)(?:[ \t]+\S+){3
                             re.MULTILINE)
 _SMAPS_RSS = re.compile(r"^Rss:[ \t]+(\d+)", re.MULTILINE)
 _SMAPS_ANONYMOUS = re.compile(r"^Anonymous:[ \t]+(\d+)", re.MULTILINE)
+_SMAPS_PMD = re.compile(r"^FilePmdMapped:[ \t]+(\d+)", re.MULTILINE)
+
+
+def huge_share(a: np.ndarray) -> float | None:
+    """The share of the resident file pages of the mappings holding ``a`` that are mapped
+    in 2 MiB pages (smaps' ``FilePmdMapped`` over ``Rss``); None where it cannot be read
+    (not Linux) or none is resident."""
+    try:
+        with open("/proc/self/smaps") as f:
+            text = f.read()
+    except OSError:
+        return None
+    lo, hi = a.ctypes.data, a.ctypes.data + a.nbytes
+    heads = list(_SMAPS_MAPPING.finditer(text))
+    rss = pmd = 0
+    for i, head in enumerate(heads):
+        if int(head[2], 16) <= lo or int(head[1], 16) >= hi:
+            continue
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        r, p = _SMAPS_RSS.search(text, head.end(), end), _SMAPS_PMD.search(text, head.end(), end)
+        rss += int(r[1]) if r else 0
+        pmd += int(p[1]) if p else 0
+    return pmd / rss if rss else None
 
 
 def library_spans(smaps: str, prefixes: Sequence[str] | None = None
