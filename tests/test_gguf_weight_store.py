@@ -30,6 +30,9 @@ def _mapped(a: np.ndarray) -> bool:
 
 def _load(path: Path) -> tuple[Any, np.ndarray]:
     m = load_model(path, backend="cpu")
+    # One thread, pinned: on a busy machine the backend may pick another count for each load,
+    # and a prefill's products are not bitwise the same across thread counts.
+    m.backend.set_threads(1)
     return m, m.logits(IDS)
 
 
