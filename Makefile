@@ -72,8 +72,12 @@ $(TEST_STAMP): $(STAMP)
 run: $(KERNELS)
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(VENV)/bin/inferdesk
 
+# The suite on TEST_WORKERS processes (pytest-xdist; CI has 2 cores, where one process left
+# the second mostly idle). Tests marked xdist_group run in one process, one after another
+# (--dist loadgroup). `make test TEST_WORKERS=0` runs it in this process alone.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) $(KERNELS)
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q $(ARGS)
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 # The long fuzzing pass (>= 10^5 Hypothesis cases; figures in docs/fuzz.md).
 fuzz: $(TEST_STAMP)

@@ -24,7 +24,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    early.start(session.items)
+    # Under pytest-xdist every worker collects every test but runs only those it is sent,
+    # which it learns one batch at a time: a worker's early test starts its own steps when
+    # it runs (early.result), so each check runs once, in the process that asserts on it.
+    # The other worker keeps the second core busy meanwhile.
+    if not hasattr(session.config, "workerinput"):
+        early.start(session.items)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
