@@ -276,3 +276,42 @@ def test_numbas_runtime_is_compiled_once_then_read_back(tmp_path) -> None:
         built.append(int(out.stdout.split()[-1]))
     assert built == [1, 0]
     assert list((tmp_path / "runtime").iterdir())
+
+
+def test_two_savers_of_one_kernels_signatures_keep_both(tmp_path) -> None:
+    """Two processes that compile different signatures of one kernel at once (the app and
+    the server, two test workers) each read the kernel's index before saving: numba's own
+    save let the second's index overwrite the first's (both numbered ``.1.nbc``), so an
+    entry went missing or named the other's machine code. Here the first saver stops
+    between reading the index and writing, while the second saves."""
+    import threading
+
+    from numba.core import caching
+
+    def cache_file() -> caching.IndexDataCacheFile:  # as one process's cache of the kernel
+        return caching.IndexDataCacheFile(str(tmp_path), "kernel-12.py311", "stamp")
+
+    first, second = cache_file(), cache_file()
+    read, go = threading.Event(), threading.Event()
+    load_index = first._load_index
+
+    def load_then_wait() -> dict:
+        overloads = load_index()
+        read.set()
+        go.wait(60)
+        return overloads
+
+    first._load_index = load_then_wait
+    a = threading.Thread(target=first.save, args=(("sig-a", "cpu"), "code-a"))
+    a.start()
+    assert read.wait(60)
+    b = threading.Thread(target=second.save, args=(("sig-b", "cpu"), "code-b"))
+    b.start()
+    b.join(0.5)  # an unlocked save ends here; a locked one waits for the first saver
+    go.set()
+    a.join(60)
+    b.join(60)
+    assert not a.is_alive() and not b.is_alive()
+    fresh = cache_file()
+    assert fresh.load(("sig-a", "cpu")) == "code-a"
+    assert fresh.load(("sig-b", "cpu")) == "code-b"

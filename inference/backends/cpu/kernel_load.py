@@ -38,6 +38,13 @@ names) for every ``cache=True`` kernel as its module is imported, ~0.4 ms each f
 :class:`CacheOnFirstUse` instead, which builds numba's cache when something first asks
 it for anything (the kernel's first call looks its signature up there).
 
+Nor do two processes saving kernels into one cache lose or swap them (the app and the
+server, a parallel test run): numba's save of a new kernel reads the function's index,
+numbers the machine code after the entries it holds and writes the index back, so two
+processes compiling different signatures of one kernel at once could both write ``.1.nbc``,
+the index written last naming the other's code, or drop an entry. :func:`_save` holds a lock
+beside the index over the whole update and writes the code before the index names it.
+
 Not part of :mod:`.kernel_cache`: every kernel's cache stamp covers that file (and this
 one changes nothing a kernel's machine code holds).
 """
@@ -46,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import struct
 import sys
 import threading
@@ -61,6 +69,11 @@ from numba.core.runtime import nrtdynmod, rtsys
 from numba.core.typing import typeof
 from numba.np import numpy_support
 
+try:
+    import fcntl
+except ImportError:  # Windows: numba's own save
+    fcntl = None
+
 from inference.backends.cpu.kernel_cache import LOCATORS, _ours
 
 _numba_load_overload = caching.Cache.load_overload
@@ -70,6 +83,7 @@ _numba_enable_caching = dispatcher.Dispatcher.enable_caching
 _numba_rebuild_env = environment._rebuild_env
 _numba_typeof_ndarray = typeof.typeof_impl.dispatch(np.ndarray)
 _numba_compile_nrt_functions = nrtdynmod.compile_nrt_functions
+_numba_save = caching.IndexDataCacheFile.save
 _loading = threading.local()  # .ours: this thread is in _load_overload for our locators
 # Whether a source file is ours, once a file: the 92 kernels decorated at import are
 # defined in 13 files, and each answer resolves the path (a few stats).
@@ -284,11 +298,37 @@ def _enable_caching(self: Any) -> None:
         _numba_enable_caching(self)
 
 
+@contextlib.contextmanager
+def _locked(index_path: str) -> Iterator[None]:
+    """An exclusive lock on the lock file beside ``index_path``, held by one open file at a
+    time (other processes and threads wait), released as the file closes."""
+    with open(index_path + ".lock", "ab") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _save(self: caching.IndexDataCacheFile, key: Any, data: Any) -> None:
+    """numba's ``IndexDataCacheFile.save`` under :func:`_locked`: read the index, write the
+    machine code under a name none of its entries holds (or the key's own), then the index;
+    no other process reads the index to save a kernel in between."""
+    with _locked(self._index_path):
+        overloads = self._load_index()
+        name = overloads.get(key)
+        if name is None:
+            held = set(overloads.values())
+            name = next(n for n in map(self._data_name, itertools.count(1)) if n not in held)
+        self._save_data(name, data)  # whoever finds the entry finds its code
+        if overloads.get(key) != name:
+            overloads[key] = name
+            self._save_index(overloads)
+
+
 def install() -> None:
     """Load our cached kernels through :func:`_load_overload` from now on (where numba's
     cache has the methods it wraps; otherwise numba's own load stays), their machine code
     through :func:`_unserialize` (where numba's code library has what it sets), and open
-    their caches at first use (:func:`_enable_caching`). Before the first kernel is
+    their caches at first use (:func:`_enable_caching`); every numba cache saves through
+    :func:`_save` (where its index file has the methods it calls). Before the first kernel is
     decorated: the package's ``__init__`` runs it."""
     if dispatcher.Dispatcher.enable_caching is _numba_enable_caching:
         dispatcher.Dispatcher.enable_caching = _enable_caching
@@ -297,6 +337,10 @@ def install() -> None:
     if (nrtdynmod.compile_nrt_functions is _numba_compile_nrt_functions
             and hasattr(nrtdynmod, "create_nrt_module")):
         nrtdynmod.compile_nrt_functions = _compile_nrt_functions
+    if fcntl is not None and caching.IndexDataCacheFile.save is _numba_save and all(
+            hasattr(caching.IndexDataCacheFile, a)
+            for a in ("_load_index", "_data_name", "_save_data", "_save_index")):
+        caching.IndexDataCacheFile.save = _save
     if typeof.typeof_impl.dispatch(np.ndarray) is _numba_typeof_ndarray:
         typeof.typeof_impl.register(np.ndarray)(_typeof_ndarray)
     if all(hasattr(caching.Cache, a) for a in ("_guard_against_spurious_io_errors",
