@@ -68,6 +68,9 @@ def test_stop_halts_within_one_token(loaded_window, qtbot) -> None:
 
 def test_regenerate_edit_last_and_export(loaded_window, qtbot, tmp_path) -> None:
     w = loaded_window
+    # The shared window shows the tab the last test left: the version buttons are visible
+    # only on the chat's.
+    w.tabs.setCurrentWidget(w.chat)
     w.chat.new_conversation()
     _quick(w, 6)
     with job_result(qtbot, w.jobs, "generate", timeout=GEN_TIMEOUT_MS):
