@@ -287,6 +287,9 @@ def test_queue_full_is_429(engine, monkeypatch):  # noqa: F811
     from inference.server.app import Engine
     from inference.server.run import ServerThread
 
+    # The session's server runs this same model: its requests of earlier tests end first,
+    # so none of its steps runs beside this test's or meets the held layers.
+    assert wait_load(engine.scheduler) == (0, 0)
     gate = threading.Event()
     monkeypatch.setattr(engine.llm.model, "layers",
                         [_HeldDecode(la, gate) for la in engine.llm.model.layers])
@@ -297,11 +300,13 @@ def test_queue_full_is_429(engine, monkeypatch):  # noqa: F811
     try:
         with httpx.Client(timeout=300) as c, \
                 c.stream("POST", f"{srv.url}/chat/completions", json=body) as first:
+            assert first.status_code == 200
             next(first.iter_lines())  # its stream has begun: submitted, maybe not yet running
-            wait_load(small.scheduler, (1, 0))  # running (its thread may lag on a busy box)
+            # running (its thread may lag on a busy box)
+            assert wait_load(small.scheduler, (1, 0)) == (1, 0)
             with c.stream("POST", f"{srv.url}/chat/completions", json=body) as second:
                 assert second.status_code == 200  # waiting
-                wait_load(small.scheduler, (1, 1))
+                assert wait_load(small.scheduler, (1, 1)) == (1, 1)
                 third = http_post(f"{srv.url}/chat/completions", json={**body, "stream": False})
                 assert third.status_code == 429
                 assert third.json()["error"]["code"] == "queue_full"
