@@ -100,8 +100,11 @@ def compile_all(archs: tuple[str, ...] = ARCHS) -> tuple[dict[tuple[str, str], R
     noise = ("ptxas info", "bytes stack frame")
     diag = "\n".join(line for line in text.splitlines()
                      if line.strip() and not any(n in line for n in noise))
-    cache.write_text(json.dumps({"res": {f"{k}@{a}": asdict(v) for (k, a), v in res.items()},
-                                 "diag": diag}))
+    # Written whole, then renamed: another test process may read it meanwhile.
+    part = cache.with_suffix(f".{os.getpid()}.tmp")
+    part.write_text(json.dumps({"res": {f"{k}@{a}": asdict(v) for (k, a), v in res.items()},
+                                "diag": diag}))
+    os.replace(part, cache)
     return res, diag
 
 
