@@ -303,10 +303,11 @@ def test_queue_full_is_429(engine, monkeypatch):  # noqa: F811
             assert first.status_code == 200
             next(first.iter_lines())  # its stream has begun: submitted, maybe not yet running
             # running (its thread may lag on a busy box)
-            assert wait_load(small.scheduler, (1, 0)) == (1, 0)
+            ended = small.scheduler.finished  # (reason, tokens) of requests that ended
+            assert wait_load(small.scheduler, (1, 0)) == (1, 0), list(ended)
             with c.stream("POST", f"{srv.url}/chat/completions", json=body) as second:
                 assert second.status_code == 200  # waiting
-                assert wait_load(small.scheduler, (1, 1)) == (1, 1)
+                assert wait_load(small.scheduler, (1, 1)) == (1, 1), list(ended)
                 third = http_post(f"{srv.url}/chat/completions", json={**body, "stream": False})
                 assert third.status_code == 429
                 assert third.json()["error"]["code"] == "queue_full"
