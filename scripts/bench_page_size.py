@@ -7,8 +7,8 @@ page-table entry) and once with ``MADV_HUGEPAGE``, both populated; the same phys
 back both, so the two differ only in page size. One thread sums the first ``--gib`` GiB as
 int64 words (XOR, so the sum costs less than the read), the two maps in turns, each round.
 Prints JSON: GB/s per round and map, and how much of each map the kernel mapped in 2 MiB
-pages (smaps' ``FilePmdMapped``: only where the page cache already holds 2 MiB folios; a
-store read in through an advised map is). Linux only.
+pages (smaps' ``FilePmdMapped``: only where the page cache holds 2 MiB folios). Linux
+only. docs/cpu-backend.md ("Page size") has what it measured, and what the decode does.
 """
 
 from __future__ import annotations

@@ -198,33 +198,6 @@ def keep_freed_heap(keep: int = HEAP_KEEP_BYTES) -> bool:
 _libc: Any = None
 
 _MADV_DONTNEED = 4
-_MADV_HUGEPAGE = 14
-
-
-def huge_pages(a: np.ndarray) -> bool:
-    """Ask Linux to map the whole pages inside ``a`` (a view of a file's map or of anonymous
-    memory) in 2 MiB units where it can (``madvise(MADV_HUGEPAGE)``): a fault there then reads
-    2 MiB into the page cache as one folio, mapped by one page-table entry. For weights a
-    decode streams every token. With 4 KiB pages each 4 KiB read costs a TLB miss, and
-    under a hypervisor each miss walks two page tables: one thread summing a store of
-    Llama 3.1 8B ran at 5.9-7.8 GB/s through 4 KiB mappings and 8.3-9.7 GB/s through 2 MiB
-    ones of the same page-cache pages (docs/cpu-backend.md). Pages already in the page
-    cache keep their size. Only pages wholly inside ``a`` are marked, so a neighbour read a
-    row at a time (an embedding table) keeps 4 KiB pages and its resident memory. Returns
-    whether the kernel took the advice (False off Linux/glibc, or where it refused)."""
-    lib = _glibc()
-    if lib is None or a.nbytes == 0:
-        return False
-    import ctypes
-    import mmap
-
-    page = mmap.PAGESIZE
-    lo = -(-a.ctypes.data // page) * page
-    hi = (a.ctypes.data + a.nbytes) // page * page
-    if hi <= lo:
-        return False
-    lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return lib.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_HUGEPAGE) == 0
 
 
 def _is_library(name: str) -> bool:
@@ -239,29 +212,6 @@ _SMAPS_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)[ \t]+(\S+)(?:[ \t]+\S+){3
                             re.MULTILINE)
 _SMAPS_RSS = re.compile(r"^Rss:[ \t]+(\d+)", re.MULTILINE)
 _SMAPS_ANONYMOUS = re.compile(r"^Anonymous:[ \t]+(\d+)", re.MULTILINE)
-_SMAPS_PMD = re.compile(r"^FilePmdMapped:[ \t]+(\d+)", re.MULTILINE)
-
-
-def huge_share(a: np.ndarray) -> float | None:
-    """The share of the resident file pages of the mappings holding ``a`` that are mapped
-    in 2 MiB pages (smaps' ``FilePmdMapped`` over ``Rss``); None where it cannot be read
-    (not Linux) or none is resident."""
-    try:
-        with open("/proc/self/smaps") as f:
-            text = f.read()
-    except OSError:
-        return None
-    lo, hi = a.ctypes.data, a.ctypes.data + a.nbytes
-    heads = list(_SMAPS_MAPPING.finditer(text))
-    rss = pmd = 0
-    for i, head in enumerate(heads):
-        if int(head[2], 16) <= lo or int(head[1], 16) >= hi:
-            continue
-        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
-        r, p = _SMAPS_RSS.search(text, head.end(), end), _SMAPS_PMD.search(text, head.end(), end)
-        rss += int(r[1]) if r else 0
-        pmd += int(p[1]) if p else 0
-    return pmd / rss if rss else None
 
 
 def library_spans(smaps: str, prefixes: Sequence[str] | None = None

@@ -40,7 +40,6 @@ from inference.backends.base import (
     T,
     TokenSampler,
     _along,
-    huge_pages,
     query_tiles,
     tiled_attention,
     trim_host_heap,
@@ -178,7 +177,6 @@ class CpuBackend(NumpyBackend):
         # Each loaded weight's type by the id of what weight() returned (prepare: which
         # types only the embedding table and the output head hold); emptied by prepare.
         self._weight_types: dict[int, str] = {}
-        self._raw_weights: list[RawWeight] = []  # loaded since the last prepare()
 
     def use_kv_dtype(self, name: str) -> None:
         if name not in ("float32", "float16"):
@@ -294,7 +292,6 @@ class CpuBackend(NumpyBackend):
         from inference.backends.cpu.warm import activation, has_zero_weight, products
 
         self.omp_wait = launch_kernel_threads(self._busy_now())  # before any kernel runs
-        self._stream_in_huge_pages(model)
         layers, head, table = self._weight_roles(model)
         key = (frozenset(layers), frozenset(head), table, self.activations, str(self.kv_dtype))
         if key in _PREPARED:
@@ -324,19 +321,6 @@ class CpuBackend(NumpyBackend):
                          softcap=None)
         say(len(qtypes) + 1, len(qtypes) + 1, "norms, RoPE, attention")
         _PREPARED.add(key)
-
-    def _stream_in_huge_pages(self, model: Any) -> None:
-        """The weights kept as file bytes that a decode streams every token, mapped in 2 MiB
-        pages where the OS can (:func:`huge_pages`; packed ones come from a store that is
-        already): all but an embedding table the model only looks rows up in, which keeps
-        4 KiB pages (a 2 MiB page a prompt's token would make its resident memory grow by
-        500x the row). Before the first reply: none of their pages has been read yet."""
-        raws, self._raw_weights = self._raw_weights, []
-        table = getattr(model, "embed_tokens", None)
-        lookups = table is not None and getattr(model, "lm_head", table) is not table
-        for w in raws:
-            if not (lookups and w is table):
-                huge_pages(w.raw)
 
     def _weight_roles(self, model: Any) -> tuple[set[str], set[str], str | None]:
         """The weight types a reply multiplies by at prefill (every weight but the
@@ -473,8 +457,6 @@ class CpuBackend(NumpyBackend):
             if t.nbytes >= 1 << 20:  # repacking frees a few MB of temporaries per tensor
                 trim_host_heap()
         self._weight_types[id(w)] = t.qtype
-        if isinstance(w, RawWeight):
-            self._raw_weights.append(w)
         return w
 
     def held_bytes(self, t: TensorData) -> int:

@@ -59,7 +59,6 @@ from typing import Any
 
 import numpy as np
 
-from inference.backends.base import huge_pages, huge_share
 from inference.backends.cpu.layout import (
     AFFINE,
     AFFINE_F16,
@@ -688,21 +687,6 @@ def sweep_unfinished(parent: Path, now: float | None = None) -> list[Path]:
 MADV_POPULATE_READ = 22
 
 
-# A store this large and mapped less than this share in 2 MiB pages is read in again
-# (PackStore.populate): under a hypervisor 4 KiB pages cost a decode 10-20% (cpu-backend.md).
-REREAD_MIN_BYTES = 256 << 20
-REREAD_BELOW = 0.75
-SMALL_PAGES = "small-pages"  # in a store's folder: reading it again gave no 2 MiB pages
-
-
-def _huge_pages_on() -> bool:
-    """Whether Linux gives 2 MiB pages to a mapping that asks (THP not ``never``)."""
-    try:
-        return "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return False
-
-
 def _populate(m: mmap.mmap) -> None:
     """Map every page of the store now (read, no copy), where the kernel can: the first
     prefill would otherwise fault them in one by one. Measured on the AMD EPYC guest: a
@@ -735,7 +719,6 @@ class PackStore:
                 if size != self.index.pop("__bytes__", -1) or not size:
                     raise ValueError("a store cut short")
                 self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            huge_pages(np.frombuffer(self.map, np.uint8))  # streamed each token: 2 MiB pages
             with contextlib.suppress(OSError):  # used now: the last to go (evict)
                 os.utime(folder / "index.json")
         except FileNotFoundError:
@@ -748,38 +731,8 @@ class PackStore:
         """Map every page of an opened store in now (:func:`_populate`); a store this load
         packs and writes is already resident. The load calls it last: the peak of a load
         then holds the store's pages or the compiler's and the load's temporaries, not both."""
-        if self.map is None:
-            return
-        _populate(self.map)
-        if len(self.map) >= REREAD_MIN_BYTES and _huge_pages_on() and not (
-                self.folder / SMALL_PAGES).exists():
-            whole = np.frombuffer(self.map, np.uint8)
-            share = huge_share(whole)
-            if share is not None and share < REREAD_BELOW:
-                self._reread(whole, share)
-
-    def _reread(self, whole: np.ndarray, share: float) -> None:
-        """Read the store into the page cache again, so it comes in as 2 MiB folios (the map
-        asks for them: :func:`huge_pages`), where the cache held it in smaller ones: pages
-        that came back one by one after the OS evicted some, or that another program read.
-        Those stay as they are while cached, and every 4 KiB of them costs a decode a TLB
-        miss. Our page-table entries go first, then the file's pages that no process maps,
-        then the map is populated again: one read of the store from disk. Where that gains
-        nothing (the OS gave no 2 MiB folios, another process maps the pages) the store is
-        marked and never read again for this."""
-        assert self.map is not None
-        self.map.madvise(mmap.MADV_DONTNEED)  # never written: nothing private is lost
-        with contextlib.suppress(OSError, AttributeError):
-            fd = os.open(self.folder / "packed.bin", os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        _populate(self.map)
-        after = huge_share(whole)
-        if after is None or after < share + 0.1:
-            with contextlib.suppress(OSError):
-                (self.folder / SMALL_PAGES).touch()
+        if self.map is not None:
+            _populate(self.map)
 
     @staticmethod
     def _key(t: TensorData, bits: int) -> dict[str, Any]:
