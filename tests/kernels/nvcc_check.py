@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from inference.files import write_atomic
 from kernels.cuda.device import CUDA_DIR, MODULES
 
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
@@ -101,10 +102,9 @@ def compile_all(archs: tuple[str, ...] = ARCHS) -> tuple[dict[tuple[str, str], R
     diag = "\n".join(line for line in text.splitlines()
                      if line.strip() and not any(n in line for n in noise))
     # Written whole, then renamed: another test process may read it meanwhile.
-    part = cache.with_suffix(f".{os.getpid()}.tmp")
-    part.write_text(json.dumps({"res": {f"{k}@{a}": asdict(v) for (k, a), v in res.items()},
-                                "diag": diag}))
-    os.replace(part, cache)
+    text = json.dumps({"res": {f"{k}@{a}": asdict(v) for (k, a), v in res.items()},
+                       "diag": diag})
+    write_atomic(cache, lambda f: f.write(text.encode()))
     return res, diag
 
 
