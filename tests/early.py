@@ -8,8 +8,9 @@ A test opts in with ``@pytest.mark.early(steps=fn)``: ``fn(tmp)`` returns the co
 string, the reason the check does not apply here. The test then takes the finished runs from
 :func:`result` (a list of ``CompletedProcess``) or skips with that reason. Run on its own,
 without the session hook, a test still gets its result: it starts its steps then. So does
-every early test of a pytest-xdist worker (``make test TEST_WORKERS=2`` runs two): each worker collects all
-the tests but runs only those sent to it, so the session hook starts nothing there, and each
+every early test of a pytest-xdist worker (``make test TEST_WORKERS=2`` runs two): each
+worker collects all the tests but runs only those sent to it, so the session hook starts
+nothing there, and each
 check runs once, in the worker that asserts on it, while the other worker keeps the second
 core busy."""
 
