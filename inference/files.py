@@ -1,13 +1,19 @@
-"""Writing a file whole or not at all."""
+"""Writing a file whole or not at all; reading one whole into memory on a few threads."""
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
+
+READ_PART = 64 << 20  # bytes a read call takes: large enough that a call's cost is nothing
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
@@ -33,3 +39,48 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
             os.unlink(tmp)
         raise
     return target
+
+
+def read_whole(path: str | Path, threads: int = 2) -> np.ndarray:
+    """The file's bytes in a new uint8 array of this process's memory (:func:`_anonymous`),
+    read in :data:`READ_PART` parts by ``threads`` threads (``os.preadv`` releases the GIL,
+    so a file in the page cache is copied at the cores' speed, not one core's). Raises
+    OSError if the file cannot be read whole (a short read: it shrank)."""
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        out = _anonymous(size)
+        view = memoryview(out)
+
+        def part(start: int) -> None:
+            end, at = min(size, start + READ_PART), start
+            while at < end:
+                got = (os.preadv(fd, [view[at:end]], at) if hasattr(os, "preadv")
+                       else os.pread(fd, end - at, at))
+                if isinstance(got, bytes):  # os.pread (no preadv here): copy it in
+                    view[at:at + len(got)] = got
+                    got = len(got)
+                if got == 0:
+                    raise OSError(f"{path} ended at byte {at} of {size}")
+                at += got
+
+        starts = range(0, size, READ_PART)
+        if threads <= 1 or len(starts) <= 1:
+            for s in starts:
+                part(s)
+        else:
+            with ThreadPoolExecutor(min(threads, len(starts))) as pool:
+                list(pool.map(part, starts))
+    return out
+
+
+def _anonymous(size: int) -> np.ndarray:
+    """``size`` bytes of private anonymous memory, pages as the system's huge-page policy
+    gives them: not advised, as NumPy advises its large arrays. Advised, the first touches
+    of a 2 GB array stalled on compaction (reading a store took 2.2-3.2 s against 0.6 s),
+    and a decode step over it was no faster (Llama 3.2 3B: 137-140 ms a step against
+    139-145). Where mmap has no private anonymous maps (Windows), a NumPy array."""
+    if size and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
+                             dtype=np.uint8)
+    return np.empty(size, dtype=np.uint8)

@@ -681,7 +681,8 @@ def test_resident_memory_after_loading_smollm2_within_the_rule():
     cache is allocated at load). Backend libraries are imported first, as in `inferdesk
     bench`. Shared libraries' pages are left out: the code a load first runs (numba's LLVM
     alone is ~68 MiB) is a cost of the process, not of the model, and is shared with other
-    processes. The packed store is resident after load (it is populated when opened)."""
+    processes. The packed store is resident after load (read into memory, or mapped and
+    populated)."""
     import json
     import subprocess
     import sys

@@ -1,6 +1,7 @@
-"""The cpu backend's store of packed weights: a model's second load maps the weights its
-first load packed (same logits), a store cut short is written anew, and the store's key
-follows the file (a changed file is not served another's weights)."""
+"""The cpu backend's store of packed weights: a model's second load reads the weights its
+first load packed (into memory or mapped; same logits), a store cut short is written
+anew, and the store's key follows the file (a changed file is not served another's
+weights)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ IDS = [1, 504, 3458, 282, 4649, 314, 7042, 30]
 
 
 def _mapped(a: np.ndarray) -> bool:
+    """Whether ``a`` is a view of a map: the store's file, or its bytes read into memory."""
     base: Any = a
     while base is not None and not isinstance(base, mmap.mmap):
         base = base.obj if isinstance(base, memoryview) else base.base
@@ -42,7 +44,10 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "weights"
 
 
-def test_second_load_maps_the_packed_weights(store: Path) -> None:
+@pytest.mark.parametrize("place", ["memory", "mapped"])
+def test_second_load_reads_the_packed_weights(store: Path, place: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", place)
     path = bundled("SmolLM2")
     first, want = _load(path)
     assert not any(_mapped(w.blocks) for w in vars(first.model.layers[0].mlp).values()
@@ -55,6 +60,8 @@ def test_second_load_maps_the_packed_weights(store: Path) -> None:
     second, got = _load(path)
     mapped = [w for w in vars(second.model.layers[0].mlp).values() if isinstance(w, PackedWeight)]
     assert mapped and all(_mapped(w.blocks) for w in mapped)
+    if Path("/proc/self/smaps").exists():  # the file itself is mapped only when asked to be
+        assert (_resident_kb(packed.resolve()) > 0) == (place == "mapped")
     # Same blocks, same kernels, same thread count in one process: the same logits.
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     del second
@@ -89,12 +96,14 @@ def _resident_kb(path: Path) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps")
-def test_a_store_is_mapped_in_whole_when_populated_not_when_opened(tmp_path: Path) -> None:
+def test_a_mapped_store_is_mapped_in_whole_when_populated_not_when_opened(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Opening a store maps none of its pages (a load's kernels load first, so its peak
     does not hold both); populate() maps them all (madvise POPULATE_READ), so the first
     prefill does not fault them in one by one; still shared with the file, not copied."""
     if tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit()) < (5, 14):
         pytest.skip("MADV_POPULATE_READ is Linux 5.14+")
+    monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", "mapped")
     n = 4 << 20
     (tmp_path / "packed.bin").write_bytes(b"\1" * n)
     (tmp_path / "index.json").write_text(f'{{"__bytes__": {n}}}')
@@ -104,3 +113,44 @@ def test_a_store_is_mapped_in_whole_when_populated_not_when_opened(tmp_path: Pat
     s.populate()
     assert s.map[n - 1] == 1
     assert _resident_kb((tmp_path / "packed.bin").resolve()) == n >> 10
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps")
+def test_a_store_read_into_memory_maps_nothing_of_its_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In memory, the store's bytes are the process's own from the start: none of the file's
+    pages are mapped, before or after populate()."""
+    monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", "memory")
+    n = 4 << 20
+    data = np.arange(n, dtype=np.uint32).astype(np.uint8)
+    (tmp_path / "packed.bin").write_bytes(data.tobytes())
+    (tmp_path / "index.json").write_text(f'{{"__bytes__": {n}}}')
+    s = PackStore(tmp_path)
+    assert isinstance(s.map, np.ndarray)
+    np.testing.assert_array_equal(s.map, data)
+    s.populate()
+    assert _resident_kb((tmp_path / "packed.bin").resolve()) == 0
+
+
+def test_where_a_store_lives_follows_the_setting_and_the_free_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    from inference.backends.cpu import pack
+    from inference.errors import InvalidInputError
+
+    class Memory:
+        total, available = 16 << 30, 8 << 30
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory)
+    monkeypatch.delenv("INFERDESK_CPU_WEIGHTS", raising=False)
+    # Unset: memory while the machine keeps max(2 GiB, a tenth of its RAM) available besides.
+    assert pack.in_memory(5 << 30)
+    assert not pack.in_memory(7 << 30)
+    monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", "mapped")
+    assert not pack.in_memory(1 << 20)
+    monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", " Memory ")
+    assert pack.in_memory(64 << 30)  # as asked, even past the free memory
+    monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", "ram")
+    with pytest.raises(InvalidInputError, match="INFERDESK_CPU_WEIGHTS must be one of"):
+        pack.in_memory(1)

@@ -76,6 +76,8 @@ from inference.backends.cpu.layout import (
 )
 from inference.backends.cpu.pack_kernels import TYPE_CODES, pack_rows
 from inference.backends.cpu.raw import CODE, dequant_rows, run_size
+from inference.errors import InvalidInputError
+from inference.files import read_whole
 from inference.formats.affine import block_groups
 from inference.formats.cache import key_path
 from inference.formats.quants import (
@@ -698,6 +700,41 @@ def _populate(m: mmap.mmap) -> None:
             m.madvise(MADV_POPULATE_READ)
 
 
+WEIGHTS_ENV = "INFERDESK_CPU_WEIGHTS"  # "memory" or "mapped"; unset: memory where it fits
+WEIGHT_PLACES = ("memory", "mapped")
+# What a store read into memory leaves available, at least: the KV cache, activations and
+# the rest of the machine (and a tenth of the RAM, whichever is more).
+KEEP_AVAILABLE = 2 << 30
+
+
+def in_memory(size: int) -> bool:
+    """Whether an opened store of ``size`` bytes is read into this process's memory
+    ("memory") rather than mapped from the page cache ("mapped"): ``INFERDESK_CPU_WEIGHTS``
+    if set, else memory when the machine's available memory keeps :data:`KEEP_AVAILABLE`
+    (or a tenth of the RAM) besides.
+
+    Why: a decode step streams every weight once, and on the KVM guests measured here the
+    page cache's pages stream at half the speed of a process's own huge pages: the same
+    2 GB store read at 5.5-6.0 GB/s a core mapped, 11.5 in an array (2 threads: 11.5-12.2
+    against 22-24.5), and Llama 3.2 3B's decode step took 238-261 ms mapped against
+    142-159 in memory (docs/cpu-backend.md, "Where the weights live"). The read costs
+    ~0.25 s a GB on two cores from the page cache; mapped, memory pressure can drop the
+    pages and a model larger than the free memory still loads."""
+    choice = os.environ.get(WEIGHTS_ENV, "").strip().lower()
+    if choice:
+        if choice not in WEIGHT_PLACES:
+            raise InvalidInputError(f"{WEIGHTS_ENV} must be one of "
+                                    f"{', '.join(WEIGHT_PLACES)}, not {choice!r}")
+        return choice == "memory"
+    try:
+        import psutil
+
+        vm = psutil.virtual_memory()
+    except Exception:  # noqa: BLE001 - no figure for the free memory: map, as is safe
+        return False
+    return size + max(KEEP_AVAILABLE, vm.total // 10) <= vm.available
+
+
 class PackStore:
     """The packed weights of one model file: read from ``packed.bin`` (mapped) when a
     complete store exists, else collected as the load packs them and written at its end."""
@@ -706,7 +743,8 @@ class PackStore:
         self.folder = folder
         self.model = model  # the model file's path, recorded in the index (stores())
         self.index: dict[str, Any] = {}
-        self.map: mmap.mmap | None = None
+        # The store's bytes: read into this process's memory (an array) or mapped.
+        self.map: np.ndarray | mmap.mmap | None = None
         self.new: list[tuple[str, dict[str, Any], PackedWeight]] = []
         self.stream: _Stream | None = None  # packed.bin being written as the load packs
         self.missed = False
@@ -718,7 +756,12 @@ class PackStore:
                 size = os.fstat(f.fileno()).st_size
                 if size != self.index.pop("__bytes__", -1) or not size:
                     raise ValueError("a store cut short")
-                self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                self.map = (None if in_memory(size) else
+                            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+            if self.map is None:
+                self.map = read_whole(folder / "packed.bin", usable_cores())
+                if self.map.nbytes != size:
+                    raise ValueError("a store changed as it was read")
             with contextlib.suppress(OSError):  # used now: the last to go (evict)
                 os.utime(folder / "index.json")
         except FileNotFoundError:
@@ -728,10 +771,11 @@ class PackStore:
             shutil.rmtree(folder, ignore_errors=True)
 
     def populate(self) -> None:
-        """Map every page of an opened store in now (:func:`_populate`); a store this load
-        packs and writes is already resident. The load calls it last: the peak of a load
-        then holds the store's pages or the compiler's and the load's temporaries, not both."""
-        if self.map is not None:
+        """Map every page of a mapped store in now (:func:`_populate`); a store read into
+        memory, or one this load packs and writes, is already resident. The load calls it
+        last: the peak of a load then holds the store's pages or the compiler's and the
+        load's temporaries, not both."""
+        if isinstance(self.map, mmap.mmap):
             _populate(self.map)
 
     @staticmethod
