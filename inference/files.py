@@ -42,14 +42,14 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
 
 
 def read_whole(path: str | Path, threads: int = 2) -> np.ndarray:
-    """The file's bytes in a new uint8 array of this process's memory (:func:`_anonymous`),
+    """The file's bytes in a new uint8 array of this process's memory (:func:`anonymous`),
     read in :data:`READ_PART` parts by ``threads`` threads (``os.preadv`` releases the GIL,
     so a file in the page cache is copied at the cores' speed, not one core's). Raises
     OSError if the file cannot be read whole (a short read: it shrank)."""
     with open(path, "rb") as f:
         fd = f.fileno()
         size = os.fstat(fd).st_size
-        out = _anonymous(size)
+        out = anonymous(size)
         view = memoryview(out)
 
         def part(start: int) -> None:
@@ -74,7 +74,7 @@ def read_whole(path: str | Path, threads: int = 2) -> np.ndarray:
     return out
 
 
-def _anonymous(size: int) -> np.ndarray:
+def anonymous(size: int) -> np.ndarray:
     """``size`` bytes of private anonymous memory, pages as the system's huge-page policy
     gives them: not advised, as NumPy advises its large arrays. Advised, the first touches
     of a 2 GB array stalled on compaction (reading a store took 2.2-3.2 s against 0.6 s),

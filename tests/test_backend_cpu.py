@@ -100,6 +100,27 @@ def test_types_over_the_memory_rule_stay_raw(qtype):
     assert isinstance(w, RawWeight) and w.nbytes == t.data.nbytes
 
 
+@pytest.mark.parametrize("place", ["memory", "mapped"])
+def test_file_bytes_are_read_into_memory_or_left_mapped(place, tmp_path, monkeypatch):
+    """A weight kept in its file layout is the process's own copy of the bytes with
+    INFERDESK_CPU_WEIGHTS=memory (the default where it fits), the file's map with
+    "mapped"; the same bytes, the same rows."""
+    import mmap
+
+    monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", place)
+    t = random_tensor("Q3_K", 8, 256)
+    path = tmp_path / "q3k.bin"
+    path.write_bytes(np.ascontiguousarray(t.data).tobytes())
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    file_view = np.frombuffer(m, dtype=t.data.dtype).reshape(t.data.shape)
+    w = pack(TensorData(t.name, t.shape, "Q3_K", file_view))
+    assert isinstance(w, RawWeight)
+    assert np.shares_memory(w.raw, file_view) == (place == "mapped")
+    np.testing.assert_array_equal(w.raw, t.data)
+    np.testing.assert_array_equal(w.rows(0, 8), pack(t).rows(0, 8))
+
+
 def test_mlx_affine_groups_of_64():
     from inference.formats.affine import pack_codes
 

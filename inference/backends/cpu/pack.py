@@ -77,7 +77,7 @@ from inference.backends.cpu.layout import (
 from inference.backends.cpu.pack_kernels import TYPE_CODES, pack_rows
 from inference.backends.cpu.raw import CODE, dequant_rows, run_size
 from inference.errors import InvalidInputError
-from inference.files import read_whole
+from inference.files import anonymous, read_whole
 from inference.formats.affine import block_groups
 from inference.formats.cache import key_path
 from inference.formats.quants import (
@@ -289,7 +289,7 @@ def pack(t: TensorData) -> PackedWeight | RawWeight:
     bits = packed_bits(t)
     n_out, k = t.shape
     if bits is None:
-        return RawWeight(np.asarray(t.data), t.qtype, (n_out, k))  # the file's pages, mapped
+        return RawWeight(_own(np.asarray(t.data)), t.qtype, (n_out, k))
     store = getattr(_active, "store", None)
     if store is not None:
         hit = store.get(t)
@@ -733,6 +733,18 @@ def in_memory(size: int) -> bool:
     except Exception:  # noqa: BLE001 - no figure for the free memory: map, as is safe
         return False
     return size + max(KEEP_AVAILABLE, vm.total // 10) <= vm.available
+
+
+def _own(a: np.ndarray) -> np.ndarray:
+    """File bytes kept in their layout (a view of the model file's map): copied into this
+    process's memory where :func:`in_memory` says so, as a store's bytes are (the load then
+    drops the file's pages from its resident memory: Checkpoint.release_pages), else ``a``,
+    its pages mapped from the page cache."""
+    if not in_memory(a.nbytes):
+        return a
+    out = anonymous(a.nbytes).view(a.dtype).reshape(a.shape)
+    np.copyto(out, a)
+    return out
 
 
 class PackStore:
