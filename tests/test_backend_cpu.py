@@ -107,18 +107,24 @@ def test_file_bytes_are_read_into_memory_or_left_mapped(place, tmp_path, monkeyp
     "mapped"; the same bytes, the same rows."""
     import mmap
 
+    from tests.test_gguf_weight_store import _resident_kb
+
     monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", place)
-    t = random_tensor("Q3_K", 8, 256)
+    t = random_tensor("Q3_K", 128, 4096)  # 220 KiB, whole pages: all of them to drop
     path = tmp_path / "q3k.bin"
     path.write_bytes(np.ascontiguousarray(t.data).tobytes())
     with open(path, "rb") as f:
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     file_view = np.frombuffer(m, dtype=t.data.dtype).reshape(t.data.shape)
+    assert file_view.sum() == t.data.sum()  # every page of the file mapped in
     w = pack(TensorData(t.name, t.shape, "Q3_K", file_view))
     assert isinstance(w, RawWeight)
     assert np.shares_memory(w.raw, file_view) == (place == "mapped")
     np.testing.assert_array_equal(w.raw, t.data)
     np.testing.assert_array_equal(w.rows(0, 8), pack(t).rows(0, 8))
+    if Path("/proc/self/smaps").exists():  # copied: the file's pages left resident memory
+        resident = _resident_kb(path.resolve())
+        assert resident == 0 if place == "memory" else resident >= t.data.nbytes >> 10
 
 
 def test_mlx_affine_groups_of_64():

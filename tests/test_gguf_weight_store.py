@@ -118,17 +118,18 @@ def test_a_mapped_store_is_mapped_in_whole_when_populated_not_when_opened(
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's smaps")
 def test_a_store_read_into_memory_maps_nothing_of_its_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In memory, the store's bytes are the process's own from the start: none of the file's
-    pages are mapped, before or after populate()."""
+    """In memory, populate() reads the store into the process's own pages and lets the map
+    go: none of the file's pages are mapped in, before or after."""
     monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", "memory")
     n = 4 << 20
     data = np.arange(n, dtype=np.uint32).astype(np.uint8)
     (tmp_path / "packed.bin").write_bytes(data.tobytes())
     (tmp_path / "index.json").write_text(f'{{"__bytes__": {n}}}')
     s = PackStore(tmp_path)
+    assert isinstance(s.map, mmap.mmap) and s.in_memory
+    s.populate()
     assert isinstance(s.map, np.ndarray)
     np.testing.assert_array_equal(s.map, data)
-    s.populate()
     assert _resident_kb((tmp_path / "packed.bin").resolve()) == 0
 
 

@@ -7,6 +7,7 @@ their own layout (dense or quantized); nothing else reads raw blocks.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -127,12 +128,35 @@ class Checkpoint:
         stay in the page cache, and the map stays valid: a page read again comes back)."""
         seen: set[int] = set()
         for t in self.tensors.values():
-            base: Any = t._data if isinstance(t, DeferredTensor) else t.data  # never made here
-            while base is not None and not isinstance(base, mmap.mmap):
-                base = getattr(base, "_mmap", None) or getattr(base, "base", None)
+            base = _map_of(t._data if isinstance(t, DeferredTensor) else t.data)  # never made
             if base is not None and id(base) not in seen and hasattr(base, "madvise"):
                 seen.add(id(base))
                 try:
                     base.madvise(mmap.MADV_DONTNEED)
                 except (OSError, ValueError, AttributeError):
                     pass
+
+
+def _map_of(a: Any) -> mmap.mmap | None:
+    """The memory map under an array (through its views, a np.memmap or a memoryview), or
+    None."""
+    while a is not None and not isinstance(a, mmap.mmap):
+        a = a.obj if isinstance(a, memoryview) else (
+            getattr(a, "_mmap", None) or getattr(a, "base", None))
+    return a
+
+
+def release_array_pages(a: np.ndarray) -> None:
+    """Drop the pages of the memory-mapped file under ``a`` from this process's resident
+    memory, as :meth:`Checkpoint.release_pages` does for a whole file: the whole pages
+    inside ``a``'s bytes (a neighbour's pages at either end stay). A no-op for an array
+    that is no view of a map."""
+    m = _map_of(a)
+    if m is None or not hasattr(m, "madvise") or not a.flags.c_contiguous:
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        start = a.ctypes.data - np.frombuffer(m, dtype=np.uint8).ctypes.data
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, (start + a.nbytes) // page * page
+        if hi > lo:
+            m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

@@ -87,7 +87,7 @@ from inference.formats.quants import (
     q6_k_fields,
     unpack_mlx,
 )
-from inference.formats.tensor import TensorData
+from inference.formats.tensor import TensorData, release_array_pages
 from inference.threads import usable_cores
 from inference.units import parse_bytes
 
@@ -737,26 +737,31 @@ def in_memory(size: int) -> bool:
 
 def _own(a: np.ndarray) -> np.ndarray:
     """File bytes kept in their layout (a view of the model file's map): copied into this
-    process's memory where :func:`in_memory` says so, as a store's bytes are (the load then
-    drops the file's pages from its resident memory: Checkpoint.release_pages), else ``a``,
-    its pages mapped from the page cache."""
+    process's memory where :func:`in_memory` says so, as a store's bytes are (the file's pages
+    under it then leave the resident memory), else ``a``, its pages mapped from the page
+    cache."""
     if not in_memory(a.nbytes):
         return a
     out = anonymous(a.nbytes).view(a.dtype).reshape(a.shape)
     np.copyto(out, a)
+    release_array_pages(a)  # the copy's source pages go now, not at the load's next release
     return out
 
 
 class PackStore:
-    """The packed weights of one model file: read from ``packed.bin`` (mapped) when a
-    complete store exists, else collected as the load packs them and written at its end."""
+    """The packed weights of one model file: read from ``packed.bin`` when a complete store
+    exists, else collected as the load packs them and written at its end. An opened store
+    is mapped; where :func:`in_memory` says so, :meth:`populate` then reads it into the
+    process's memory and moves the weights it gave out there."""
 
     def __init__(self, folder: Path, model: str | None = None) -> None:
         self.folder = folder
         self.model = model  # the model file's path, recorded in the index (stores())
         self.index: dict[str, Any] = {}
-        # The store's bytes: read into this process's memory (an array) or mapped.
+        # The store's bytes: mapped, or (after populate) read into this process's memory.
         self.map: np.ndarray | mmap.mmap | None = None
+        self.in_memory = False
+        self.given: list[tuple[PackedWeight, int]] = []  # weights get() made, at their offset
         self.new: list[tuple[str, dict[str, Any], PackedWeight]] = []
         self.stream: _Stream | None = None  # packed.bin being written as the load packs
         self.missed = False
@@ -768,12 +773,7 @@ class PackStore:
                 size = os.fstat(f.fileno()).st_size
                 if size != self.index.pop("__bytes__", -1) or not size:
                     raise ValueError("a store cut short")
-                self.map = (None if in_memory(size) else
-                            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
-            if self.map is None:
-                self.map = read_whole(folder / "packed.bin", usable_cores())
-                if self.map.nbytes != size:
-                    raise ValueError("a store changed as it was read")
+                self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
             with contextlib.suppress(OSError):  # used now: the last to go (evict)
                 os.utime(folder / "index.json")
         except FileNotFoundError:
@@ -781,14 +781,31 @@ class PackStore:
         except (OSError, ValueError, TypeError, AttributeError):  # unreadable: written anew
             self.index, self.map = {}, None
             shutil.rmtree(folder, ignore_errors=True)
+        else:
+            self.in_memory = in_memory(size)
 
     def populate(self) -> None:
-        """Map every page of a mapped store in now (:func:`_populate`); a store read into
-        memory, or one this load packs and writes, is already resident. The load calls it
-        last: the peak of a load then holds the store's pages or the compiler's and the
-        load's temporaries, not both."""
-        if isinstance(self.map, mmap.mmap):
-            _populate(self.map)
+        """Make an opened store resident: read into this process's memory where
+        :func:`in_memory` said so, the weights :meth:`get` gave out moved onto that copy and
+        the map let go; else every page of the map mapped in now (:func:`_populate`). A store
+        this load packs and writes is resident already. The load calls it last: the peak of
+        a load then holds the store or the compiler's pages and the load's temporaries, not
+        both; until then the weights read the map, so nothing reads bytes not yet read."""
+        if not isinstance(self.map, mmap.mmap):
+            return
+        if self.in_memory:
+            try:
+                own = read_whole(self.folder / "packed.bin", usable_cores())
+            except OSError:  # the map stays, as good as before
+                own = None
+            if own is not None and own.nbytes == len(self.map):
+                for w, offset in self.given:
+                    w.data = np.frombuffer(own, np.float32, w.data.size, offset).reshape(
+                        w.data.shape)
+                    w.__post_init__()
+                self.map, self.given = own, []
+                return
+        _populate(self.map)
 
     @staticmethod
     def _key(t: TensorData, bits: int) -> dict[str, Any]:
@@ -804,8 +821,11 @@ class PackStore:
             return None
         n = int(np.prod(e["blocks"]))
         blocks = np.frombuffer(self.map, np.float32, n, e["offset"]).reshape(e["blocks"])
-        return PackedWeight(blocks, bits, SYMMETRIC_ZERO.get(t.qtype, 0.0), tuple(t.shape),
-                            _kind(t))
+        w = PackedWeight(blocks, bits, SYMMETRIC_ZERO.get(t.qtype, 0.0), tuple(t.shape),
+                         _kind(t))
+        if self.in_memory and isinstance(self.map, mmap.mmap):
+            self.given.append((w, e["offset"]))
+        return w
 
     def put(self, t: TensorData, w: PackedWeight) -> None:
         if self.map is None and all(name != t.name for name, _, _ in self.new):
