@@ -114,8 +114,6 @@ class BackendInfo:
 def free_memory(backend: str) -> int | None:
     """Memory a model may still take on ``backend``: the device's free memory on CUDA,
     available RAM elsewhere (the CPU backends, and MLX, whose GPU shares the RAM)."""
-    import psutil
-
     if backend == "cuda":
         try:
             import cupy
@@ -123,7 +121,9 @@ def free_memory(backend: str) -> int | None:
             return int(cupy.cuda.runtime.memGetInfo()[0])
         except Exception:  # noqa: BLE001 - no device figure: say unknown, not RAM
             return None
-    return int(psutil.virtual_memory().available)
+    from inference.backends.base import host_memory
+
+    return host_memory()[1]
 
 
 

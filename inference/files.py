@@ -77,8 +77,8 @@ def read_whole(path: str | Path, threads: int = 2) -> np.ndarray:
 def anonymous(size: int) -> np.ndarray:
     """``size`` bytes of private anonymous memory, pages as the system's huge-page policy
     gives them: not advised, as NumPy advises its large arrays. Advised, the first touches
-    of a 2 GB array stalled on compaction (reading a store took 2.2-3.2 s against 0.6 s),
-    and a decode step over it was no faster (Llama 3.2 3B: 137-140 ms a step against
+    of a 2 GB array can wait on compaction (reading a store took up to 3.5 s against
+    0.58-0.62 s), and a decode step over it was no faster (Llama 3.2 3B: 137-140 ms a step against
     139-145). Where mmap has no private anonymous maps (Windows), a NumPy array."""
     if size and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS"):
         return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),

@@ -1,4 +1,5 @@
-"""Reading a file whole into the process's memory (inference.files.read_whole)."""
+"""Reading a file whole into the process's memory (inference.files.read_whole), and how
+much memory the machine has for it (backends.base.host_memory)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,27 @@ def test_a_file_that_ends_early_is_an_error(tmp_path: Path,
     monkeypatch.setattr(os, "preadv", shrunk)
     with pytest.raises(OSError, match="ended at byte 4096 of 8192"):
         files.read_whole(path, threads=2)
+
+
+def test_host_memory_agrees_with_psutil() -> None:
+    """/proc/meminfo's figures are psutil's on Linux (it reads the same file); available
+    memory moves between the two reads, so within 256 MiB."""
+    import psutil
+
+    from inference.backends.base import host_memory
+
+    total, available = host_memory()
+    vm = psutil.virtual_memory()
+    assert total == vm.total
+    assert abs(available - vm.available) < 256 << 20
+
+
+def test_the_largest_cache_is_read_from_sysfs() -> None:
+    from inference.backends.cpu.features import last_level_cache
+
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = [p.read_text().strip() for p in
+             Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size")]
+    want = max((int(t[:-1]) * units[t[-1]] if t[-1] in units else int(t) for t in sizes),
+               default=0)
+    assert last_level_cache() == want

@@ -135,23 +135,23 @@ def test_a_store_read_into_memory_maps_nothing_of_its_file(
 
 def test_where_a_store_lives_follows_the_setting_and_the_free_memory(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import psutil
-
     from inference.backends.cpu import pack
     from inference.errors import InvalidInputError
 
-    class Memory:
-        total, available = 16 << 30, 8 << 30
-
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory)
+    monkeypatch.setattr(pack, "host_memory", lambda: (16 << 30, 8 << 30))  # total, available
+    monkeypatch.setattr(pack, "last_level_cache", lambda: 64 << 20)
     monkeypatch.delenv("INFERDESK_CPU_WEIGHTS", raising=False)
-    # Unset: memory while the machine keeps max(2 GiB, a tenth of its RAM) available besides.
+    # Unset: memory while the machine keeps max(2 GiB, a tenth of its RAM) available besides,
+    # for weights larger than the CPU's largest cache.
     assert pack.in_memory(5 << 30)
     assert not pack.in_memory(7 << 30)
+    assert not pack.in_memory(64 << 20)
+    assert pack.in_memory((64 << 20) + 1)
     monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", "mapped")
     assert not pack.in_memory(1 << 20)
     monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", " Memory ")
     assert pack.in_memory(64 << 30)  # as asked, even past the free memory
+    assert pack.in_memory(1 << 20)  # and within the cache
     monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", "ram")
     with pytest.raises(InvalidInputError, match="INFERDESK_CPU_WEIGHTS must be one of"):
         pack.in_memory(1)

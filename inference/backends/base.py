@@ -141,6 +141,22 @@ def host_rss() -> int:
         return int(psutil.Process().memory_info().rss)
 
 
+def host_memory() -> tuple[int, int]:
+    """The machine's (total, available) memory in bytes: /proc/meminfo's MemTotal and
+    MemAvailable where there is one (no psutil import on a load's path: ~0.1 s), else
+    psutil's."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        return (int(fields[b"MemTotal"].split()[0]) * 1024,
+                int(fields[b"MemAvailable"].split()[0]) * 1024)
+    except (OSError, KeyError, ValueError, IndexError):
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.total), int(vm.available)
+
+
 def peak_rss() -> int:
     """The most resident memory this process has held so far, in bytes (getrusage's
     ru_maxrss: kilobytes on Linux, bytes on macOS); its current RSS where that is not kept."""

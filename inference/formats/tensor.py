@@ -128,7 +128,7 @@ class Checkpoint:
         stay in the page cache, and the map stays valid: a page read again comes back)."""
         seen: set[int] = set()
         for t in self.tensors.values():
-            base = _map_of(t._data if isinstance(t, DeferredTensor) else t.data)  # never made
+            base = map_of(t._data if isinstance(t, DeferredTensor) else t.data)  # never made
             if base is not None and id(base) not in seen and hasattr(base, "madvise"):
                 seen.add(id(base))
                 try:
@@ -137,7 +137,7 @@ class Checkpoint:
                     pass
 
 
-def _map_of(a: Any) -> mmap.mmap | None:
+def map_of(a: Any) -> mmap.mmap | None:
     """The memory map under an array (through its views, a np.memmap or a memoryview), or
     None."""
     while a is not None and not isinstance(a, mmap.mmap):
@@ -151,7 +151,7 @@ def release_array_pages(a: np.ndarray) -> None:
     memory, as :meth:`Checkpoint.release_pages` does for a whole file: the whole pages
     inside ``a``'s bytes (a neighbour's pages at either end stay). A no-op for an array
     that is no view of a map."""
-    m = _map_of(a)
+    m = map_of(a)
     if m is None or not hasattr(m, "madvise") or not a.flags.c_contiguous:
         return
     with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):

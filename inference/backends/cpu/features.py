@@ -1,6 +1,6 @@
 """What the CPU numba compiles for can do: its instruction sets (AVX2, AVX-512, F16C, VNNI,
-ARM's dot product), the target's tuning before the first compile, and the form the integer
-kernels take on it."""
+ARM's dot product), the target's tuning before the first compile, the form the integer
+kernels take on it, and its largest cache."""
 
 from __future__ import annotations
 
@@ -134,3 +134,23 @@ def form() -> str:
     if _x86() and target_has("avx2"):
         return "avx512" if target_has("avx512bw") else "avx2"
     return "lanes"
+
+
+@cache
+def last_level_cache() -> int:
+    """Bytes of this CPU's largest cache (Linux's sysfs, as the kernel reports it: a
+    virtual machine's may be its host's whole L3), 0 where unknown."""
+    import glob
+
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes, default=0)
