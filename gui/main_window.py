@@ -38,7 +38,13 @@ BUSY_TEXT = {"load": "Loading model…", "generate": "Generating…", "embed": "
 
 
 CLOSE_WAIT_MS = 2000
-STATUS_MODEL_PX = 260  # the widest the status bar's model names may get
+# The widest the status bar's model names and memory reading may get: in an 800 px window
+# the permanent widgets (Undo, backend, models, memory) leave a status message such as
+# "Deleted …" its ~240 px only within these (at 260 and unbounded they left 141-186 px once
+# the memory reading showed, more so with a device's memory beside the RSS). The whole text
+# is each label's tooltip; the memory's is the performance pane's too.
+STATUS_MODEL_PX = 170
+STATUS_MEMORY_PX = 110
 
 
 class MainWindow(QMainWindow):
@@ -293,7 +299,9 @@ class MainWindow(QMainWindow):
         text = f"RSS {human_bytes(psutil.Process().memory_info().rss)}"
         if used is not None:
             text += f" · device {human_bytes(used)} (peak {human_bytes(peak)})"
-        self.status_memory.setText(text)
+        self.status_memory.setText(self.status_memory.fontMetrics().elidedText(
+            text, Qt.TextElideMode.ElideRight, STATUS_MEMORY_PX))
+        self.status_memory.setToolTip(text)
 
     def _maybe_autoload(self, specs: list) -> None:
         """First discovery: load the last-used models, else the bundled ones."""

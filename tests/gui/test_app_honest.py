@@ -127,6 +127,9 @@ def test_6_ctrl_z_in_the_message_box_undoes_a_deletion(make_window, qtbot, monke
     w.resize(800, 600)  # the narrowest window, with both models' names in the status bar
     for kind, name in (("causal", "SmolLM2-135M-Instruct.Q4_1"), ("encoder", "all-MiniLM-L6-v2")):
         report(w, "load", LoadedInfo(kind, name, f"/{name}", "cpu", "", None, None))
+    w.perf.device = (1536 << 20, 2047 << 20)  # the widest reading: a device's memory too
+    w._update_memory()
+    assert "device" in w.status_memory.toolTip()
     keep = w.store.create("Give me three tips for writing clear code, as a Markdown list")
     w.store.add_message(keep, "user", "hello")
     w.chat.refresh_list()

@@ -311,6 +311,11 @@ class CpuBackend(NumpyBackend):
         activation(self, op)  # a decode row, and a prefill's shared out (its split, the workers)
         self.rope(x, 0, 10000.0)
         self.attention(x, x[:, :1], x[:, :1], 0.125, causal_offset=0)
+        # A prefill's attention takes numba's threads or, with one core free, BLAS and the
+        # fused softmax; the cores free at the reply may not be those free now: load both.
+        self._attend_prefill(x, x[:, :1], x[:, :1], 0.125, 0)
+        fused.softmax_scores(np.zeros((1, 2, 3, 3), np.float32), 0.125, 0,
+                             np.ones((1, 3), np.float32))
         # The activation over column views of one stacked product (rows of a prefill), and
         # a decode step's heads (transposed views) through attend_rows into a one-layer cache.
         gate_up = np.ones((1, 2, 128), np.float32)
