@@ -142,15 +142,13 @@ def last_level_cache() -> int:
     virtual machine's may be its host's whole L3), 0 where unknown."""
     import glob
 
+    from inference.units import parse_bytes
+
     sizes = []
     for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         try:
             with open(path) as f:
-                text = f.read().strip().upper()
-        except OSError:
+                sizes.append(parse_bytes(f.read()))  # "491520K"
+        except (OSError, ValueError):
             continue
-        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
-        if digits.isdigit():
-            sizes.append(int(digits) * unit)
     return max(sizes, default=0)
