@@ -44,28 +44,30 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
 def read_whole(path: str | Path, threads: int = 2) -> np.ndarray:
     """The file's bytes in a new uint8 array of this process's memory (:func:`anonymous`),
     read in :data:`READ_PART` parts by ``threads`` threads (``os.preadv`` releases the GIL,
-    so a file in the page cache is copied at the cores' speed, not one core's). Raises
-    OSError if the file cannot be read whole (a short read: it shrank)."""
+    so a file in the page cache is copied at the cores' speed, not one core's; without it,
+    Windows, by one thread in order). Raises OSError if the file cannot be read whole (a
+    short read: it shrank)."""
     with open(path, "rb") as f:
-        fd = f.fileno()
-        size = os.fstat(fd).st_size
+        size = os.fstat(f.fileno()).st_size
         out = anonymous(size)
         view = memoryview(out)
+
+        def read_at(at: int, end: int) -> int:
+            if hasattr(os, "preadv"):
+                return os.preadv(f.fileno(), [view[at:end]], at)
+            f.seek(at)
+            return f.readinto(view[at:end]) or 0
 
         def part(start: int) -> None:
             end, at = min(size, start + READ_PART), start
             while at < end:
-                got = (os.preadv(fd, [view[at:end]], at) if hasattr(os, "preadv")
-                       else os.pread(fd, end - at, at))
-                if isinstance(got, bytes):  # os.pread (no preadv here): copy it in
-                    view[at:at + len(got)] = got
-                    got = len(got)
+                got = read_at(at, end)
                 if got == 0:
                     raise OSError(f"{path} ended at byte {at} of {size}")
                 at += got
 
         starts = range(0, size, READ_PART)
-        if threads <= 1 or len(starts) <= 1:
+        if threads <= 1 or len(starts) <= 1 or not hasattr(os, "preadv"):
             for s in starts:
                 part(s)
         else:
