@@ -73,8 +73,7 @@ run: $(KERNELS)
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(VENV)/bin/inferdesk
 
 # The suite on TEST_WORKERS processes (pytest-xdist; 0: this process alone, the default
-# while a server test and a store test still fail now and then beside a second worker,
-# docs/suite-time.md). Tests marked xdist_group run in one process, one after another
+# until a run on two workers beside busy processes passes whole, docs/suite-time.md). Tests marked xdist_group run in one process, one after another
 # (--dist loadgroup). `make test TEST_WORKERS=2` uses both cores of a 2-core machine.
 TEST_WORKERS ?= 0
 test: $(TEST_STAMP) $(KERNELS)

@@ -716,12 +716,13 @@ def in_memory(size: int) -> bool:
     available memory keeps :data:`KEEP_AVAILABLE` (or a tenth of the RAM) besides. Within
     the cache the read would only cost load time (0.06-0.1 s for SmolLM2's 96 MB store).
 
-    Why: a decode step streams every weight once, and on the KVM guests measured here the
-    page cache's pages stream at half the speed of a process's own huge pages: the same
-    2 GB store read at 5.5-6.0 GB/s a core mapped, 11.5 in an array (2 threads: 11.5-12.2
-    against 22-24.5), and Llama 3.2 3B's decode step took 238-261 ms mapped against
-    142-159 in memory (docs/cpu-backend.md, "Where the weights live"). The read costs
-    ~0.25 s a GB on two cores from the page cache; mapped, memory pressure can drop the
+    Why: a decode step streams every weight once, and on the KVM guest measured here the
+    page cache's pages stream at about half the speed of a process's own: the same 2 GB
+    store read at 5.5-6.2 GB/s a core mapped, 8.8-10.0 in unadvised anonymous pages and
+    11.1-13.1 in huge ones (2 threads: 11.5-12.2 against 16.9-18.9 and 22.1-24.6), and
+    Llama 3.2 3B's decode step took 226-261 ms mapped against 142-167 in memory
+    (docs/cpu-backend.md, "Where the weights live"). The read costs ~0.25-0.8 s a GB on
+    two cores from the page cache; mapped, memory pressure can drop the
     pages and a model larger than the free memory still loads."""
     choice = os.environ.get(WEIGHTS_ENV, "").strip().lower()
     if choice:
