@@ -6,7 +6,6 @@ import contextlib
 import mmap
 import os
 import tempfile
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,14 +41,12 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
     return target
 
 
-def read_whole(path: str | Path, threads: int = 2,
-               stop: threading.Event | None = None) -> np.ndarray:
+def read_whole(path: str | Path, threads: int = 2) -> np.ndarray:
     """The file's bytes in a new uint8 array of this process's memory (:func:`anonymous`),
     read in :data:`READ_PART` parts by ``threads`` threads (``os.preadv`` releases the GIL,
     so a file in the page cache is copied at the cores' speed, not one core's; without it,
     Windows, by one thread in order). Raises OSError if the file cannot be read whole (a
-    short read: it shrank), InterruptedError (an OSError) once ``stop`` is set: no part
-    starts after it."""
+    short read: it shrank)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         out = anonymous(size)
@@ -62,8 +59,6 @@ def read_whole(path: str | Path, threads: int = 2,
             return f.readinto(view[at:end]) or 0
 
         def part(start: int) -> None:
-            if stop is not None and stop.is_set():
-                raise InterruptedError(f"the read of {path} was stopped")
             end, at = min(size, start + READ_PART), start
             while at < end:
                 got = read_at(at, end)

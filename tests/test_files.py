@@ -4,7 +4,6 @@ much memory the machine has for it (backends.base.host_memory)."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,14 +22,6 @@ def test_read_whole_returns_every_byte_in_parts(tmp_path: Path, threads: int,
     got = files.read_whole(path, threads=threads)
     assert got.dtype == np.uint8 and got.flags.writeable
     np.testing.assert_array_equal(got, data)
-
-
-def test_a_stopped_read_starts_no_part(tmp_path: Path) -> None:
-    (tmp_path / "blob.bin").write_bytes(b"\1" * 8192)
-    stop = threading.Event()
-    stop.set()
-    with pytest.raises(InterruptedError):
-        files.read_whole(tmp_path / "blob.bin", threads=2, stop=stop)
 
 
 def test_read_whole_of_an_empty_file(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -132,45 +131,6 @@ def test_a_store_read_into_memory_maps_nothing_of_its_file(
     assert isinstance(s.map, np.ndarray)
     np.testing.assert_array_equal(s.map, data)
     assert _resident_kb((tmp_path / "packed.bin").resolve()) == 0
-
-
-def test_a_store_read_into_memory_is_read_while_the_model_is_built(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The read begins when the store opens, on a thread of its own, and populate() takes
-    its result: a load's construction and the read overlap instead of following each
-    other. A store a stopped load discards stops its read."""
-    from inference.backends.cpu import pack
-
-    monkeypatch.setenv("INFERDESK_CPU_WEIGHTS", "memory")
-    n = 4 << 20
-    data = np.arange(n, dtype=np.uint32).astype(np.uint8)
-    (tmp_path / "packed.bin").write_bytes(data.tobytes())
-    (tmp_path / "index.json").write_text(f'{{"__bytes__": {n}}}')
-    begun, release, reads = threading.Event(), threading.Event(), []
-    real = pack.read_whole
-
-    def read_whole(path: Path, threads: int, stop: threading.Event) -> np.ndarray:
-        reads.append(threading.current_thread().name)
-        begun.set()
-        assert release.wait(60)  # held until the test has seen it begin
-        return real(path, threads, stop)
-
-    monkeypatch.setattr(pack, "read_whole", read_whole)
-    s = PackStore(tmp_path)
-    assert begun.wait(60)  # begun at open, before populate, off the opening thread
-    assert reads[0] != threading.current_thread().name
-    release.set()
-    s.populate()
-    assert isinstance(s.map, np.ndarray) and s.reading is None and len(reads) == 1
-    np.testing.assert_array_equal(s.map, data)
-
-    release.clear()
-    stopped = PackStore(tmp_path)
-    stopped.discard()
-    release.set()
-    assert stopped.reading is not None
-    with pytest.raises(InterruptedError):
-        stopped.reading.result(60)
 
 
 def test_where_a_store_lives_follows_the_setting_and_the_free_memory(

@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -770,9 +770,6 @@ class PackStore:
         self.new: list[tuple[str, dict[str, Any], PackedWeight]] = []
         self.stream: _Stream | None = None  # packed.bin being written as the load packs
         self.missed = False
-        # The read into memory, begun at open: it runs while the model is built on the map.
-        self.reading: Future[np.ndarray] | None = None
-        self.stop_reading = threading.Event()
         try:
             self.index = json.loads((folder / "index.json").read_text())
             self.index.pop("__model__", None)
@@ -791,27 +788,21 @@ class PackStore:
             shutil.rmtree(folder, ignore_errors=True)
         else:
             self.in_memory = in_memory(size)
-            if self.in_memory:
-                pool = ThreadPoolExecutor(1, thread_name_prefix="inferdesk-store-read")
-                self.reading = pool.submit(read_whole, folder / "packed.bin", usable_cores(),
-                                           self.stop_reading)
-                pool.shutdown(wait=False)  # the thread ends with the read
 
     def populate(self) -> None:
         """Make an opened store resident: read into this process's memory where
         :func:`in_memory` said so, the weights :meth:`get` gave out moved onto that copy and
         the map let go; else every page of the map mapped in now (:func:`_populate`). A store
-        this load packs and writes is resident already. The load calls it last. The read
-        began when the store was opened and ran while the model was built; until it is
-        taken here the weights read the map, so nothing reads bytes not yet read."""
+        this load packs and writes is resident already. The load calls it last: the peak of
+        a load then holds the store or the compiler's pages and the load's temporaries, not
+        both; until then the weights read the map, so nothing reads bytes not yet read."""
         if not isinstance(self.map, mmap.mmap):
             return
-        if self.reading is not None:
+        if self.in_memory:
             try:
-                own = self.reading.result()
+                own = read_whole(self.folder / "packed.bin", usable_cores())
             except OSError:  # the map stays, as good as before
                 own = None
-            self.reading = None
             if own is not None and own.nbytes == len(self.map):
                 for w, offset in self.given:
                     w.data = np.frombuffer(own, np.float32, w.data.size, offset).reshape(
@@ -886,9 +877,7 @@ class PackStore:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     def discard(self) -> None:
-        """Nothing written: a load that stopped (the file streamed so far removed, a read
-        into memory stopped at its next part)."""
-        self.stop_reading.set()
+        """Nothing written: a load that stopped (the file streamed so far removed)."""
         stream, self.stream = self.stream, None
         if stream is not None:
             stream.finish(0)
