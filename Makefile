@@ -72,10 +72,11 @@ $(TEST_STAMP): $(STAMP)
 run: $(KERNELS)
 	HF_HUB_OFFLINE=$${HF_HUB_OFFLINE:-0} $(VENV)/bin/inferdesk
 
-# The suite on TEST_WORKERS processes (pytest-xdist; 0: this process alone, the default
-# until a run on two workers beside busy processes passes whole, docs/suite-time.md). Tests marked xdist_group run in one process, one after another
-# (--dist loadgroup). `make test TEST_WORKERS=2` uses both cores of a 2-core machine.
-TEST_WORKERS ?= 0
+# The suite on TEST_WORKERS processes (pytest-xdist; 0: this process alone). Two by
+# default: both cores of a 2-core machine, which one process leaves half idle (one process
+# took 570-855 s of pytest there, two 553 s; docs/suite-time.md). Tests marked xdist_group
+# run in one process, one after another (--dist loadgroup).
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) $(KERNELS)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
