@@ -47,6 +47,12 @@ STATUS_MODEL_PX = 170
 STATUS_MEMORY_PX = 110
 
 
+def _show_elided(label: QLabel, text: str, px: int, mode: Qt.TextElideMode) -> None:
+    """``text`` in ``label``, cut to ``px`` wide; whole in its tooltip."""
+    label.setText(label.fontMetrics().elidedText(text, mode, px))
+    label.setToolTip(text)
+
+
 class MainWindow(QMainWindow):
     def __init__(self, settings: Settings | None = None, store: ConversationStore | None = None,
                  autoload: bool = True):
@@ -290,18 +296,14 @@ class MainWindow(QMainWindow):
         self.status_backend.setText(f"Backend: {', '.join(backends) or '—'}")
         text = f"Chat: {chat.name if chat else '—'} · Embed: {enc.name if enc else '—'}"
         # Elided: the status message on the left keeps room in a narrow window.
-        self.status_model.setText(self.status_model.fontMetrics().elidedText(
-            text, Qt.TextElideMode.ElideMiddle, STATUS_MODEL_PX))
-        self.status_model.setToolTip(text)
+        _show_elided(self.status_model, text, STATUS_MODEL_PX, Qt.TextElideMode.ElideMiddle)
 
     def _update_memory(self) -> None:
         used, peak = self.perf.device
         text = f"RSS {human_bytes(psutil.Process().memory_info().rss)}"
         if used is not None:
             text += f" · device {human_bytes(used)} (peak {human_bytes(peak)})"
-        self.status_memory.setText(self.status_memory.fontMetrics().elidedText(
-            text, Qt.TextElideMode.ElideRight, STATUS_MEMORY_PX))
-        self.status_memory.setToolTip(text)
+        _show_elided(self.status_memory, text, STATUS_MEMORY_PX, Qt.TextElideMode.ElideRight)
 
     def _maybe_autoload(self, specs: list) -> None:
         """First discovery: load the last-used models, else the bundled ones."""
