@@ -52,8 +52,10 @@ def read_whole(path: str | Path, threads: int = 2) -> np.ndarray:
         out = anonymous(size)
         view = memoryview(out)
 
+        positioned = hasattr(os, "preadv")  # else one thread, seeking (Windows)
+
         def read_at(at: int, end: int) -> int:
-            if hasattr(os, "preadv"):
+            if positioned:
                 return os.preadv(f.fileno(), [view[at:end]], at)
             f.seek(at)
             return f.readinto(view[at:end]) or 0
@@ -67,7 +69,7 @@ def read_whole(path: str | Path, threads: int = 2) -> np.ndarray:
                 at += got
 
         starts = range(0, size, READ_PART)
-        if threads <= 1 or len(starts) <= 1 or not hasattr(os, "preadv"):
+        if threads <= 1 or len(starts) <= 1 or not positioned:
             for s in starts:
                 part(s)
         else:
