@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(features.form() != "avx2",
                                 reason="the GEMM's multiply-adds are AVX2 intrinsics")
 
 N = NumpyBackend()
-TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")  # 4-bit, 8-bit signed and Q6_K's 6-bit
+TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K")  # 4/5/6/8-bit codes
 WIDTHS = list(cpu_quantize.LEVELS)
 
 
@@ -81,16 +81,17 @@ def test_extreme_codes_and_activations_do_not_overflow(qtype, width):
 
 
 def test_prefill_products_take_the_gemm(monkeypatch):
-    """CpuBackend routes 4-, 6- and 8-bit prefill products with integer activations to the GEMM
-    on AVX2, and 5-bit codes and float activations not; the results hold against NumPy
-    either way."""
+    """CpuBackend routes 4-, 5-, 6- and 8-bit prefill products with integer activations to the
+    GEMM on AVX2, and file-byte types and float activations not; the results hold against
+    NumPy either way."""
     calls = []
     real = gemm_int.gemm_int
     monkeypatch.setattr(gemm_int, "gemm_int", lambda *a: calls.append(1) or real(*a))
     x = np.random.default_rng(4).standard_normal((24, 512)).astype(np.float32)
     for width, qtype, routed in (("int8", "Q4_K", True), ("int16", "Q4_0", True),
                                  ("int16", "Q6_K", True), ("int8", "Q8_0", True),
-                                 ("int16", "Q5_K", False), ("float", "Q4_K", False)):
+                                 ("int16", "Q5_K", True), ("int8", "Q5_0", True),
+                                 ("int16", "Q3_K", False), ("float", "Q4_K", False)):
         b = CpuBackend(width)
         b.set_threads(2)
         t = random_tensor(qtype, 96, 512, seed=5)

@@ -9,8 +9,8 @@ token rows ``M``:
 - larger ``M`` (prefill, teacher forcing): W's rows are shared out between the threads.
   4- and 5-bit packed weights, where the integer kernels group 8 rows with VNNI
   (AVX-512), go by those decode kernels over the rows quantized once (``_rows_plan``):
-  no dequantize, and the ``vpdpwssd`` work matches sgemm's FMAs. On AVX2, 4- and 8-bit
-  packed weights take the integer GEMM (:mod:`.gemm_int`, ``_gemm_plan``): each block's
+  no dequantize, and the ``vpdpwssd`` work matches sgemm's FMAs. On AVX2, 4-, 5-, 6- and
+  8-bit packed weights take the integer GEMM (:mod:`.gemm_int`, ``_gemm_plan``): each block's
   codes unpacked once for all token rows. Other weights: each
   thread dequantizes its part a chunk at a time into a float32 scratch small enough to
   stay in its core's L2 (``CHUNK_BYTES``) and multiplies the chunk by a one-thread BLAS

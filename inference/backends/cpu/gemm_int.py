@@ -52,12 +52,13 @@ from inference.backends.cpu.matvec_int import (
 
 _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 # Code widths whose prefill products take this GEMM on AVX2 with integer activations
-# (``CpuBackend._gemm``; 5-bit codes keep dequant+sgemm). Per product at 138 rows, Llama
-# 3.2 1B's shapes, 1 and 2 threads, against dequant+sgemm (docs/cpu-backend.md, "Prefill"):
-# 4-bit codes x int8 0.48-0.79x its time, 4- and 8-bit codes x int16 0.61-0.90x. ``vpmaddwd``
+# (``routing.prefill_route``). Per product at 138 rows, Llama 3.2 1B's shapes, 1 and 2
+# threads, against dequant+sgemm (docs/cpu-backend.md, "Prefill"): 4-bit codes x int8
+# 0.48-0.79x its time, 4- and 8-bit codes x int16 0.61-0.90x; 5-bit codes x int16 (Q5_0,
+# Q5_K; 8192x2048 and 2048x8192) 0.69-0.81x. ``vpmaddwd``
 # (int16) does 16 multiply-adds an instruction, as many as an FMA, so int16 saves only the
 # dequantize and sgemm's packing; ``vpmaddubsw`` (int8) does 32.
-GEMM_BITS = frozenset({4, 6, 8})
+GEMM_BITS = frozenset({4, 5, 6, 8})
 # Token rows a call of the sums takes, by whether the activations are int8 (their
 # accumulators stay in AVX2's 16 registers): 4 for bytes (2 x 16-bit vectors a row), 2 for
 # words (4 x 32-bit vectors a row; with 3 the accumulators spilled).
@@ -193,24 +194,28 @@ def _unpack4(codes: np.ndarray, blk: int, u: np.ndarray) -> None:
 
 
 @intrinsic
-def _unpack6(typingctx, codes, blk, u):  # type: ignore[no-untyped-def]
-    """Block ``blk``'s 6-bit codes (:func:`_unpack4`'s nibbles, bits 4 and 5 from the
-    planes in code rows 16-19 and 20-23) into ``u`` as int16 pairs of Q6_K's signed
-    ``q - 32``: the decode kernels' unpacking (code rows paired, nibbles and planes masked:
+def _unpack_planes(typingctx, codes, high, blk, u):  # type: ignore[no-untyped-def]
+    """Block ``blk``'s 5- or 6-bit codes (:func:`_unpack4`'s nibbles, bit 4 from the plane
+    in code rows 16-19, bit 5 from rows 20-23; ``high``'s type says how many planes) into
+    ``u`` as int16 pairs: 5-bit codes as they are, Q6_K's as the signed ``q - 32``. The
+    decode kernels' unpacking (code rows paired, nibbles and planes masked:
     :func:`.matvec_int._nibbles`), 32 lanes a vector. As a numba loop over the lanes it
     took a sixth of the product (Q6_K 3072x8192, 138 rows, 1 thread: 77 -> 65 ms, in turns
     in one process). The 4-bit loop (:func:`_unpack4`) costs less than half as much; in IR
     it made the 2-thread Q4_K product slower (31.4 -> 33.5 ms: the frame, :func:`_buffer`)."""
 
+    six = high.ndim == 4  # else 3: one plane
+
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        cty, _, uty = signature.args
-        carr, cblk, uarr = args
+        cty, _, _, uty = signature.args
+        carr, _, cblk, uarr = args
         block = _i64_of(builder, cblk)
         v32i8 = ir.VectorType(_i8, 32)
-        planes = _block_rows(context, builder, cty, carr, block, range(16, 24), v32i8)
+        planes = _block_rows(context, builder, cty, carr, block,
+                             range(16, 24 if six else 20), v32i8)
         tops = [[(_interleave(builder, planes[k], planes[k + 1], lanes),
                   _interleave(builder, planes[k + 2], planes[k + 3], lanes))
-                 for k in (0, 4)] for lanes in _HALVES]
+                 for k in range(0, len(planes), 4)] for lanes in _HALVES]
         thirty_two = ir.Constant(v32i8, [32] * 32)
         for p in range(8):
             r0, r1 = _block_rows(context, builder, cty, carr, block, (2 * p, 2 * p + 1), v32i8)
@@ -218,14 +223,15 @@ def _unpack6(typingctx, codes, blk, u):  # type: ignore[no-untyped-def]
                 pairs = _interleave(builder, r0, r1, lanes)
                 for half, code in enumerate(_nibbles(builder, pairs, tops[h], p)):
                     # codes 2p, 2p + 1 (half 0) or 2p + 16, 2p + 17: pair p + 8 * half
-                    words = _words(builder, builder.sub(code, thirty_two), signed=True)
+                    words = (_words(builder, builder.sub(code, thirty_two), signed=True)
+                             if six else _words(builder, code, signed=False))
                     for lane, v in zip((lanes[0], lanes[8]), words, strict=True):
                         ptr = _item_ptr(context, builder, uty, uarr, [
                             ir.Constant(_i64, p + 8 * half), ir.Constant(_i64, 2 * lane)])
                         builder.store(v, builder.bitcast(ptr, v.type.as_pointer()), align=1)
         return context.get_dummy_value()
 
-    return types.void(codes, blk, u), codegen
+    return types.void(codes, high, blk, u), codegen
 
 
 @_jit(inline="always")
@@ -247,8 +253,8 @@ def _unpack_ov(codes, high, blk, u):  # type: ignore[no-untyped-def]
     bits (Q6_K), else :func:`_unpack4`."""
     if codes.dtype == types.int8:
         return lambda codes, high, blk, u: _unpack8(codes, blk, u)
-    if not isinstance(high, types.NoneType) and high.ndim == 4:
-        return lambda codes, high, blk, u: _unpack6(codes, blk, u)
+    if not isinstance(high, types.NoneType):
+        return lambda codes, high, blk, u: _unpack_planes(codes, high, blk, u)
     return lambda codes, high, blk, u: _unpack4(codes, blk, u)
 
 

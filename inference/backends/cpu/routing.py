@@ -52,8 +52,8 @@ MATVEC_ROWS = 8
 # rows, SmolLM2 shapes (docs/benchmarks.md, prefill products), with the float tail in the
 # intrinsics: 4/5-bit 0.68-0.71x the time of dequant+sgemm at 1 thread, 8-bit (Q8_0, Q6_K)
 # 0.69-0.71x (1.03-1.25x before that tail). Not on AVX2, where the decode kernels go by row
-# pairs (0.80-0.93x sgemm's speed on the Q3_K_M prefill): there 4/8-bit codes take the
-# integer GEMM (docs/cpu-backend.md, "Prefill").
+# pairs (0.80-0.93x sgemm's speed on the Q3_K_M prefill): there 4/5/6/8-bit codes take
+# the integer GEMM (docs/cpu-backend.md, "Prefill").
 INTEGER_BITS = frozenset({4, 5, 6, 8})
 
 Route = Literal["blas", "matvec_float", "matvec_int", "kdot", "raw", "products"]
