@@ -199,10 +199,10 @@ def _unpack_planes(typingctx, codes, high, blk, u):  # type: ignore[no-untyped-d
     in code rows 16-19, bit 5 from rows 20-23; ``high``'s type says how many planes) into
     ``u`` as int16 pairs: 5-bit codes as they are, Q6_K's as the signed ``q - 32``. The
     decode kernels' unpacking (code rows paired, nibbles and planes masked:
-    :func:`.matvec_int._nibbles`), 32 lanes a vector. As a numba loop over the lanes it
-    took a sixth of the product (Q6_K 3072x8192, 138 rows, 1 thread: 77 -> 65 ms, in turns
-    in one process). The 4-bit loop (:func:`_unpack4`) costs less than half as much; in IR
-    it made the 2-thread Q4_K product slower (31.4 -> 33.5 ms: the frame, :func:`_buffer`)."""
+    :func:`.matvec_int._nibbles`), 32 lanes a vector: as a numba loop over the lanes it
+    took a tenth of the product (Q6_K 3072x8192, 138 rows: 73 -> 67 ms at 1 thread, 38 -> 34
+    at 2; docs/cpu-backend.md). The 4-bit loop (:func:`_unpack4`) costs less than half as
+    much, and its IR form measured no faster."""
 
     six = high.ndim == 4  # else 3: one plane
 
