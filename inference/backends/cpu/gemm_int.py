@@ -54,8 +54,8 @@ _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntTyp
 # Code widths whose prefill products take this GEMM on AVX2 with integer activations
 # (``routing.prefill_route``). Per product at 138 rows, Llama 3.2 1B's shapes, 1 and 2
 # threads, against dequant+sgemm (docs/cpu-backend.md, "Prefill"): 4-bit codes x int8
-# 0.48-0.79x its time, 4- and 8-bit codes x int16 0.61-0.90x; 5-bit codes x int16 (Q5_0,
-# Q5_K; 8192x2048 and 2048x8192) 0.69-0.81x. ``vpmaddwd``
+# 0.48-0.79x its time, 4- and 8-bit codes x int16 0.61-0.90x; 5-bit codes x int16 (Q5_0
+# 6912x1152, SmolLM2's Q5_1/Q5_K) 0.76-1.03x, whole 5-bit prefills 12-16% faster. ``vpmaddwd``
 # (int16) does 16 multiply-adds an instruction, as many as an FMA, so int16 saves only the
 # dequantize and sgemm's packing; ``vpmaddubsw`` (int8) does 32.
 GEMM_BITS = frozenset({4, 5, 6, 8})
