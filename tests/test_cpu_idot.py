@@ -197,7 +197,9 @@ def test_smollm2_int16_decode_matches_transformers(smollm2_int16):
 
 
 AVX2_CHECK = """
+import pickle, sys
 import numpy as np
+from inference.backends.cpu.quantize import narrow, quantize_rows
 from inference.backends.cpu import features as cpu_features
 from inference.backends.cpu import matvec_int as cpu_int
 from inference.backends.cpu import CpuBackend
@@ -207,6 +209,8 @@ from tests.bundled import random_tensor
 assert cpu_features.form() == "avx2" and cpu_int.ROW_GROUP == 2
 N = NumpyBackend()
 x = np.random.default_rng(8).standard_normal((8, 512)).astype(np.float32) * 3
+xs = np.random.default_rng(9).standard_normal((19, 512)).astype(np.float32)  # a prefill's
+kept = {}
 for mode in ("int16",):  # the default; int8 shares the pair loops (a compile is ~20 s)
     b = CpuBackend(mode)
     assert b.activations == mode
@@ -219,7 +223,38 @@ for mode in ("int16",):  # the default; int8 shares the pair loops (a compile is
         for rows in range(2, 9):
             got = b.linear(x[:rows], w)
             assert (got.view(np.uint32) == alone[:rows].view(np.uint32)).all(), (mode, qtype, rows)
+        # a prefill product (more than MATVEC_ROWS rows): the integer GEMM, each row the
+        # bits of the decode mat-vec alone; kept for the AVX-VNNI build's step (below)
+        xq = quantize_rows(xs, mode, narrow(mode, w.bits))
+        got = b.linear(xs, w)
+        rows_alone = np.concatenate([b.linear(xs[i:i + 1], w) for i in range(len(xs))])
+        assert (got.view(np.uint32) == rows_alone.view(np.uint32)).all(), (mode, qtype)
+        kept[qtype] = (w, xq, got)
+with open(sys.argv[1], "wb") as f:
+    pickle.dump({q: ((w.codes, w.high, w.blocks, w.kind, w.zero, w.groups), xq, got)
+                 for q, (w, xq, got) in kept.items()}, f)
 print("avx2 ok")
+"""
+# The integer GEMM built for AVX-VNNI (``vpdpwssd``): the AVX2 build's prefill products,
+# bitwise, from the weights and quantized rows that build kept (no packing or decode
+# kernel compiled here).
+VNNI_CHECK = """
+import pickle, sys
+import numpy as np
+from inference.backends.cpu import features as cpu_features
+from inference.backends.cpu import gemm_int
+from inference.backends.cpu.layout import LANES
+
+assert cpu_features.form() == "avx2" and gemm_int._avx_vnni()
+with open(sys.argv[1], "rb") as f:
+    kept = pickle.load(f)
+for qtype, ((codes, high, blocks, kind, zero, groups), xq, want) in kept.items():
+    tiles = len(codes) // groups
+    out = np.zeros((want.shape[0], tiles * LANES), dtype=np.float32)
+    gemm_int.gemm_int(codes, high, blocks, kind, zero, *xq, out, 0, tiles)
+    got = np.ascontiguousarray(out[:, :want.shape[1]])
+    assert (got.view(np.uint32) == want.view(np.uint32)).all(), qtype
+print("vnni ok")
 """
 AVX2_FEATURES = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fxsr,+lzcnt,+mmx,"
                  "+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
@@ -230,8 +265,14 @@ def _avx2_steps(tmp: Path) -> list[early.Step] | str:
     if not (cpu_features._x86() and "+avx2" in cpu_features.host_cpu_features().split(",")):
         return "needs an x86 host with AVX2"
     # a cache of its own: this target's entries beside the host's would race on their index
-    return [early.python(AVX2_CHECK, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=AVX2_FEATURES,
-                         NUMBA_CACHE_DIR=str(tmp))]
+    kept = str(tmp / "products.pickle")
+    steps = [early.python(AVX2_CHECK, kept, NUMBA_CPU_NAME="haswell",
+                          NUMBA_CPU_FEATURES=AVX2_FEATURES, NUMBA_CACHE_DIR=str(tmp / "avx2"))]
+    if "+avxvnni" in cpu_features.host_cpu_features().split(","):
+        steps.append(early.python(VNNI_CHECK, kept, NUMBA_CPU_NAME="haswell",
+                                  NUMBA_CPU_FEATURES=AVX2_FEATURES + ",+avxvnni",
+                                  NUMBA_CACHE_DIR=str(tmp / "avxvnni")))
+    return steps
 
 
 @pytest.mark.early(steps=_avx2_steps)
@@ -239,10 +280,15 @@ def test_avx2_build_batches_bitwise_as_rows_alone(request):
     """The AVX2 build (pairs, then a single row; ``ROW_GROUP`` 2) compiled for a Haswell
     target in a subprocess, so an AVX-512 host checks it too: each row of batches of 2-8
     is the same bits as the row alone, and near NumPy (5% of the output scale: the
-    activations are quantized; the exact checks above run on the host's own build).
+    activations are quantized; the exact checks above run on the host's own build); each
+    row of a prefill product (the integer GEMM) is the bits of the row alone. Where the
+    host has AVX-VNNI, the GEMM built for it gives the same bits as the AVX2 build's.
     (Started early in the run: tests/early.py.)"""
-    (out,) = early.result(request.node)
-    assert out.returncode == 0 and "avx2 ok" in out.stdout, out.stderr[-3000:]
+    runs = early.result(request.node)
+    assert runs[0].returncode == 0 and "avx2 ok" in runs[0].stdout, runs[0].stderr[-3000:]
+    if "+avxvnni" in cpu_features.host_cpu_features().split(","):
+        assert len(runs) == 2 and runs[1].returncode == 0 and "vnni ok" in runs[1].stdout, \
+            runs[-1].stderr[-3000:]
 
 
 CACHED_CALLS = """

@@ -19,12 +19,15 @@ added in the same order: a row's result is bitwise the one the decode mat-vec gi
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from inference.backends.cpu.features import _x86, target_has
 from inference.backends.cpu.ir import _i64_of, _item_ptr, _jit
 from inference.backends.cpu.layout import (
     AFFINE,
@@ -65,6 +68,27 @@ GEMM_BITS = frozenset({4, 5, 6, 8})
 ROWS = {True: 4, False: 2}
 
 
+@cache
+def _avx_vnni() -> bool:
+    """Whether the target has AVX-VNNI (``vpdpwssd`` on 256-bit vectors, VEX-encoded: Intel
+    from Alder Lake, without AVX-512): then the int16 sums take one instruction a
+    multiply-add and its add, where ``vpmaddwd`` + ``vpaddd`` take two."""
+    return _x86() and target_has("avxvnni")
+
+
+def _madd_add(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value
+              ) -> ir.Value:
+    """``acc + vpmaddwd(words, x)`` (8 int32 lanes): one ``vpdpwssd`` with AVX-VNNI, as
+    inline asm (from the intrinsic LLVM splits it back into the two instructions:
+    :func:`.matvec_int._wide_madd`). The same sums either way: both add modulo 2**32, and
+    these sums never wrap."""
+    if _avx_vnni():
+        ty = ir.FunctionType(acc.type, [acc.type, words.type, x.type])
+        return builder.asm(ty, "{vex} vpdpwssd $3, $2, $0", "=x,0,x,x", [acc, words, x],
+                           False)
+    return builder.add(acc, builder.call(_maddwd(builder), [words, x]))
+
+
 def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
     """An intrinsic ``(codes, high, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs)``
     (``high`` as the decode kernels take it: its type tells the scales' row): for
@@ -86,13 +110,18 @@ def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
         v32i8, v16i16, v8i32 = (ir.VectorType(_i8, 32), ir.VectorType(_i16, 16),
                                 ir.VectorType(_i32, 8))
         if narrow:
-            madd = cgutils.get_or_insert_function(
+            maddubs = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(v16i16, [v32i8, v32i8]),
                 "llvm.x86.avx2.pmadd.ub.sw")
             nvec, vt, zero = 2, v32i8, ir.Constant(v16i16, [0] * 16)
+
+            def madd_add(a: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
+                return builder.add(a, builder.call(maddubs, [w, x]))
         else:
-            madd = _maddwd(builder)
             nvec, vt, zero = 4, v16i16, ir.Constant(v8i32, [0] * 8)
+
+            def madd_add(a: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
+                return _madd_add(builder, a, w, x)
         width = LANES // nvec  # lanes a vector of sums holds; u's elements per vector: 32
         lanes_of = [list(range(v * width, (v + 1) * width)) for v in range(nvec)]
         halves = []
@@ -108,7 +137,7 @@ def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
                     pair = _pair(context, builder, xty, xarr, rw, p0, p)
                     x = _pair_bytes(builder, pair) if narrow else _pair_words(builder, pair)
                     for v in range(nvec):
-                        acc[r][v] = builder.add(acc[r][v], builder.call(madd, [w[v], x]))
+                        acc[r][v] = madd_add(acc[r][v], w[v], x)
             if narrow:
                 acc = [[builder.sext(a, ir.VectorType(_i32, 16)) for a in ra] for ra in acc]
             halves.append([_runs(builder, ra, lanes_of) for ra in acc])
