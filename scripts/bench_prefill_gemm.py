@@ -88,7 +88,8 @@ def main() -> int:
                             "dequant_s": times[DEQUANT], "ratio_of_medians": g / d})
     if args.json:
         args.json.write_text(json.dumps({
-            "command": " ".join(sys.argv), "machine": machine(), "rows": args.rows,
+            "command": " ".join(os.path.basename(a) if os.path.isabs(a) else a  # no folders
+                                for a in sys.argv), "machine": machine(), "rows": args.rows,
             "threads": args.threads, "results": results}, indent=1))
     return 0
 
