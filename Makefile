@@ -74,7 +74,7 @@ run: $(KERNELS)
 
 # The suite on TEST_WORKERS processes (pytest-xdist; 0: this process alone). Two by
 # default: both cores of a 2-core machine, which one process leaves half idle (one process
-# took 570-855 s of pytest there, two 505-661 s; docs/suite-time.md). Tests marked xdist_group
+# took 570-855 s of pytest there, two 338-661 s; docs/suite-time.md). Tests marked xdist_group
 # run in one process, one after another (--dist loadgroup).
 TEST_WORKERS ?= 2
 test: $(TEST_STAMP) $(KERNELS)
