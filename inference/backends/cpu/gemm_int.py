@@ -231,7 +231,8 @@ def _unpack_planes(typingctx, codes, high, blk, u):  # type: ignore[no-untyped-d
     :func:`.matvec_int._nibbles`), 32 lanes a vector: as a numba loop over the lanes it
     took a tenth of the product (Q6_K 3072x8192, 138 rows: 73 -> 67 ms at 1 thread, 38 -> 34
     at 2; docs/cpu-backend.md). The 4-bit loop (:func:`_unpack4`) costs less than half as
-    much, and its IR form measured no faster."""
+    much, and its IR form measured no faster (inline: slower on two threads; called out of
+    line: slower on one and two)."""
 
     six = high.ndim == 4  # else 3: one plane
 
@@ -278,8 +279,8 @@ def _unpack(codes, high, blk, u):  # type: ignore[no-untyped-def]  # numba only
 
 @overload(_unpack, inline="always")
 def _unpack_ov(codes, high, blk, u):  # type: ignore[no-untyped-def]
-    """:func:`_unpack8` for int8 codes (8-bit), :func:`_unpack6` for two planes of high
-    bits (Q6_K), else :func:`_unpack4`."""
+    """:func:`_unpack8` for int8 codes (8-bit), :func:`_unpack_planes` for planes of high
+    bits (5-bit codes, Q6_K), else :func:`_unpack4`."""
     if codes.dtype == types.int8:
         return lambda codes, high, blk, u: _unpack8(codes, blk, u)
     if not isinstance(high, types.NoneType):
