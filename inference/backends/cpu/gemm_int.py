@@ -10,7 +10,8 @@ rows, ``ROWS`` at a time with the sums in registers (:func:`_make_block`):
 
 - 4-bit codes x int8 activations: ``vpmaddubsw`` (32 multiply-adds an instruction), 16-bit
   sums over 16 codes (at most 8 * 2 * 15 * 127 = 30480), widened per half block;
-- every other pairing: codes widened to 16 bits, ``vpmaddwd``, 32-bit sums.
+- every other pairing: codes widened to 16 bits, ``vpmaddwd`` and an add (one
+  ``vpdpwssd`` where the CPU has AVX-VNNI), 32-bit sums.
 
 The float tail of each block is the decode kernels' expression (:class:`.matvec_int._Tail`)
 with the same operations in the same order, without fused multiply-adds, and the blocks are
