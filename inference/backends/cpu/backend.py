@@ -308,7 +308,7 @@ class CpuBackend(NumpyBackend):
         x = np.ones((1, 2, 3, 64), np.float32)
         self.rms_norm(x, np.ones(64, np.float32), 1e-6)
         op = getattr(getattr(model, "args", None), "mlp_op", "silu_mul")
-        activation(self, op)  # a decode row, and a prefill's shared out (its split, the workers)
+        activation(self, op)  # decode rows and a prefill's shared out, whole and column views
         self.rope(x, 0, 10000.0)
         self.attention(x, x[:, :1], x[:, :1], 0.125, causal_offset=0)
         # A prefill's attention takes numba's threads or, with one core free, BLAS and the
@@ -316,10 +316,7 @@ class CpuBackend(NumpyBackend):
         self._attend_prefill(x, x[:, :1], x[:, :1], 0.125, 0)
         fused.softmax_scores(np.zeros((1, 2, 3, 3), np.float32), 0.125, 0,
                              np.ones((1, 3), np.float32))
-        # The activation over column views of one stacked product (rows of a prefill), and
-        # a decode step's heads (transposed views) through attend_rows into a one-layer cache.
-        gate_up = np.ones((1, 2, 128), np.float32)
-        getattr(self, op)(gate_up[..., :64], gate_up[..., 64:])
+        # A decode step's heads (transposed views) through attend_rows into a one-layer cache.
         heads = np.ones((1, 1, 2, 64), np.float32).transpose(0, 2, 1, 3)
         self.attend_rows(heads, heads[:, :1], heads[:, :1], [KVCache(self, 1)], 0,
                          theta=10000.0, freq_factors=None, scale=0.125, window=None,

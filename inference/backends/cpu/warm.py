@@ -86,14 +86,18 @@ def packing() -> None:
 
 def activation(backend: Any, op: str) -> None:
     """The activation op ``op`` (``silu_mul``, ``gelu_tanh_mul``) as a decode step and a
-    prefill call it: one row, and rows enough to be shared out."""
+    prefill call it: one row, and rows enough to be shared out; over whole arrays, and over
+    the column views of one stacked gate-and-up product, as a model's ``Linears`` gives
+    them (a kernel specialisation of its own)."""
     from inference.backends.cpu.backend import SHARE_MIN
 
     act = getattr(backend, op)
-    x = np.ones((1, 1, 64), np.float32)
-    act(x, x)
-    x = np.ones((1, SHARE_MIN // 64, 64), np.float32)
-    act(x, x)
+    for rows in (1, SHARE_MIN // 64):
+        x = np.ones((1, rows, 64), np.float32)
+        act(x, x)
+    for rows in (2, SHARE_MIN // 64):  # (a one-row view is C-contiguous: the first form)
+        gate_up = np.ones((1, rows, 128), np.float32)
+        act(gate_up[..., :64], gate_up[..., 64:])
 
 
 Step = tuple[str, Callable[[], None]]  # (what it compiles, the call)
