@@ -43,7 +43,6 @@ from inference.backends.cpu.matvec_int import (
     _NO_FUSE,
     _block_rows,
     _interleave,
-    _maddwd,
     _nibbles,
     _pair,
     _pair_bytes,
@@ -52,6 +51,7 @@ from inference.backends.cpu.matvec_int import (
     _tail_args,
     _two_halves,
     _words,
+    madd_add,
 )
 
 _i8, _i16, _i32, _i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -75,19 +75,6 @@ def _avx_vnni() -> bool:
     from Alder Lake, without AVX-512): then the int16 sums take one instruction a
     multiply-add and its add, where ``vpmaddwd`` + ``vpaddd`` take two."""
     return _x86() and target_has("avxvnni")
-
-
-def _madd_add(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value
-              ) -> ir.Value:
-    """``acc + vpmaddwd(words, x)`` (8 int32 lanes): one ``vpdpwssd`` with AVX-VNNI, as
-    inline asm (from the intrinsic LLVM splits it back into the two instructions:
-    :func:`.matvec_int._wide_madd`). The same sums either way: both add modulo 2**32, and
-    these sums never wrap."""
-    if _avx_vnni():
-        ty = ir.FunctionType(acc.type, [acc.type, words.type, x.type])
-        return builder.asm(ty, "{vex} vpdpwssd $3, $2, $0", "=x,0,x,x", [acc, words, x],
-                           False)
-    return builder.add(acc, builder.call(_maddwd(builder), [words, x]))
 
 
 def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
@@ -116,13 +103,13 @@ def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
                 "llvm.x86.avx2.pmadd.ub.sw")
             nvec, vt, zero = 2, v32i8, ir.Constant(v16i16, [0] * 16)
 
-            def madd_add(a: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
+            def acc_add(a: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
                 return builder.add(a, builder.call(maddubs, [w, x]))
         else:
             nvec, vt, zero = 4, v16i16, ir.Constant(v8i32, [0] * 8)
 
-            def madd_add(a: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
-                return _madd_add(builder, a, w, x)
+            def acc_add(a: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
+                return madd_add(builder, a, w, x, _avx_vnni())
         width = LANES // nvec  # lanes a vector of sums holds; u's elements per vector: 32
         lanes_of = [list(range(v * width, (v + 1) * width)) for v in range(nvec)]
         halves = []
@@ -138,7 +125,7 @@ def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
                     pair = _pair(context, builder, xty, xarr, rw, p0, p)
                     x = _pair_bytes(builder, pair) if narrow else _pair_words(builder, pair)
                     for v in range(nvec):
-                        acc[r][v] = madd_add(acc[r][v], w[v], x)
+                        acc[r][v] = acc_add(acc[r][v], w[v], x)
             if narrow:
                 acc = [[builder.sext(a, ir.VectorType(_i32, 16)) for a in ra] for ra in acc]
             halves.append([_runs(builder, ra, lanes_of) for ra in acc])

@@ -801,16 +801,30 @@ def _vnni() -> bool:
 def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value,
                nrows: int) -> ir.Value:
     """``acc + vpmaddwd(words, x)`` (16 int32 lanes) in a block of ``nrows`` rows: for 4
-    and more, one ``vpdpwssd`` where the target has VNNI, as inline asm. From the
-    intrinsic LLVM (22) splits it back into ``vpmaddwd`` + ``vpaddd`` to shorten each
-    accumulator's chain, which the one- and two-row blocks keep (their chains are few);
-    but with 4 rows or more the loop is bound by its vector ops, the split adds one per
-    multiply-add, and 4 rows sharing the codes then ran no faster than two pairs. Same
-    sums either way: both add modulo 2**32 (and these sums never wrap)."""
+    and more, one ``vpdpwssd`` where the target has VNNI (:func:`madd_add`). LLVM keeps
+    the two instructions to shorten each accumulator's chain, which the one- and two-row
+    blocks keep (their chains are few); but with 4 rows or more the loop is bound by its
+    vector ops, the split adds one per multiply-add, and 4 rows sharing the codes then ran
+    no faster than two pairs."""
+    return madd_add(builder, acc, words, x, nrows >= 4 and _vnni())
+
+
+def madd_add(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value,
+             fused: bool) -> ir.Value:
+    """``acc + vpmaddwd(words, x)`` for 8 (AVX2) or 16 (AVX-512) int32 lanes; ``fused``:
+    one ``vpdpwssd`` (the target must have AVX-512 VNNI, or AVX-VNNI for 8 lanes: VEX
+    encoded, so ymm0-15), as inline asm, since from the intrinsic LLVM (22) splits it back
+    into ``vpmaddwd`` + ``vpaddd``. Same sums either way: both add modulo 2**32 (and these
+    sums never wrap)."""
+    wide = acc.type.count == 16
+    if fused:
+        ty = ir.FunctionType(acc.type, [acc.type, words.type, x.type])
+        op, reg = ("vpdpwssd", "v") if wide else ("{vex} vpdpwssd", "x")
+        return builder.asm(ty, f"{op} $3, $2, $0", f"={reg},0,{reg},{reg}", [acc, words, x],
+                           False)
+    if not wide:
+        return builder.add(acc, builder.call(_maddwd(builder), [words, x]))
     v32i16, v16i32 = ir.VectorType(_i16, 32), ir.VectorType(_i32, 16)
-    if nrows >= 4 and _vnni():
-        ty = ir.FunctionType(v16i32, [v16i32, v32i16, v32i16])
-        return builder.asm(ty, "vpdpwssd $3, $2, $0", "=v,0,v,v", [acc, words, x], False)
     madd = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(v16i32, [v32i16, v32i16]), "llvm.x86.avx512.pmaddw.d.512")
     return builder.add(acc, builder.call(madd, [words, x]))
