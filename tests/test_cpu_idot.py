@@ -242,10 +242,10 @@ VNNI_CHECK = """
 import pickle, sys
 import numpy as np
 from inference.backends.cpu import features as cpu_features
-from inference.backends.cpu import gemm_int
+from inference.backends.cpu import gemm_int, matvec_int
 from inference.backends.cpu.layout import LANES
 
-assert cpu_features.form() == "avx2" and gemm_int._avx_vnni()
+assert cpu_features.form() == "avx2" and matvec_int._avx_vnni()
 with open(sys.argv[1], "rb") as f:
     kept = pickle.load(f)
 for qtype, ((codes, high, blocks, kind, zero, groups), xq, want) in kept.items():

@@ -20,15 +20,12 @@ added in the same order: a row's result is bitwise the one the decode mat-vec gi
 
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from inference.backends.cpu.features import _x86, target_has
 from inference.backends.cpu.ir import _i64_of, _item_ptr, _jit
 from inference.backends.cpu.layout import (
     AFFINE,
@@ -69,14 +66,6 @@ GEMM_BITS = frozenset({4, 5, 6, 8})
 ROWS = {True: 4, False: 2}
 
 
-@cache
-def _avx_vnni() -> bool:
-    """Whether the target has AVX-VNNI (``vpdpwssd`` on 256-bit vectors, VEX-encoded: Intel
-    from Alder Lake, without AVX-512): then the int16 sums take one instruction a
-    multiply-add and its add, where ``vpmaddwd`` + ``vpaddd`` take two."""
-    return _x86() and target_has("avxvnni")
-
-
 def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
     """An intrinsic ``(codes, high, blk, u, xp, row, g, blocks, kind, zero, dx, xs, accs)``
     (``high`` as the decode kernels take it: its type tells the scales' row): for
@@ -109,7 +98,7 @@ def _make_block(nrows: dict[bool, int]):  # type: ignore[no-untyped-def]
             nvec, vt, zero = 4, v16i16, ir.Constant(v8i32, [0] * 8)
 
             def acc_add(a: ir.Value, w: ir.Value, x: ir.Value) -> ir.Value:
-                return madd_add(builder, a, w, x, _avx_vnni())
+                return madd_add(builder, a, w, x)
         width = LANES // nvec  # lanes a vector of sums holds; u's elements per vector: 32
         lanes_of = [list(range(v * width, (v + 1) * width)) for v in range(nvec)]
         halves = []

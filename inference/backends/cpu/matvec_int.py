@@ -798,6 +798,14 @@ def _vnni() -> bool:
     return _x86() and target_has("avx512vnni")
 
 
+@cache
+def _avx_vnni() -> bool:
+    """Whether the target has AVX-VNNI (``vpdpwssd`` on 256-bit vectors, VEX-encoded: Intel
+    from Alder Lake, without AVX-512): then an AVX2 multiply-add and its add are one
+    instruction, where ``vpmaddwd`` + ``vpaddd`` take two."""
+    return _x86() and target_has("avxvnni")
+
+
 def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value,
                nrows: int) -> ir.Value:
     """``acc + vpmaddwd(words, x)`` (16 int32 lanes) in a block of ``nrows`` rows: for 4
@@ -806,18 +814,18 @@ def _wide_madd(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Valu
     blocks keep (their chains are few); but with 4 rows or more the loop is bound by its
     vector ops, the split adds one per multiply-add, and 4 rows sharing the codes then ran
     no faster than two pairs."""
-    return madd_add(builder, acc, words, x, nrows >= 4 and _vnni())
+    return madd_add(builder, acc, words, x, fuse=nrows >= 4)
 
 
 def madd_add(builder: ir.IRBuilder, acc: ir.Value, words: ir.Value, x: ir.Value,
-             fused: bool) -> ir.Value:
-    """``acc + vpmaddwd(words, x)`` for 8 (AVX2) or 16 (AVX-512) int32 lanes; ``fused``:
-    one ``vpdpwssd`` (the target must have AVX-512 VNNI, or AVX-VNNI for 8 lanes: VEX
-    encoded, so ymm0-15), as inline asm, since from the intrinsic LLVM (22) splits it back
-    into ``vpmaddwd`` + ``vpaddd``. Same sums either way: both add modulo 2**32 (and these
-    sums never wrap)."""
+             fuse: bool = True) -> ir.Value:
+    """``acc + vpmaddwd(words, x)`` for 8 (AVX2) or 16 (AVX-512) int32 lanes; with ``fuse``,
+    one ``vpdpwssd`` where the target has it for that width (AVX-512 VNNI for 16 lanes,
+    AVX-VNNI for 8: VEX encoded, so ymm0-15), as inline asm, since from the intrinsic LLVM
+    (22) splits it back into ``vpmaddwd`` + ``vpaddd``. Same sums either way: both add
+    modulo 2**32 (and these sums never wrap)."""
     wide = acc.type.count == 16
-    if fused:
+    if fuse and (_vnni() if wide else _avx_vnni()):
         ty = ir.FunctionType(acc.type, [acc.type, words.type, x.type])
         op, reg = ("vpdpwssd", "v") if wide else ("{vex} vpdpwssd", "x")
         return builder.asm(ty, f"{op} $3, $2, $0", f"={reg},0,{reg},{reg}", [acc, words, x],
