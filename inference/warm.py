@@ -4,7 +4,8 @@ install (``make run`` and ``make test`` run it): every weight type's products
 embedding by the bundled encoder, where present (the norms, RoPE, attention, step replay,
 sampling). The chat model runs with each KV cache type a user can pick in the app (float32,
 float16): its attention over float16 keys is a kernel of its own, which otherwise compiled at
-that first load (10.8 s on the Intel Xeon, the bundled model's load 0.2 -> 11.1 s).
+that first load (12.9 s on the Intel Xeon beside a test run: the bundled model's load
+13.1 s, against 0.24 s once warmed; docs/bench-results/20261130-0940-warm-float16-kv.json).
 """
 
 from __future__ import annotations
