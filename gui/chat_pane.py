@@ -3,7 +3,9 @@ the composer and settings column (gui.composer), and the messages' way to the da
 (gui.reply_store), composed into one pane that runs the replies.
 
 Tokens arrive as queued signals; the reply is re-rendered and saved at most every
-RENDER_MS, not per token, so a fast model cannot flood the event loop with layouts.
+RENDER_MS, not per token, so a fast model cannot flood the event loop with layouts, and
+less often as rendering grows dearer (gui.pacing), so the window leaves the cores to the
+engine.
 
 Nothing typed or generated is lost: the view is updated before the database, and a write
 that fails (lock, full disk) leaves a :class:`PendingWrite` in memory, a banner naming
@@ -40,6 +42,7 @@ from gui.conversations import (
 from gui.error_banner import ErrorBanner
 from gui.jobs import JobRunner
 from gui.message_view import MessageView
+from gui.pacing import RenderPacer
 from gui.reply_store import PendingWrite, ReplyStore
 from gui.settings import DEFAULT_SYSTEM_PROMPT, Settings
 from gui.worker import GenerateRequest, prefill_of
@@ -81,6 +84,7 @@ class ChatPane(QWidget):
         self._measure_timer.timeout.connect(self._measure)
         self._render_timer = QTimer(self, interval=RENDER_MS)
         self._render_timer.timeout.connect(self._render_reply)
+        self._pacer = RenderPacer()
         self._build()
         self.refresh_list()
         convs = self._safe(store.conversations) or []
@@ -509,6 +513,7 @@ class ChatPane(QWidget):
         self.request_reply(GenerateRequest(
             messages, max_tokens, sampling, self.profile, context_limit=self.context_limit(),
             policy=self.policy(), continue_final=continue_reply is not None))
+        self._pacer.restart()
         self._render_timer.start()
         self._update_buttons()
         self.generation_started.emit()
@@ -648,10 +653,11 @@ class ChatPane(QWidget):
         self._n_gen = ev.index + 1
         self._dirty = True
 
-    def _render_reply(self) -> None:
-        """View first, then the database (a failed write never holds the view back)."""
+    def _render_reply(self, final: bool = False) -> None:
+        """View first, then the database (a failed write never holds the view back). While
+        streaming, at the pacer's rate; ``final``: now (the stream has ended)."""
         r = self._reply
-        if not self._dirty or r is None:
+        if not self._dirty or r is None or not (final or self._pacer.due()):
             return
         self._dirty = False
         if r.view is not None:
@@ -705,7 +711,7 @@ class ChatPane(QWidget):
         if self.generating:
             try:
                 self._render_timer.stop()
-                self._render_reply()
+                self._render_reply(final=True)
             finally:
                 self.generating = False
                 self.show_waiting("")

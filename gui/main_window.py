@@ -337,7 +337,7 @@ class MainWindow(QMainWindow):
         self.settings.sync()
         self.perf.timer.stop()
         self._mem_timer.stop()
-        self.chat._render_reply()  # flush the streaming reply before the worker stops
+        self.chat._render_reply(final=True)  # flush the streaming reply before the worker stops
         # A job that ignores its cancel must not hold the window: 2 s each, then detach.
         self.compare.shutdown(CLOSE_WAIT_MS)
         self.server.shutdown()  # before the models it serves close

@@ -1,15 +1,17 @@
-"""Performance: live graphs (>= 4 Hz) of tok/s, CPU, memory; TTFT and prefill per message;
-backend and per-op times.
+"""Performance: live graphs (sampled at >= 4 Hz) of tok/s, CPU, memory; TTFT and prefill
+per message; backend and per-op times.
 
 On a remote engine, tokens/s and time to first token are measured here from the stream
 (network included); what only the server could report (its memory and CPU, prefill speed,
 per-op times) is not drawn as an empty series: one line says what is missing.
 
 Ten minutes of samples are kept; the graphs show a span of them (1–10 min) that can be
-scrolled back and paused (sampling goes on while paused). Prefill is one point per
-message, drawn when it ends (at the first token), at the rate of the tokens actually
-prefilled: tokens reused from the prompt cache are counted apart, not as speed. Decode is
-a line while tokens stream.
+scrolled back and paused (sampling goes on while paused). Drawing follows the samples
+within a share of the GUI thread's time (gui.pacing): a slow or busy machine sees the
+graphs redrawn less often (at least once a second), not the model slowed by them.
+Prefill is one point per message, drawn when it ends (at the first token), at the rate of
+the tokens actually prefilled: tokens reused from the prompt cache are counted apart, not
+as speed. Decode is a line while tokens stream.
 
 In a small window the plots keep a readable size and the area scrolls; the per-op table
 goes under the plots when the window is narrow.
@@ -45,6 +47,7 @@ from PySide6.QtWidgets import (
 
 from gui import theme
 from gui.jobs import JobRunner, on_progress, on_result
+from gui.pacing import RenderPacer
 from gui.registry import MemoryReading
 from gui.theme import plot_colors, style_plot
 from gui.worker import LoadedInfo, Prefill, prefill_of
@@ -123,6 +126,7 @@ class PerfPane(QWidget):
         on_result(jobs, "generate", self._on_done)
         on_result(jobs, "load", self._on_loaded)
         on_result(jobs, "unload", self._on_unloaded)
+        self._pacer = RenderPacer()
         self.timer = QTimer(self, interval=SAMPLE_MS)
         self.timer.timeout.connect(self.sample)
         self.timer.start()
@@ -293,8 +297,8 @@ class PerfPane(QWidget):
         s["device_used"].append(_mb(self.device[0]))
         s["device_peak"].append(_mb(self.device[1]))
         s["host_rss"].append(self._proc.memory_info().rss / MB if self.local else math.nan)
-        if not self.isVisible() or self.paused_at is not None:
-            return  # keep collecting, skip drawing while hidden or paused
+        if not self.isVisible() or self.paused_at is not None or not self._pacer.due():
+            return  # keep collecting; draw when shown, running, and within the GUI's share
         self.redraw()
 
     def span(self) -> int:

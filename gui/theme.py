@@ -34,13 +34,16 @@ _ENGINES: list[QIconEngine] = []  # Qt owns each engine; Python keeps its wrappe
 
 
 class _SchemeSvg(QIconEngine):
-    """An SVG icon drawn in the current scheme's ink whenever it is painted, so icons stay
-    readable when the theme changes, without any widget setting its icon again."""
+    """An SVG icon drawn in the current scheme's ink, so icons stay readable when the theme
+    changes, without any widget setting its icon again. Each size, mode and scheme is
+    rendered once: buttons ask for their pixmap at every repaint, and a streamed reply
+    repaints the conversation's buttons many times a second."""
 
     def __init__(self, svg: str):
         super().__init__()
         self.svg = svg
         self._renderers: dict[str, QSvgRenderer] = {}
+        self._pixmaps: dict[tuple, QPixmap] = {}
 
     def _renderer(self) -> QSvgRenderer:
         name = _current["scheme"]
@@ -56,11 +59,15 @@ class _SchemeSvg(QIconEngine):
         self._renderer().render(painter, QRectF(rect))
 
     def pixmap(self, size: QSize, mode: QIcon.Mode, state: QIcon.State) -> QPixmap:
-        pm = QPixmap(size)
-        pm.fill(Qt.GlobalColor.transparent)
-        p = QPainter(pm)
-        self.paint(p, QRect(QPoint(0, 0), size), mode, state)
-        p.end()
+        key = (size.width(), size.height(), mode, state, _current["scheme"])
+        pm = self._pixmaps.get(key)
+        if pm is None:
+            pm = QPixmap(size)
+            pm.fill(Qt.GlobalColor.transparent)
+            p = QPainter(pm)
+            self.paint(p, QRect(QPoint(0, 0), size), mode, state)
+            p.end()
+            self._pixmaps[key] = pm
         return pm
 
     def actualSize(self, size: QSize, mode: QIcon.Mode, state: QIcon.State) -> QSize:  # noqa: N802

@@ -9,9 +9,15 @@
   earlier prompt), 32 tokens, greedy. Each reply's time to first token as the window sees
   it (Send to the first token on the GUI thread) and as the engine reports it; the target
   is the first reply within 1.5x the tenth. One fresh process per run.
+- ``--streaming N``: what showing a streamed reply costs the engine. The chat model
+  loaded as in ``--first-reply``, then N pairs of replies to a prompt asking for a long
+  Markdown answer (256 tokens at most, temperature 0.7, a fixed seed), one with the chat
+  shown and one with the window hidden, in turns: the engine's decode rate and the GUI
+  thread's CPU time for each. One fresh process per run.
 
     .venv/bin/python scripts/bench_ui.py [--runs 3] [--out docs/bench-results/ui.json]
     .venv/bin/python scripts/bench_ui.py --first-reply 10 [--model FILE] [--runs 3]
+    .venv/bin/python scripts/bench_ui.py --streaming 3 [--model FILE] [--runs 3]
 """
 
 from __future__ import annotations
@@ -67,21 +73,18 @@ def _spin_until(cond, timeout_s: float) -> None:  # noqa: ANN001
         loop.exec()
 
 
-def first_reply_child(n: int, model: str | None, out: Path) -> None:
-    """In this fresh process: the window, the chat model loaded, ``n`` replies timed."""
+def _window_with_chat_model(model: str | None, folder: Path):  # noqa: ANN202
+    """The app's window, shown, with the chat model loaded as the app loads it."""
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
     from gui.conversations import ConversationStore
-    from gui.jobs import on_progress
     from gui.main_window import MainWindow
     from gui.settings import Settings
-    from inference.events import TokenEvent
 
-    app = QApplication.instance() or QApplication([])  # noqa: F841 (kept alive)
-    started = time.perf_counter()
-    settings = Settings(QSettings(str(out.parent / "settings.ini"), QSettings.Format.IniFormat))
-    w = MainWindow(settings, ConversationStore(out.parent / "conv.sqlite3"),
+    _window_with_chat_model.app = QApplication.instance() or QApplication([])  # kept alive
+    settings = Settings(QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat))
+    w = MainWindow(settings, ConversationStore(folder / "conv.sqlite3"),
                    autoload=model is None)
     w.resize(1280, 800)
     w.show()
@@ -91,6 +94,16 @@ def first_reply_child(n: int, model: str | None, out: Path) -> None:
     if w.banner.isVisible():
         raise RuntimeError(w.banner.text())
     _spin_until(lambda: w.jobs.job == "", 600)
+    return w
+
+
+def first_reply_child(n: int, model: str | None, out: Path) -> None:
+    """In this fresh process: the window, the chat model loaded, ``n`` replies timed."""
+    from gui.jobs import on_progress
+    from inference.events import TokenEvent
+
+    started = time.perf_counter()
+    w = _window_with_chat_model(model, out.parent)
     loaded_s = time.perf_counter() - started
     first: list[float] = []
     on_progress(w.jobs, TokenEvent, lambda ev: first.append(time.perf_counter())
@@ -111,21 +124,77 @@ def first_reply_child(n: int, model: str | None, out: Path) -> None:
     w.close()
 
 
+LONG_ANSWER = ("Write a long Markdown guide to baking bread at home, with headings, bullet "
+               "lists, a table of times and temperatures and a short code block.")
+
+
+def streaming_child(n: int, model: str | None, out: Path) -> None:
+    """In this fresh process: ``n`` replies with the chat shown and ``n`` with the window
+    hidden, in turns; each reply's engine decode rate and the GUI thread's CPU time."""
+    from gui.jobs import on_result
+
+    w = _window_with_chat_model(model, out.parent)
+    dones: list = []
+    on_result(w.jobs, "generate", dones.append)
+    w.chat.sampling.set_values({"max_tokens": 256, "temperature": 0.7, "seed": 5})
+    replies = []
+    for _ in range(n):
+        for shown in (True, False):
+            if shown:
+                w.show()
+                w.tabs.setCurrentWidget(w.chat)
+            else:
+                w.hide()
+            w.chat.new_conversation()
+            _spin_until(lambda: w.jobs.job == "", 600)
+            cpu, wall = time.thread_time(), time.perf_counter()
+            if not w.chat.send(LONG_ANSWER):
+                raise RuntimeError("the chat pane did not send the message")
+            _spin_until(lambda: w.jobs.job == "" and not w.chat.generating, 600)
+            done = dones[-1]
+            wall = time.perf_counter() - wall
+            replies.append({"window": "shown" if shown else "hidden",
+                            "tokens": done.n_generated,
+                            "decode_tok_s": round(done.decode_tok_s, 2),
+                            "gui_thread_cpu_s": round(time.thread_time() - cpu, 3),
+                            "wall_s": round(wall, 3)})
+    out.write_text(json.dumps({"replies": replies}))
+    w.close()
+
+
+def streaming(args: argparse.Namespace) -> dict:
+    """Fresh processes of :func:`streaming_child`; decode shown over hidden, per pair."""
+    runs = [_child_run(args, "--streaming-child", args.streaming, "streaming.json")
+            for _ in range(args.runs)]
+    for run in runs:
+        r = run["replies"]
+        run["decode_shown_over_hidden"] = [round(a["decode_tok_s"] / b["decode_tok_s"], 3)
+                                           for a, b in zip(r[::2], r[1::2], strict=True)]
+        run["gui_cpu_share_shown"] = [round(a["gui_thread_cpu_s"] / a["wall_s"], 3)
+                                      for a in r[::2]]
+    return {"bench": "app streaming shown vs hidden", "pairs_per_run": args.streaming,
+            "model": args.model or "bundled", "runs": runs}
+
+
+def _child_run(args: argparse.Namespace, flag: str, n: int, name: str) -> dict:
+    """One fresh process of this script's ``flag`` child; what it wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        cmd = [sys.executable, str(Path(__file__).resolve()), flag, str(n), "--out", str(path)]
+        if args.model:
+            cmd += ["--model", args.model]
+        env = {**os.environ, "QT_QPA_PLATFORM": QT_PLATFORM}
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if proc.returncode or not path.exists():
+            raise SystemExit(f"the app run failed:\n{proc.stderr[-3000:]}")
+        return json.loads(path.read_text())
+
+
 def first_reply(args: argparse.Namespace) -> dict:
     """Fresh processes of :func:`first_reply_child`; the first reply against the tenth."""
     runs = []
     for _ in range(args.runs):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "first-reply.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--first-reply-child",
-                   str(args.first_reply), "--out", str(path)]
-            if args.model:
-                cmd += ["--model", args.model]
-            env = {**os.environ, "QT_QPA_PLATFORM": QT_PLATFORM}
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-            if proc.returncode or not path.exists():
-                raise SystemExit(f"the app run failed:\n{proc.stderr[-3000:]}")
-            run = json.loads(path.read_text())
+        run = _child_run(args, "--first-reply-child", args.first_reply, "first-reply.json")
         for key in ("window_ttft_s", "engine_ttft_s"):
             ttfts = [r[key] for r in run["replies"]]
             run[f"{key}_first_over_last"] = round(ttfts[0] / ttfts[-1], 3)
@@ -140,18 +209,26 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--first-reply", type=int, metavar="N",
                     help="instead: the app's first N replies after a start (see above)")
-    ap.add_argument("--model", help="with --first-reply: a model file (default: bundled)")
+    ap.add_argument("--streaming", type=int, metavar="N",
+                    help="instead: N replies shown and N hidden, in turns (see above)")
+    ap.add_argument("--model", help="with --first-reply or --streaming: a model file "
+                    "(default: bundled)")
     ap.add_argument("--first-reply-child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--streaming-child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.first_reply_child:
         first_reply_child(args.first_reply_child, args.model, args.out)
         return 0
+    if args.streaming_child:
+        streaming_child(args.streaming_child, args.model, args.out)
+        return 0
     machine = {"cpu": cpu_model(), "cores": os.cpu_count(),
                "load_avg_start": os.getloadavg()[0]}
-    if args.first_reply:
-        _report({**first_reply(args), "date": time.strftime("%Y-%m-%d %H:%M"), **machine},
-                args.out)
-        return 0
+    for wanted, bench in ((args.first_reply, first_reply), (args.streaming, streaming)):
+        if wanted:
+            _report({**bench(args), "date": time.strftime("%Y-%m-%d %H:%M"), **machine},
+                    args.out)
+            return 0
     runs = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:

@@ -77,3 +77,23 @@ def test_the_users_choice_wins_over_the_system_and_is_remembered(app, make_windo
     finally:
         system["scheme"] = Qt.ColorScheme.Unknown
         theme.set_choice(app, "system")
+
+
+def test_an_icon_is_drawn_once_per_size_and_scheme(app, monkeypatch) -> None:
+    """Buttons ask for their icon's pixmap at every repaint: the SVG is rendered once."""
+    monkeypatch.setenv("INFERDESK_THEME", "light")
+    theme.apply(app)
+    icon = theme.icon("send")
+    first = icon.pixmap(24, 24)
+    assert icon.pixmap(24, 24).cacheKey() == first.cacheKey()
+    assert icon.pixmap(32, 32).cacheKey() != first.cacheKey()
+    monkeypatch.setenv("INFERDESK_THEME", "dark")
+    theme.apply(app)
+    try:
+        dark = icon.pixmap(24, 24)
+        assert dark.cacheKey() != first.cacheKey()
+        ink = [dark.toImage().pixelColor(x, y) for x in range(24) for y in range(24)]
+        assert max(c.lightness() for c in ink if c.alpha() > 200) > 150  # the dark ink
+    finally:
+        monkeypatch.setenv("INFERDESK_THEME", "light")
+        theme.apply(app)
