@@ -2,8 +2,10 @@
 # What `make` needs before Python runs: a Python >= 3.10 with venv and ensurepip.
 # Each missing piece is one line naming the command that installs it on this distribution;
 # exit 2. Usage: scripts/check_system.sh [python] [--compiler | --accelerator]
-# --compiler: a package had no wheel for the user's machine and pip had to build it; name
-# the C compiler if there is none (called by make after a failed install).
+# --compiler: called by make after a failed install. Names a disk too full to hold the
+# environment (the test environment is ~1.0 GB; pip unpacks wheels in its temporary folder
+# first), else the C compiler if there is none (a package had no wheel for the user's
+# machine and pip had to build it).
 # --accelerator: print the pyproject extra for the accelerator present (make's ACCEL):
 # cuda12 or cuda13 by the CUDA version the NVIDIA driver reports, mlx on Apple silicon,
 # nothing otherwise.
@@ -47,7 +49,21 @@ if [ "$2" = "--accelerator" ]; then
     exit 0
 fi
 
+# free_mb DIR: megabytes free on the filesystem holding DIR (nothing if df cannot tell)
+free_mb() { df -Pk "$1" 2>/dev/null | awk 'NR == 2 { print int($4 / 1024) }'; }
+
+# The free space a test environment's install needs: its ~1.0 GB plus pip's unpacking.
+NEED_MB=1500
+
 if [ "$2" = "--compiler" ]; then
+    venv=$(dirname "$(dirname "$PY")")
+    for dir in "$venv" "${TMPDIR:-/tmp}"; do
+        [ -d "$dir" ] || continue
+        free=$(free_mb "$dir")
+        if [ -n "$free" ] && [ "$free" -lt "$NEED_MB" ]; then
+            fail "the disk holding $dir has ${free} MB free and installing needs about $NEED_MB MB: free some space, then run make again"
+        fi
+    done
     if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
         fail "a package had no prebuilt wheel for your machine and needs a C compiler; install one with: $(install_cmd build-essential gcc gcc gcc 'xcode-select --install')"
     fi

@@ -75,6 +75,37 @@ def test_compiler_named_only_when_missing(tmp_path):
     assert out.returncode == 2 and "sudo apt-get install -y build-essential" in out.stderr
 
 
+def test_a_full_disk_is_named_before_the_compiler(tmp_path):
+    """pip's "No space left on device" is named with the folder and what the install needs."""
+    bin_dir, venv = tmp_path / "bin", tmp_path / "venv"
+    bin_dir.mkdir()
+    (venv / "bin").mkdir(parents=True)
+    for tool in ("sh", "awk", "dirname", "cc"):
+        for src in (Path("/bin") / tool, Path("/usr/bin") / tool):
+            if src.exists():
+                (bin_dir / tool).symlink_to(src)
+                break
+    free_kb = {str(venv): 300 * 1024, str(tmp_path): 50 * 1024 * 1024}  # 300 MB; 50 GB
+    (bin_dir / "df").write_text(
+        "#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+        + "".join(f'[ "$2" = "{d}" ] && echo "/dev/x 1 1 {kb} 99% /"\n'
+                  for d, kb in free_kb.items()))
+    (bin_dir / "df").chmod(0o755)
+
+    def named(py: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(["/bin/sh", str(SCRIPT), str(py), "--compiler"],
+                              capture_output=True, text=True,
+                              env={"PATH": str(bin_dir), "TMPDIR": str(tmp_path)})
+
+    out = named(venv / "bin" / "python")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out
+    assert f"the disk holding {venv} has 300 MB free" in lines[0] and "1500 MB" in lines[0]
+    # room enough everywhere: the generic line, not a disk
+    out = named(tmp_path / "bin" / "python")
+    assert out.returncode == 2 and "see pip's output above" in out.stderr, out
+
+
 def accelerator(tmp: Path, nvidia_smi: str | None, system: str, machine: str) -> str:
     """What --accelerator prints on a machine faked by stand-ins for nvidia-smi and uname."""
     bin_dir = tmp / "bin"
